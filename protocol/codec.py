@@ -1,0 +1,91 @@
+"""Encoders and decoders, one pair per socket direction, and the typed error for bad frames."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+import msgspec
+
+from openinfer.protocol.messages import (
+    EngineCoreOutputs,
+    EngineHello,
+    EngineInput,
+    EngineOutput,
+    LoadSnapshot,
+)
+
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """A frame that does not decode, or decodes to something impossible.
+
+    ``kind`` is a short label for ``openinfer:protocol_errors_total{kind}``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+class _Decoder(Generic[T]):
+    def __init__(self, type_: type[T]) -> None:
+        self._decoder = msgspec.msgpack.Decoder(type_)
+
+    def decode(self, frame: bytes | memoryview) -> T:
+        """Decode one frame; raise :class:`ProtocolError` (never anything else) when it is bad."""
+        try:
+            message = self._decoder.decode(frame)
+        except msgspec.ValidationError as e:
+            raise ProtocolError("invalid", str(e)) from None
+        except msgspec.DecodeError as e:
+            raise ProtocolError("undecodable", str(e)) from None
+        except Exception as e:  # noqa: BLE001 - a hostile frame must never escape as anything else
+            raise ProtocolError("undecodable", f"{type(e).__name__}: {e}") from None
+        _check(message)
+        return message
+
+
+def _check(message: object) -> None:
+    """Reject values that decode but cannot be true."""
+    if isinstance(message, EngineCoreOutputs | EngineHello):
+        if message.seq < 0 or message.engine_index < 0:
+            raise ProtocolError("invalid", "negative seq or engine_index")
+        _check_load(message.load)
+    if isinstance(message, EngineHello) and (message.kv_block_size <= 0 or message.max_model_len <= 0):
+        raise ProtocolError("invalid", "non-positive block size or model length in hello")
+
+
+def _check_load(load: LoadSnapshot) -> None:
+    if min(load.kv_used_blocks, load.kv_total_blocks, load.num_running_reqs, load.num_waiting_reqs) < 0:
+        raise ProtocolError("invalid", "negative load value")
+    if load.kv_used_blocks > load.kv_total_blocks:
+        raise ProtocolError("invalid", "more KV blocks used than exist")
+
+
+class EngineInputCodec:
+    """Frontend -> engine (ROUTER -> DEALER): requests, aborts, hello requests."""
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder: _Decoder[EngineInput] = _Decoder(EngineInput)  # type: ignore[arg-type]
+
+    def encode(self, message: EngineInput) -> bytes:
+        return self._encoder.encode(message)
+
+    def decode(self, frame: bytes | memoryview) -> EngineInput:
+        return self._decoder.decode(frame)
+
+
+class EngineOutputCodec:
+    """Engine -> frontend (PUSH -> PULL): the hello, outputs and heartbeats."""
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder: _Decoder[EngineOutput] = _Decoder(EngineOutput)  # type: ignore[arg-type]
+
+    def encode(self, message: EngineOutput) -> bytes:
+        return self._encoder.encode(message)
+
+    def decode(self, frame: bytes | memoryview) -> EngineOutput:
+        return self._decoder.decode(frame)

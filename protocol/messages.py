@@ -1,0 +1,138 @@
+"""Wire messages between the frontend and the engine-core processes.
+
+Two directions, each one tagged union:
+
+- frontend ``ROUTER`` -> engine ``DEALER``: :data:`EngineInput` (requests, aborts, hello requests);
+- engine ``PUSH`` -> frontend ``PULL``: :data:`EngineOutput` (the hello, then outputs and heartbeats).
+
+Every struct is a msgspec ``Struct`` encoded as MessagePack arrays (``array_like``): positional and compact,
+so field order is part of the protocol. Add fields only at the end, with defaults, and bump
+``PROTOCOL_VERSION`` for anything else.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+# Bumped on any incompatible change to a message below; the hello carries it.
+PROTOCOL_VERSION = 1
+
+# The longest speculative proposal the counters can describe (DESIGN.md: K <= 32).
+MAX_SPEC_TOKENS = 32
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """How one request samples and when it stops (the engine never sees strings)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None  # None: whole vocabulary
+    seed: int | None = None  # None: the engine's global generator
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class EngineCoreRequest(msgspec.Struct, tag="req", array_like=True, omit_defaults=True, gc=False):
+    """A new request for one engine: prompt token ids and sampling params."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+
+
+class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
+    """Stop these requests now and free their KV blocks; unknown ids are ignored."""
+
+    request_ids: list[str]
+
+
+class HelloRequest(msgspec.Struct, tag="hello_req", array_like=True):
+    """Ask an engine to send its hello again (a frontend that started after it)."""
+
+
+EngineInput = EngineCoreRequest | AbortRequests | HelloRequest
+
+
+class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
+    """Speculative-decoding acceptance counters, cumulative for one engine incarnation.
+
+    See DESIGN.md, counter semantics. ``num_accepted_tokens`` excludes the bonus token;
+    ``num_accepted_tokens_per_pos`` has K entries and ``accepted_length_hist`` K + 1.
+    """
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = []
+    accepted_length_hist: list[int] = []
+
+
+class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
+    """An engine's load at the moment it sent a message."""
+
+    kv_used_blocks: int
+    kv_total_blocks: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    spec_decode: SpecDecodeCounters | None = None
+
+
+class FinishReason(msgspec.Struct, array_like=True, frozen=True):
+    """Why a request ended: "stop" (EOS or a stop token), "length", "abort" or "error", with a message."""
+
+    kind: str
+    stop_token_id: int | None = None
+    message: str | None = None
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """New tokens of one request since the last message; ``finish`` is set on its last output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish: FinishReason | None = None
+    num_cached_tokens: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, tag="out", array_like=True, gc=False):
+    """One engine step's outputs, or a heartbeat when ``outputs`` is empty (at least once a second)."""
+
+    engine_index: int
+    incarnation: int
+    seq: int  # 0, 1, 2, ... per incarnation; the hello is seq 0
+    timestamp: float
+    outputs: list[EngineCoreOutput]
+    load: LoadSnapshot
+
+
+class EngineHello(msgspec.Struct, tag="hello", array_like=True):
+    """An engine's first message of an incarnation, and its answer to a :class:`HelloRequest`.
+
+    It carries the tokenizer files so that a frontend on another host needs no copy of the model.
+    """
+
+    protocol_version: int
+    engine_index: int
+    incarnation: int  # random 64-bit id chosen at process start
+    seq: int
+    model_name: str
+    max_model_len: int
+    kv_block_size: int
+    kv_num_blocks: int
+    num_spec_tokens: int | None
+    vocab_size: int
+    eos_token_ids: list[int]
+    tokenizer_json: bytes  # the model folder's tokenizer.json
+    tokenizer_config_json: bytes  # its tokenizer_config.json (chat template, special tokens), or b"{}"
+    load: LoadSnapshot
+
+
+EngineOutput = EngineHello | EngineCoreOutputs
+
+
+def engine_identity(engine_index: int, incarnation: int) -> bytes:
+    """The ZMQ routing id an engine's DEALER uses: unique per index and incarnation."""
+    return b"engine-%d-%016x" % (engine_index, incarnation)
