@@ -1,0 +1,56 @@
+"""The engine process's configuration: one frozen dataclass, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine process is told at start; facts found at run time live elsewhere."""
+
+    model_path: Path  # Hugging Face-format Qwen3 folder
+    served_model_name: str  # the name clients ask for (vLLM: --served-model-name, else --model as given)
+    device: str = "cpu"  # "cpu" or "cuda:N"
+    engine_index: int = 0  # this engine's index behind the frontend (one per GPU)
+    frontend_address: str = "tcp://127.0.0.1:5555"  # the frontend's ROUTER; its PULL is on the next port
+    kv_cache_gb: float = 1.0  # KV cache memory; ignored when num_kv_blocks is set
+    num_kv_blocks: int | None = None  # exact KV block count (tests use it to force preemption)
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 64  # most requests running at once
+    max_num_batched_tokens: int = 512  # token budget per step (chunked prefill above it)
+    max_model_len: int | None = None  # prompt + output limit; None: the model's max_position_embeddings
+    seed: int = 0  # the global sampler seed for requests without their own
+    heartbeat_interval: float = 0.5  # seconds between messages when idle (DESIGN.md: at most 1 s)
+
+    def __post_init__(self) -> None:
+        if self.engine_index < 0:
+            raise ValueError(f"--engine-index must be >= 0, got {self.engine_index}")
+        if self.kv_cache_gb <= 0:
+            raise ValueError(f"--kv-cache-gb must be positive, got {self.kv_cache_gb}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.block_size < 1:
+            raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"--max-model-len must be >= 2, got {self.max_model_len}")
+        if not 0 < self.heartbeat_interval <= 1.0:
+            raise ValueError("the heartbeat interval must be in (0, 1] seconds")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda:N', got {self.device!r}")
+        if not self.frontend_address.startswith("tcp://") or ":" not in self.frontend_address[6:]:
+            raise ValueError(f"--frontend must look like tcp://HOST:PORT, got {self.frontend_address!r}")
+
+    @property
+    def output_address(self) -> str:
+        """The frontend's PULL socket: the port after its ROUTER's."""
+        return output_address(self.frontend_address)
+
+
+def output_address(request_address: str) -> str:
+    """``tcp://HOST:PORT`` -> ``tcp://HOST:PORT+1`` (the frontend binds its PULL beside its ROUTER)."""
+    host, _, port = request_address.rpartition(":")
+    return f"{host}:{int(port) + 1}"

@@ -1,0 +1,206 @@
+"""``openinfer-engine``: one engine-core process, connected to a frontend over ZeroMQ."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import zmq
+
+from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.engine_core import EngineCore
+from openinfer.protocol import (
+    PROTOCOL_VERSION,
+    AbortRequests,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineHello,
+    EngineInputCodec,
+    EngineOutputCodec,
+    HelloRequest,
+    ProtocolError,
+    engine_identity,
+)
+
+logger = logging.getLogger("openinfer.engine")
+
+BUILTIN_MODEL_NAME = "openinfer-tiny-qwen3"
+
+
+class EngineProcess:
+    """The socket loop around an :class:`EngineCore`: inputs from the DEALER, outputs to the PUSH."""
+
+    def __init__(self, config: EngineConfig, core: EngineCore) -> None:
+        self.config = config
+        self.core = core
+        self.incarnation = random.getrandbits(64)
+        self.seq = 0
+        self.num_protocol_errors = 0
+        self.input_codec = EngineInputCodec()
+        self.output_codec = EngineOutputCodec()
+        self.context = zmq.Context()
+        self.requests = self.context.socket(zmq.DEALER)
+        self.requests.setsockopt(zmq.ROUTING_ID, engine_identity(config.engine_index, self.incarnation))
+        self.requests.setsockopt(zmq.LINGER, 0)
+        self.requests.connect(config.frontend_address)
+        self.outputs = self.context.socket(zmq.PUSH)
+        self.outputs.setsockopt(zmq.LINGER, 1000)
+        self.outputs.connect(config.output_address)
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def run(self) -> None:
+        """Loop until stopped: read inputs, step while there is work, heartbeat when idle."""
+        self._send_hello()
+        last_sent = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.requests, zmq.POLLIN)
+        while not self._stopping:
+            timeout_ms = 0 if self.core.has_work else int(self.config.heartbeat_interval * 1000)
+            if poller.poll(timeout_ms):
+                self._read_inputs()
+            outputs = self.core.step()
+            now = time.monotonic()
+            if outputs or now - last_sent >= self.config.heartbeat_interval:
+                self._send_outputs(outputs)
+                last_sent = now
+        self.context.destroy(linger=1000)
+
+    def _read_inputs(self) -> None:
+        while True:
+            try:
+                frame = self.requests.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            try:
+                message = self.input_codec.decode(frame)
+            except ProtocolError as e:
+                self.num_protocol_errors += 1
+                logger.warning("dropped a bad frame from the frontend (%s)", e)
+                continue
+            if isinstance(message, EngineCoreRequest):
+                self.core.add_request(message)
+            elif isinstance(message, AbortRequests):
+                self.core.abort(message.request_ids)
+            elif isinstance(message, HelloRequest):
+                self._send_hello()
+
+    def _send_hello(self) -> None:
+        model_path = self.config.model_path
+        tokenizer_config = model_path / "tokenizer_config.json"
+        hello = EngineHello(
+            protocol_version=PROTOCOL_VERSION,
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            model_name=self.config.served_model_name,
+            max_model_len=self.core.max_model_len,
+            kv_block_size=self.config.block_size,
+            kv_num_blocks=self.core.kv_cache.num_blocks,
+            num_spec_tokens=None,
+            vocab_size=self.core.model_config.vocab_size,
+            eos_token_ids=sorted(self.core.eos_token_ids),
+            tokenizer_json=(model_path / "tokenizer.json").read_bytes(),
+            tokenizer_config_json=tokenizer_config.read_bytes() if tokenizer_config.exists() else b"{}",
+            load=self.core.load_snapshot(),
+        )
+        self.outputs.send(self.output_codec.encode(hello))
+
+    def _send_outputs(self, outputs: list[EngineCoreOutput]) -> None:
+        message = EngineCoreOutputs(
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            timestamp=time.time(),
+            outputs=outputs,
+            load=self.core.load_snapshot(),
+        )
+        self.outputs.send(self.output_codec.encode(message), copy=False)
+
+    def _next_seq(self) -> int:
+        seq = self.seq
+        self.seq += 1
+        return seq
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="openinfer-engine", description=__doc__)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--gpu", type=int, metavar="N", help="run on CUDA device N")
+    where.add_argument("--device", choices=["cpu", "cuda"], help="run on this device (cuda: device 0)")
+    parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
+    parser.add_argument("--served-model-name", help="the model name clients use (default: --model as given)")
+    parser.add_argument("--frontend", default="tcp://127.0.0.1:5555",
+                        help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)")
+    parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache memory in GiB")
+    parser.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gb)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    if args.model is None:
+        from openinfer.engine_core.tiny_model import ensure_builtin_model
+
+        model_path = ensure_builtin_model()
+        name = args.served_model_name or BUILTIN_MODEL_NAME
+    else:
+        model_path = Path(args.model)
+        name = args.served_model_name or args.model
+    if args.gpu is not None:
+        device = f"cuda:{args.gpu}"
+    else:
+        device = "cuda:0" if args.device == "cuda" else "cpu"
+    return EngineConfig(
+        model_path=model_path,
+        served_model_name=name,
+        device=device,
+        engine_index=args.engine_index,
+        frontend_address=args.frontend,
+        kv_cache_gb=args.kv_cache_gb,
+        num_kv_blocks=args.num_kv_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``openinfer-engine``."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s engine{args.engine_index} %(levelname)s %(message)s")
+    try:
+        config = config_from_args(args)
+        core = EngineCore(config)
+    except (ValueError, FileNotFoundError) as e:
+        logger.error("%s", e)
+        sys.exit(2)
+    process = EngineProcess(config, core)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: process.stop())
+    logger.info("engine %d (incarnation %016x) serving %s on %s, %d KV blocks of %d; frontend %s",
+                config.engine_index, process.incarnation, config.served_model_name, config.device,
+                core.kv_cache.num_blocks, config.block_size, config.frontend_address)
+    process.run()
+    logger.info("engine %d stopped", config.engine_index)
+
+
+if __name__ == "__main__":
+    main()

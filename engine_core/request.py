@@ -1,0 +1,78 @@
+"""Per-request state inside the engine: plain counters, derived values as properties."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from openinfer.protocol import FinishReason, SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: everything at or past FINISHED_STOPPED has ended."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's tokens, progress through the model, KV blocks and sampler state."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    # prompt + output; the tokens the model must have computed before the next sample
+    all_token_ids: list[int] = field(default_factory=list)
+    # tokens of all_token_ids whose K/V are in this request's blocks
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish: FinishReason | None = None
+    # seeded generator when sampling_params.seed is set; it survives preemption
+    generator: torch.Generator | None = None
+    # output tokens not yet sent to the frontend
+    num_sent_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def take_new_output_ids(self) -> list[int]:
+        """Output tokens generated since the last call (what the next message must carry)."""
+        start = self.num_prompt_tokens + self.num_sent_tokens
+        new = self.all_token_ids[start:]
+        self.num_sent_tokens += len(new)
+        return new

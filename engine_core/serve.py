@@ -1,0 +1,150 @@
+"""``openinfer-serve``: a frontend and N local engines in one command, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from types import FrameType
+
+logger = logging.getLogger("openinfer.serve")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="openinfer-serve", description=__doc__)
+    parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--engines", type=int, default=1, help="number of local engine processes")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu, or cuda: engine i runs on GPU i")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--engine-port", type=int, default=5555,
+                        help="the frontend's engine ports: requests on this one, outputs on the next")
+    parser.add_argument("--api-key")
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    if args.engines < 1:
+        parser.error("--engines must be >= 1")
+    return args
+
+
+def engine_command(args: argparse.Namespace, index: int, model: str) -> list[str]:
+    command = [sys.executable, "-m", "openinfer.engine_core.engine_process",
+               "--model", model, "--engine-index", str(index),
+               "--frontend", f"tcp://127.0.0.1:{args.engine_port}",
+               "--kv-cache-gb", str(args.kv_cache_gb), "--log-level", args.log_level]
+    command += ["--gpu", str(index)] if args.device == "cuda" else ["--device", "cpu"]
+    if args.served_model_name:
+        command += ["--served-model-name", args.served_model_name]
+    if args.max_model_len:
+        command += ["--max-model-len", str(args.max_model_len)]
+    return command
+
+
+def frontend_command(args: argparse.Namespace) -> list[str]:
+    command = [sys.executable, "-m", "openinfer.frontend.main", "--host", args.host, "--port", str(args.port),
+               "--engine-bind", f"tcp://127.0.0.1:{args.engine_port}", "--log-level", args.log_level]
+    if args.api_key:
+        command += ["--api-key", args.api_key]
+    return command
+
+
+def wait_healthy(url: str, processes: list[subprocess.Popen[bytes]], timeout: float) -> bool:
+    """Poll ``/health`` until it answers 200; False if a child exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def model_names(url: str, api_key: str | None) -> list[str]:
+    request = urllib.request.Request(f"{url}/v1/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return [m["id"] for m in json.load(response)["data"]]
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
+    """SIGTERM every child, then SIGKILL whichever has not exited within ``timeout``."""
+    for p in processes:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``openinfer-serve``."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s serve %(levelname)s %(message)s")
+    if args.model is None:
+        from openinfer.engine_core.tiny_model import ensure_builtin_model
+
+        # Made once here, so that the engines do not race to create it.
+        model = str(ensure_builtin_model())
+        args.served_model_name = args.served_model_name or "openinfer-tiny-qwen3"
+    else:
+        model = args.model
+
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    processes = [subprocess.Popen(frontend_command(args))]
+    processes += [subprocess.Popen(engine_command(args, i, model)) for i in range(args.engines)]
+    url = f"http://{args.host}:{args.port}"
+    exit_code = 0
+    try:
+        if not wait_healthy(url, processes, args.startup_timeout):
+            if not stopping:
+                logger.error("openinfer did not become healthy at %s/health; stopping", url)
+                exit_code = 1
+        else:
+            names = ", ".join(model_names(url, args.api_key))
+            logger.info("openinfer is serving %s at %s/v1 with %d engine(s); Ctrl-C stops it",
+                        names, url, args.engines)
+        while not stopping and exit_code == 0:
+            dead = [p for p in processes if p.poll() is not None]
+            if dead:
+                logger.error("a child process exited (%s, code %s); stopping everything",
+                             " ".join(str(a) for a in dead[0].args[2:4]), dead[0].returncode)
+                exit_code = 1
+                break
+            time.sleep(0.2)
+    finally:
+        stop_all(processes)
+    logger.info("openinfer stopped")
+    sys.exit(exit_code)
+
+
+if __name__ == "__main__":
+    main()

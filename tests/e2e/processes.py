@@ -1,0 +1,97 @@
+"""Start real frontend and engine processes on loopback for tests, and always stop them by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HOST = "127.0.0.1"
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free on loopback (the engine sockets use two)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind((HOST, port))
+                b.bind((HOST, port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair on loopback")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """A frontend and its engines as child processes; logs go to files under ``log_dir``."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.http_port = free_port()
+        self.engine_port = free_port_pair()
+        self.url = f"http://{HOST}:{self.http_port}"
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        process = subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.processes[name] = process
+        return process
+
+    def start_frontend(self, *extra: str) -> subprocess.Popen[bytes]:
+        return self._spawn("frontend", ["openinfer.frontend.main", "--host", HOST, "--port", str(self.http_port),
+                                        "--engine-bind", f"tcp://{HOST}:{self.engine_port}", *extra])
+
+    def start_engine(self, model: Path, index: int = 0, *extra: str) -> subprocess.Popen[bytes]:
+        return self._spawn(f"engine{index}", [
+            "openinfer.engine_core.engine_process", "--device", "cpu", "--model", str(model),
+            "--served-model-name", "tiny", "--engine-index", str(index),
+            "--frontend", f"tcp://{HOST}:{self.engine_port}", "--kv-cache-gb", "0.05", *extra])
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, p in self.processes.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"not healthy after {timeout} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
+                         for f in sorted(self.log_dir.glob("*.log")))
+
+    def stop(self) -> None:
+        """SIGTERM each child by pid, SIGKILL after 10 s."""
+        for p in self.processes.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.processes.values():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
