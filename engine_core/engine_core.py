@@ -142,8 +142,9 @@ class EngineCore:
         tokens = iter(sampled)
         for s in scheduler_output.scheduled:
             request = s.request
+            samples = s.samples  # before the update below moves num_computed_tokens
             request.num_computed_tokens += s.num_new_tokens
-            if not s.samples:
+            if not samples:
                 continue
             request.all_token_ids.append(next(tokens))
             status = self._stop_status(s)

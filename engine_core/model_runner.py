@@ -1,0 +1,121 @@
+"""Runs the target model over a step's chunks; owns the weights, the paged KV cache, the attention backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.kernels.attention import AttentionMetadata, select_backend
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One request's share of a step: the new tokens to run and where their KV entries go."""
+
+    token_ids: list[int]  # new tokens to run this step for one request
+    start_pos: int  # tokens of this request already in its KV cache (position of token_ids[0])
+    block_ids: list[int]  # the request's block table, covering start_pos + len(token_ids) slots
+    num_logits: int = 1  # logits wanted for the LAST num_logits tokens (0 for a mid-prompt prefill chunk)
+
+
+@dataclass(frozen=True)
+class _StepInputs:
+    input_ids: Tensor  # (num_tokens,) int64
+    positions: Tensor  # (num_tokens,) int64
+    attn: AttentionMetadata
+    logits_indices: Tensor  # (sum of num_logits,) int64: rows of the hidden states to turn into logits
+
+
+class ModelRunner:
+    """Loads a Qwen3 folder onto `device` and runs batched steps over a paged KV cache of
+    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        device: torch.device,
+        num_kv_blocks: int,
+        block_size: int = 16,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if num_kv_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"need num_kv_blocks >= 1 and block_size >= 1, got {num_kv_blocks}, {block_size}"
+            )
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.float32 if self.device.type == "cpu" else torch.bfloat16)
+        self.block_size = block_size
+        self.num_kv_blocks = num_kv_blocks
+        self.model_config = config = ModelConfig.from_folder(model_path)
+        self.attn_backend = select_backend(self.device)
+        with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
+            model = Qwen3ForCausalLM(config, self.attn_backend)
+        self.model = model.to(self.dtype).to_empty(device=self.device).eval()
+        self.model.load_weights(Path(model_path))
+        # (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer.
+        cache_shape = (2, num_kv_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        caches = torch.zeros((config.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
+        self.kv_caches: list[Tensor] = list(caches.unbind(0))
+
+    @staticmethod
+    def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes of KV cache one block takes across all layers (keys and values)."""
+        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+        return per_token * block_size * dtype.itemsize
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[SeqChunk]) -> Tensor:
+        """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache.
+
+        Returns (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits tokens,
+        in chunk order.
+        """
+        if not chunks:
+            raise ValueError("execute needs at least one chunk")
+        inputs = self._prepare(chunks)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def _prepare(self, chunks: list[SeqChunk]) -> _StepInputs:
+        """Pack the chunks into flat Python lists, then one tensor per field."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        logits_indices: list[int] = []
+        for chunk in chunks:
+            self._check(chunk)
+            input_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids)))
+            logits_indices.extend(range(len(input_ids) - chunk.num_logits, len(input_ids)))
+        attn = AttentionMetadata.build(
+            context_lens=[c.start_pos for c in chunks],
+            query_lens=[len(c.token_ids) for c in chunks],
+            block_tables=[c.block_ids for c in chunks],
+            block_size=self.block_size,
+            device=self.device,
+        )
+        return _StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
+            attn=attn,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
+        )
+
+    def _check(self, chunk: SeqChunk) -> None:
+        end = chunk.start_pos + len(chunk.token_ids)
+        if not chunk.token_ids or chunk.start_pos < 0:
+            raise ValueError(f"a chunk needs at least one token and start_pos >= 0, got {chunk}")
+        if not 0 <= chunk.num_logits <= len(chunk.token_ids):
+            raise ValueError(f"num_logits {chunk.num_logits} is outside [0, {len(chunk.token_ids)}]")
+        if end > self.model_config.max_position_embeddings:
+            raise ValueError(
+                f"position {end - 1} is past the model's {self.model_config.max_position_embeddings}"
+            )
+        if len(chunk.block_ids) * self.block_size < end:
+            raise ValueError(f"{len(chunk.block_ids)} blocks of {self.block_size} cannot hold {end} tokens")
+        if min(chunk.block_ids) < 0 or max(chunk.block_ids) >= self.num_kv_blocks:
+            raise ValueError(f"block ids must be in [0, {self.num_kv_blocks}), got {chunk.block_ids}")

@@ -1,0 +1,146 @@
+"""The facts about a Qwen3 checkpoint that the engine needs, read from its Hugging Face folder."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Qwen3 dense model's architecture, from `config.json` (+ `generation_config.json` if present)."""
+
+    vocab_size: int  # rows of the embedding and of the LM head
+    hidden_size: int  # width of the residual stream
+    intermediate_size: int  # width of the SwiGLU MLP
+    num_hidden_layers: int  # decoder layers
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # key/value heads (GQA: divides num_attention_heads)
+    head_dim: int  # per-head width (Qwen3 sets it explicitly; hidden_size // heads otherwise)
+    rms_norm_eps: float  # epsilon of every RMSNorm
+    rope_theta: float  # RoPE base (plain RoPE only: scaled variants are refused)
+    max_position_embeddings: int  # longest sequence the model was built for
+    tie_word_embeddings: bool  # the LM head reuses the embedding matrix
+    attention_bias: bool  # q/k/v/o projections carry biases
+    eos_token_ids: tuple[int, ...]  # end-of-sequence ids, config.json's first, then generation_config.json's
+    torch_dtype: torch.dtype | None  # dtype the weights were saved in, None when the config does not say
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"model config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise ValueError("model config: rope_theta and rms_norm_eps must be > 0")
+
+    @classmethod
+    def from_folder(cls, folder: Path | str) -> ModelConfig:
+        """Read `folder/config.json` and, when present, `folder/generation_config.json`."""
+        folder = Path(folder)
+        config_path = folder / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(
+                f"{config_path} not found: --model must be a Hugging Face model folder holding config.json"
+            )
+        config = _read_json(config_path)
+        generation_path = folder / "generation_config.json"
+        generation = _read_json(generation_path) if generation_path.is_file() else {}
+        try:
+            return cls.from_dict(config, generation)
+        except ValueError as e:
+            raise ValueError(f"{config_path}: {e}") from e
+
+    @classmethod
+    def from_dict(
+        cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None
+    ) -> ModelConfig:
+        """Build from the parsed JSON of config.json (and generation_config.json)."""
+        model_type = config.get("model_type")
+        if model_type != "qwen3":
+            raise ValueError(f"model_type is {model_type!r}; only 'qwen3' (dense Qwen3) models are supported")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported; Qwen3 uses 'silu'")
+        if config.get("use_sliding_window", False):
+            raise ValueError("sliding-window attention is not supported; set use_sliding_window to false")
+        hidden_size = _required(config, "hidden_size")
+        num_heads = _required(config, "num_attention_heads")
+        dtype_name = config.get("dtype", config.get("torch_dtype"))
+        return cls(
+            vocab_size=_required(config, "vocab_size"),
+            hidden_size=hidden_size,
+            intermediate_size=_required(config, "intermediate_size"),
+            num_hidden_layers=_required(config, "num_hidden_layers"),
+            num_attention_heads=num_heads,
+            num_key_value_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=config.get("head_dim") or hidden_size // num_heads,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(config),
+            max_position_embeddings=_required(config, "max_position_embeddings"),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            eos_token_ids=_eos_token_ids(config, generation_config or {}),
+            torch_dtype=_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None,
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def _required(config: dict[str, Any], key: str) -> Any:
+    if key not in config:
+        raise ValueError(f"config.json has no {key!r}")
+    return config[key]
+
+
+def _rope_theta(config: dict[str, Any]) -> float:
+    """RoPE base from transformers 5's `rope_parameters` or 4's `rope_theta` (+ `rope_scaling`)."""
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    for source in (params, scaling):
+        rope_type = source.get("rope_type", source.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(
+                f"RoPE scaling type {rope_type!r} is not supported (only plain RoPE); remove it from "
+                "config.json to serve the model at its native context length"
+            )
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    if theta is None:
+        raise ValueError("config.json has neither rope_parameters.rope_theta nor rope_theta")
+    return float(theta)
+
+
+def _eos_token_ids(config: dict[str, Any], generation_config: dict[str, Any]) -> tuple[int, ...]:
+    ids: list[int] = []
+    for value in (config.get("eos_token_id"), generation_config.get("eos_token_id")):
+        for token_id in value if isinstance(value, list) else [value]:
+            if token_id is not None and token_id not in ids:
+                ids.append(int(token_id))
+    return tuple(ids)

@@ -1,0 +1,183 @@
+"""Paged attention: the per-step metadata, the backend protocol and the torch backend.
+
+KV cache layout, one tensor per layer: (2, num_blocks, block_size, num_kv_heads, head_dim), index 0 keys and
+1 values. Token position p of a request lives in slot block_table[p // block_size] * block_size
++ p % block_size. The cache must start zeroed: the torch backend reads padding slots (masked out, but a NaN
+there would still poison the weighted sum).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where one step's new tokens go in the paged KV cache and what each of them attends to.
+
+    The step's tokens are packed back to back, request after request (B requests). Built once per step and
+    shared by every layer; the derived index tensors below are computed on first use, then reused.
+    """
+
+    slot_mapping: Tensor  # (num_tokens,) int64: cache slot of each new token
+    query_start_loc: Tensor  # (B + 1,) int32: request b's tokens are [loc[b], loc[b + 1])
+    seq_lens: Tensor  # (B,) int32: context length after this step, the new tokens included
+    block_tables: Tensor  # (B, max_blocks) int32, rows padded with block 0
+    query_lens: list[int]  # new tokens per request
+    context_lens: list[int]  # tokens already in the cache before this step, per request
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+    @classmethod
+    def build(
+        cls,
+        context_lens: list[int],
+        query_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """Metadata for requests that each hold context_lens[b] cached tokens and add query_lens[b] new
+        ones; block_tables[b] must cover their sum. One tensor construction per field."""
+        seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
+        slots = [
+            table[p // block_size] * block_size + p % block_size
+            for table, c, s in zip(block_tables, context_lens, seq_lens, strict=True)
+            for p in range(c, s)
+        ]
+        query_start_loc = [0]
+        for q in query_lens:
+            query_start_loc.append(query_start_loc[-1] + q)
+        width = max(len(table) for table in block_tables)
+        padded_tables = [table + [0] * (width - len(table)) for table in block_tables]
+        return cls(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(padded_tables, dtype=torch.int32, device=device),
+            query_lens=list(query_lens),
+            context_lens=list(context_lens),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            block_size=block_size,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @cached_property
+    def padded_query_index(self) -> Tensor:
+        """(num_tokens,) int64: row of each packed token in a (B * max_query_len) padded layout."""
+        device = self.query_start_loc.device
+        num_reqs = len(self.query_lens)
+        query_lens = self.query_start_loc.diff()  # (B,)
+        batch = torch.repeat_interleave(
+            torch.arange(num_reqs, device=device), query_lens, output_size=self.num_tokens
+        )  # (num_tokens,) request of each token
+        offset = torch.arange(self.num_tokens, device=device) - self.query_start_loc[batch]
+        return batch * self.max_query_len + offset
+
+    @cached_property
+    def causal_mask(self) -> Tensor:
+        """(B, max_query_len, max_seq_len) bool: key j is visible to query i of request b iff
+        j <= context_lens[b] + i (its position) and j < seq_lens[b]."""
+        device = self.seq_lens.device
+        context = (self.seq_lens - self.query_start_loc.diff()).long()  # (B,)
+        query_pos = context[:, None] + torch.arange(self.max_query_len, device=device)  # (B, Q)
+        key_pos = torch.arange(self.max_seq_len, device=device)  # (S,)
+        visible = key_pos[None, None, :] <= query_pos[:, :, None]  # (B, Q, S)
+        return visible & (key_pos[None, None, :] < self.seq_lens[:, None, None])
+
+    @cached_property
+    def cu_seqlens_k(self) -> Tensor:
+        """(B + 1,) int32: request b's keys are [cu_seqlens_k[b], cu_seqlens_k[b+1]) when packed."""
+        return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
+
+    @cached_property
+    def packed_key_slots(self) -> Tensor:
+        """(sum of seq_lens,) int64: cache slot of every context token, request after request."""
+        device = self.seq_lens.device
+        num_keys = sum(self.context_lens) + self.num_tokens
+        batch = torch.repeat_interleave(
+            torch.arange(len(self.query_lens), device=device), self.seq_lens, output_size=num_keys
+        )  # (num_keys,) request of each key
+        pos = torch.arange(num_keys, device=device) - self.cu_seqlens_k[batch]  # position in its request
+        blocks = self.block_tables[batch, pos // self.block_size].long()
+        return blocks * self.block_size + pos % self.block_size
+
+
+class AttentionBackend(Protocol):
+    """Paged causal attention for one layer.
+
+    `forward` first writes k/v into `kv_cache` at `meta.slot_mapping`, then attends each query to its own
+    request's context read back from the cache, causally: the query at position p sees positions 0..p.
+    Shapes: q (num_tokens, num_heads, head_dim), k/v (num_tokens, num_kv_heads, head_dim); returns
+    (num_tokens, num_heads, head_dim) in q's dtype.
+    """
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
+    ) -> Tensor: ...
+
+
+def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """Store the new tokens' keys and values at their slots."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    slots = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    slots[0].index_copy_(0, slot_mapping, k)
+    slots[1].index_copy_(0, slot_mapping, v)
+
+
+class TorchAttentionBackend:
+    """Portable backend (CPU and CUDA): one masked `scaled_dot_product_attention` per layer over the batch
+    padded to (B, max_query_len) queries and (B, max_seq_len) keys gathered through the block tables."""
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
+    ) -> Tensor:
+        num_tokens, num_heads, head_dim = q.shape
+        num_reqs, max_q, max_s = len(meta.query_lens), meta.max_query_len, meta.max_seq_len
+        write_kv_cache(kv_cache, k, v, meta.slot_mapping)
+
+        num_blocks = -(-max_s // meta.block_size)
+        tables = meta.block_tables[:, :num_blocks].long()  # (B, num_blocks)
+        keys = kv_cache[0][tables].flatten(1, 2)[:, :max_s]  # (B, S, num_kv_heads, head_dim)
+        values = kv_cache[1][tables].flatten(1, 2)[:, :max_s]  # (B, S, num_kv_heads, head_dim)
+
+        padded_q = q.new_zeros(num_reqs * max_q, num_heads, head_dim)
+        padded_q[meta.padded_query_index] = q
+        padded_q = padded_q.view(num_reqs, max_q, num_heads, head_dim)
+
+        out = F.scaled_dot_product_attention(
+            padded_q.transpose(1, 2),  # (B, num_heads, Q, head_dim)
+            keys.transpose(1, 2),  # (B, num_kv_heads, S, head_dim)
+            values.transpose(1, 2),
+            attn_mask=meta.causal_mask[:, None],  # (B, 1, Q, S)
+            scale=scale,
+            enable_gqa=num_heads != k.shape[1],
+        )  # (B, num_heads, Q, head_dim)
+        out = out.transpose(1, 2).reshape(num_reqs * max_q, num_heads, head_dim)
+        return out[meta.padded_query_index]  # (num_tokens, num_heads, head_dim)
+
+
+def select_backend(device: torch.device) -> AttentionBackend:
+    """flash-attn on CUDA when it is installed, the torch backend otherwise."""
+    if device.type == "cuda":
+        try:
+            from openinfer.kernels.flash_attention import FlashAttentionBackend
+
+            return FlashAttentionBackend()
+        except ImportError:
+            logger.info("flash_attn is not installed; using the torch attention backend on %s", device)
+    return TorchAttentionBackend()

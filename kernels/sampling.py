@@ -1,0 +1,58 @@
+"""Next-token sampling: greedy, temperature, top-k and nucleus (top-p), exact and seedable per request."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample(
+    logits: Tensor,
+    temperatures: list[float],
+    top_ks: list[int | None],
+    top_ps: list[float],
+    generators: list[torch.Generator | None],
+) -> list[int]:
+    """One token per row of `logits` (B, V) float32.
+
+    Row b: temperature 0 takes the argmax; otherwise the token is drawn from softmax(logits / temperature)
+    restricted to the top_k most likely tokens (None or 0: all), then to the nucleus, the smallest set of the
+    most likely tokens whose mass reaches top_p (1.0: all; at least one token), renormalised. Draws use
+    generators[b] (a seeded torch.Generator on the logits' device), or the default generator when None.
+    """
+    num_rows = logits.shape[0]
+    if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators) == num_rows:
+        raise ValueError(f"sample: {num_rows} rows of logits need as many of each sampling parameter")
+    if any(t < 0 for t in temperatures) or any(not 0 < p <= 1 for p in top_ps):
+        raise ValueError("sample: temperatures must be >= 0 and top_ps in (0, 1]")
+    if any(k is not None and k < 0 for k in top_ks):
+        raise ValueError("sample: top_ks must be None or >= 0")
+
+    tokens = logits.argmax(dim=-1).tolist()
+    rows = [b for b, t in enumerate(temperatures) if t > 0]
+    if not rows:
+        return tokens  # all greedy: the argmax is the answer
+
+    vocab = logits.shape[1]
+    device = logits.device
+    temps = torch.tensor([temperatures[b] for b in rows], dtype=torch.float32, device=device)
+    probs, order = torch.sort(logits[rows] / temps[:, None], dim=-1, descending=True)  # (R, V), best first
+    rank = torch.arange(vocab, device=device)  # (V,)
+    ks = torch.tensor([top_ks[b] or vocab for b in rows], device=device)
+    probs = probs.masked_fill(rank[None, :] >= ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
+    ps = torch.tensor([top_ps[b] for b in rows], dtype=torch.float32, device=device)
+    mass_before = probs.cumsum(dim=-1) - probs  # (R, V): mass of the strictly more likely tokens
+    # Keep a token while the mass before it is short of top_p; the first token is always kept.
+    probs = probs.masked_fill((mass_before >= ps[:, None]) & (rank[None, :] > 0), 0.0)
+
+    seeded = [i for i, b in enumerate(rows) if generators[b] is not None]
+    unseeded = [i for i, b in enumerate(rows) if generators[b] is None]
+    picks = torch.empty(len(rows), dtype=torch.long, device=device)  # (R,) index into each sorted row
+    if unseeded:
+        picks[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+    for i in seeded:
+        picks[i] = torch.multinomial(probs[i], 1, generator=generators[rows[i]])[0]
+    sampled = order.gather(1, picks[:, None]).squeeze(1).tolist()  # (R,) vocab ids
+    for b, token in zip(rows, sampled, strict=True):
+        tokens[b] = token
+    return tokens
