@@ -44,8 +44,9 @@ class EngineCore:
         )
         self.runner = ModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
         self.model_config = model_config
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                 model_config.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings
+        )
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
@@ -66,8 +67,13 @@ class EngineCore:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-        request = Request(message.request_id, list(message.prompt_token_ids), params,
-                          message.arrival_time or time.time(), generator=generator)
+        request = Request(
+            message.request_id,
+            list(message.prompt_token_ids),
+            params,
+            message.arrival_time or time.time(),
+            generator=generator,
+        )
         self.requests[request.request_id] = request
         self.scheduler.add(request)
 
@@ -91,8 +97,10 @@ class EngineCore:
             return f"top_k must be >= 1 or unset, got {params.top_k}"
         longest = min(len(prompt) + params.max_tokens, self.max_model_len)
         if self.kv_cache.num_blocks_for(longest) > self.kv_cache.num_blocks:
-            return (f"the request needs up to {longest} tokens of KV cache but this engine holds "
-                    f"{self.kv_cache.num_blocks * self.kv_cache.block_size}; raise --kv-cache-gb")
+            return (
+                f"the request needs up to {longest} tokens of KV cache but this engine holds "
+                f"{self.kv_cache.num_blocks * self.kv_cache.block_size}; raise --kv-cache-gb"
+            )
         return None
 
     def abort(self, request_ids: list[str]) -> None:
@@ -123,8 +131,14 @@ class EngineCore:
         chunks = []
         for s in scheduler_output.scheduled:
             start = s.request.num_computed_tokens
-            chunks.append(SeqChunk(s.request.all_token_ids[start : start + s.num_new_tokens], start,
-                                   s.request.block_ids, 1 if s.samples else 0))
+            chunks.append(
+                SeqChunk(
+                    s.request.all_token_ids[start : start + s.num_new_tokens],
+                    start,
+                    s.request.block_ids,
+                    1 if s.samples else 0,
+                )
+            )
         logits = self.runner.execute(chunks)  # (num sampling requests, vocab) float32
         samplers = [s.request for s in scheduler_output.scheduled if s.samples]
         if not samplers:

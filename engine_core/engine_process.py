@@ -138,8 +138,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--device", choices=["cpu", "cuda"], help="run on this device (cuda: device 0)")
     parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
     parser.add_argument("--served-model-name", help="the model name clients use (default: --model as given)")
-    parser.add_argument("--frontend", default="tcp://127.0.0.1:5555",
-                        help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)")
+    parser.add_argument(
+        "--frontend",
+        default="tcp://127.0.0.1:5555",
+        help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)",
+    )
     parser.add_argument("--engine-index", type=int, default=0)
     parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache memory in GiB")
     parser.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gb)")
@@ -184,8 +187,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``openinfer-engine``."""
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format=f"%(asctime)s engine{args.engine_index} %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s engine{args.engine_index} %(levelname)s %(message)s",
+    )
     try:
         config = config_from_args(args)
         core = EngineCore(config)
@@ -195,9 +200,16 @@ def main(argv: list[str] | None = None) -> None:
     process = EngineProcess(config, core)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: process.stop())
-    logger.info("engine %d (incarnation %016x) serving %s on %s, %d KV blocks of %d; frontend %s",
-                config.engine_index, process.incarnation, config.served_model_name, config.device,
-                core.kv_cache.num_blocks, config.block_size, config.frontend_address)
+    logger.info(
+        "engine %d (incarnation %016x) serving %s on %s, %d KV blocks of %d; frontend %s",
+        config.engine_index,
+        process.incarnation,
+        config.served_model_name,
+        config.device,
+        core.kv_cache.num_blocks,
+        config.block_size,
+        config.frontend_address,
+    )
     process.run()
     logger.info("engine %d stopped", config.engine_index)
 

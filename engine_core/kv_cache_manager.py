@@ -13,7 +13,9 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need at least one KV block of at least one slot, got {num_blocks}x{block_size}")
+            raise ValueError(
+                f"need at least one KV block of at least one slot, got {num_blocks}x{block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
@@ -31,7 +33,7 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def allocate(self, block_ids: list[int], num_tokens: int) -> bool:
-        """Grow ``block_ids`` in place to cover ``num_tokens`` slots; False (and no change) if blocks run out."""
+        """Grow ``block_ids`` in place to cover ``num_tokens`` slots; False (no change) if blocks run out."""
         needed = self.num_blocks_for(num_tokens) - len(block_ids)
         if needed > len(self._free):
             return False

@@ -11,7 +11,7 @@ from openinfer.engine_core.request import Request, RequestStatus
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """``num_new_tokens`` tokens of ``request.all_token_ids``, from ``num_computed_tokens`` on, run this step."""
+    """This step runs ``num_new_tokens`` of ``request.all_token_ids``, from ``num_computed_tokens`` on."""
 
     request: Request
     num_new_tokens: int

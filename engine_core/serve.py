@@ -21,12 +21,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--engines", type=int, default=1, help="number of local engine processes")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cpu, or cuda: engine i runs on GPU i")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="cpu, or cuda: engine i runs on GPU i"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--engine-port", type=int, default=5555,
-                        help="the frontend's engine ports: requests on this one, outputs on the next")
+    parser.add_argument(
+        "--engine-port",
+        type=int,
+        default=5555,
+        help="the frontend's engine ports: requests on this one, outputs on the next",
+    )
     parser.add_argument("--api-key")
     parser.add_argument("--kv-cache-gb", type=float, default=1.0)
     parser.add_argument("--max-model-len", type=int)
@@ -39,10 +44,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine_command(args: argparse.Namespace, index: int, model: str) -> list[str]:
-    command = [sys.executable, "-m", "openinfer.engine_core.engine_process",
-               "--model", model, "--engine-index", str(index),
-               "--frontend", f"tcp://127.0.0.1:{args.engine_port}",
-               "--kv-cache-gb", str(args.kv_cache_gb), "--log-level", args.log_level]
+    command = [
+        sys.executable,
+        "-m",
+        "openinfer.engine_core.engine_process",
+        "--model",
+        model,
+        "--engine-index",
+        str(index),
+        "--frontend",
+        f"tcp://127.0.0.1:{args.engine_port}",
+        "--kv-cache-gb",
+        str(args.kv_cache_gb),
+        "--log-level",
+        args.log_level,
+    ]
     command += ["--gpu", str(index)] if args.device == "cuda" else ["--device", "cpu"]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
@@ -52,8 +68,19 @@ def engine_command(args: argparse.Namespace, index: int, model: str) -> list[str
 
 
 def frontend_command(args: argparse.Namespace) -> list[str]:
-    command = [sys.executable, "-m", "openinfer.frontend.main", "--host", args.host, "--port", str(args.port),
-               "--engine-bind", f"tcp://127.0.0.1:{args.engine_port}", "--log-level", args.log_level]
+    command = [
+        sys.executable,
+        "-m",
+        "openinfer.frontend.main",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--engine-bind",
+        f"tcp://127.0.0.1:{args.engine_port}",
+        "--log-level",
+        args.log_level,
+    ]
     if args.api_key:
         command += ["--api-key", args.api_key]
     return command
@@ -119,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
+    names = ["the frontend"] + [f"engine {i}" for i in range(args.engines)]
     processes = [subprocess.Popen(frontend_command(args))]
     processes += [subprocess.Popen(engine_command(args, i, model)) for i in range(args.engines)]
     url = f"http://{args.host}:{args.port}"
@@ -129,14 +157,17 @@ def main(argv: list[str] | None = None) -> None:
                 logger.error("openinfer did not become healthy at %s/health; stopping", url)
                 exit_code = 1
         else:
-            names = ", ".join(model_names(url, args.api_key))
-            logger.info("openinfer is serving %s at %s/v1 with %d engine(s); Ctrl-C stops it",
-                        names, url, args.engines)
+            served = ", ".join(model_names(url, args.api_key))
+            logger.info(
+                "openinfer is serving %s at %s/v1 with %d engine(s); Ctrl-C stops it",
+                served,
+                url,
+                args.engines,
+            )
         while not stopping and exit_code == 0:
-            dead = [p for p in processes if p.poll() is not None]
+            dead = [(name, p) for name, p in zip(names, processes, strict=True) if p.poll() is not None]
             if dead:
-                logger.error("a child process exited (%s, code %s); stopping everything",
-                             " ".join(str(a) for a in dead[0].args[2:4]), dead[0].returncode)
+                logger.error("%s exited with code %s; stopping everything", dead[0][0], dead[0][1].returncode)
                 exit_code = 1
                 break
             time.sleep(0.2)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import msgspec
 
+from openinfer.protocol.counters import MAX_SPEC_TOKENS, SpecDecodeCounters
+
+__all__ = ["MAX_SPEC_TOKENS", "SpecDecodeCounters"]  # re-exported: messages carry them
+
 # Bumped on any incompatible change to a message below; the hello carries it.
 PROTOCOL_VERSION = 1
-
-# The longest speculative proposal the counters can describe (DESIGN.md: K <= 32).
-MAX_SPEC_TOKENS = 32
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -53,21 +54,6 @@ class HelloRequest(msgspec.Struct, tag="hello_req", array_like=True):
 
 
 EngineInput = EngineCoreRequest | AbortRequests | HelloRequest
-
-
-class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
-    """Speculative-decoding acceptance counters, cumulative for one engine incarnation.
-
-    See DESIGN.md, counter semantics. ``num_accepted_tokens`` excludes the bonus token;
-    ``num_accepted_tokens_per_pos`` has K entries and ``accepted_length_hist`` K + 1.
-    """
-
-    num_spec_tokens: int
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = []
-    accepted_length_hist: list[int] = []
 
 
 class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):

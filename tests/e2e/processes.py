@@ -50,19 +50,47 @@ class Cluster:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        process = subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            [sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
         self.processes[name] = process
         return process
 
     def start_frontend(self, *extra: str) -> subprocess.Popen[bytes]:
-        return self._spawn("frontend", ["openinfer.frontend.main", "--host", HOST, "--port", str(self.http_port),
-                                        "--engine-bind", f"tcp://{HOST}:{self.engine_port}", *extra])
+        return self._spawn(
+            "frontend",
+            [
+                "openinfer.frontend.main",
+                "--host",
+                HOST,
+                "--port",
+                str(self.http_port),
+                "--engine-bind",
+                f"tcp://{HOST}:{self.engine_port}",
+                *extra,
+            ],
+        )
 
     def start_engine(self, model: Path, index: int = 0, *extra: str) -> subprocess.Popen[bytes]:
-        return self._spawn(f"engine{index}", [
-            "openinfer.engine_core.engine_process", "--device", "cpu", "--model", str(model),
-            "--served-model-name", "tiny", "--engine-index", str(index),
-            "--frontend", f"tcp://{HOST}:{self.engine_port}", "--kv-cache-gb", "0.05", *extra])
+        return self._spawn(
+            f"engine{index}",
+            [
+                "openinfer.engine_core.engine_process",
+                "--device",
+                "cpu",
+                "--model",
+                str(model),
+                "--served-model-name",
+                "tiny",
+                "--engine-index",
+                str(index),
+                "--frontend",
+                f"tcp://{HOST}:{self.engine_port}",
+                "--kv-cache-gb",
+                "0.05",
+                *extra,
+            ],
+        )
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -80,8 +108,10 @@ class Cluster:
         raise TimeoutError(f"not healthy after {timeout} s:\n{self.logs()}")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
-                         for f in sorted(self.log_dir.glob("*.log")))
+        return "\n".join(
+            f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
+            for f in sorted(self.log_dir.glob("*.log"))
+        )
 
     def stop(self) -> None:
         """SIGTERM each child by pid, SIGKILL after 10 s."""

@@ -26,15 +26,27 @@ async def post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[
 async def test_completion_tokens_are_transformers_greedy(cluster: Cluster, tiny_model: Path) -> None:
     """Greedy output through the whole stack is HF's teacher-forced argmax at every position."""
     async with aiohttp.ClientSession() as s:
-        status, body = await post(s, f"{cluster.url}/v1/completions", {
-            "model": "tiny", "prompt": PROMPT, "max_tokens": 20, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True})
+        status, body = await post(
+            s,
+            f"{cluster.url}/v1/completions",
+            {
+                "model": "tiny",
+                "prompt": PROMPT,
+                "max_tokens": 20,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        )
     assert status == 200, body
     choice = body["choices"][0]
     prompt_ids, output_ids = choice["prompt_token_ids"], choice["token_ids"]
     assert len(output_ids) == 20 and choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 20,
-                             "total_tokens": len(prompt_ids) + 20}
+    assert body["usage"] == {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": 20,
+        "total_tokens": len(prompt_ids) + 20,
+    }
     hf = Qwen3ForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     with torch.inference_mode():
         logits = hf(torch.tensor([prompt_ids + output_ids])).logits[0]
@@ -61,11 +73,13 @@ def test_official_openai_client(cluster: Cluster) -> None:
     """openai.OpenAI works unchanged: models, completions, streaming completions."""
     client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=30)
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    completion = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
-                                           extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert completion.usage is not None and completion.usage.completion_tokens == 8
-    stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
     assert "".join(c.choices[0].text for c in stream) == completion.choices[0].text
 
 
@@ -76,32 +90,47 @@ async def test_health_models_and_metrics(cluster: Cluster) -> None:
             assert r.status == 200
         async with s.get(f"{cluster.url}/v1/models") as r:
             assert (await r.json())["data"][0]["id"] == "tiny"
-        await post(s, f"{cluster.url}/v1/completions", {"prompt": "to be", "max_tokens": 3, "ignore_eos": True})
+        await post(
+            s, f"{cluster.url}/v1/completions", {"prompt": "to be", "max_tokens": 3, "ignore_eos": True}
+        )
         async with s.get(f"{cluster.url}/metrics") as r:
             text = await r.text()
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"):
-        assert re.search(rf'^{re.escape(name)}\{{[^}}]*engine="0"', text, re.M) or name.endswith("_bucket"), name
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+    ):
+        assert re.search(rf'^{re.escape(name)}\{{[^}}]*engine="0"', text, re.M) or name.endswith("_bucket"), (
+            name
+        )
         assert name in text, name
     assert re.search(r'^openinfer:engine_up\{engine="0"\} 1\.0$', text, re.M)
 
 
-@pytest.mark.parametrize(("body", "status"), [
-    (b"{not json", 400),
-    ({"model": "tiny"}, 400),  # missing prompt
-    ({"model": "tiny", "prompt": "a", "max_tokens": 0}, 400),
-    ({"model": "tiny", "prompt": "a", "max_tokens": -3}, 400),
-    ({"model": "tiny", "prompt": [5] * 300}, 400),  # longer than max_model_len (256)
-    ({"model": "tiny", "prompt": [100000]}, 400),  # not a token of the vocabulary
-    ({"model": "no-such-model", "prompt": "a"}, 404),
-])
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        ({"model": "tiny"}, 400),  # missing prompt
+        ({"model": "tiny", "prompt": "a", "max_tokens": 0}, 400),
+        ({"model": "tiny", "prompt": "a", "max_tokens": -3}, 400),
+        ({"model": "tiny", "prompt": [5] * 300}, 400),  # longer than max_model_len (256)
+        ({"model": "tiny", "prompt": [100000]}, 400),  # not a token of the vocabulary
+        ({"model": "no-such-model", "prompt": "a"}, 404),
+    ],
+)
 async def test_bad_input_gets_openai_error(cluster: Cluster, body: object, status: int) -> None:
     """Bad requests get an OpenAI-style error body with a 4xx status, and the server keeps serving."""
     async with aiohttp.ClientSession() as s:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with s.post(f"{cluster.url}/v1/completions", data=data,
-                          headers={"Content-Type": "application/json"}) as r:
+        async with s.post(
+            f"{cluster.url}/v1/completions", data=data, headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == status
             error = (await r.json())["error"]
             assert error["message"] and error["type"]
@@ -112,15 +141,17 @@ async def test_bad_input_gets_openai_error(cluster: Cluster, body: object, statu
 async def test_client_disconnect_aborts_on_engine(cluster: Cluster) -> None:
     """A streaming client that goes away frees its request on the engine (running gauge back to 0)."""
     async with aiohttp.ClientSession() as s:
-        r = await s.post(f"{cluster.url}/v1/completions", json={
-            "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True})
+        r = await s.post(
+            f"{cluster.url}/v1/completions",
+            json={"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True},
+        )
         await r.content.readline()
         r.close()
         for _ in range(50):
             await asyncio.sleep(0.1)
             async with s.get(f"{cluster.url}/metrics") as m:
                 text = await m.text()
-            if re.search(r'^vllm:num_requests_running\{[^}]*\} 0\.0$', text, re.M):
+            if re.search(r"^vllm:num_requests_running\{[^}]*\} 0\.0$", text, re.M):
                 break
         else:
             pytest.fail("the request kept running after its client disconnected")

@@ -15,8 +15,15 @@ from openinfer.engine_core.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 # Small enough for 2 CPU cores, wide enough (init_std) that greedy output is not one repeated token.
-SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+SMALL = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 NEAR_TIE = 1e-3
 
 
@@ -54,7 +61,9 @@ def assert_hf_greedy(folder: Path, prompts: list[list[int]], outputs: list[list[
             for i, token in enumerate(output):
                 row = logits[len(prompt) - 1 + i]
                 gap = (row.max() - row[token]).item()
-                assert gap <= NEAR_TIE, f"token {i} of a {len(prompt)}-token prompt: {token} is {gap} below argmax"
+                assert gap <= NEAR_TIE, (
+                    f"token {i} of a {len(prompt)}-token prompt: {token} is {gap} below argmax"
+                )
 
 
 def make_core(folder: Path, **overrides: object) -> EngineCore:

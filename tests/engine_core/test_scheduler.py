@@ -9,8 +9,12 @@ from openinfer.protocol import SamplingParams
 
 
 def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 8) -> Request:
-    return Request(request_id, list(range(1, num_prompt_tokens + 1)), SamplingParams(max_tokens=max_tokens),
-                   arrival_time=0.0)
+    return Request(
+        request_id,
+        list(range(1, num_prompt_tokens + 1)),
+        SamplingParams(max_tokens=max_tokens),
+        arrival_time=0.0,
+    )
 
 
 def run_step(scheduler: Scheduler, output: SchedulerOutput, new_token: int = 7) -> None:
@@ -58,7 +62,11 @@ def test_fcfs_admission_and_budget_shared() -> None:
     for name, n in [("a", 10), ("b", 8), ("c", 5)]:
         scheduler.add(make_request(name, n))
     out = scheduler.schedule()
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 10), ("b", 8), ("c", 2)]
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [
+        ("a", 10),
+        ("b", 8),
+        ("c", 2),
+    ]
     run_step(scheduler, out)
     out = scheduler.schedule()
     # a and b decode one token each; c finishes its prompt

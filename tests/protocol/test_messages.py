@@ -27,25 +27,39 @@ from openinfer.protocol import (
 
 
 def make_load(spec: SpecDecodeCounters | None = None) -> LoadSnapshot:
-    return LoadSnapshot(kv_used_blocks=3, kv_total_blocks=10, num_running_reqs=2, num_waiting_reqs=1,
-                        spec_decode=spec)
+    return LoadSnapshot(
+        kv_used_blocks=3, kv_total_blocks=10, num_running_reqs=2, num_waiting_reqs=1, spec_decode=spec
+    )
 
 
 INPUTS = [
     EngineCoreRequest("r1", [1, 2, 3], SamplingParams(max_tokens=5)),
-    EngineCoreRequest("r2", [7], SamplingParams(max_tokens=1, temperature=0.7, top_p=0.9, top_k=40, seed=3,
-                                                stop_token_ids=[9], ignore_eos=True), arrival_time=12.5),
+    EngineCoreRequest(
+        "r2",
+        [7],
+        SamplingParams(
+            max_tokens=1, temperature=0.7, top_p=0.9, top_k=40, seed=3, stop_token_ids=[9], ignore_eos=True
+        ),
+        arrival_time=12.5,
+    ),
     AbortRequests(["r1", "r2"]),
     HelloRequest(),
 ]
 
 OUTPUTS = [
     EngineCoreOutputs(0, 2**64 - 1, 1, 1.5, [], make_load()),
-    EngineCoreOutputs(1, 42, 7, 2.0, [
-        EngineCoreOutput("r1", [4, 5]),
-        EngineCoreOutput("r2", [6], FinishReason("stop", stop_token_id=6)),
-        EngineCoreOutput("r3", [], FinishReason("error", message="the prompt is empty")),
-    ], make_load(SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0]))),
+    EngineCoreOutputs(
+        1,
+        42,
+        7,
+        2.0,
+        [
+            EngineCoreOutput("r1", [4, 5]),
+            EngineCoreOutput("r2", [6], FinishReason("stop", stop_token_id=6)),
+            EngineCoreOutput("r3", [], FinishReason("error", message="the prompt is empty")),
+        ],
+        make_load(SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0])),
+    ),
     EngineHello(PROTOCOL_VERSION, 0, 42, 0, "tiny", 2048, 16, 100, None, 512, [0], b"{}", b"{}", make_load()),
 ]
 

@@ -1,0 +1,120 @@
+"""Text <-> token ids for the frontend, built from the tokenizer files an engine's hello carries."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import tokenizers
+
+# Prompt tokens decoded before the first output token, so that decoders which drop a leading space at the
+# start of a text (Metaspace, SentencePiece) still give the first output token its space (vLLM uses 5 too).
+_PROMPT_CONTEXT_TOKENS = 5
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class Tokenizer:
+    """One model's tokenizer: ``tokenizer.json`` plus what ``tokenizer_config.json`` adds.
+
+    ``tokenizer_config_json`` supplies ``add_bos_token``, the named special tokens and the chat template (kept
+    for the chat endpoint). Raises ``ValueError`` when either file is unusable.
+    """
+
+    def __init__(self, tokenizer_json: bytes, tokenizer_config_json: bytes = b"{}") -> None:
+        try:
+            self._tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exception subclasses
+            raise ValueError(f"tokenizer.json does not load: {e}") from None
+        try:
+            config = json.loads(tokenizer_config_json or b"{}")
+        except ValueError as e:
+            raise ValueError(f"tokenizer_config.json is not JSON: {e}") from None
+        if not isinstance(config, dict):
+            raise ValueError("tokenizer_config.json must hold a JSON object")
+
+        self.bos_token_id = self._named_token_id(config.get("bos_token"))
+        self.eos_token_id = self._named_token_id(config.get("eos_token"))
+        self.add_bos_token = bool(config.get("add_bos_token", False))
+        self.chat_template = _chat_template(config.get("chat_template"))
+        self.special_token_ids = frozenset(
+            token_id
+            for token_id, token in self._tokenizer.get_added_tokens_decoder().items()
+            if token.special
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary including added tokens."""
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt, with the special tokens the model expects (BOS where configured)."""
+        ids = self._tokenizer.encode(text, add_special_tokens=True).ids
+        if self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids``; bytes that do not form a whole character decode to U+FFFD."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def _named_token_id(self, token: object) -> int | None:
+        # tokenizer_config.json writes a named token as "<s>" or as {"content": "<s>", ...}.
+        if isinstance(token, dict):
+            token = token.get("content")
+        if not isinstance(token, str):
+            return None
+        return self._tokenizer.token_to_id(token)
+
+
+def _chat_template(value: object) -> str | None:
+    """The default chat template: a string, or the entry named "default" in a list of named templates."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for entry in value:
+            if isinstance(entry, dict) and entry.get("name") == "default":
+                template = entry.get("template")
+                return template if isinstance(template, str) else None
+    return None
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output tokens into text deltas as they arrive.
+
+    vLLM's prefix/read offsets: ``ids[prefix_offset:read_offset]`` is text already emitted, kept only as
+    context; each step decodes ``ids[prefix_offset:]`` and emits what it adds past that context, unless the
+    new text ends in U+FFFD (a character whose bytes span tokens still to come): then it waits. ``finish``
+    flushes what is left, so the concatenation of all deltas is the decode of all output tokens.
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        # Only the prompt's tail matters: it is context, never emitted.
+        self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def add(self, new_token_ids: Sequence[int]) -> str:
+        """Append output tokens; return the text they complete (possibly "")."""
+        self._ids.extend(new_token_ids)
+        return self._step(final=False)
+
+    def finish(self) -> str:
+        """Return whatever text is still held back (an incomplete character becomes U+FFFD)."""
+        return self._step(final=True)
+
+    def _step(self, final: bool) -> str:
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset, len(self._ids))
+        if len(new_text) <= len(prefix_text) or (new_text.endswith(_REPLACEMENT_CHAR) and not final):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return new_text[len(prefix_text) :]
+
+    def _decode(self, start: int, end: int) -> str:
+        return self._tokenizer.decode(self._ids[start:end], self._skip_special_tokens)

@@ -1,0 +1,110 @@
+"""Fixtures: a frontend served in-process on 127.0.0.1, and engine peers connected to it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from openinfer.frontend.api_server import build_app, serve
+from openinfer.frontend.engine_client import EngineClient
+from openinfer.frontend.metrics import FrontendMetrics
+from tests.frontend.engine_peer import EnginePeer, PeerConfig
+
+
+def free_port_pair() -> int:
+    """A port P on 127.0.0.1 with P and P+1 both free (the engine socket convention)."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if port >= 65534:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no pair of free ports")
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``condition`` every 10 ms; fail the test if it is not true within ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Frontend:
+    """A running frontend: HTTP base URL, the engine address, and its internals for white-box checks."""
+
+    url: str
+    engine_address: str
+    client: EngineClient
+    metrics: FrontendMetrics
+    runner: web.AppRunner
+
+
+FrontendFactory = Callable[..., Awaitable[Frontend]]
+PeerFactory = Callable[..., Awaitable[EnginePeer]]
+
+
+@pytest.fixture
+async def start_frontend() -> AsyncIterator[FrontendFactory]:
+    """Start frontends on free ports (``api_key``, ``engine_timeout`` as keywords); all stop at teardown."""
+    started: list[Frontend] = []
+
+    async def start(api_key: str | None = None, engine_timeout: float = 5.0) -> Frontend:
+        metrics = FrontendMetrics()
+        engine_address = f"tcp://127.0.0.1:{free_port_pair()}"
+        client = EngineClient(engine_address, metrics, engine_timeout=engine_timeout)
+        await client.start()
+        runner = await serve(build_app(client, metrics, api_key), "127.0.0.1", 0)
+        host, port = runner.addresses[0][:2]
+        frontend = Frontend(f"http://{host}:{port}", engine_address, client, metrics, runner)
+        started.append(frontend)
+        return frontend
+
+    yield start
+    for frontend in started:
+        await frontend.runner.cleanup()
+        await frontend.client.close()
+
+
+@pytest.fixture
+async def start_peer() -> AsyncIterator[PeerFactory]:
+    """Start engine peers (``wait=False`` to skip waiting until the frontend sees them up)."""
+    peers: list[EnginePeer] = []
+
+    async def start(frontend: Frontend, config: PeerConfig | None = None, wait: bool = True) -> EnginePeer:
+        peer = EnginePeer(frontend.engine_address, config)
+        await peer.start()
+        peers.append(peer)
+        if wait:
+            index, incarnation = peer.config.engine_index, peer.incarnation
+            await wait_until(
+                lambda: (r := frontend.client.registry.current(index, incarnation)) is not None and r.up
+            )
+        return peer
+
+    yield start
+    for peer in peers:
+        await peer.stop()
+
+
+@pytest.fixture
+async def frontend(start_frontend: FrontendFactory) -> Frontend:
+    return await start_frontend()
+
+
+@pytest.fixture
+async def peer(frontend: Frontend, start_peer: PeerFactory) -> EnginePeer:
+    return await start_peer(frontend)

@@ -1,0 +1,187 @@
+"""A test peer that speaks the engine's side of the protocol over real ZMQ sockets.
+
+It is not an engine: it answers each request by echoing the prompt's tokens (cyclically), one token per
+message, and ends with "length" at max_tokens, or "stop" on an EOS (unless ignore_eos) or a stop token id.
+It exists to test the frontend's side of the boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from openinfer.frontend.addresses import engine_addresses
+from openinfer.protocol import (
+    PROTOCOL_VERSION,
+    AbortRequests,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineHello,
+    EngineInputCodec,
+    EngineOutputCodec,
+    FinishReason,
+    HelloRequest,
+    LoadSnapshot,
+    engine_identity,
+)
+from tests.frontend import tiny_tokenizer
+
+
+@dataclass
+class PeerConfig:
+    """How the peer introduces itself and behaves."""
+
+    engine_index: int = 0
+    model_name: str = "tiny"
+    max_model_len: int = 64
+    heartbeat_s: float = 0.1  # the real engine: at most 1 s
+    token_delay_s: float = 0.0  # pause before each output token
+    eos_token_ids: list[int] = field(default_factory=lambda: [tiny_tokenizer.EOS_TOKEN_ID])
+    protocol_version: int = PROTOCOL_VERSION
+    fail_with: str | None = None  # end every request with this error message after its first token
+    silent_on_request: bool = False  # stop sending anything once a request arrives (a hung engine)
+
+
+class EnginePeer:
+    """Hello, heartbeats, echoed tokens and aborts, as an asyncio task in the test's loop."""
+
+    def __init__(self, frontend_address: str, config: PeerConfig | None = None) -> None:
+        self.addresses = engine_addresses(frontend_address)
+        self.config = config or PeerConfig()
+        self.incarnation = random.getrandbits(64)
+        self.silent = False  # True: send nothing, as a hung engine
+        self.requests: dict[str, EngineCoreRequest] = {}
+        self.aborted: list[str] = []
+        self.hello_requests = 0
+        self._seq = 0
+        self._in_codec = EngineInputCodec()
+        self._out_codec = EngineOutputCodec()
+        self._context = zmq.asyncio.Context()
+        self._dealer: zmq.asyncio.Socket | None = None
+        self._push: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    async def start(self) -> None:
+        """Connect both sockets and say hello (seq 0)."""
+        self._dealer = self._context.socket(zmq.DEALER)
+        self._dealer.setsockopt(zmq.IDENTITY, engine_identity(self.config.engine_index, self.incarnation))
+        self._dealer.setsockopt(zmq.LINGER, 0)
+        self._dealer.connect(self.addresses.requests)
+        self._push = self._context.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(self.addresses.outputs)
+        await self._send_hello()
+        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]
+
+    async def stop(self) -> None:
+        """Stop every task and close the sockets, as if the process died."""
+        for task in [*self._tasks, *self._running.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
+        self._tasks, self._running = [], {}
+        self._context.destroy(linger=0)
+        self._context = zmq.asyncio.Context()
+
+    async def restart(self) -> None:
+        """Come back as a new incarnation of the same engine index."""
+        await self.stop()
+        self.incarnation = random.getrandbits(64)
+        self._seq = 0
+        await self.start()
+
+    async def send_raw(self, frames: list[bytes]) -> None:
+        """Send arbitrary frames on the output socket (garbage, foreign versions)."""
+        assert self._push is not None
+        await self._push.send_multipart(frames)
+
+    def hello(self, seq: int) -> EngineHello:
+        c = self.config
+        return EngineHello(
+            protocol_version=c.protocol_version,
+            engine_index=c.engine_index,
+            incarnation=self.incarnation,
+            seq=seq,
+            model_name=c.model_name,
+            max_model_len=c.max_model_len,
+            kv_block_size=16,
+            kv_num_blocks=64,
+            num_spec_tokens=None,
+            vocab_size=300,
+            eos_token_ids=c.eos_token_ids,
+            tokenizer_json=tiny_tokenizer.tokenizer_json(),
+            tokenizer_config_json=tiny_tokenizer.tokenizer_config_json(),
+            load=self._load(),
+        )
+
+    def _load(self) -> LoadSnapshot:
+        return LoadSnapshot(
+            kv_used_blocks=len(self._running), kv_total_blocks=64, num_running_reqs=len(self._running),
+            num_waiting_reqs=0,
+        )  # fmt: skip
+
+    async def _send_hello(self) -> None:
+        assert self._push is not None
+        seq, self._seq = self._seq, self._seq + 1
+        await self._push.send(self._out_codec.encode(self.hello(seq)))
+
+    async def _send_outputs(self, outputs: list[EngineCoreOutput]) -> None:
+        if self.silent:
+            return
+        assert self._push is not None
+        c = self.config
+        seq, self._seq = self._seq, self._seq + 1
+        message = EngineCoreOutputs(c.engine_index, self.incarnation, seq, time.time(), outputs, self._load())
+        await self._push.send(self._out_codec.encode(message))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await self._send_outputs([])
+
+    async def _receive_loop(self) -> None:
+        assert self._dealer is not None
+        while True:
+            message = self._in_codec.decode(await self._dealer.recv())
+            if isinstance(message, EngineCoreRequest):
+                self.requests[message.request_id] = message
+                if self.config.silent_on_request:
+                    self.silent = True
+                self._running[message.request_id] = asyncio.create_task(self._generate(message))
+            elif isinstance(message, AbortRequests):
+                for request_id in message.request_ids:
+                    self.aborted.append(request_id)
+                    task = self._running.pop(request_id, None)
+                    if task is not None:
+                        task.cancel()
+            elif isinstance(message, HelloRequest):
+                self.hello_requests += 1
+                await self._send_hello()
+
+    async def _generate(self, request: EngineCoreRequest) -> None:
+        params = request.sampling_params
+        prompt = request.prompt_token_ids
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
+        for i in range(params.max_tokens):
+            await asyncio.sleep(self.config.token_delay_s)
+            if self.config.fail_with is not None and i == 1:
+                await self._finish(request, [], FinishReason("error", message=self.config.fail_with))
+                return
+            token = prompt[i % len(prompt)]
+            if token in stops:
+                await self._finish(request, [token], FinishReason("stop", stop_token_id=token))
+                return
+            if i + 1 == params.max_tokens:
+                await self._finish(request, [token], FinishReason("length"))
+                return
+            await self._send_outputs([EngineCoreOutput(request.request_id, [token])])
+
+    async def _finish(self, request: EngineCoreRequest, tokens: list[int], finish: FinishReason) -> None:
+        self._running.pop(request.request_id, None)
+        await self._send_outputs([EngineCoreOutput(request.request_id, tokens, finish)])

@@ -1,0 +1,109 @@
+"""`openinfer-frontend` as a real process: it serves, logs where it listens and who joins, stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+
+import aiohttp
+
+from tests.frontend.conftest import free_port_pair
+from tests.frontend.engine_peer import EnginePeer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def run_main(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openinfer.frontend.main", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+
+
+async def wait_for_health(url: str, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"{url}/health") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, "the frontend never became healthy"
+            await asyncio.sleep(0.05)
+
+
+async def test_frontend_process_serves_and_exits_cleanly_on_sigterm() -> None:
+    """The process serves a completion from a connected engine, logs listen/join lines, exits 0 on SIGTERM."""
+    http_port, engine_address = free_port(), f"tcp://127.0.0.1:{free_port_pair()}"
+    process = await run_main("--host", "127.0.0.1", "--port", str(http_port), "--engine-bind", engine_address)
+    peer = EnginePeer(engine_address)
+    try:
+        await peer.start()
+        url = f"http://127.0.0.1:{http_port}"
+        await wait_for_health(url)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"{url}/v1/completions", json={"prompt": "hello", "max_tokens": 2}
+            ) as response:
+                assert response.status == 200
+                assert (await response.json())["usage"]["completion_tokens"] == 2
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+        assert process.stdout is not None
+        log = (await process.stdout.read()).decode()
+        assert f"listening on http://127.0.0.1:{http_port}" in log
+        assert "engine 0 (incarnation" in log and "joined" in log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await peer.stop()
+
+
+async def test_bad_engine_address_is_a_usage_error() -> None:
+    """An --engine-bind that is not tcp://HOST:PORT stops the process with exit 2 and says what to write."""
+    process = await run_main("--port", str(free_port()), "--engine-bind", "localhost:5555")
+    try:
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 2
+        assert process.stdout is not None
+        assert "must look like tcp://HOST:PORT" in (await process.stdout.read()).decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_engine_port_in_use_exits_1_with_a_clear_message() -> None:
+    """A taken engine port stops the process with exit 1 and a log line saying it could not start."""
+    port = free_port_pair()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        process = await run_main("--port", str(free_port()), "--engine-bind", f"tcp://127.0.0.1:{port}")
+        try:
+            assert await asyncio.wait_for(process.wait(), timeout=10) == 1
+            assert process.stdout is not None
+            assert "could not start" in (await process.stdout.read()).decode()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def test_frontend_imports_neither_torch_nor_transformers() -> None:
+    """Importing every frontend module loads no torch or transformers (the frontend image has neither)."""
+    code = (
+        "import sys, openinfer.frontend.main, openinfer.frontend.generation;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    )
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)
+    stdout, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 0 and stdout.decode().strip() == "[]"
