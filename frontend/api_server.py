@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -50,10 +51,23 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
 
     Handlers are cancelled when their client disconnects, which aborts the request on its engine.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=5.0, access_log_class=_QuietAccessLogger
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+class _QuietAccessLogger(AbstractAccessLogger):
+    """Access log without the probes: /health and /metrics are polled every few hundred ms."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if request.path in ("/health", "/metrics"):
+            return
+        self.logger.info(
+            '%s "%s %s" %d %.3fs', request.remote, request.method, request.path_qs, response.status, time
+        )
 
 
 class _OpenAIApi:
