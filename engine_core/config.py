@@ -13,6 +13,7 @@ class EngineConfig:
     model_path: Path  # Hugging Face-format Qwen3 folder
     served_model_name: str  # the name clients ask for (vLLM: --served-model-name, else --model as given)
     device: str = "cpu"  # "cpu" or "cuda:N"
+    dtype: str = "auto"  # weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16...
     engine_index: int = 0  # this engine's index behind the frontend (one per GPU)
     frontend_address: str = "tcp://127.0.0.1:5555"  # the frontend's ROUTER; its PULL is on the next port
     kv_cache_gb: float = 1.0  # KV cache memory; ignored when num_kv_blocks is set
@@ -39,6 +40,8 @@ class EngineConfig:
             raise ValueError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if not 0 < self.heartbeat_interval <= 1.0:
             raise ValueError("the heartbeat interval must be in (0, 1] seconds")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda:N', got {self.device!r}")
         if not self.frontend_address.startswith("tcp://") or ":" not in self.frontend_address[6:]:

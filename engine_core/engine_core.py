@@ -26,9 +26,11 @@ _FINISH_KIND = {
 }
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """float32 on the CPU (exact parity with transformers), bfloat16 on CUDA."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """"auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 class EngineCore:
@@ -37,7 +39,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         device = torch.device(config.device)
-        dtype = default_dtype(device)
+        dtype = resolve_dtype(config.dtype, device)
         model_config = ModelConfig.from_folder(config.model_path)
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // ModelRunner.kv_block_bytes(model_config, config.block_size, dtype)

@@ -144,6 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)",
     )
     parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: float32 on the CPU, bfloat16 on CUDA")
     parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache memory in GiB")
     parser.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gb)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -172,6 +174,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model_path=model_path,
         served_model_name=name,
         device=device,
+        dtype=args.dtype,
         engine_index=args.engine_index,
         frontend_address=args.frontend,
         kv_cache_gb=args.kv_cache_gb,

@@ -101,3 +101,16 @@ def test_greedy_matches_transformers_under_preemption(tmp_path: Path) -> None:
     assert_hf_greedy(folder, prompts, outputs)
     # The same tokens as with a roomy cache: recompute changes nothing.
     assert outputs == generate(make_core(folder), prompts, max_tokens=24)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_greedy_matches_transformers_on_cuda(tmp_path: Path) -> None:
+    """On CUDA in float32 (flash-attn if installed, else torch) the batch's tokens are HF's greedy tokens."""
+    folder = make_tiny_checkpoint(tmp_path / "ckpt", seed=1, overrides=SMALL)
+    prompts = make_prompts(8)
+    core = make_core(folder, device="cuda:0", dtype="float32", max_num_batched_tokens=64)
+    outputs = generate(core, prompts, max_tokens=24)
+    assert_hf_greedy(folder, prompts, outputs)
+    # bfloat16, the CUDA default, runs the same batch to the end.
+    assert all(len(o) == 24 for o in generate(make_core(folder, device="cuda:0"), prompts, max_tokens=24))

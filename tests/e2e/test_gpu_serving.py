@@ -1,0 +1,69 @@
+"""A real engine on a GPU (`--gpu 0`) behind the frontend: the tokens are transformers' greedy tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+from transformers import Qwen3ForCausalLM
+
+from tests.e2e.processes import Cluster
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("gpu-logs"))
+    try:
+        c.start_frontend()
+        c._spawn(
+            "engine0",
+            [
+                "openinfer.engine_core.engine_process",
+                "--gpu",
+                "0",
+                "--dtype",
+                "float32",
+                "--model",
+                str(tiny_model),
+                "--served-model-name",
+                "tiny",
+                "--frontend",
+                f"tcp://127.0.0.1:{c.engine_port}",
+                "--kv-cache-gb",
+                "0.05",
+            ],
+        )
+        c.wait_healthy(120)
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_gpu_engine_tokens_are_transformers_greedy(gpu_cluster: Cluster, tiny_model: Path) -> None:
+    """Greedy output of a --gpu 0 engine, teacher-forced through HF on the CPU, is HF's argmax everywhere."""
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"{gpu_cluster.url}/v1/completions",
+            json={
+                "prompt": "ROMEO: But soft",
+                "max_tokens": 24,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        ) as r:
+            body = await r.json()
+    assert r.status == 200, body
+    choice = body["choices"][0]
+    prompt_ids, output_ids = choice["prompt_token_ids"], choice["token_ids"]
+    hf = Qwen3ForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = hf(torch.tensor([prompt_ids + output_ids])).logits[0]
+    for i, token in enumerate(output_ids):
+        row = logits[len(prompt_ids) - 1 + i]
+        assert (row.max() - row[token]).item() <= 1e-3
