@@ -7,11 +7,14 @@ from typing import Generic, TypeVar
 import msgspec
 
 from openinfer.protocol.messages import (
+    MAX_SPEC_TOKENS,
+    DrafterReply,
     EngineCoreOutputs,
     EngineHello,
     EngineInput,
     EngineOutput,
     LoadSnapshot,
+    RequestSpecStats,
 )
 
 T = TypeVar("T")
@@ -48,10 +51,14 @@ class _Decoder(Generic[T]):
 
 def _check(message: object) -> None:
     """Reject values that decode but cannot be true."""
-    if isinstance(message, EngineCoreOutputs | EngineHello):
+    if isinstance(message, EngineCoreOutputs | EngineHello | DrafterReply):
         if message.seq < 0 or message.engine_index < 0:
             raise ProtocolError("invalid", "negative seq or engine_index")
         _check_load(message.load)
+    if isinstance(message, EngineCoreOutputs):
+        for output in message.outputs:
+            if output.spec_stats is not None and not _spec_stats_ok(output.spec_stats):
+                raise ProtocolError("invalid", f"impossible spec stats for request {output.request_id}")
     if isinstance(message, EngineHello) and (message.kv_block_size <= 0 or message.max_model_len <= 0):
         raise ProtocolError("invalid", "non-positive block size or model length in hello")
 
@@ -61,6 +68,22 @@ def _check_load(load: LoadSnapshot) -> None:
         raise ProtocolError("invalid", "negative load value")
     if load.kv_used_blocks > load.kv_total_blocks:
         raise ProtocolError("invalid", "more KV blocks used than exist")
+    if load.spec_decode is not None:
+        violation = load.spec_decode.violation()
+        if violation is not None:
+            raise ProtocolError("counters", violation)
+
+
+def _spec_stats_ok(stats: RequestSpecStats) -> bool:
+    k, hist = stats.num_spec_tokens, stats.accepted_length_hist
+    return (
+        1 <= k <= MAX_SPEC_TOKENS
+        and len(hist) == k + 1
+        and min(hist) >= 0
+        and sum(hist) == stats.num_drafts
+        and sum(n * h for n, h in enumerate(hist)) == stats.num_accepted_tokens
+        and stats.num_accepted_tokens <= stats.num_draft_tokens <= k * stats.num_drafts
+    )
 
 
 class EngineInputCodec:

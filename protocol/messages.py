@@ -53,7 +53,24 @@ class HelloRequest(msgspec.Struct, tag="hello_req", array_like=True):
     """Ask an engine to send its hello again (a frontend that started after it)."""
 
 
-EngineInput = EngineCoreRequest | AbortRequests | HelloRequest
+class LoadDrafter(msgspec.Struct, tag="load_drafter", array_like=True):
+    """Load (or replace) the engine's drafter; the engine answers with a :class:`DrafterReply`."""
+
+    command_id: str
+    method: str  # "ngram" or "dflash"
+    num_spec_tokens: int
+    draft_model: str | None = None  # the DFlash checkpoint folder, as the engine's host sees it
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+
+class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):
+    """Turn speculative decoding off on this engine; answered with a :class:`DrafterReply`."""
+
+    command_id: str
+
+
+EngineInput = EngineCoreRequest | AbortRequests | HelloRequest | LoadDrafter | UnloadDrafter
 
 
 class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
@@ -74,6 +91,19 @@ class FinishReason(msgspec.Struct, array_like=True, frozen=True):
     message: str | None = None
 
 
+class RequestSpecStats(msgspec.Struct, array_like=True, gc=False):
+    """One request's speculative-decoding counts (vLLM's per-request spec-decode metrics).
+
+    Summed over all requests of a run they equal the engine counters' deltas.
+    """
+
+    num_spec_tokens: int  # K of the drafter that made the drafts
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_length_hist: list[int] = []  # K + 1 bins: drafts that had 0..K tokens accepted
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """New tokens of one request since the last message; ``finish`` is set on its last output."""
 
@@ -81,6 +111,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     new_token_ids: list[int]
     finish: FinishReason | None = None
     num_cached_tokens: int = 0
+    spec_stats: RequestSpecStats | None = None  # on the last output, when a drafter was loaded
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="out", array_like=True, gc=False):
@@ -116,7 +147,20 @@ class EngineHello(msgspec.Struct, tag="hello", array_like=True):
     load: LoadSnapshot
 
 
-EngineOutput = EngineHello | EngineCoreOutputs
+class DrafterReply(msgspec.Struct, tag="drafter_reply", array_like=True):
+    """The engine's answer to :class:`LoadDrafter` / :class:`UnloadDrafter`, with its load right after."""
+
+    engine_index: int
+    incarnation: int
+    seq: int
+    command_id: str
+    ok: bool
+    message: str  # what was done, or why not
+    num_spec_tokens: int | None  # the drafter now in effect
+    load: LoadSnapshot
+
+
+EngineOutput = EngineHello | EngineCoreOutputs | DrafterReply
 
 
 def engine_identity(engine_index: int, incarnation: int) -> bytes:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,
+    DrafterReply,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -18,10 +19,13 @@ from openinfer.protocol import (
     EngineOutputCodec,
     FinishReason,
     HelloRequest,
+    LoadDrafter,
     LoadSnapshot,
     ProtocolError,
+    RequestSpecStats,
     SamplingParams,
     SpecDecodeCounters,
+    UnloadDrafter,
     engine_identity,
 )
 
@@ -44,6 +48,9 @@ INPUTS = [
     ),
     AbortRequests(["r1", "r2"]),
     HelloRequest(),
+    LoadDrafter("c1", "ngram", 7, prompt_lookup_min=2, prompt_lookup_max=5),
+    LoadDrafter("c2", "dflash", 7, draft_model="/models/dflash"),
+    UnloadDrafter("c3"),
 ]
 
 OUTPUTS = [
@@ -60,6 +67,19 @@ OUTPUTS = [
         ],
         make_load(SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0])),
     ),
+    EngineCoreOutputs(
+        0,
+        1,
+        2,
+        3.0,
+        [
+            EngineCoreOutput(
+                "r4", [1, 2, 3], FinishReason("length"), spec_stats=RequestSpecStats(3, 2, 5, 3, [0, 1, 1, 0])
+            ),
+        ],
+        make_load(),
+    ),
+    DrafterReply(0, 42, 9, "c1", True, "loaded ngram K=7", 7, make_load(SpecDecodeCounters.zero(7))),
     EngineHello(PROTOCOL_VERSION, 0, 42, 0, "tiny", 2048, 16, 100, None, 512, [0], b"{}", b"{}", make_load()),
 ]
 
@@ -117,3 +137,32 @@ def test_truncated_frames_are_protocol_errors() -> None:
 def test_engine_identity_is_unique_per_incarnation() -> None:
     """Routing ids differ across indices and incarnations."""
     assert engine_identity(0, 1) != engine_identity(0, 2) != engine_identity(1, 1)
+
+
+@pytest.mark.parametrize(
+    "counters",
+    [
+        SpecDecodeCounters(3, 1, 3, 2, [1, 2, 0], [0, 0, 1, 0]),  # per_pos increases
+        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 1, 0, 0]),  # hist says 1 accepted, per_pos 2
+        SpecDecodeCounters(3, 1, 4, 0, [0, 0, 0], [1, 0, 0, 0]),  # 4 draft tokens > K * drafts
+        SpecDecodeCounters(33, 0, 0, 0, [0] * 33, [0] * 34),  # K past MAX_SPEC_TOKENS
+        SpecDecodeCounters(3, 0, 0, 0, [0, 0], [0, 0, 0, 0]),  # per_pos too short
+    ],
+)
+def test_impossible_counters_are_protocol_errors(counters: SpecDecodeCounters) -> None:
+    """A snapshot whose counters break an invariant of DESIGN.md is rejected as kind "counters"."""
+    codec = EngineOutputCodec()
+    frame = codec.encode(EngineCoreOutputs(0, 1, 1, 1.0, [], make_load(counters)))
+    with pytest.raises(ProtocolError) as info:
+        codec.decode(frame)
+    assert info.value.kind == "counters"
+
+
+def test_impossible_request_stats_are_protocol_errors() -> None:
+    """Per-request spec stats that do not add up are rejected."""
+    codec = EngineOutputCodec()
+    bad = EngineCoreOutput(
+        "r", [1], FinishReason("length"), spec_stats=RequestSpecStats(3, 1, 3, 2, [1, 0, 0, 0])
+    )
+    with pytest.raises(ProtocolError):
+        codec.decode(codec.encode(EngineCoreOutputs(0, 1, 1, 1.0, [bad], make_load())))
