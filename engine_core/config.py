@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -24,6 +26,8 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output limit; None: the model's max_position_embeddings
     seed: int = 0  # the global sampler seed for requests without their own
     heartbeat_interval: float = 0.5  # seconds between messages when idle (DESIGN.md: at most 1 s)
+    speculative: DrafterSpec | None = None  # the drafter loaded at start; None: no speculation
+    spec_log: Path | None = None  # --spec-log: one JSON line per draft
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:

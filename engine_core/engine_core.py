@@ -6,14 +6,18 @@ import logging
 import time
 
 import torch
+from torch import Tensor
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.request import Request, RequestStatus
-from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from openinfer.kernels.sampling import sample
+from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate
+from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec, SpecDecoder
+from openinfer.engine_core.spec_decode.spec_log import SpecLog
+from openinfer.kernels.verification import verify
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot
 
 logger = logging.getLogger(__name__)
@@ -27,7 +31,7 @@ _FINISH_KIND = {
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
+    """ "auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
     if name == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -36,8 +40,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class EngineCore:
     """Requests in, token outputs out; owns the scheduler, the KV cache and the model runner."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, incarnation: int = 0) -> None:
         self.config = config
+        self.incarnation = incarnation
         device = torch.device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         model_config = ModelConfig.from_folder(config.model_path)
@@ -55,6 +60,35 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self._ended: list[EngineCoreOutput] = []  # outputs of requests ended outside a step
         torch.manual_seed(config.seed)
+        self.spec_log = (
+            SpecLog(config.spec_log, config.engine_index, incarnation) if config.spec_log else None
+        )
+        self.spec: SpecDecoder | None = None
+        self._num_drafter_loads = 0
+        if config.speculative is not None:
+            self.load_drafter(config.speculative)
+
+    # ---- speculative decoding -----------------------------------------------------------------------
+
+    def load_drafter(self, spec: DrafterSpec) -> str:
+        """Load (or replace) the drafter, its counters from zero. On error it raises and keeps the old."""
+        self._num_drafter_loads += 1
+        loaded = SpecDecoder(spec, self.runner, self._num_drafter_loads, self.spec_log)
+        self._drop_drafts()
+        self.spec = loaded
+        logger.info("drafter loaded: %s", loaded.describe())
+        return loaded.describe()
+
+    def unload_drafter(self) -> None:
+        """Turn speculation off; counters are gone (a later drafter starts from zero)."""
+        self._drop_drafts()
+        self.spec = None
+        logger.info("drafter unloaded")
+
+    def _drop_drafts(self) -> None:
+        # Drafts not yet verified belong to the old drafter: dropped, never counted.
+        for request in self.requests.values():
+            request.spec_token_ids = []
 
     # ---- inputs -------------------------------------------------------------------------------------
 
@@ -122,55 +156,101 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Run one model step over the scheduled requests and return what changed for the frontend."""
         outputs, self._ended = self._ended, []
-        scheduler_output = self.scheduler.schedule()
-        if scheduler_output.scheduled:
-            sampled = self._execute(scheduler_output)
-            outputs.extend(self._update(scheduler_output, sampled))
+        scheduled = self.scheduler.schedule().scheduled
+        if scheduled:
+            logits, aux = self._execute(scheduled)
+            outputs.extend(self._update(scheduled, logits, aux))
+            self._propose(scheduled)
+        if self.spec_log is not None:
+            self.spec_log.flush()
         return outputs
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> list[int]:
-        """Run the model; return one sampled token per scheduled request that reached its end."""
+    def _execute(self, scheduled: list[ScheduledRequest]) -> tuple[Tensor, Tensor | None]:
+        """Run the model: logits at each sampling request's last token and its draft tokens; aux hidden
+        states at every token when the drafter reads them."""
         chunks = []
-        for s in scheduler_output.scheduled:
-            start = s.request.num_computed_tokens
+        for s in scheduled:
+            request, start = s.request, s.request.num_computed_tokens
+            token_ids = request.all_token_ids[start : start + s.num_new_tokens] + request.spec_token_ids
             chunks.append(
-                SeqChunk(
-                    s.request.all_token_ids[start : start + s.num_new_tokens],
-                    start,
-                    s.request.block_ids,
-                    1 if s.samples else 0,
-                )
+                SeqChunk(token_ids, start, request.block_ids, 1 + s.num_spec_tokens if s.samples else 0)
             )
-        logits = self.runner.execute(chunks)  # (num sampling requests, vocab) float32
-        samplers = [s.request for s in scheduler_output.scheduled if s.samples]
-        if not samplers:
-            return []
-        return sample(
-            logits,
-            [r.sampling_params.temperature for r in samplers],
-            [r.sampling_params.top_k for r in samplers],
-            [r.sampling_params.top_p for r in samplers],
-            [r.generator for r in samplers],
-        )
+        aux_layer_ids = self.spec.drafter.aux_layer_ids if self.spec is not None else ()
+        if aux_layer_ids:
+            return self.runner.execute_with_aux(chunks, aux_layer_ids)
+        return self.runner.execute(chunks), None
 
-    def _update(self, scheduler_output: SchedulerOutput, sampled: list[int]) -> list[EngineCoreOutput]:
+    def _update(
+        self, scheduled: list[ScheduledRequest], logits: Tensor, aux: Tensor | None
+    ) -> list[EngineCoreOutput]:
+        """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter."""
+        samplers = [s.request for s in scheduled if s.samples]
+        appended = iter(
+            verify(
+                logits,
+                [r.spec_token_ids for r in samplers],
+                [r.sampling_params.temperature for r in samplers],
+                [r.sampling_params.top_k for r in samplers],
+                [r.sampling_params.top_p for r in samplers],
+                [r.generator for r in samplers],
+            )
+        )
         outputs = []
-        tokens = iter(sampled)
-        for s in scheduler_output.scheduled:
-            request = s.request
-            samples = s.samples  # before the update below moves num_computed_tokens
-            request.num_computed_tokens += s.num_new_tokens
-            if not samples:
-                continue
-            request.all_token_ids.append(next(tokens))
-            status = self._stop_status(s)
+        context: list[ContextUpdate] = []
+        row = 0  # first row of this request's tokens in aux
+        for s in scheduled:
+            request, start = s.request, s.request.num_computed_tokens
+            if start == 0 and self.spec is not None:
+                request.drafter_generation = self.spec.generation  # its whole context goes to this drafter
+            num_valid = s.num_new_tokens  # tokens whose KV is now valid
+            if s.samples:
+                tokens = next(appended)
+                num_accepted = len(tokens) - 1
+                num_valid += num_accepted
+                num_kept = self._append(request, tokens)
+                if s.num_spec_tokens and self.spec is not None:
+                    # An accepted run cut by EOS or a stop token counts up to and including it.
+                    self.spec.observe(request, s.num_spec_tokens, min(num_kept, num_accepted))
+                request.spec_token_ids = []
+                outputs.append(self._output(request))
+            request.num_computed_tokens = start + num_valid
+            if not request.status.is_finished:
+                self.kv_cache.trim(request.block_ids, request.num_computed_tokens)  # rejected drafts' slots
+                if aux is not None and self.spec is not None and self.spec.can_draft(request):
+                    context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
+            row += s.num_scheduled_tokens
+        if context and self.spec is not None:
+            self.spec.drafter.extend_context(context)
+        return outputs
+
+    def _append(self, request: Request, tokens: list[int]) -> int:
+        """Append tokens until one stops the request; return how many were appended."""
+        for i, token in enumerate(tokens):
+            request.all_token_ids.append(token)
+            status = self._stop_status(request)
             if status is not None:
                 self._finish(request, status)
-            outputs.append(self._output(request))
-        return outputs
+                return i + 1
+        return len(tokens)
 
-    def _stop_status(self, s: ScheduledRequest) -> RequestStatus | None:
-        request, params = s.request, s.request.sampling_params
+    def _propose(self, scheduled: list[ScheduledRequest]) -> None:
+        """Draft for every request that just sampled and goes on: one drafter call for the batch."""
+        if self.spec is None:
+            return
+        requests, queries = [], []
+        for s in scheduled:
+            request = s.request
+            if s.samples and not request.status.is_finished and self.spec.can_draft(request):
+                query = self.spec.query(request, self.max_model_len)
+                if query.max_drafts > 0:
+                    requests.append(request)
+                    queries.append(query)
+        if queries:
+            for request, drafts in zip(requests, self.spec.drafter.propose(queries), strict=True):
+                request.spec_token_ids = drafts
+
+    def _stop_status(self, request: Request) -> RequestStatus | None:
+        params = request.sampling_params
         token = request.all_token_ids[-1]
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             request.finish = FinishReason("stop", stop_token_id=token)
@@ -187,8 +267,11 @@ class EngineCore:
 
     @staticmethod
     def _output(request: Request) -> EngineCoreOutput:
-        finish = request.finish if request.status.is_finished else None
-        return EngineCoreOutput(request.request_id, request.take_new_output_ids(), finish)
+        if not request.status.is_finished:
+            return EngineCoreOutput(request.request_id, request.take_new_output_ids())
+        return EngineCoreOutput(
+            request.request_id, request.take_new_output_ids(), request.finish, spec_stats=request.spec_stats
+        )
 
     def load_snapshot(self) -> LoadSnapshot:
         return LoadSnapshot(
@@ -196,5 +279,5 @@ class EngineCore:
             kv_total_blocks=self.kv_cache.num_blocks,
             num_running_reqs=len(self.scheduler.running),
             num_waiting_reqs=len(self.scheduler.waiting),
-            spec_decode=None,
+            spec_decode=self.spec.counters if self.spec is not None else None,
         )

@@ -14,9 +14,11 @@ import zmq
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,
+    DrafterReply,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -24,7 +26,9 @@ from openinfer.protocol import (
     EngineInputCodec,
     EngineOutputCodec,
     HelloRequest,
+    LoadDrafter,
     ProtocolError,
+    UnloadDrafter,
     engine_identity,
 )
 
@@ -39,7 +43,7 @@ class EngineProcess:
     def __init__(self, config: EngineConfig, core: EngineCore) -> None:
         self.config = config
         self.core = core
-        self.incarnation = random.getrandbits(64)
+        self.incarnation = core.incarnation
         self.seq = 0
         self.num_protocol_errors = 0
         self.input_codec = EngineInputCodec()
@@ -92,6 +96,40 @@ class EngineProcess:
                 self.core.abort(message.request_ids)
             elif isinstance(message, HelloRequest):
                 self._send_hello()
+            else:
+                self._change_drafter(message)
+
+    def _change_drafter(self, command: LoadDrafter | UnloadDrafter) -> None:
+        """Load or unload the drafter and answer; a failed load keeps the old drafter."""
+        try:
+            if isinstance(command, UnloadDrafter):
+                self.core.unload_drafter()
+                ok, message = True, "speculative decoding is off"
+            else:
+                draft_model = Path(command.draft_model) if command.draft_model else None
+                spec = DrafterSpec(
+                    command.method,
+                    command.num_spec_tokens,
+                    draft_model,
+                    command.prompt_lookup_min,
+                    command.prompt_lookup_max,
+                )
+                ok, message = True, f"loaded {self.core.load_drafter(spec)}"
+        except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
+            logger.warning("drafter change refused: %s", e)
+            ok, message = False, f"{type(e).__name__}: {e}"
+        spec_decoder = self.core.spec
+        reply = DrafterReply(
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            command_id=command.command_id,
+            ok=ok,
+            message=message,
+            num_spec_tokens=spec_decoder.num_spec_tokens if spec_decoder is not None else None,
+            load=self.core.load_snapshot(),
+        )
+        self.outputs.send(self.output_codec.encode(reply))
 
     def _send_hello(self) -> None:
         model_path = self.config.model_path
@@ -105,7 +143,7 @@ class EngineProcess:
             max_model_len=self.core.max_model_len,
             kv_block_size=self.config.block_size,
             kv_num_blocks=self.core.kv_cache.num_blocks,
-            num_spec_tokens=None,
+            num_spec_tokens=self.core.spec.num_spec_tokens if self.core.spec is not None else None,
             vocab_size=self.core.model_config.vocab_size,
             eos_token_ids=sorted(self.core.eos_token_ids),
             tokenizer_json=(model_path / "tokenizer.json").read_bytes(),
@@ -144,8 +182,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)",
     )
     parser.add_argument("--engine-index", type=int, default=0)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="auto: float32 on the CPU, bfloat16 on CUDA")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: float32 on the CPU, bfloat16 on CUDA",
+    )
     parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache memory in GiB")
     parser.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gb)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -153,6 +195,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--seed", type=int, default=0)
+    spec = parser.add_argument_group("speculative decoding")
+    spec.add_argument("--spec-method", choices=["ngram", "dflash"], help="drafter (default: none)")
+    spec.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
+    spec.add_argument("--draft-model", help="DFlash checkpoint folder (z-lab layout)")
+    spec.add_argument(
+        "--dflash-anchor",
+        choices=["mask_slots", "anchor_slot"],
+        help="which DFlash block slots carry drafts when the checkpoint's config does not say",
+    )
+    spec.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
+    spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram to match")
+    spec.add_argument("--spec-log", help="append one JSON line per draft to this file")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
@@ -166,6 +220,20 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     else:
         model_path = Path(args.model)
         name = args.served_model_name or args.model
+    speculative = None
+    if args.spec_method is not None:
+        if args.num_spec_tokens is None:
+            raise ValueError("--spec-method needs --num-spec-tokens K")
+        speculative = DrafterSpec(
+            args.spec_method,
+            args.num_spec_tokens,
+            Path(args.draft_model) if args.draft_model else None,
+            args.prompt_lookup_min,
+            args.prompt_lookup_max,
+            args.dflash_anchor,
+        )
+    elif args.num_spec_tokens is not None or args.draft_model is not None:
+        raise ValueError("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
     if args.gpu is not None:
         device = f"cuda:{args.gpu}"
     else:
@@ -184,6 +252,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         seed=args.seed,
+        speculative=speculative,
+        spec_log=Path(args.spec_log) if args.spec_log else None,
     )
 
 
@@ -196,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         config = config_from_args(args)
-        core = EngineCore(config)
+        core = EngineCore(config, incarnation=random.getrandbits(64))
     except (ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         sys.exit(2)

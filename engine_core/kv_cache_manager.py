@@ -41,6 +41,12 @@ class KVCacheManager:
             block_ids.append(self._free.popleft())
         return True
 
+    def trim(self, block_ids: list[int], num_tokens: int) -> None:
+        """Free the blocks past those holding ``num_tokens`` slots (rolling back rejected draft positions)."""
+        keep = self.num_blocks_for(num_tokens)
+        self._free.extend(block_ids[keep:])
+        del block_ids[keep:]
+
     def free(self, block_ids: list[int]) -> None:
         """Return every block of a table to the free list and empty the table."""
         self._free.extend(block_ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,19 @@ class ModelRunner:
         """Bytes of KV cache one block takes across all layers (keys and values)."""
         per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
         return per_token * block_size * dtype.itemsize
+
+    @torch.inference_mode()
+    def execute_with_aux(self, chunks: list[SeqChunk], aux_layer_ids: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """:meth:`execute`, plus the outputs of decoder layers ``aux_layer_ids`` at every token.
+
+        Returns logits as ``execute`` does and aux (num_tokens, len(aux_layer_ids) * hidden), the chosen
+        layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
+        """
+        inputs = self._prepare(chunks)
+        hidden, aux = self.model.forward_with_aux(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, aux_layer_ids=list(aux_layer_ids)
+        )
+        return self.model.compute_logits(hidden[inputs.logits_indices]), torch.cat(aux, dim=-1)
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> Tensor:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from openinfer.protocol import FinishReason, SamplingParams
+from openinfer.protocol import FinishReason, RequestSpecStats, SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
@@ -45,6 +45,12 @@ class Request:
     generator: torch.Generator | None = None
     # output tokens not yet sent to the frontend
     num_sent_tokens: int = 0
+    # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids)
+    spec_token_ids: list[int] = field(default_factory=list)
+    # this request's speculative counts, from its first draft on
+    spec_stats: RequestSpecStats | None = None
+    # the drafter generation whose context this request's prefill filled (None: prefilled before it loaded)
+    drafter_generation: int | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

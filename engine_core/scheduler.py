@@ -15,11 +15,17 @@ class ScheduledRequest:
 
     request: Request
     num_new_tokens: int
+    # the request's draft tokens verified this step, run after its new tokens (only when samples)
+    num_spec_tokens: int = 0
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the end of the request's tokens, so the next token is sampled."""
         return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_new_tokens + self.num_spec_tokens
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(s.num_scheduled_tokens for s in self.scheduled)
 
 
 class Scheduler:
@@ -51,8 +57,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         # One token-count model, no phases: each step, a request's computed tokens catch up to its tokens
-        # (prompt + output). A long prompt is cut by the token budget (chunked prefill); a decode is the
-        # one-token case of the same path.
+        # (prompt + output) plus its draft tokens. A long prompt is cut by the token budget (chunked
+        # prefill); a decode is the one-token case of the same path, and verification is a decode with the
+        # drafts appended.
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -61,9 +68,14 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_uncomputed_tokens, budget)
-            if self._allocate_or_preempt(request, num_new, preempted):
-                scheduled.append(ScheduledRequest(request, num_new))
-                budget -= num_new
+            if num_new < request.num_uncomputed_tokens:
+                request.spec_token_ids.clear()
+            # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
+            del request.spec_token_ids[budget - num_new :]
+            num_spec = len(request.spec_token_ids)
+            if self._allocate_or_preempt(request, num_new + num_spec, preempted):
+                scheduled.append(ScheduledRequest(request, num_new, num_spec))
+                budget -= num_new + num_spec
                 i += 1
             # else: request itself was preempted and was the last running one
 
@@ -81,7 +93,7 @@ class Scheduler:
         return SchedulerOutput(scheduled, preempted)
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
-        """Allocate blocks for ``request``, preempting the latest-admitted requests until it fits."""
+        """Allocate ``num_new`` more slots, preempting the latest-admitted requests until they fit."""
         while not self.kv_cache.allocate(request.block_ids, request.num_computed_tokens + num_new):
             victim = self.running.pop()
             self._preempt(victim)
@@ -94,6 +106,7 @@ class Scheduler:
         # Recompute: drop the KV, keep the tokens; the request re-enters at the head of the queue.
         self.kv_cache.free(request.block_ids)
         request.num_computed_tokens = 0
+        request.spec_token_ids.clear()  # never verified, so never counted
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 

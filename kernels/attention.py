@@ -100,6 +100,30 @@ class AttentionMetadata:
         return visible & (key_pos[None, None, :] < self.seq_lens[:, None, None])
 
     @cached_property
+    def queries_are_padded(self) -> bool:
+        """Whether the packed tokens differ from the (B * max_query_len) padded layout, i.e. query lengths
+        differ; an all-decode step (every length 1) or a lone request's chunk needs no padding."""
+        return self.num_tokens != len(self.query_lens) * self.max_query_len
+
+    @cached_property
+    def attn_bias(self) -> Tensor | None:
+        """(B, 1, max_query_len, max_seq_len) float32: 0 where `causal_mask` lets a query see a key, -inf
+        elsewhere; None when every query sees every key (decodes over equally long contexts)."""
+        if self.max_query_len == 1 and min(self.context_lens) + 1 == self.max_seq_len:
+            return None
+        bias = torch.zeros(self.causal_mask.shape, dtype=torch.float32, device=self.seq_lens.device)
+        return bias.masked_fill_(~self.causal_mask, float("-inf"))[:, None]
+
+    @cached_property
+    def padded_key_slots(self) -> Tensor:
+        """(B * max_seq_len,) int64: cache slot of key j of request b at row b * max_seq_len + j. Rows past
+        seq_lens[b] point at whatever slot the padded block table gives (masked out, never written)."""
+        device = self.block_tables.device
+        key_pos = torch.arange(self.max_seq_len, device=device)  # (S,)
+        blocks = self.block_tables[:, key_pos // self.block_size].long()  # (B, S)
+        return (blocks * self.block_size + key_pos % self.block_size).flatten()
+
+    @cached_property
     def cu_seqlens_k(self) -> Tensor:
         """(B + 1,) int32: request b's keys are [cu_seqlens_k[b], cu_seqlens_k[b+1]) when packed."""
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
@@ -140,35 +164,44 @@ def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor)
 
 
 class TorchAttentionBackend:
-    """Portable backend (CPU and CUDA): one masked `scaled_dot_product_attention` per layer over the batch
-    padded to (B, max_query_len) queries and (B, max_seq_len) keys gathered through the block tables."""
+    """Portable backend (CPU and CUDA): one `scaled_dot_product_attention` per layer over the batch padded to
+    (B, max_query_len) queries and (B, max_seq_len) keys gathered through the block tables.
+
+    Per-step index tensors and the mask come from the metadata's cached properties, so each layer pays for
+    one gather of its keys and values, and for no padding at all when the queries are uniform.
+    """
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
     ) -> Tensor:
         num_tokens, num_heads, head_dim = q.shape
         num_reqs, max_q, max_s = len(meta.query_lens), meta.max_query_len, meta.max_seq_len
+        num_kv_heads = k.shape[1]
         write_kv_cache(kv_cache, k, v, meta.slot_mapping)
 
-        num_blocks = -(-max_s // meta.block_size)
-        tables = meta.block_tables[:, :num_blocks].long()  # (B, num_blocks)
-        keys = kv_cache[0][tables].flatten(1, 2)[:, :max_s]  # (B, S, num_kv_heads, head_dim)
-        values = kv_cache[1][tables].flatten(1, 2)[:, :max_s]  # (B, S, num_kv_heads, head_dim)
+        # index_select of whole slot rows: several times faster on the CPU than advanced indexing.
+        slots = kv_cache.view(2, -1, num_kv_heads * head_dim)  # (2, num_slots, kv_heads * head_dim)
+        kv = slots.index_select(1, meta.padded_key_slots).view(2, num_reqs, max_s, num_kv_heads, head_dim)
 
-        padded_q = q.new_zeros(num_reqs * max_q, num_heads, head_dim)
-        padded_q[meta.padded_query_index] = q
+        if meta.queries_are_padded:
+            padded_q = q.new_zeros(num_reqs * max_q, num_heads, head_dim)
+            padded_q.index_copy_(0, meta.padded_query_index, q)
+        else:
+            padded_q = q  # every request has max_q tokens: the packed layout is the padded one
         padded_q = padded_q.view(num_reqs, max_q, num_heads, head_dim)
-
+        bias = meta.attn_bias
         out = F.scaled_dot_product_attention(
             padded_q.transpose(1, 2),  # (B, num_heads, Q, head_dim)
-            keys.transpose(1, 2),  # (B, num_kv_heads, S, head_dim)
-            values.transpose(1, 2),
-            attn_mask=meta.causal_mask[:, None],  # (B, 1, Q, S)
+            kv[0].transpose(1, 2),  # (B, num_kv_heads, S, head_dim)
+            kv[1].transpose(1, 2),
+            attn_mask=None if bias is None else bias.to(q.dtype),  # (B, 1, Q, S)
             scale=scale,
-            enable_gqa=num_heads != k.shape[1],
+            enable_gqa=num_heads != num_kv_heads,
         )  # (B, num_heads, Q, head_dim)
         out = out.transpose(1, 2).reshape(num_reqs * max_q, num_heads, head_dim)
-        return out[meta.padded_query_index]  # (num_tokens, num_heads, head_dim)
+        if meta.queries_are_padded:
+            out = out.index_select(0, meta.padded_query_index)
+        return out  # (num_tokens, num_heads, head_dim)
 
 
 def select_backend(device: torch.device) -> AttentionBackend:

@@ -29,7 +29,10 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
     def zero(cls, num_spec_tokens: int) -> SpecDecodeCounters:
         """Fresh counters for K = ``num_spec_tokens``; refuses K outside [1, MAX_SPEC_TOKENS]."""
         if not 1 <= num_spec_tokens <= MAX_SPEC_TOKENS:
-            raise ValueError(f"num_spec_tokens (K) must be in [1, {MAX_SPEC_TOKENS}], got {num_spec_tokens}")
+            raise ValueError(
+                f"num_spec_tokens (K) must be in [1, MAX_SPEC_TOKENS={MAX_SPEC_TOKENS}], "
+                f"got {num_spec_tokens}; K is never clamped"
+            )
         return cls(num_spec_tokens, 0, 0, 0, [0] * num_spec_tokens, [0] * (num_spec_tokens + 1))
 
     def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:

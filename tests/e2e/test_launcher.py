@@ -26,9 +26,25 @@ def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
     env = dict(os.environ, OPENINFER_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
     serve = subprocess.Popen(
-        [sys.executable, "-m", "openinfer.engine_core.serve", "--engines", "2", "--host", HOST,
-         "--port", str(port), "--engine-port", str(engine_port), "--kv-cache-gb", "0.05"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "openinfer.engine_core.serve",
+            "--engines",
+            "2",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--engine-port",
+            str(engine_port),
+            "--kv-cache-gb",
+            "0.05",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     children: list[int] = []
     try:
         url = f"http://{HOST}:{port}"

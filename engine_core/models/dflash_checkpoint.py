@@ -1,0 +1,88 @@
+"""Tiny random DFlash drafters in z-lab's checkpoint layout, sized for a given target (tests, demos)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig, DFlashDraftModel
+
+
+def make_tiny_dflash_checkpoint(
+    folder: Path | str,
+    target_folder: Path | str,
+    *,
+    seed: int = 0,
+    num_layers: int = 1,
+    block_size: int = 8,
+    target_layer_ids: tuple[int, ...] | None = None,
+    mask_token_id: int | None = None,
+    init_std: float = 0.2,
+    anchor: AnchorLayout | None = AnchorLayout.MASK_SLOTS,
+) -> Path:
+    """Write config.json and model.safetensors of a random DFlash drafter for the Qwen3 checkpoint in
+    `target_folder` into `folder`: its layers have the target's sizes, num_layers of them.
+
+    The same arguments always give the same bytes: every matrix is drawn from N(0, init_std) by a generator
+    seeded with `seed`, in parameter order; every norm weight is 1. target_layer_ids defaults to z-lab's
+    choice (num_layers == 1: the middle layer; else evenly from layer 1 to layer n - 3), mask_token_id to the
+    last vocabulary id. `anchor` is written as dflash_config.sample_from_anchor; None leaves the key out, as
+    z-lab's published configs do."""
+    target = ModelConfig.from_folder(target_folder)
+    layer_ids = target_layer_ids or _zlab_target_layer_ids(target.num_hidden_layers, num_layers)
+    dflash_config: dict[str, Any] = {
+        "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        "target_layer_ids": list(layer_ids),
+    }
+    if anchor is not None:
+        dflash_config["sample_from_anchor"] = anchor is AnchorLayout.ANCHOR_SLOT
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": block_size,
+        "num_target_layers": target.num_hidden_layers,
+        "dflash_config": dflash_config,
+        "vocab_size": target.vocab_size,
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.num_key_value_heads,
+        "head_dim": target.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "rope_theta": target.rope_theta,
+        "max_position_embeddings": target.max_position_embeddings,
+        "attention_bias": target.attention_bias,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+    with torch.device("meta"):  # names and shapes only
+        model = DFlashDraftModel(DFlashConfig.from_dict(config))
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(param.shape)
+        else:
+            tensors[name] = torch.randn(param.shape, generator=generator) * init_std
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """z-lab's default: the middle layer for one draft layer, else evenly spaced from layer 1 to n - 3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, max(1, num_target_layers - 3)
+    span = end - start
+    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))

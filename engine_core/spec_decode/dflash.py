@@ -1,0 +1,164 @@
+"""The DFlash proposer: keeps every request's draft context keys/values in a paged cache that shares the
+target's block ids, and drafts one block per request in a single batched forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.models.dflash import AnchorLayout, BlockContext, DFlashConfig, DFlashDraftModel
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.protocol import MAX_SPEC_TOKENS
+
+
+class DFlashDrafter:
+    """Drafts with a z-lab DFlash checkpoint beside `runner`'s target, sharing its embedding and LM head.
+
+    Its context cache has the target's paging (runner.num_kv_blocks pages of runner.block_size slots, one
+    tensor per draft layer) and is indexed by the target's block ids: position p's context key/value lives in
+    the target's slot for p, so the target's block allocation covers it and no allocator of its own is needed.
+
+    Invariant: the engine calls `extend_context` only for verified positions, in order, and `propose` reads
+    only positions < DraftQuery.position. An entry at a position whose token was later rejected (or left by a
+    previous owner of the block) is never read before that position is verified again and overwritten, so
+    nothing is ever rolled back.
+    """
+
+    def __init__(
+        self, path: Path, runner: ModelRunner, num_spec_tokens: int, anchor: AnchorLayout | None = None
+    ) -> None:
+        config = DFlashConfig.from_folder(path, anchor)
+        config.check_target(runner.model_config)
+        if not 1 <= num_spec_tokens <= MAX_SPEC_TOKENS:
+            raise ValueError(f"num_spec_tokens (K) must be in [1, {MAX_SPEC_TOKENS}], got {num_spec_tokens}")
+        if num_spec_tokens > config.max_drafts:
+            raise ValueError(
+                f"num_spec_tokens {num_spec_tokens} is more than one DFlash block yields: block_size "
+                f"{config.block_size} with the {config.anchor.value} layout drafts at most "
+                f"{config.max_drafts} tokens; use --num-spec-tokens {config.max_drafts} or less"
+            )
+        self.config = config
+        self.num_spec_tokens = num_spec_tokens
+        self.aux_layer_ids: tuple[int, ...] = config.target_layer_ids  # pass to forward_with_aux
+        self.device, self.dtype = runner.device, runner.dtype
+        self.page_size = runner.block_size  # KV-cache block size (config.block_size is the draft block's)
+        self.num_pages = runner.num_kv_blocks
+        self._target = runner.model
+        with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
+            model = DFlashDraftModel(config)
+        self.model = model.to(self.dtype).to_empty(device=self.device).eval()
+        self.model.load_weights(path)
+        layers = config.layers
+        # (draft_layers, 2, num_pages, page_size, num_kv_heads, head_dim), zeroed, in one allocation.
+        cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
+        caches = torch.zeros((layers.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
+        self.context_caches: list[Tensor] = list(caches.unbind(0))
+
+    def describe(self) -> str:
+        return f"dflash K={self.num_spec_tokens} block={self.config.block_size} ({self.config.anchor.value})"
+
+    @torch.inference_mode()
+    def extend_context(self, updates: list[ContextUpdate]) -> None:
+        """Write the draft context keys/values of every update's positions (fc + hidden_norm, then each draft
+        layer's k_proj/k_norm/RoPE and v_proj), all updates in one batch."""
+        if not updates:
+            return
+        width = len(self.aux_layer_ids) * self.config.target_hidden_size
+        positions: list[int] = []
+        slots: list[int] = []
+        for update in updates:
+            n = update.hidden.shape[0]
+            if update.hidden.dim() != 2 or update.hidden.shape[1] != width:
+                raise ValueError(
+                    f"context hidden states must be (n, {width}) = (n, {len(self.aux_layer_ids)} aux "
+                    f"layers x {self.config.target_hidden_size}), got {tuple(update.hidden.shape)}"
+                )
+            if update.start_pos < 0:
+                raise ValueError(f"start_pos must be >= 0, got {update.start_pos}")
+            self._check_blocks(update.block_ids, update.start_pos + n)
+            for pos in range(update.start_pos, update.start_pos + n):
+                positions.append(pos)
+                slots.append(self._slot(update.block_ids, pos))
+        aux_hidden = torch.cat([u.hidden for u in updates]).to(self.device, self.dtype)  # (sum n, width)
+        self.model.write_context(
+            aux_hidden,
+            torch.tensor(positions, dtype=torch.int64, device=self.device),
+            torch.tensor(slots, dtype=torch.int64, device=self.device),
+            self.context_caches,
+        )
+
+    @torch.inference_mode()
+    def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
+        """Greedy drafts for every query (up to its max_drafts), in query order, from ONE batched forward.
+
+        Each block is the full draft block (current token, then mask tokens, at positions p..p+block_size-1,
+        as in training), so a draft never depends on how many drafts are asked for; attention is non-causal
+        inside the block and sees the request's context positions [0, p). The draft slots go through the
+        target's LM head and the argmax is taken."""
+        drafts: list[list[int]] = [[] for _ in queries]
+        active = [i for i, query in enumerate(queries) if self._check_query(query) > 0]
+        if not active:
+            return drafts
+        block_size, mask_id = self.config.block_size, self.config.mask_token_id
+        batch = [queries[i] for i in active]
+        token_ids = [[q.current_token] + [mask_id] * (block_size - 1) for q in batch]
+        positions = [q.position + j for q in batch for j in range(block_size)]
+        max_context = max(q.position for q in batch)
+        width = max(len(q.block_ids) for q in batch)
+        tables = [q.block_ids + [0] * (width - len(q.block_ids)) for q in batch]
+
+        context_lens = torch.tensor([q.position for q in batch], device=self.device)  # (B,)
+        context_mask = torch.arange(max_context, device=self.device)[None, :] < context_lens[:, None]
+        block_mask = torch.ones(len(batch), block_size, dtype=torch.bool, device=self.device)
+        context = BlockContext(
+            block_tables=torch.tensor(tables, dtype=torch.int64, device=self.device).view(len(batch), width),
+            key_mask=torch.cat((context_mask, block_mask), dim=1),  # (B, max_context + block_size)
+            max_context_len=max_context,
+            page_size=self.page_size,
+        )
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)  # (B, block_size)
+        embeds = (
+            self._target.model.embed_tokens(ids) * self.config.input_embedding_scale
+        )  # (B, block, hidden)
+        hidden = self.model(
+            embeds,
+            torch.tensor(positions, dtype=torch.int64, device=self.device),
+            self.context_caches,
+            context,
+        )  # (B, block_size, hidden)
+
+        num_drafts = max(q.max_drafts for q in batch)
+        first = self.config.anchor.first_draft_slot
+        draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
+        logits = self._target.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
+        tokens = logits.argmax(dim=-1).view(len(batch), num_drafts).tolist()
+        for i, row in zip(active, tokens, strict=True):
+            drafts[i] = row[: queries[i].max_drafts]
+        return drafts
+
+    def _check_query(self, query: DraftQuery) -> int:
+        """The query's max_drafts, after refusing what cannot be served."""
+        if not 0 <= query.max_drafts <= self.num_spec_tokens:
+            raise ValueError(
+                f"max_drafts must be in [0, num_spec_tokens={self.num_spec_tokens}], got {query}"
+            )
+        if query.position < 0:
+            raise ValueError(f"position must be >= 0, got {query}")
+        if not 0 <= query.current_token < self.config.layers.vocab_size:
+            raise ValueError(f"current_token {query.current_token} is outside the vocabulary")
+        self._check_blocks(query.block_ids, query.position)
+        return query.max_drafts
+
+    def _check_blocks(self, block_ids: list[int], num_positions: int) -> None:
+        if len(block_ids) * self.page_size < num_positions:
+            raise ValueError(
+                f"{len(block_ids)} blocks of {self.page_size} cannot hold {num_positions} positions"
+            )
+        if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_pages):
+            raise ValueError(f"block ids must be in [0, {self.num_pages}), got {block_ids}")
+
+    def _slot(self, block_ids: list[int], pos: int) -> int:
+        return block_ids[pos // self.page_size] * self.page_size + pos % self.page_size

@@ -1,0 +1,50 @@
+"""``--spec-log``: one JSON line per draft, the ground truth that /metrics is checked against."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+
+class SpecLogLine(msgspec.Struct):
+    """One draft: what was proposed and how much of it reached the output (DESIGN.md, verification log)."""
+
+    time: float  # unix seconds
+    engine_index: int
+    incarnation: str  # 16 hex digits
+    request_id: str
+    num_spec_tokens: int  # K of the drafter
+    num_draft_tokens: int
+    num_accepted: int
+
+
+class SpecLog:
+    """Appends lines to a file; flushed once per engine step so a crash loses at most one step."""
+
+    def __init__(self, path: Path, engine_index: int, incarnation: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[bytes] = path.open("ab")
+        self._encoder = msgspec.json.Encoder()
+        self._engine_index = engine_index
+        self._incarnation = f"{incarnation:016x}"
+
+    def write(self, request_id: str, num_spec_tokens: int, num_draft_tokens: int, num_accepted: int) -> None:
+        line = SpecLogLine(
+            time.time(),
+            self._engine_index,
+            self._incarnation,
+            request_id,
+            num_spec_tokens,
+            num_draft_tokens,
+            num_accepted,
+        )
+        self._file.write(self._encoder.encode(line) + b"\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
