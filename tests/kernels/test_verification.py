@@ -1,4 +1,4 @@
-"""Verification: greedy longest-prefix acceptance and rejection sampling that keeps the target distribution."""
+"""Verification: greedy longest-prefix acceptance; rejection sampling keeps the target distribution."""
 
 from __future__ import annotations
 
