@@ -71,9 +71,15 @@ class EngineCore:
     # ---- speculative decoding -----------------------------------------------------------------------
 
     def load_drafter(self, spec: DrafterSpec) -> str:
-        """Load (or replace) the drafter, its counters from zero. On error it raises and keeps the old."""
+        """Load (or replace) the drafter. On error it raises and keeps the old one.
+
+        Counters are cumulative per incarnation and K (DESIGN.md): a replacement with the same K keeps
+        counting in the same counters; a new K, or a load after none, starts from zero.
+        """
         self._num_drafter_loads += 1
         loaded = SpecDecoder(spec, self.runner, self._num_drafter_loads, self.spec_log)
+        if self.spec is not None and self.spec.num_spec_tokens == loaded.num_spec_tokens:
+            loaded.counters = self.spec.counters
         self._drop_drafts()
         self.spec = loaded
         logger.info("drafter loaded: %s", loaded.describe())

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API: /v1/completions, /v1/models, /health and Prometheus /metrics."""
+"""The OpenAI-compatible HTTP API: /v1/completions, /v1/models, /health, Prometheus /metrics and /admin."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from openinfer.frontend.admin_api import add_admin_routes
 from openinfer.frontend.api_error import ApiError, engine_failed, no_engine
 from openinfer.frontend.completion_request import CompletionRequest, parse_completion_request
 from openinfer.frontend.engine_client import EngineClient, NoEngineError
 from openinfer.frontend.engine_registry import ServedModel
 from openinfer.frontend.generation import CompletionDelta, EngineRequestError, Generation
 from openinfer.frontend.metrics import FrontendMetrics
+from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +35,19 @@ _MAX_BODY_BYTES = 64 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(client: EngineClient, metrics: FrontendMetrics, api_key: str | None = None) -> web.Application:
-    """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key."""
-    api = _OpenAIApi(client, metrics)
+def build_app(
+    client: EngineClient,
+    metrics: FrontendMetrics,
+    api_key: str | None = None,
+    per_request_spec_metrics: PerRequestSpecMetrics = PerRequestSpecMetrics.SUMMARY,
+    drafter_timeout: float = 120.0,
+) -> web.Application:
+    """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
+
+    ``per_request_spec_metrics`` says what a request's final response tells of its speculative decoding;
+    ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply.
+    """
+    api = _OpenAIApi(client, metrics, per_request_spec_metrics)
     app = web.Application(
         middlewares=[_error_middleware, _auth_middleware(api_key)], client_max_size=_MAX_BODY_BYTES
     )
@@ -43,6 +55,7 @@ def build_app(client: EngineClient, metrics: FrontendMetrics, api_key: str | Non
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/v1/models", api.models)
     app.router.add_post("/v1/completions", api.completions)
+    add_admin_routes(app, client, drafter_timeout)
     return app
 
 
@@ -73,9 +86,12 @@ class _QuietAccessLogger(AbstractAccessLogger):
 class _OpenAIApi:
     """The route handlers, sharing the engine client and the metrics."""
 
-    def __init__(self, client: EngineClient, metrics: FrontendMetrics) -> None:
+    def __init__(
+        self, client: EngineClient, metrics: FrontendMetrics, spec_metrics: PerRequestSpecMetrics
+    ) -> None:
         self._client = client
         self._metrics = metrics
+        self._spec_metrics = spec_metrics
 
     async def health(self, request: web.Request) -> web.Response:
         """200 once at least one engine is up, else 503."""
@@ -113,7 +129,9 @@ class _OpenAIApi:
         generation = Generation(
             self._client, self._metrics, model, engine_request, completion.skip_special_tokens, arrival
         )
-        shape = _CompletionShape(request_id, int(time.time()), model.name, completion.return_token_ids)
+        shape = _CompletionShape(
+            request_id, int(time.time()), model.name, completion.return_token_ids, self._spec_metrics
+        )
         try:
             async with generation:
                 if completion.stream:
@@ -152,6 +170,7 @@ class _OpenAIApi:
             choice["token_ids"] = token_ids
         body = shape.chunk([choice])
         body["usage"] = _usage(generation)
+        shape.add_spec_metrics(body, last)
         return _json(body)
 
     async def _stream(
@@ -194,6 +213,7 @@ async def _stream_events(
             chunk = shape.chunk([choice])
             if completion.include_usage:
                 chunk["usage"] = None  # as OpenAI: every chunk has it, only the last one fills it
+            shape.add_spec_metrics(chunk, delta)  # on the chunk with finish_reason
             yield chunk
         if completion.include_usage:
             chunk = shape.chunk([])
@@ -206,11 +226,25 @@ async def _stream_events(
 class _CompletionShape:
     """OpenAI's completion objects for one request: the same id, created time and model in every chunk."""
 
-    def __init__(self, request_id: str, created: int, model_name: str, return_token_ids: bool) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model_name: str,
+        return_token_ids: bool,
+        spec_metrics: PerRequestSpecMetrics,
+    ) -> None:
         self.request_id = request_id
         self.created = created
         self.model_name = model_name
         self.return_token_ids = return_token_ids
+        self.spec_metrics = spec_metrics
+
+    def add_spec_metrics(self, body: dict[str, Any], delta: CompletionDelta) -> None:
+        """Put the request's spec-decode metrics on its final response or chunk, if it has any."""
+        metrics = self.spec_metrics.response_metrics(delta.spec_stats)
+        if metrics is not None:
+            body["metrics"] = metrics
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {

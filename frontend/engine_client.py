@@ -19,6 +19,7 @@ from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,
+    DrafterReply,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -28,8 +29,10 @@ from openinfer.protocol import (
     EngineOutputCodec,
     FinishReason,
     HelloRequest,
+    LoadDrafter,
     LoadSnapshot,
     ProtocolError,
+    UnloadDrafter,
     engine_identity,
 )
 
@@ -43,7 +46,11 @@ _HELLO_REQUEST_INTERVAL_S = 1.0
 
 
 class NoEngineError(Exception):
-    """No live engine serves the requested model."""
+    """No live engine serves the requested model (or has the requested index)."""
+
+
+class EngineCommandError(Exception):
+    """A command reached no answer: the engine was unreachable, restarted, or the frontend is closing."""
 
 
 class EngineClient:
@@ -106,6 +113,7 @@ class EngineClient:
             if record.in_flight:
                 await self._send(record.identity, AbortRequests(list(record.in_flight)))
             self._end_requests(record, "the frontend is shutting down")
+            self._end_commands(record, "the frontend is shutting down")
         if self._context is not None:
             self._context.destroy(linger=0)
             self._context = self._router = self._pull = None
@@ -147,6 +155,28 @@ class EngineClient:
             self._finish(record, stream, f"{record.describe()} is not connected to the request socket")
         return stream
 
+    async def drafter_command(
+        self, engine_index: int, command: LoadDrafter | UnloadDrafter, timeout: float
+    ) -> DrafterReply:
+        """Send a drafter command to a live engine and wait for its :class:`DrafterReply` (any ``ok``).
+
+        Raises :class:`NoEngineError` for an unknown or down index, :class:`EngineCommandError` when the
+        command cannot be sent or the engine restarts first, ``TimeoutError`` after ``timeout`` seconds.
+        """
+        record = self.registry.get(engine_index)
+        if record is None or not record.up:
+            known = ", ".join(str(r.index) for r in self.registry.live()) or "none"
+            raise NoEngineError(f"engine {engine_index} is not connected (engines up: {known})")
+        reply: asyncio.Future[DrafterReply] = asyncio.get_running_loop().create_future()
+        record.commands[command.command_id] = reply
+        try:
+            if not await self._send(record.identity, command, patience=_SEND_PATIENCE_S):
+                raise EngineCommandError(f"{record.describe()} is not connected to the request socket")
+            async with asyncio.timeout(timeout):
+                return await reply
+        finally:
+            record.commands.pop(command.command_id, None)
+
     async def abort(self, request_id: str) -> None:
         """Stop a request on its engine (the client went away); unknown or finished ids are ignored."""
         stream = self._requests.pop(request_id, None)
@@ -183,8 +213,10 @@ class EngineClient:
             raise
         if isinstance(message, EngineHello):
             await self._on_hello(message)
-        else:
+        elif isinstance(message, EngineCoreOutputs):
             await self._on_outputs(message)
+        else:
+            await self._on_drafter_reply(message)
 
     async def _on_hello(self, hello: EngineHello) -> None:
         index, incarnation = hello.engine_index, hello.incarnation
@@ -203,34 +235,58 @@ class EngineClient:
         record = self.registry.current(index, incarnation)
         if record is not None:  # a hello we asked for again, or a repeat
             record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
+            record.num_spec_tokens = hello.num_spec_tokens
             self._heard_from(record, hello.load)
             return
-        record = EngineRecord(hello, tokenizer, time.monotonic(), hello.seq, hello.load)
+        record = EngineRecord(
+            hello, tokenizer, time.monotonic(), hello.seq, hello.load, num_spec_tokens=hello.num_spec_tokens
+        )
         previous = self.registry.install(record)
         if previous is not None:
             logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
             self.metrics.count_engine_restart(index)
             self._end_requests(previous, f"{previous.describe()} restarted")
+            self._end_commands(previous, f"{previous.describe()} restarted before it answered")
             self.metrics.forget_load(index, previous.model_name)
         kv = f"{hello.kv_num_blocks} KV blocks of {hello.kv_block_size} tokens"
         spec = f"{hello.num_spec_tokens} spec tokens" if hello.num_spec_tokens else "no speculation"
         logger.info("%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec)
         self.metrics.set_engine_up(index, True)
-        self.metrics.observe_load(index, record.model_name, hello.load)
+        self.metrics.observe_load(index, incarnation, record.model_name, hello.load)
 
     async def _on_outputs(self, message: EngineCoreOutputs) -> None:
+        record = await self._sender(message)
+        if record is None:
+            return
+        for output in message.outputs:
+            self._route(record, output)
+
+    async def _on_drafter_reply(self, reply: DrafterReply) -> None:
+        record = await self._sender(reply)
+        if record is None:
+            return
+        record.num_spec_tokens = reply.num_spec_tokens
+        waiter = record.commands.pop(reply.command_id, None)
+        if waiter is None or waiter.done():
+            logger.info(
+                "%s answered command %s, which no one awaits now", record.describe(), reply.command_id
+            )
+            return
+        waiter.set_result(reply)
+
+    async def _sender(self, message: EngineCoreOutputs | DrafterReply) -> EngineRecord | None:
+        """The current record of a message's sender, with its load taken; None (dropped) if there is none."""
         index, incarnation = message.engine_index, message.incarnation
         record = self.registry.current(index, incarnation)
         if record is None:
             if not self.registry.is_retired(index, incarnation):
                 await self._ask_for_hello(index, incarnation)
-            return
+            return None
         if message.seq <= record.last_seq:
             raise ProtocolError("seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}")
         record.last_seq = message.seq
         self._heard_from(record, message.load)
-        for output in message.outputs:
-            self._route(record, output)
+        return record
 
     def _heard_from(self, record: EngineRecord, load: LoadSnapshot) -> None:
         """Any message of a current incarnation: it is alive, and this is its load now."""
@@ -241,7 +297,7 @@ class EngineClient:
             record.up = True
             logger.info("%s is back", record.describe())
             self.metrics.set_engine_up(record.index, True)
-        self.metrics.observe_load(record.index, record.model_name, record.load)
+        self.metrics.observe_load(record.index, record.incarnation, record.model_name, record.load)
 
     def _route(self, record: EngineRecord, output: EngineCoreOutput) -> None:
         stream = record.in_flight.get(output.request_id)
@@ -283,12 +339,19 @@ class EngineClient:
         if record.in_flight:  # if it ever comes back it must not keep working on them
             await self._send(record.identity, AbortRequests(list(record.in_flight)))
         self._end_requests(record, f"{record.describe()} stopped responding (it {silence})")
+        # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
 
     # ---- helpers ----
 
     def _end_requests(self, record: EngineRecord, reason: str) -> None:
         for stream in list(record.in_flight.values()):
             self._finish(record, stream, reason)
+
+    def _end_commands(self, record: EngineRecord, reason: str) -> None:
+        for waiter in record.commands.values():
+            if not waiter.done():
+                waiter.set_exception(EngineCommandError(reason))
+        record.commands.clear()
 
     def _finish(self, record: EngineRecord, stream: RequestStream, message: str) -> None:
         record.in_flight.pop(stream.request_id, None)

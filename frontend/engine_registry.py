@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from openinfer.frontend.request_stream import RequestStream
 from openinfer.frontend.tokenizer import Tokenizer
-from openinfer.protocol import EngineHello, LoadSnapshot, engine_identity
+from openinfer.protocol import DrafterReply, EngineHello, LoadSnapshot, engine_identity
 
 
 @dataclass
@@ -18,9 +19,11 @@ class EngineRecord:
     last_seen: float  # time.monotonic() of its latest message
     last_seq: int  # seq of its latest message; outputs must go strictly up
     load: LoadSnapshot  # from its latest message
+    num_spec_tokens: int | None  # K of its drafter (None: no speculation), from the hello and drafter replies
     up: bool = True
     sent_since_snapshot: int = 0  # requests sent to it after its latest load snapshot
     in_flight: dict[str, RequestStream] = field(default_factory=dict)
+    commands: dict[str, asyncio.Future[DrafterReply]] = field(default_factory=dict)  # by command_id
 
     @property
     def index(self) -> int:

@@ -12,7 +12,7 @@ from openinfer.frontend.engine_registry import ServedModel
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_stream import RequestStream
 from openinfer.frontend.tokenizer import IncrementalDetokenizer
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, RequestSpecStats
 
 # Finish kinds that end a request normally; any other ("error", "abort", unknown) is an engine error.
 _NORMAL_FINISHES = ("stop", "length")
@@ -30,6 +30,7 @@ class CompletionDelta:
     token_ids: list[int]
     finish_reason: str | None  # "stop" or "length" on the last delta, else None
     stop_reason: int | None  # the stop token id from the request's stop_token_ids that ended it (vLLM's)
+    spec_stats: RequestSpecStats | None = None  # on the last delta, when the engine had a drafter
 
 
 class Generation:
@@ -104,7 +105,7 @@ class Generation:
             stop_ids = self._request.sampling_params.stop_token_ids
             stop_reason = finish.stop_token_id if finish.stop_token_id in stop_ids else None
             text += self._detokenizer.finish()
-            yield CompletionDelta(text, output.new_token_ids, finish.kind, stop_reason)
+            yield CompletionDelta(text, output.new_token_ids, finish.kind, stop_reason, output.spec_stats)
             return
 
     def _observe_tokens(self, output: EngineCoreOutput, now: float, last_output_time: float | None) -> None:

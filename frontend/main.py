@@ -15,6 +15,7 @@ from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.api_server import build_app, serve
 from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.metrics import FrontendMetrics
+from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
 
 logger = logging.getLogger("openinfer.frontend")
 
@@ -44,6 +45,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=5.0,
         help="seconds of silence after which an engine is dead and its requests fail",
     )
+    parser.add_argument(
+        "--per-request-spec-decode-metrics",
+        type=_per_request_spec_metrics,
+        default=PerRequestSpecMetrics.SUMMARY,
+        metavar="{" + ",".join(mode.value for mode in PerRequestSpecMetrics) + "}",
+        help='what a final response tells of its speculative decoding, under "metrics" (default: summary)',
+    )
+    parser.add_argument(
+        "--spec-log-interval",
+        type=_positive_seconds,
+        default=10.0,
+        help='seconds between "SpecDecoding metrics" log lines (summed over engines; none without drafts)',
+    )
+    parser.add_argument(
+        "--drafter-timeout",
+        type=_positive_seconds,
+        default=120.0,
+        help="seconds the admin drafter routes wait for an engine to load or unload its drafter",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser.parse_args(argv)
 
@@ -54,6 +74,14 @@ def _engine_address(value: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value
+
+
+def _per_request_spec_metrics(value: str) -> PerRequestSpecMetrics:
+    try:
+        return PerRequestSpecMetrics(value)
+    except ValueError:
+        modes = ", ".join(mode.value for mode in PerRequestSpecMetrics)
+        raise argparse.ArgumentTypeError(f"choose one of {modes}; got {value!r}") from None
 
 
 def _positive_seconds(value: str) -> float:
@@ -85,8 +113,12 @@ async def _run(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     await client.start()
+    spec_log = asyncio.create_task(metrics.spec_decode_log.run(args.spec_log_interval), name="spec-log")
     try:
-        runner = await serve(build_app(client, metrics, args.api_key), args.host, args.port)
+        app = build_app(
+            client, metrics, args.api_key, args.per_request_spec_decode_metrics, args.drafter_timeout
+        )
+        runner = await serve(app, args.host, args.port)
         try:
             logger.info("openinfer frontend listening on http://%s:%d", args.host, args.port)
             logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
@@ -95,6 +127,8 @@ async def _run(args: argparse.Namespace) -> None:
         finally:
             await runner.cleanup()
     finally:
+        spec_log.cancel()
+        await asyncio.gather(spec_log, return_exceptions=True)
         await client.close()
 
 

@@ -3,6 +3,8 @@
 Names follow DESIGN.md exactly. prometheus_client appends ``_total`` to counter names itself, so counters are
 declared without it (``vllm:prompt_tokens`` is exported as ``vllm:prompt_tokens_total``).
 
+The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.spec_metrics`.
+
 Derived rates, for dashboards:
 
 - request throughput: ``sum(rate(vllm:request_success_total[1m]))``
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from openinfer.frontend.spec_decode_log import SpecDecodeLogger
+from openinfer.frontend.spec_metrics import SpecDecodeMetrics
 from openinfer.protocol import LoadSnapshot
 
 # vLLM's buckets, so that its dashboards read the same.
@@ -99,12 +103,18 @@ class FrontendMetrics:
             "openinfer:protocol_errors", "Bad frames dropped, by kind.", ("kind",), registry=r
         )
 
-    def observe_load(self, engine_index: int, model_name: str, load: LoadSnapshot) -> None:
-        """Publish an engine's latest load snapshot.
+        # Speculative decoding: exact deltas of each engine's cumulative counters, and the periodic log line.
+        self.spec_decode = SpecDecodeMetrics(r, self.protocol_errors)
+        self.spec_decode_log = SpecDecodeLogger()
 
-        The spec-decode bridge (DESIGN.md, frontend diffing: per-engine baselines over ``load.spec_decode``)
-        hooks in here; it is not built yet.
+    def observe_load(self, engine_index: int, incarnation: int, model_name: str, load: LoadSnapshot) -> None:
+        """Publish one snapshot of a current engine incarnation: every message carries one, in seq order.
+
+        Its spec-decode counters go through the bridge (per-engine baselines, DESIGN.md frontend diffing).
         """
+        delta = self.spec_decode.observe(engine_index, incarnation, model_name, load.spec_decode)
+        if delta is not None:
+            self.spec_decode_log.add(delta)
         engine = str(engine_index)
         self.num_requests_running.labels(model_name, engine).set(load.num_running_reqs)
         self.num_requests_waiting.labels(model_name, engine).set(load.num_waiting_reqs)

@@ -175,7 +175,7 @@ def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[lis
 
 
 def test_drafter_load_and_unload_at_run_time(target: Path, baseline: list[list[int]]) -> None:
-    """None -> ngram K=3 -> none -> ngram K=7: counters restart from zero at each load; tokens unchanged."""
+    """None, K=3, none, K=7, K=7: zero after none or a new K, kept for the same K; tokens unchanged."""
     core = make_core(target)
     assert core.load_snapshot().spec_decode is None
     core.load_drafter(DrafterSpec("ngram", 3))
@@ -186,6 +186,11 @@ def test_drafter_load_and_unload_at_run_time(target: Path, baseline: list[list[i
     assert core.load_snapshot().spec_decode is None
     core.load_drafter(DrafterSpec("ngram", 7))
     assert core.load_snapshot().spec_decode == SpecDecodeCounters.zero(7)
+    run(core, make_prompts())
+    counted = core.load_snapshot().spec_decode
+    assert counted is not None and counted.num_drafts > 0
+    core.load_drafter(DrafterSpec("ngram", 7, prompt_lookup_min=2))  # same K: the counters go on
+    assert core.load_snapshot().spec_decode == counted
 
 
 @pytest.mark.parametrize(

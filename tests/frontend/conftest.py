@@ -13,6 +13,7 @@ from aiohttp import web
 from openinfer.frontend.api_server import build_app, serve
 from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.metrics import FrontendMetrics
+from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 
@@ -59,15 +60,21 @@ PeerFactory = Callable[..., Awaitable[EnginePeer]]
 
 @pytest.fixture
 async def start_frontend() -> AsyncIterator[FrontendFactory]:
-    """Start frontends on free ports (``api_key``, ``engine_timeout`` as keywords); all stop at teardown."""
+    """Start frontends on free ports (build_app's options as keywords); all stop at teardown."""
     started: list[Frontend] = []
 
-    async def start(api_key: str | None = None, engine_timeout: float = 5.0) -> Frontend:
+    async def start(
+        api_key: str | None = None,
+        engine_timeout: float = 5.0,
+        per_request_spec_metrics: PerRequestSpecMetrics = PerRequestSpecMetrics.SUMMARY,
+        drafter_timeout: float = 120.0,
+    ) -> Frontend:
         metrics = FrontendMetrics()
         engine_address = f"tcp://127.0.0.1:{free_port_pair()}"
         client = EngineClient(engine_address, metrics, engine_timeout=engine_timeout)
         await client.start()
-        runner = await serve(build_app(client, metrics, api_key), "127.0.0.1", 0)
+        app = build_app(client, metrics, api_key, per_request_spec_metrics, drafter_timeout)
+        runner = await serve(app, "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         frontend = Frontend(f"http://{host}:{port}", engine_address, client, metrics, runner)
         started.append(frontend)

@@ -2,7 +2,9 @@
 
 It is not an engine: it answers each request by echoing the prompt's tokens (cyclically), one token per
 message, and ends with "length" at max_tokens, or "stop" on an EOS (unless ignore_eos) or a stop token id.
-It exists to test the frontend's side of the boundary.
+Its spec-decode counters (``spec``) are whatever the test makes them; every message's load carries them.
+It answers LoadDrafter / UnloadDrafter with a DrafterReply. It exists to test the frontend's side of the
+boundary.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from openinfer.frontend.addresses import engine_addresses
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,
+    DrafterReply,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -27,7 +30,11 @@ from openinfer.protocol import (
     EngineOutputCodec,
     FinishReason,
     HelloRequest,
+    LoadDrafter,
     LoadSnapshot,
+    RequestSpecStats,
+    SpecDecodeCounters,
+    UnloadDrafter,
     engine_identity,
 )
 from tests.frontend import tiny_tokenizer
@@ -46,6 +53,10 @@ class PeerConfig:
     protocol_version: int = PROTOCOL_VERSION
     fail_with: str | None = None  # end every request with this error message after its first token
     silent_on_request: bool = False  # stop sending anything once a request arrives (a hung engine)
+    spec: SpecDecodeCounters | None = None  # the counters its hello carries (copied; None: no drafter)
+    spec_stats: RequestSpecStats | None = None  # put on every request's last output
+    refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
+    ignore_drafter_commands: bool = False  # never answer a drafter command
 
 
 class EnginePeer:
@@ -59,6 +70,8 @@ class EnginePeer:
         self.requests: dict[str, EngineCoreRequest] = {}
         self.aborted: list[str] = []
         self.hello_requests = 0
+        self.spec = None if self.config.spec is None else self.config.spec.copy()
+        self.drafter_commands: list[LoadDrafter | UnloadDrafter] = []
         self._seq = 0
         self._in_codec = EngineInputCodec()
         self._out_codec = EngineOutputCodec()
@@ -96,6 +109,12 @@ class EnginePeer:
         self._seq = 0
         await self.start()
 
+    async def send_snapshot(self) -> int:
+        """Send an outputs message with no outputs (its load carries ``spec`` now); return its seq."""
+        seq = self._seq
+        await self._send_outputs([])
+        return seq
+
     async def send_raw(self, frames: list[bytes]) -> None:
         """Send arbitrary frames on the output socket (garbage, foreign versions)."""
         assert self._push is not None
@@ -112,7 +131,7 @@ class EnginePeer:
             max_model_len=c.max_model_len,
             kv_block_size=16,
             kv_num_blocks=64,
-            num_spec_tokens=None,
+            num_spec_tokens=None if self.spec is None else self.spec.num_spec_tokens,
             vocab_size=300,
             eos_token_ids=c.eos_token_ids,
             tokenizer_json=tiny_tokenizer.tokenizer_json(),
@@ -123,7 +142,7 @@ class EnginePeer:
     def _load(self) -> LoadSnapshot:
         return LoadSnapshot(
             kv_used_blocks=len(self._running), kv_total_blocks=64, num_running_reqs=len(self._running),
-            num_waiting_reqs=0,
+            num_waiting_reqs=0, spec_decode=self.spec,
         )  # fmt: skip
 
     async def _send_hello(self) -> None:
@@ -163,6 +182,26 @@ class EnginePeer:
             elif isinstance(message, HelloRequest):
                 self.hello_requests += 1
                 await self._send_hello()
+            elif isinstance(message, LoadDrafter | UnloadDrafter):
+                self.drafter_commands.append(message)
+                if not self.config.ignore_drafter_commands:
+                    await self._answer_drafter_command(message)
+
+    async def _answer_drafter_command(self, command: LoadDrafter | UnloadDrafter) -> None:
+        assert self._push is not None
+        ok, message = self.config.refuse_drafter is None, self.config.refuse_drafter or ""
+        if ok and isinstance(command, LoadDrafter):
+            if self.spec is None or self.spec.num_spec_tokens != command.num_spec_tokens:
+                self.spec = SpecDecodeCounters.zero(command.num_spec_tokens)  # same K: counting goes on
+            message = f"loaded the {command.method} drafter with K={command.num_spec_tokens}"
+        elif ok:
+            self.spec, message = None, "speculative decoding is off"
+        seq, self._seq = self._seq, self._seq + 1
+        k = None if self.spec is None else self.spec.num_spec_tokens
+        reply = DrafterReply(
+            self.config.engine_index, self.incarnation, seq, command.command_id, ok, message, k, self._load()
+        )
+        await self._push.send(self._out_codec.encode(reply))
 
     async def _generate(self, request: EngineCoreRequest) -> None:
         params = request.sampling_params
@@ -184,4 +223,5 @@ class EnginePeer:
 
     async def _finish(self, request: EngineCoreRequest, tokens: list[int], finish: FinishReason) -> None:
         self._running.pop(request.request_id, None)
-        await self._send_outputs([EngineCoreOutput(request.request_id, tokens, finish)])
+        stats = self.config.spec_stats
+        await self._send_outputs([EngineCoreOutput(request.request_id, tokens, finish, spec_stats=stats)])

@@ -101,7 +101,7 @@ async def test_engine_port_in_use_exits_1_with_a_clear_message() -> None:
 async def test_frontend_imports_neither_torch_nor_transformers() -> None:
     """Importing every frontend module loads no torch or transformers (the frontend image has neither)."""
     code = (
-        "import sys, openinfer.frontend.main, openinfer.frontend.generation;"
+        "import sys, openinfer.frontend.main, openinfer.frontend.generation, openinfer.frontend.verify_log;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
     )
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)

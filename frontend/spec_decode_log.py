@@ -1,0 +1,80 @@
+"""The periodic "SpecDecoding metrics" log line, in vLLM's form, over the deltas published in an interval."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from openinfer.protocol import SpecDecodeCounters
+
+logger = logging.getLogger(__name__)
+
+
+class SpecDecodeLogger:
+    """Sums the published spec-decode deltas of all engines and logs them once per interval.
+
+    Per-position rates divide by the drafts that had the position: with engines of different K, position i
+    counts only the drafts of engines whose K > i. Nothing is logged for an interval without drafts.
+    """
+
+    def __init__(self) -> None:
+        self._last_log = time.monotonic()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos: list[int] = []  # drafts whose position i was accepted
+        self.drafts_per_pos: list[int] = []  # drafts that had a position i (their K > i)
+
+    def add(self, delta: SpecDecodeCounters) -> None:
+        """Count one published delta (one engine, one interval between snapshots)."""
+        self.num_drafts += delta.num_drafts
+        self.num_draft_tokens += delta.num_draft_tokens
+        self.num_accepted_tokens += delta.num_accepted_tokens
+        missing = delta.num_spec_tokens - len(self.accepted_per_pos)
+        if missing > 0:
+            self.accepted_per_pos.extend([0] * missing)
+            self.drafts_per_pos.extend([0] * missing)
+        for i, accepted in enumerate(delta.num_accepted_tokens_per_pos):
+            self.accepted_per_pos[i] += accepted
+            self.drafts_per_pos[i] += delta.num_drafts
+
+    def log(self, now: float | None = None) -> None:
+        """Log the interval since the last call (if it had drafts) and start a new one."""
+        now = time.monotonic() if now is None else now
+        elapsed, self._last_log = now - self._last_log, now
+        if self.num_drafts > 0:
+            self._log_line(elapsed)
+        self._reset()
+
+    async def run(self, interval_s: float) -> None:
+        """Log every ``interval_s`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.log()
+
+    def _log_line(self, elapsed: float) -> None:
+        accepted, drafted = self.num_accepted_tokens, self.num_draft_tokens
+        rates = ", ".join(
+            f"{a / d:.3f}" for a, d in zip(self.accepted_per_pos, self.drafts_per_pos, strict=True)
+        )
+        logger.info(
+            "SpecDecoding metrics: "
+            "Mean acceptance length: %.2f, "
+            "Accepted throughput: %.2f tokens/s, "
+            "Drafted throughput: %.2f tokens/s, "
+            "Accepted: %d tokens, "
+            "Drafted: %d tokens, "
+            "Per-position acceptance rate: %s, "
+            "Avg Draft acceptance rate: %.1f%%",
+            1 + accepted / self.num_drafts,  # mean acceptance length counts the bonus token
+            accepted / elapsed if elapsed > 0 else 0.0,
+            drafted / elapsed if elapsed > 0 else 0.0,
+            accepted,
+            drafted,
+            rates,
+            100 * accepted / drafted,  # every draft has at least one token, so drafted > 0
+        )

@@ -1,0 +1,136 @@
+"""Admin routes against engine peers: drafter load/unload through DrafterReply, validation, errors, auth."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from openinfer.protocol import LoadDrafter, UnloadDrafter
+from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
+from tests.frontend.engine_peer import EnginePeer, PeerConfig
+
+
+async def admin(
+    frontend: Frontend, method: str, path: str, body: object = None, key: str | None = None
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, f"{frontend.url}{path}", json=body, headers=headers) as response:
+            return response.status, await response.json()
+
+
+async def test_load_and_unload_a_drafter(frontend: Frontend, peer: EnginePeer) -> None:
+    """POST sends LoadDrafter and answers with the engine's reply; DELETE sends UnloadDrafter; both listed."""
+    status, body = await admin(frontend, "POST", "/admin/engines/0/drafter",
+                               {"method": "ngram", "num_spec_tokens": 4, "prompt_lookup_max": 3})  # fmt: skip
+    assert status == 200
+    assert body == {"engine": 0, "num_spec_tokens": 4, "message": "loaded the ngram drafter with K=4"}
+    [command] = peer.drafter_commands
+    assert isinstance(command, LoadDrafter) and len(command.command_id) == 32  # a uuid4, hex
+    assert (command.method, command.num_spec_tokens, command.draft_model) == ("ngram", 4, None)
+    assert (command.prompt_lookup_min, command.prompt_lookup_max) == (1, 3)
+
+    status, body = await admin(frontend, "GET", "/admin/engines")
+    [engine] = body["engines"]
+    assert status == 200
+    listed = {key: engine[key] for key in ("index", "incarnation", "up", "model", "num_spec_tokens")}
+    incarnation = f"{peer.incarnation:016x}"  # as in the spec log
+    assert listed == {
+        "index": 0,
+        "incarnation": incarnation,
+        "up": True,
+        "model": "tiny",
+        "num_spec_tokens": 4,
+    }
+    assert engine["load"]["spec_decode"]["num_spec_tokens"] == 4  # the reply's load, right after loading
+    assert engine["load"]["spec_decode"]["accepted_length_hist"] == [0, 0, 0, 0, 0]
+
+    status, body = await admin(frontend, "DELETE", "/admin/engines/0/drafter")
+    assert (status, body) == (
+        200,
+        {"engine": 0, "num_spec_tokens": None, "message": "speculative decoding is off"},
+    )
+    assert isinstance(peer.drafter_commands[-1], UnloadDrafter)
+    _, body = await admin(frontend, "GET", "/admin/engines")
+    assert body["engines"][0]["num_spec_tokens"] is None and body["engines"][0]["load"]["spec_decode"] is None
+
+
+async def test_engine_refusal_is_400_with_its_message(frontend: Frontend, start_peer: PeerFactory) -> None:
+    """A DrafterReply with ok false: 400, OpenAI error shape, the engine's message verbatim."""
+    await start_peer(
+        frontend, PeerConfig(refuse_drafter="no DFlash checkpoint at /nope: config.json missing")
+    )
+    dflash = {"method": "dflash", "num_spec_tokens": 8, "draft_model": "/nope"}
+    status, body = await admin(frontend, "POST", "/admin/engines/0/drafter", dflash)
+    assert status == 400
+    assert body["error"]["message"] == "no DFlash checkpoint at /nope: config.json missing"
+    assert body["error"]["code"] == "drafter_refused"
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"method": "ngram", "num_spec_tokens": 33}, "exceeds MAX_SPEC_TOKENS = 32"),
+        ({"method": "ngram", "num_spec_tokens": 0}, "at least 1"),
+        ({"method": "ngram", "num_spec_tokens": "4"}, "Expected `int`"),
+        ({"method": "eagle", "num_spec_tokens": 4}, "`method` must be one of"),
+        ({"method": "dflash", "num_spec_tokens": 4}, "needs `draft_model`"),
+        ({"method": "ngram", "num_spec_tokens": 4, "prompt_lookup_min": 5}, "prompt_lookup_min"),
+        ({"method": "ngram", "num_spec_tokens": 4, "k": 1}, "unknown field"),
+    ],
+)
+async def test_bad_drafter_requests_never_reach_the_engine(
+    frontend: Frontend, peer: EnginePeer, body: dict[str, Any], words: str
+) -> None:
+    """K=33 (never clamped), K=0, a string K, an unknown method, dflash without a model, bad lookup: 400."""
+    status, got = await admin(frontend, "POST", "/admin/engines/0/drafter", body)
+    assert status == 400 and words in got["error"]["message"]
+    assert peer.drafter_commands == []
+
+
+async def test_unknown_engine_is_404(frontend: Frontend, peer: EnginePeer) -> None:
+    """An index no engine has: 404 for load and unload, naming the engines that are up."""
+    status, body = await admin(
+        frontend, "POST", "/admin/engines/7/drafter", {"method": "ngram", "num_spec_tokens": 2}
+    )
+    assert status == 404 and body["error"]["message"] == "engine 7 is not connected (engines up: 0)"
+    assert (await admin(frontend, "DELETE", "/admin/engines/7/drafter"))[0] == 404
+
+
+async def test_no_reply_is_504(start_frontend: FrontendFactory, start_peer: PeerFactory) -> None:
+    """An engine that never answers: 504 after the drafter timeout."""
+    frontend = await start_frontend(drafter_timeout=0.2)
+    peer = await start_peer(frontend, PeerConfig(ignore_drafter_commands=True))
+    status, body = await admin(frontend, "DELETE", "/admin/engines/0/drafter")
+    assert status == 504 and "did not answer UnloadDrafter within 0.2 s" in body["error"]["message"]
+    assert len(peer.drafter_commands) == 1
+    assert frontend.client.registry.get(0).commands == {}  # type: ignore[union-attr]
+
+
+async def test_restart_before_the_reply_is_503(frontend: Frontend, start_peer: PeerFactory) -> None:
+    """An engine that restarts while a drafter command waits: 503 saying so, well before the timeout."""
+    peer = await start_peer(frontend, PeerConfig(ignore_drafter_commands=True))
+    command = asyncio.create_task(admin(frontend, "DELETE", "/admin/engines/0/drafter"))
+    await wait_until(lambda: len(peer.drafter_commands) == 1)
+    await peer.restart()
+    status, body = await command
+    assert status == 503 and "restarted before it answered" in body["error"]["message"]
+
+
+async def test_admin_routes_need_the_api_key(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """With --api-key: no key or a wrong one is 401 on every admin route; the right key works."""
+    frontend = await start_frontend(api_key="sesame")
+    peer = await start_peer(frontend)
+    load = {"method": "ngram", "num_spec_tokens": 2}
+    for key in (None, "wrong"):
+        assert (await admin(frontend, "GET", "/admin/engines", key=key))[0] == 401
+        assert (await admin(frontend, "POST", "/admin/engines/0/drafter", load, key=key))[0] == 401
+        assert (await admin(frontend, "DELETE", "/admin/engines/0/drafter", key=key))[0] == 401
+    assert peer.drafter_commands == []
+    assert (await admin(frontend, "GET", "/admin/engines", key="sesame"))[0] == 200
+    assert (await admin(frontend, "POST", "/admin/engines/0/drafter", load, key="sesame"))[0] == 200
