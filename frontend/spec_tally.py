@@ -12,10 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from openinfer.protocol import MAX_SPEC_TOKENS
+from openinfer.protocol.spec_log import parse_spec_log_line
 
 # Sample names as exposed, with the ``_total`` suffix. Matching sample names (not family names) reads the
 # same whether or not the exposition declares the type: the parser strips ``_total`` from a counter
@@ -140,36 +139,6 @@ def total(tallies: Iterable[AcceptanceTally]) -> AcceptanceTally:
 
 
 # ---- the engines' spec logs ----
-
-
-class SpecLogLine(msgspec.Struct):
-    """One line of ``openinfer-engine --spec-log``: one draft (DESIGN.md, verification log; more fields
-    are allowed)."""
-
-    time: float  # unix seconds
-    engine_index: int
-    incarnation: str  # 16 hex digits
-    request_id: str
-    num_spec_tokens: int  # K of the drafter that made the draft
-    num_draft_tokens: int
-    num_accepted: int
-
-
-_LINE_DECODER = msgspec.json.Decoder(SpecLogLine)
-
-
-def parse_spec_log_line(line: str | bytes) -> SpecLogLine:
-    """Decode one spec-log line; ``ValueError`` saying why when it is not a possible draft."""
-    try:
-        draft = _LINE_DECODER.decode(line)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise ValueError(str(e)) from None
-    k, drafted, accepted = draft.num_spec_tokens, draft.num_draft_tokens, draft.num_accepted
-    if draft.engine_index < 0:
-        raise ValueError(f"negative engine_index {draft.engine_index}")
-    if not 0 <= accepted <= drafted <= k <= MAX_SPEC_TOKENS or drafted < 1:
-        raise ValueError(f"impossible draft: {accepted} accepted of {drafted} tokens with K={k}")
-    return draft
 
 
 @dataclass

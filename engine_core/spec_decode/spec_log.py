@@ -8,17 +8,7 @@ from typing import IO
 
 import msgspec
 
-
-class SpecLogLine(msgspec.Struct):
-    """One draft: what was proposed and how much of it reached the output (DESIGN.md, verification log)."""
-
-    time: float  # unix seconds
-    engine_index: int
-    incarnation: str  # 16 hex digits
-    request_id: str
-    num_spec_tokens: int  # K of the drafter
-    num_draft_tokens: int
-    num_accepted: int
+from openinfer.protocol.spec_log import SpecLogLine
 
 
 class SpecLog:

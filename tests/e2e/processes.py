@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -92,7 +93,8 @@ class Cluster:
             ],
         )
 
-    def wait_healthy(self, timeout: float = 60.0) -> None:
+    def wait_healthy(self, timeout: float = 60.0, engines: int = 1) -> None:
+        """Until /health is 200 with at least ``engines`` engines up; raises with the logs otherwise."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, p in self.processes.items():
@@ -100,7 +102,7 @@ class Cluster:
                     raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.logs()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:
-                    if r.status == 200:
+                    if r.status == 200 and json.load(r)["engines_up"] >= engines:
                         return
             except (urllib.error.URLError, OSError):
                 pass
