@@ -35,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api-key")
     parser.add_argument("--kv-cache-gb", type=float, default=1.0)
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--spec-method", choices=["ngram", "dflash"], help="drafter for every engine")
+    parser.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
+    parser.add_argument("--draft-model", help="DFlash checkpoint folder")
+    parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
@@ -64,6 +68,14 @@ def engine_command(args: argparse.Namespace, index: int, model: str) -> list[str
         command += ["--served-model-name", args.served_model_name]
     if args.max_model_len:
         command += ["--max-model-len", str(args.max_model_len)]
+    if args.spec_method:
+        command += ["--spec-method", args.spec_method]
+    if args.num_spec_tokens is not None:
+        command += ["--num-spec-tokens", str(args.num_spec_tokens)]
+    if args.draft_model:
+        command += ["--draft-model", args.draft_model]
+    if args.spec_log_dir:
+        command += ["--spec-log", f"{args.spec_log_dir}/spec-engine{index}.jsonl"]
     return command
 
 
