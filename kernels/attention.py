@@ -182,18 +182,18 @@ class TorchAttentionBackend:
         # index_select of whole slot rows: several times faster on the CPU than advanced indexing.
         slots = kv_cache.view(2, -1, num_kv_heads * head_dim)  # (2, num_slots, kv_heads * head_dim)
         kv = slots.index_select(1, meta.padded_key_slots).view(2, num_reqs, max_s, num_kv_heads, head_dim)
+        keys, values = kv.transpose(2, 3).unbind(0)  # (B, num_kv_heads, S, head_dim) each
 
         if meta.queries_are_padded:
             padded_q = q.new_zeros(num_reqs * max_q, num_heads, head_dim)
             padded_q.index_copy_(0, meta.padded_query_index, q)
         else:
             padded_q = q  # every request has max_q tokens: the packed layout is the padded one
-        padded_q = padded_q.view(num_reqs, max_q, num_heads, head_dim)
         bias = meta.attn_bias
         out = F.scaled_dot_product_attention(
-            padded_q.transpose(1, 2),  # (B, num_heads, Q, head_dim)
-            kv[0].transpose(1, 2),  # (B, num_kv_heads, S, head_dim)
-            kv[1].transpose(1, 2),
+            padded_q.reshape(num_reqs, max_q, num_heads, head_dim).transpose(1, 2),  # (B, num_heads, Q, D)
+            keys,
+            values,
             attn_mask=None if bias is None else bias.to(q.dtype),  # (B, 1, Q, S)
             scale=scale,
             enable_gqa=num_heads != num_kv_heads,

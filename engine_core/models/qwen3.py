@@ -19,8 +19,15 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
 
 
+def rms_normalize(x: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, as transformers computes it but in fewer torch calls:
+    pow(2) is x * x, and on the CPU ATen's mean is this very sum, then this division (bit for bit)."""
+    inv_rms = (x * x).sum(-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()  # (..., 1)
+    return x * inv_rms
+
+
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dim (float32 inside; in float32 bit-identical to transformers)."""
+    """weight * (x / rms(x)) over the last dim, normalised in float32 as transformers does."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -28,7 +35,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * rms_normalize(x.float(), self.eps).to(x.dtype)
 
 
 class PackedLinear(nn.Module):
@@ -64,43 +71,46 @@ class PackedLinear(nn.Module):
 
 
 class RotaryEmbedding:
-    """RoPE in transformers' rotate_half layout (two halves, not pairs), read from a table of every position.
+    """RoPE tables for the given positions, in transformers' rotate_half layout (two halves, not pairs).
 
-    The table holds exactly the float32 values transformers computes per step (cos and sin of position
-    * inv_freq), cast to the model's dtype; it is built on first use for the device and dtype it serves.
+    With `max_positions`, the cos/sin of every position below it are computed once (on first use, for the
+    device and dtype asked for; max_positions * head_dim * 2 values) and each call is one row lookup;
+    without, each call computes its own. Both give transformers' float32 values, cast to the dtype.
     """
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
-        self.head_dim = head_dim
-        self.theta = theta
+    def __init__(self, head_dim: int, theta: float, max_positions: int | None = None) -> None:
+        # Computed once on the CPU, like transformers, so every device starts from the same frequencies.
+        self.inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)
+        )
         self.max_positions = max_positions
-        self._table: Tensor | None = None  # (max_positions, 2, head_dim): cos, signed sin
+        self._table: Tensor | None = None  # (max_positions, 2, head_dim): cos, sin of every position
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and signed sin (see `apply_rope`) of each position, each (num_tokens, 1, head_dim)."""
-        table = self._table
-        if table is None or table.device != positions.device or table.dtype != dtype:
-            table = self._table = self._build_table().to(positions.device, dtype)
-        cos_sin = table.index_select(0, positions)  # (num_tokens, 2, head_dim)
-        return cos_sin[:, 0, None], cos_sin[:, 1, None]
+        """positions (num_tokens,) int64 -> cos, sin, each (num_tokens, head_dim)."""
+        if self.max_positions is None:
+            cos_sin = self._compute(positions).to(dtype)
+        else:
+            table = self._table
+            if table is None or table.device != positions.device or table.dtype != dtype:
+                all_positions = torch.arange(self.max_positions, device=positions.device)
+                table = self._table = self._compute(all_positions).to(dtype)
+            cos_sin = table.index_select(0, positions)  # (num_tokens, 2, head_dim)
+        return cos_sin[:, 0], cos_sin[:, 1]
 
-    def _build_table(self) -> Tensor:
-        # On the CPU, like transformers' inv_freq, so every device starts from the same frequencies.
-        half = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device="cpu") / self.head_dim
-        inv_freq = 1.0 / (self.theta**half)  # (head_dim // 2,)
-        positions = torch.arange(self.max_positions, dtype=torch.float32, device="cpu")
-        freqs = positions[:, None] * inv_freq[None, :]  # (max_positions, head_dim // 2)
-        cos, sin = freqs.cos(), freqs.sin()
-        return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), dim=1)
+    def _compute(self, positions: Tensor) -> Tensor:
+        """(num_tokens,) -> (num_tokens, 2, head_dim) float32: cos, sin."""
+        inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * inv_freq[None, :]  # (num_tokens, head_dim // 2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (num_tokens, head_dim)
+        return torch.stack((emb.cos(), emb.sin()), dim=1)
 
 
-def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
-    """x (num_tokens, heads, head_dim); cos, signed_sin (num_tokens, 1, head_dim).
-
-    transformers' x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = cat(-x2, x1) * cat(s, s)
-    computed as roll(x) * cat(-s, s) = cat(x2, x1) * cat(-s, s): the same products, bit for bit.
-    """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (num_tokens, heads, head_dim); cos/sin (num_tokens, head_dim)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 class Qwen3Attention(nn.Module):
@@ -110,8 +120,8 @@ class Qwen3Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = config.attention_bias
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = PackedLinear(
             config.hidden_size, {"q_proj": q_width, "k_proj": kv_width, "v_proj": kv_width}, bias
         )
@@ -125,14 +135,35 @@ class Qwen3Attention(nn.Module):
     ) -> Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x).view(n, -1, self.head_dim)  # (n, heads + 2 * kv_heads, head_dim)
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        q = apply_rope(self.q_norm(q), cos, sin)  # (n, heads, head_dim)
-        k = apply_rope(self.k_norm(k), cos, sin)  # (n, kv_heads, head_dim)
+        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
+        # q_norm and k_norm in one pass, the same products as two RMSNorm calls: normalise every head, then
+        # scale it by its own norm's weight; then RoPE on queries and keys together.
+        weight = torch.cat(
+            (self.q_norm.weight.expand(self.num_heads, -1), self.k_norm.weight.expand(self.num_kv_heads, -1))
+        )  # (heads + kv_heads, head_dim)
+        qk = apply_rope(weight * rms_normalize(qk.float(), self.q_norm.eps).to(qk.dtype), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (n, heads | kv_heads, head_dim)
         out = self.attn_backend.forward(q, k, v, kv_cache, attn, self.scale)  # (n, heads, head_dim)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
 class Qwen3MLP(nn.Module):
+    """SwiGLU MLP in the checkpoint's layout, one nn.Linear per projection (for modules loaded by name)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3PackedMLP(nn.Module):
+    """`Qwen3MLP`'s math with gate and up packed into one matmul (`PackedLinear`, loaded through
+    `checkpoint_views`)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         width = config.intermediate_size
@@ -148,7 +179,7 @@ class Qwen3DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(config, attn_backend)
-        self.mlp = Qwen3MLP(config)
+        self.mlp = Qwen3PackedMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -178,7 +209,7 @@ class Qwen3Model(nn.Module):
         aux_layer_ids: Sequence[int] = (),
     ) -> tuple[Tensor, list[Tensor]]:
         hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, 1, head_dim) each
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, head_dim) each
         aux: dict[int, Tensor] = {}
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             hidden = layer(hidden, cos, sin, kv_cache, attn)

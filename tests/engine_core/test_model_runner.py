@@ -169,6 +169,27 @@ def test_aux_hidden_states(runner: ModelRunner, hf_model: transformers.Qwen3ForC
     torch.testing.assert_close(hidden, expected[-1][0], atol=ATOL, rtol=0)  # after the final norm
 
 
+def test_attention_bias_checkpoint(tmp_path: Path) -> None:
+    """A checkpoint with q/k/v/o biases (attention_bias) loads into the packed projections, biases
+    included, and a batched prefill then a decode step give HF's logits."""
+    folder = make_tiny_checkpoint(tmp_path, seed=4, overrides={**SMALL, "attention_bias": True})
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
+    runner = ModelRunner(folder, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
+    bias = runner.model.model.layers[0].self_attn.qkv_proj.bias
+    assert bias is not None and bias.abs().sum() > 0  # drawn from N(0, 0.2), not left at zero
+    blocks = ScatteredBlocks(seed=4)
+    seqs = [Seq(list(p)) for p in PROMPTS[1:]]
+    prefill = runner.execute([blocks.chunk(s, len(s.tokens), len(s.tokens)) for s in seqs])
+    for seq in seqs:
+        seq.tokens.append(7)
+    decode = runner.execute([blocks.chunk(s, 1, 1) for s in seqs])
+    expected = [hf_logits(hf.eval(), s.tokens) for s in seqs]
+    torch.testing.assert_close(prefill, torch.cat([e[:-1] for e in expected]), atol=ATOL, rtol=0)
+    torch.testing.assert_close(decode, torch.stack([e[-1] for e in expected]), atol=ATOL, rtol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_runner_matches_hf(checkpoint: Path, hf_model: transformers.Qwen3ForCausalLM) -> None:

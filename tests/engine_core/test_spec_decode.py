@@ -155,7 +155,9 @@ def test_stop_token_inside_accepted_run(target: Path, baseline: list[list[int]],
 
 def test_dflash_is_lossless(target: Path, baseline: list[list[int]], tmp_path: Path) -> None:
     """A random tiny DFlash drafter (K=7) changes no token; its drafts are counted consistently."""
-    draft = make_tiny_dflash_checkpoint(tmp_path / "draft", target, seed=1, block_size=8)
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)
+    )
     log = tmp_path / "spec.jsonl"
     core = make_core(target, speculative=DrafterSpec("dflash", K, draft), spec_log=log)
     prompts = make_prompts()

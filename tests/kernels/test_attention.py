@@ -19,6 +19,11 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 8
 # (context_len, query_len) per request: a fresh prefill, a decode, a chunk after a context, a long prefill
 # crossing several blocks, a decode at a block boundary (8 = 2 full blocks already cached).
 REQUESTS = [(0, 5), (7, 1), (12, 4), (3, 9), (8, 1)]
+# The backend's shortcuts: decodes over unequal contexts (no query padding, a key mask), decodes over equal
+# contexts (no mask at all), one prefill chunk after a context (no query padding, a causal mask).
+DECODES = [(7, 1), (12, 1), (0, 1), (8, 1)]
+EQUAL_DECODES = [(9, 1), (9, 1), (9, 1)]
+ONE_CHUNK = [(6, 7)]
 
 
 def block_tables_for(requests: list[tuple[int, int]], seed: int) -> list[list[int]]:
@@ -43,17 +48,23 @@ def reference_attention(q: Tensor, keys: Tensor, values: Tensor, context: int, s
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)  # (Q, H, D)
 
 
+@pytest.mark.parametrize(
+    "requests",
+    [REQUESTS, DECODES, EQUAL_DECODES, ONE_CHUNK],
+    ids=["mixed", "decodes", "equal-decodes", "one-chunk"],
+)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_torch_backend_matches_reference(device: str) -> None:
-    """Mixed prefill/decode batch on scattered blocks: outputs equal per-request causal attention over
-    cached context + new tokens, and the new keys/values land in their slots."""
+def test_torch_backend_matches_reference(device: str, requests: list[tuple[int, int]]) -> None:
+    """Batches on scattered blocks, mixed or taking one of the backend's shortcuts: outputs equal
+    per-request causal attention over cached context + new tokens, and the new keys/values land in their
+    slots."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     g = torch.Generator().manual_seed(0)
-    tables = block_tables_for(REQUESTS, seed=1)
+    tables = block_tables_for(requests, seed=1)
     kv_cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, device=device)
     full_k, full_v = [], []
-    for (context, query), table in zip(REQUESTS, tables, strict=True):
+    for (context, query), table in zip(requests, tables, strict=True):
         full_k.append(torch.randn(context + query, NUM_KV_HEADS, HEAD_DIM, generator=g))
         full_v.append(torch.randn(context + query, NUM_KV_HEADS, HEAD_DIM, generator=g))
         if context:  # what earlier steps left in the cache
@@ -63,11 +74,11 @@ def test_torch_backend_matches_reference(device: str) -> None:
             )
 
     meta = AttentionMetadata.build(
-        [c for c, _ in REQUESTS], [q for _, q in REQUESTS], tables, BLOCK_SIZE, torch.device(device)
+        [c for c, _ in requests], [q for _, q in requests], tables, BLOCK_SIZE, torch.device(device)
     )
-    qs = [torch.randn(q, NUM_HEADS, HEAD_DIM, generator=g) for _, q in REQUESTS]
-    new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, REQUESTS, strict=True)])
-    new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, REQUESTS, strict=True)])
+    qs = [torch.randn(q, NUM_HEADS, HEAD_DIM, generator=g) for _, q in requests]
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, requests, strict=True)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, requests, strict=True)])
     scale = HEAD_DIM**-0.5
     out = TorchAttentionBackend().forward(
         torch.cat(qs).to(device), new_k.to(device), new_v.to(device), kv_cache, meta, scale
@@ -76,12 +87,12 @@ def test_torch_backend_matches_reference(device: str) -> None:
     expected = torch.cat(
         [
             reference_attention(q, k, v, context, scale)
-            for q, k, v, (context, _) in zip(qs, full_k, full_v, REQUESTS, strict=True)
+            for q, k, v, (context, _) in zip(qs, full_k, full_v, requests, strict=True)
         ]
     )
-    assert out.shape == (sum(q for _, q in REQUESTS), NUM_HEADS, HEAD_DIM)
+    assert out.shape == (sum(q for _, q in requests), NUM_HEADS, HEAD_DIM)
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
-    for (context, query), table, k, v in zip(REQUESTS, tables, full_k, full_v, strict=True):
+    for (context, query), table, k, v in zip(requests, tables, full_k, full_v, strict=True):
         for p in range(context + query):
             block, offset = table[p // BLOCK_SIZE], p % BLOCK_SIZE
             assert torch.equal(kv_cache[0, block, offset].cpu(), k[p])
@@ -100,6 +111,21 @@ def test_metadata_build() -> None:
     assert meta.padded_query_index.tolist() == [0, 1, 2]  # rows (0, 0), (0, 1), (1, 0) of a (2, 2) grid
     assert meta.cu_seqlens_k.tolist() == [0, 5, 6]
     assert meta.packed_key_slots.tolist() == [20, 21, 22, 23, 8, 28]
+    # (2, 5) grid of keys; request 1's rows past its 1 key read block 7, then padding block 0 (masked)
+    assert meta.padded_key_slots.tolist() == [20, 21, 22, 23, 8, 28, 29, 30, 31, 0]
+    assert meta.queries_are_padded  # 3 tokens in a (2, 2) grid
+    bias = meta.attn_bias
+    assert bias is not None and bias.shape == (2, 1, 2, 5)
+    assert (bias[:, 0] == 0).tolist() == meta.causal_mask.tolist()
+
+
+def test_metadata_shortcuts() -> None:
+    """Decodes need no query padding; over equal contexts they need no mask either."""
+    unequal = AttentionMetadata.build([3, 5], [1, 1], [[1, 2], [3, 4]], 4, torch.device("cpu"))
+    assert not unequal.queries_are_padded and unequal.attn_bias is not None
+    assert unequal.attn_bias[0, 0, 0].tolist() == [0.0] * 4 + [float("-inf")] * 2  # 4 keys of 6
+    equal = AttentionMetadata.build([5, 5], [1, 1], [[1, 2], [3, 4]], 4, torch.device("cpu"))
+    assert not equal.queries_are_padded and equal.attn_bias is None
 
 
 def test_select_backend_on_cpu_is_torch() -> None:
