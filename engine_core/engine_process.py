@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 import zmq
 
 from openinfer.engine_core.config import EngineConfig
@@ -195,6 +196,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1: best decode latency when engines share the cores)",
+    )
     spec = parser.add_argument_group("speculative decoding")
     spec.add_argument("--spec-method", choices=["ngram", "dflash"], help="drafter (default: none)")
     spec.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
@@ -264,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format=f"%(asctime)s engine{args.engine_index} %(levelname)s %(message)s",
     )
+    torch.set_num_threads(max(1, args.num_threads))
     try:
         config = config_from_args(args)
         core = EngineCore(config, incarnation=random.getrandbits(64))
