@@ -1,4 +1,4 @@
-"""Latency of one `ModelRunner.execute` on the built-in model, on the CPU; not a test.
+"""Latency of one `ModelRunner.execute` on the built-in model (CPU, or `--device cuda`); not a test.
 
 Prints one markdown table, a row per workload and a column per thread count, each cell the median
 milliseconds of `--iters` timed calls after `--warmup` untimed ones:
@@ -49,12 +49,15 @@ def prefill_step(runner: ModelRunner) -> Callable[[], object]:
 
 
 def median_ms(step: Callable[[], object], warmup: int, iters: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(warmup):
         step()
     times = []
     for _ in range(iters):
+        sync()
         start = time.perf_counter()
         step()
+        sync()  # a CUDA step is done when its kernels are, not when Python returns
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
@@ -81,11 +84,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iters", type=int, default=200, help="timed calls per cell (prefill: a tenth)")
     parser.add_argument("--profile", action="store_true", help="also print the aten ops of one decode step")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
 
     model = args.model or ensure_builtin_model()
     num_blocks = max(DECODE_BATCHES) * -(-(CONTEXT_LEN + 1) // BLOCK_SIZE) + PREFILL_LEN // BLOCK_SIZE
-    runner = ModelRunner(model, torch.device("cpu"), num_blocks, BLOCK_SIZE, torch.float32)
+    runner = ModelRunner(model, torch.device(args.device), num_blocks, BLOCK_SIZE, getattr(torch, args.dtype))
     workloads: list[tuple[str, Callable[[], object], int]] = [
         (f"decode B={b}, ctx ~{CONTEXT_LEN}", decode_step(runner, b), args.iters) for b in DECODE_BATCHES
     ]
@@ -97,7 +102,7 @@ def main() -> None:
         for name, step, iters in workloads:
             results[name, threads] = median_ms(step, args.warmup, iters)
 
-    print(f"model {model.name}, ms per execute (median)\n")
+    print(f"model {model.name} on {args.device} in {args.dtype}, ms per execute (median)\n")
     print("| workload | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in args.threads) + " |")
     print("|---|" + "---:|" * len(args.threads))
     for name, _, _ in workloads:

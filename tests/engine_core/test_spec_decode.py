@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
@@ -163,6 +164,7 @@ def test_dflash_is_lossless(target: Path, baseline: list[list[int]], tmp_path: P
     prompts = make_prompts()
     outputs, stats = run(core, prompts)
     assert outputs == baseline
+    assert_hf_greedy(target, prompts, outputs)
     lines = read_log(log)
     assert len(lines) > 20  # it drafted
     assert all(x["num_draft_tokens"] <= min(K, MAX_TOKENS[int(x["request_id"])] - 1) for x in lines)
@@ -210,3 +212,17 @@ def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -
     with pytest.raises(ValueError, match=message):
         core.load_drafter(spec)
     assert core.spec is not None and core.spec.num_spec_tokens == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_speculation_is_lossless_on_cuda(target: Path, tmp_path: Path) -> None:
+    """On CUDA (float32), ngram and DFlash K=7 give the tokens of the same engine without speculation."""
+    base = run(make_core(target, device="cuda:0", dtype="float32"), make_prompts())[0]
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)
+    )
+    for spec in (DrafterSpec("ngram", K), DrafterSpec("dflash", K, draft)):
+        core = make_core(target, device="cuda:0", dtype="float32", speculative=spec)
+        assert run(core, make_prompts())[0] == base, spec.method
+        assert core.spec is not None and core.spec.counters.num_drafts > 0
