@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from openinfer.protocol import FinishReason, RequestSpecStats, SamplingParams
+from openinfer.protocol import FinishReason, RequestSpecStats, SamplingParams, TokenLogprobs
+
+_MIN_TEMPERATURE = 1e-5
 
 
 class RequestStatus(enum.IntEnum):
@@ -51,10 +53,24 @@ class Request:
     spec_stats: RequestSpecStats | None = None
     # the drafter generation whose context this request's prefill filled (None: prefilled before it loaded)
     drafter_generation: int | None = None
+    # logprobs of the output tokens not yet sent, one per token (None: the request did not ask for them)
+    unsent_logprobs: list[TokenLogprobs] | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        if self.sampling_params.logprobs is not None and self.unsent_logprobs is None:
+            self.unsent_logprobs = []
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature; below 1e-5 it is greedy (vLLM's rule: dividing by it overflows)."""
+        temperature = self.sampling_params.temperature
+        return temperature if temperature >= _MIN_TEMPERATURE else 0.0
+
+    @property
+    def top_k(self) -> int | None:
+        return self.sampling_params.top_k
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -81,4 +97,11 @@ class Request:
         start = self.num_prompt_tokens + self.num_sent_tokens
         new = self.all_token_ids[start:]
         self.num_sent_tokens += len(new)
+        return new
+
+    def take_new_logprobs(self) -> list[TokenLogprobs] | None:
+        """Logprobs of the tokens :meth:`take_new_output_ids` returns (call both together), or None."""
+        if self.unsent_logprobs is None:
+            return None
+        new, self.unsent_logprobs = self.unsent_logprobs, []
         return new

@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draft-model", help="DFlash checkpoint folder")
     parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
+    )
     args = parser.parse_args(argv)
     if args.engines < 1:
         parser.error("--engines must be >= 1")

@@ -35,6 +35,10 @@ class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
     draft_model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    path: str | None = None  # another name for draft_model
+    dflash_anchor: str | None = (
+        None  # "mask_slots" or "anchor_slot" when the checkpoint's config does not say
+    )
 
 
 def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
@@ -48,6 +52,14 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
         raise invalid_request(f"invalid drafter request: {e}") from None
     except msgspec.DecodeError as e:
         raise invalid_request(f"the body is not JSON: {e}") from None
+    if drafter.path is not None:
+        if drafter.draft_model is not None and drafter.draft_model != drafter.path:
+            raise invalid_request(
+                "give the DFlash folder as `draft_model` or `path`, not two different ones", "path"
+            )
+        drafter.draft_model = drafter.path
+    if drafter.dflash_anchor not in (None, "mask_slots", "anchor_slot"):
+        raise invalid_request("`dflash_anchor` must be mask_slots or anchor_slot", "dflash_anchor")
     if drafter.method not in _METHODS:
         raise invalid_request(f"`method` must be one of {list(_METHODS)}, got {drafter.method!r}", "method")
     k = drafter.num_spec_tokens
@@ -79,6 +91,7 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
         drafter.draft_model,
         drafter.prompt_lookup_min,
         drafter.prompt_lookup_max,
+        drafter.dflash_anchor,
     )
 
 

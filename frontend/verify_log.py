@@ -133,6 +133,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--spec-log", required=True, nargs="+", type=Path, metavar="FILE", help="the engines' spec logs"
     )
+    parser.add_argument(
+        "--since",
+        type=float,
+        metavar="UNIX_TIME",
+        help="count only drafts at or after this time: the server lifetime /metrics covers (spec logs are "
+        "appended across restarts)",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the comparison as JSON here")
     return parser.parse_args(argv)
 
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        logs = read_spec_logs(args.spec_log)
+        logs = read_spec_logs(args.spec_log, since=args.since)
     except OSError as e:
         print(f"openinfer-verify-log: cannot read a spec log: {e}", file=sys.stderr)
         return 2

@@ -38,20 +38,21 @@ def sample(
     temps = torch.tensor([temperatures[b] for b in rows], dtype=torch.float32, device=device)
     probs, order = torch.sort(logits[rows] / temps[:, None], dim=-1, descending=True)  # (R, V), best first
     rank = torch.arange(vocab, device=device)  # (V,)
-    ks = torch.tensor([top_ks[b] or vocab for b in rows], device=device)
+    ks = torch.tensor([min(top_ks[b] or vocab, vocab) for b in rows], device=device)  # top_k >= V: all
     probs = probs.masked_fill(rank[None, :] >= ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
     ps = torch.tensor([top_ps[b] for b in rows], dtype=torch.float32, device=device)
     mass_before = probs.cumsum(dim=-1) - probs  # (R, V): mass of the strictly more likely tokens
     # Keep a token while the mass before it is short of top_p; the first token is always kept.
     probs = probs.masked_fill((mass_before >= ps[:, None]) & (rank[None, :] > 0), 0.0)
 
-    seeded = [i for i, b in enumerate(rows) if generators[b] is not None]
-    unseeded = [i for i, b in enumerate(rows) if generators[b] is None]
+    # Rows that share a generator (or the default one) are drawn in one call.
+    groups: dict[int, list[int]] = {}
+    for i, b in enumerate(rows):
+        groups.setdefault(id(generators[b]), []).append(i)
     picks = torch.empty(len(rows), dtype=torch.long, device=device)  # (R,) index into each sorted row
-    if unseeded:
-        picks[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
-    for i in seeded:
-        picks[i] = torch.multinomial(probs[i], 1, generator=generators[rows[i]])[0]
+    for members in groups.values():
+        generator = generators[rows[members[0]]]
+        picks[members] = torch.multinomial(probs[members], 1, generator=generator).squeeze(1)
     sampled = order.gather(1, picks[:, None]).squeeze(1).tolist()  # (R,) vocab ids
     for b, token in zip(rows, sampled, strict=True):
         tokens[b] = token

@@ -18,7 +18,7 @@ def processed_probs(logits: Tensor, temperature: float, top_k: int | None, top_p
     vocab = logits.shape[-1]
     sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True)  # (N, V), best first
     rank = torch.arange(vocab, device=logits.device)
-    probs = sorted_logits.masked_fill(rank >= (top_k or vocab), float("-inf")).softmax(dim=-1)
+    probs = sorted_logits.masked_fill(rank >= min(top_k or vocab, vocab), float("-inf")).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # (N, V): mass of the strictly more likely tokens
     probs = probs.masked_fill((mass_before >= top_p) & (rank > 0), 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)

@@ -48,9 +48,9 @@ from openinfer.engine_core.models.qwen3 import (
     Qwen3MLP,
     RMSNorm,
     RotaryEmbedding,
-    _safetensors_items,
     apply_rope,
 )
+from openinfer.engine_core.models.weights import iter_safetensors
 from openinfer.kernels.attention import write_kv_cache
 
 _ZLAB_ARCHITECTURE = "DFlashDraftModel"
@@ -346,7 +346,7 @@ class DFlashDraftModel(nn.Module):
         folder = Path(folder)
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for name, tensor in _safetensors_items(folder):
+        for name, tensor in iter_safetensors(folder):
             param = params.get(name)
             if param is None:
                 raise ValueError(

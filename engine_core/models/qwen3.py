@@ -6,16 +6,15 @@ one matrix each (`PackedLinear`, stored transposed); `load_weights` still reads 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.weights import iter_safetensors
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
 
 
@@ -271,7 +270,7 @@ class Qwen3ForCausalLM(nn.Module):
         or misshapen tensor is an error."""
         targets = self.checkpoint_tensors()
         loaded: set[str] = set()
-        for name, tensor in _safetensors_items(Path(folder)):
+        for name, tensor in iter_safetensors(Path(folder)):
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # some tied checkpoints still store the head; it equals the embedding
             target = targets.get(name)
@@ -303,17 +302,3 @@ class Qwen3ForCausalLM(nn.Module):
                 prefix = f"{path}." if path else ""
                 targets.update((prefix + name, p) for name, p in module.named_parameters(recurse=False))
         return targets
-
-
-def _safetensors_items(folder: Path) -> Iterator[tuple[str, Tensor]]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
-    for file in files:
-        with safe_open(str(folder / file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)

@@ -11,6 +11,7 @@ import torch
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.models.dflash import AnchorLayout
 from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
@@ -169,6 +170,33 @@ def test_dflash_is_lossless(target: Path, baseline: list[list[int]], tmp_path: P
     assert len(lines) > 20  # it drafted
     assert all(x["num_draft_tokens"] <= min(K, MAX_TOKENS[int(x["request_id"])] - 1) for x in lines)
     assert_counts_agree(core, lines, stats)
+
+
+def test_dflash_with_accepted_drafts_is_lossless(tmp_path: Path) -> None:
+    """A DFlash pair whose drafts are often accepted (anchor-slot layout, a near-identity drafter, a target
+    that tends to repeat): accepted KV is kept, the context grows through accepted tokens, tokens unchanged."""
+    target = make_tiny_checkpoint(tmp_path / "t", seed=5, init_std=0.1, overrides=SMALL)
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "d",
+        target,
+        seed=1,
+        block_size=8,
+        target_layer_ids=(0,),
+        init_std=0.02,
+        anchor=AnchorLayout.ANCHOR_SLOT,
+    )
+    prompts = make_prompts()
+    baseline = run(make_core(target), prompts)[0]
+    core = make_core(target, speculative=DrafterSpec("dflash", K, draft))
+    outputs, stats = run(core, prompts)
+    assert outputs == baseline
+    assert_hf_greedy(target, prompts, outputs)
+    assert core.spec is not None
+    counters = core.spec.counters
+    assert (
+        0.2 * counters.num_drafts < counters.num_accepted_tokens < counters.num_draft_tokens
+    )  # partly accepted
+    assert sum(s.num_accepted_tokens for s in stats.values() if s is not None) == counters.num_accepted_tokens
 
 
 def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[list[int]]) -> None:
