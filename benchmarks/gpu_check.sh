@@ -12,7 +12,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 fi
 mkdir -p /tmp/ns/openinfer
-for d in protocol engine_core kernels frontend; do ln -sfn "$PWD/$d" "/tmp/ns/openinfer/$d"; done
+for d in protocol engine_core kernels frontend benchmarks; do ln -sfn "$PWD/$d" "/tmp/ns/openinfer/$d"; done
 export PYTHONPATH=/tmp/site:/tmp/ns:$PWD PYTHONUNBUFFERED=1 OPENINFER_CACHE=/tmp/oicache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
@@ -45,9 +45,12 @@ serve_bench() {  # $1: label, rest: openinfer-serve flags
     sleep 0.2
   done
   echo "== serving: $label"
-  timeout 150 python3 benchmarks/throughput.py --base-url http://127.0.0.1:8100 --concurrency 1 8 32 \
-    --num-prompts 32 | tee "$out/throughput_$label.md" | tail -n 6
-  curl -s http://127.0.0.1:8100/metrics | grep -E '^vllm:spec_decode_num_(drafts|accepted_tokens)_total' || true
+  for c in 1 8 32; do
+    timeout 60 python3 -m openinfer.benchmarks.bench --base-url http://127.0.0.1:8100 --max-concurrency "$c" \
+      --num-prompts 32 --random-input-len 64 --random-output-len 128 --ignore-eos --disable-tqdm \
+      --json "$out/bench_${label}_c$c.json" >"$out/bench_${label}_c$c.txt"
+    grep -E '^(Maximum request|Output token|Median TPOT|rounds|acceptance rate)' "$out/bench_${label}_c$c.txt"
+  done
   kill -TERM "$pid"
   wait "$pid"
 }

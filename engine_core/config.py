@@ -28,6 +28,9 @@ class EngineConfig:
     heartbeat_interval: float = 0.5  # seconds between messages when idle (DESIGN.md: at most 1 s)
     speculative: DrafterSpec | None = None  # the drafter loaded at start; None: no speculation
     spec_log: Path | None = None  # --spec-log: one JSON line per draft
+    fake_model: bool = False  # --fake-model: no weights, cheap deterministic logits (fake_model_runner.py)
+    step_sleep: float = 0.0  # --step-sleep: seconds slept after each step that ran requests (a slowed engine)
+    curve_keys: Path | None = None  # --zmq-curve-keys: CurveZMQ keys folder made by openinfer-keys
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:
@@ -48,6 +51,10 @@ class EngineConfig:
             raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda:N', got {self.device!r}")
+        if not self.step_sleep >= 0:
+            raise ValueError(f"--step-sleep must be >= 0 seconds, got {self.step_sleep}")
+        if self.fake_model and self.speculative is not None and self.speculative.method == "dflash":
+            raise ValueError("--fake-model has no hidden states for DFlash; use --spec-method ngram")
         if not self.frontend_address.startswith("tcp://") or ":" not in self.frontend_address[6:]:
             raise ValueError(f"--frontend must look like tcp://HOST:PORT, got {self.frontend_address!r}")
 

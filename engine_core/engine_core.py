@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.fake_model_runner import FAKE_MODEL_CONFIG, FakeModelRunner
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
 from openinfer.engine_core.models.config import ModelConfig
@@ -17,8 +19,9 @@ from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate
 from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec, SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
+from openinfer.kernels.logprobs import token_logprobs
 from openinfer.kernels.verification import verify
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot, TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +48,12 @@ class EngineCore:
         self.incarnation = incarnation
         device = torch.device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        model_config = ModelConfig.from_folder(config.model_path)
+        model_config = FAKE_MODEL_CONFIG if config.fake_model else ModelConfig.from_folder(config.model_path)
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_gb * 2**30 // ModelRunner.kv_block_bytes(model_config, config.block_size, dtype)
         )
-        self.runner = ModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
+        runner_class = FakeModelRunner if config.fake_model else ModelRunner
+        self.runner = runner_class(config.model_path, device, num_blocks, config.block_size, dtype)
         self.model_config = model_config
         self.max_model_len = min(
             config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings
@@ -59,7 +63,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
         self._ended: list[EngineCoreOutput] = []  # outputs of requests ended outside a step
-        torch.manual_seed(config.seed)
+        # Requests without a seed of their own draw from this one (no global RNG state).
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.spec_log = (
             SpecLog(config.spec_log, config.engine_index, incarnation) if config.spec_log else None
         )
@@ -133,10 +138,12 @@ class EngineCore:
             return f"the prompt has {len(prompt)} tokens; this model's length is {self.max_model_len}"
         if params.max_tokens < 1:
             return f"max_tokens must be >= 1, got {params.max_tokens}"
-        if params.temperature < 0 or not 0 < params.top_p <= 1:
-            return "temperature must be >= 0 and top_p in (0, 1]"
+        if not (math.isfinite(params.temperature) and params.temperature >= 0 and 0 < params.top_p <= 1):
+            return "temperature must be a finite number >= 0 and top_p in (0, 1]"
         if params.top_k is not None and params.top_k < 1:
             return f"top_k must be >= 1 or unset, got {params.top_k}"
+        if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
+            return f"logprobs must be in [0, {vocab}] or unset, got {params.logprobs}"
         longest = min(len(prompt) + params.max_tokens, self.max_model_len)
         if self.kv_cache.num_blocks_for(longest) > self.kv_cache.num_blocks:
             return (
@@ -191,16 +198,15 @@ class EngineCore:
     ) -> list[EngineCoreOutput]:
         """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter."""
         samplers = [s.request for s in scheduled if s.samples]
-        appended = iter(
-            verify(
-                logits,
-                [r.spec_token_ids for r in samplers],
-                [r.sampling_params.temperature for r in samplers],
-                [r.sampling_params.top_k for r in samplers],
-                [r.sampling_params.top_p for r in samplers],
-                [r.generator for r in samplers],
-            )
+        sampled = verify(
+            logits,
+            [r.spec_token_ids for r in samplers],
+            [r.temperature for r in samplers],
+            [r.top_k for r in samplers],
+            [r.sampling_params.top_p for r in samplers],
+            [r.generator or self.generator for r in samplers],
         )
+        appended = iter(zip(sampled, self._logprobs(logits, samplers, sampled), strict=True))
         outputs = []
         context: list[ContextUpdate] = []
         row = 0  # first row of this request's tokens in aux
@@ -210,10 +216,12 @@ class EngineCore:
                 request.drafter_generation = self.spec.generation  # its whole context goes to this drafter
             num_valid = s.num_new_tokens  # tokens whose KV is now valid
             if s.samples:
-                tokens = next(appended)
+                tokens, logprobs = next(appended)
                 num_accepted = len(tokens) - 1
                 num_valid += num_accepted
                 num_kept = self._append(request, tokens)
+                if request.unsent_logprobs is not None and logprobs is not None:
+                    request.unsent_logprobs.extend(logprobs[:num_kept])
                 if s.num_spec_tokens and self.spec is not None:
                     # An accepted run cut by EOS or a stop token counts up to and including it.
                     self.spec.observe(request, s.num_spec_tokens, min(num_kept, num_accepted))
@@ -228,6 +236,44 @@ class EngineCore:
         if context and self.spec is not None:
             self.spec.drafter.extend_context(context)
         return outputs
+
+    @staticmethod
+    def _logprobs(
+        logits: Tensor, samplers: list[Request], sampled: list[list[int]]
+    ) -> list[list[TokenLogprobs] | None]:
+        """Per sampling request, the logprobs of the tokens it sampled (None where it did not ask for them).
+
+        Request i's logits rows are its len(drafts) + 1 verified positions (see ``verify``): its j-th
+        sampled token, an accepted draft token or the target's own, comes from its row j.
+        """
+        rows: list[int] = []
+        token_ids: list[int] = []
+        start = 0
+        for request, tokens in zip(samplers, sampled, strict=True):
+            if request.sampling_params.logprobs is not None:
+                rows.extend(range(start, start + len(tokens)))
+                token_ids.extend(tokens)
+            start += len(request.spec_token_ids) + 1
+        if not rows:
+            return [None] * len(samplers)
+        num_top = max(r.sampling_params.logprobs or 0 for r in samplers)
+        computed = token_logprobs(logits, rows, token_ids, num_top)
+        out: list[list[TokenLogprobs] | None] = []
+        i = 0  # index into computed
+        for request, tokens in zip(samplers, sampled, strict=True):
+            k = request.sampling_params.logprobs
+            if k is None:
+                out.append(None)
+                continue
+            entries = [
+                TokenLogprobs(
+                    computed.sampled[j], computed.top_token_ids[j][:k], computed.top_logprobs[j][:k]
+                )
+                for j in range(i, i + len(tokens))
+            ]
+            out.append(entries)
+            i += len(tokens)
+        return out
 
     def _append(self, request: Request, tokens: list[int]) -> int:
         """Append tokens until one stops the request; return how many were appended."""
@@ -273,10 +319,15 @@ class EngineCore:
 
     @staticmethod
     def _output(request: Request) -> EngineCoreOutput:
+        new_token_ids, logprobs = request.take_new_output_ids(), request.take_new_logprobs()
         if not request.status.is_finished:
-            return EngineCoreOutput(request.request_id, request.take_new_output_ids())
+            return EngineCoreOutput(request.request_id, new_token_ids, logprobs=logprobs)
         return EngineCoreOutput(
-            request.request_id, request.take_new_output_ids(), request.finish, spec_stats=request.spec_stats
+            request.request_id,
+            new_token_ids,
+            request.finish,
+            spec_stats=request.spec_stats,
+            logprobs=logprobs,
         )
 
     def load_snapshot(self) -> LoadSnapshot:

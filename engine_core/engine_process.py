@@ -12,10 +12,13 @@ from pathlib import Path
 
 import torch
 import zmq
+import zmq.auth
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
 from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
+from openinfer.engine_core.tokenizer_files import read_tokenizer_config
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,
@@ -36,6 +39,31 @@ from openinfer.protocol import (
 logger = logging.getLogger("openinfer.engine")
 
 BUILTIN_MODEL_NAME = "openinfer-tiny-qwen3"
+FAKE_MODEL_NAME = "openinfer-fake"
+# Reconnection after the frontend goes away: the first try after 100 ms, then doubling up to one per 2 s.
+_RECONNECT_IVL_MS = 100
+_RECONNECT_IVL_MAX_MS = 2000
+
+
+def curve_client_keys(folder: Path, engine_index: int) -> tuple[bytes, bytes, bytes]:
+    """(engine public key, engine secret key, frontend public key) from an ``openinfer-keys`` folder.
+
+    The layout (see :mod:`openinfer.frontend.curve_keys`): ``DIR/frontend.key`` and
+    ``DIR/engines/engine-<index>.key_secret``.
+    """
+    frontend_key = folder / "frontend.key"
+    engine_key = folder / "engines" / f"engine-{engine_index}.key_secret"
+    for path in (frontend_key, engine_key):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"--zmq-curve-keys: {path} not found; make keys with `openinfer-keys {folder} --engines N` "
+                "and copy the frontend's public key and this engine's key pair to its host"
+            )
+    server_public, _ = zmq.auth.load_certificate(frontend_key)
+    public, secret = zmq.auth.load_certificate(engine_key)
+    if secret is None:
+        raise ValueError(f"--zmq-curve-keys: {engine_key} holds no secret key")
+    return public, secret, server_public
 
 
 class EngineProcess:
@@ -50,14 +78,27 @@ class EngineProcess:
         self.input_codec = EngineInputCodec()
         self.output_codec = EngineOutputCodec()
         self.context = zmq.Context()
-        self.requests = self.context.socket(zmq.DEALER)
+        self.requests = self._socket(zmq.DEALER)
         self.requests.setsockopt(zmq.ROUTING_ID, engine_identity(config.engine_index, self.incarnation))
         self.requests.setsockopt(zmq.LINGER, 0)
         self.requests.connect(config.frontend_address)
-        self.outputs = self.context.socket(zmq.PUSH)
+        self.outputs = self._socket(zmq.PUSH)
         self.outputs.setsockopt(zmq.LINGER, 1000)
         self.outputs.connect(config.output_address)
         self._stopping = False
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        """A socket that finds its frontend again by itself: after it restarts, or its host vanishes."""
+        socket = self.context.socket(kind)
+        socket.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
+        # ZMTP pings: a frontend host that vanished without closing the connection is noticed in seconds.
+        socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        if self.config.curve_keys is not None:
+            public, secret, server = curve_client_keys(self.config.curve_keys, self.config.engine_index)
+            socket.curve_publickey, socket.curve_secretkey, socket.curve_serverkey = public, secret, server
+        return socket
 
     def stop(self) -> None:
         self._stopping = True
@@ -72,11 +113,14 @@ class EngineProcess:
             timeout_ms = 0 if self.core.has_work else int(self.config.heartbeat_interval * 1000)
             if poller.poll(timeout_ms):
                 self._read_inputs()
+            busy = self.core.has_work
             outputs = self.core.step()
             now = time.monotonic()
             if outputs or now - last_sent >= self.config.heartbeat_interval:
                 self._send_outputs(outputs)
                 last_sent = now
+            if busy and self.config.step_sleep > 0:
+                time.sleep(self.config.step_sleep)  # --step-sleep: a slowed engine, for latency tests
         self.context.destroy(linger=1000)
 
     def _read_inputs(self) -> None:
@@ -100,6 +144,11 @@ class EngineProcess:
             else:
                 self._change_drafter(message)
 
+    @property
+    def _start_anchor(self) -> str | None:
+        """The engine's --dflash-anchor, kept for drafters loaded at run time that name none."""
+        return self.config.speculative.dflash_anchor if self.config.speculative is not None else None
+
     def _change_drafter(self, command: LoadDrafter | UnloadDrafter) -> None:
         """Load or unload the drafter and answer; a failed load keeps the old drafter."""
         try:
@@ -114,6 +163,7 @@ class EngineProcess:
                     draft_model,
                     command.prompt_lookup_min,
                     command.prompt_lookup_max,
+                    command.dflash_anchor or self._start_anchor,
                 )
                 ok, message = True, f"loaded {self.core.load_drafter(spec)}"
         except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
@@ -148,7 +198,7 @@ class EngineProcess:
             vocab_size=self.core.model_config.vocab_size,
             eos_token_ids=sorted(self.core.eos_token_ids),
             tokenizer_json=(model_path / "tokenizer.json").read_bytes(),
-            tokenizer_config_json=tokenizer_config.read_bytes() if tokenizer_config.exists() else b"{}",
+            tokenizer_config_json=read_tokenizer_config(tokenizer_config.parent),
             load=self.core.load_snapshot(),
         )
         self.outputs.send(self.output_codec.encode(hello))
@@ -214,12 +264,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     spec.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
     spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram to match")
     spec.add_argument("--spec-log", help="append one JSON line per draft to this file")
+    parser.add_argument(
+        "--fake-model",
+        action="store_true",
+        help="no model: cheap deterministic tokens (a 32-token cycle) with the built-in tokenizer, for "
+        "measuring the frontend; works with --spec-method ngram",
+    )
+    parser.add_argument(
+        "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
+    )
+    parser.add_argument(
+        "--zmq-curve-keys",
+        metavar="DIR",
+        help="encrypt and authenticate the frontend connection with CurveZMQ keys made by openinfer-keys DIR",
+    )
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    if args.model is None:
+    if args.fake_model:
+        if args.model is not None:
+            raise ValueError("--fake-model serves no model: drop --model")
+        model_path = builtin_tokenizer_folder()
+        name = args.served_model_name or FAKE_MODEL_NAME
+    elif args.model is None:
         from openinfer.engine_core.tiny_model import ensure_builtin_model
 
         model_path = ensure_builtin_model()
@@ -261,6 +330,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         speculative=speculative,
         spec_log=Path(args.spec_log) if args.spec_log else None,
+        fake_model=args.fake_model,
+        step_sleep=args.step_sleep,
+        curve_keys=Path(args.zmq_curve_keys) if args.zmq_curve_keys else None,
     )
 
 
@@ -275,10 +347,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = config_from_args(args)
         core = EngineCore(config, incarnation=random.getrandbits(64))
+        process = EngineProcess(config, core)
     except (ValueError, FileNotFoundError) as e:
         logger.error("%s", e)
         sys.exit(2)
-    process = EngineProcess(config, core)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: process.stop())
     logger.info(

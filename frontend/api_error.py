@@ -16,6 +16,7 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -23,13 +24,17 @@ class ApiError(Exception):
         self.type = type_
         self.param = param
         self.code = code
+        self.headers = headers  # extra response headers (Retry-After)
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
         return web.Response(
-            status=self.status, body=msgspec.json.encode(self.body()), content_type="application/json"
+            status=self.status,
+            body=msgspec.json.encode(self.body()),
+            content_type="application/json",
+            headers=self.headers,
         )
 
 
@@ -46,3 +51,14 @@ def engine_failed(message: str) -> ApiError:
 def no_engine(message: str) -> ApiError:
     """503: no live engine can take the request now."""
     return ApiError(503, message, type_="service_unavailable", code="no_engine")
+
+
+def overloaded(message: str, retry_after_s: int) -> ApiError:
+    """503 with Retry-After: the bound on unfinished requests is reached; the client should retry later."""
+    return ApiError(
+        503,
+        message,
+        type_="service_unavailable",
+        code="overloaded",
+        headers={"Retry-After": str(retry_after_s)},
+    )

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: /v1/completions, /v1/models, /health, Prometheus /metrics and /admin."""
+"""The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, Prometheus
+/metrics and /admin; request ids, the API key and OpenAI error bodies for every route."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -17,13 +19,18 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from openinfer.frontend.admin_api import add_admin_routes
-from openinfer.frontend.api_error import ApiError, engine_failed, no_engine
-from openinfer.frontend.completion_request import CompletionRequest, parse_completion_request
-from openinfer.frontend.engine_client import EngineClient, NoEngineError
+from openinfer.frontend.api_error import ApiError, engine_failed, invalid_request, no_engine, overloaded
+from openinfer.frontend.chat_format import ChatFormat
+from openinfer.frontend.chat_request import parse_chat_request
+from openinfer.frontend.completion_format import CompletionFormat
+from openinfer.frontend.completion_request import parse_completion_request
+from openinfer.frontend.engine_client import EngineClient, EngineOverloadedError, NoEngineError
 from openinfer.frontend.engine_registry import ServedModel
 from openinfer.frontend.generation import CompletionDelta, EngineRequestError, Generation
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.response_format import ResponseFormat, ResponseIds
+from openinfer.frontend.sampling_options import SamplingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +38,9 @@ logger = logging.getLogger(__name__)
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
 # Prompts given as text or token ids can be long; aiohttp's default body limit is 1 MiB.
 _MAX_BODY_BYTES = 64 * 1024 * 1024
+# A request's id: the client's X-Request-Id when it sends one, else a fresh one; echoed in the response.
+REQUEST_ID_HEADER = "X-Request-Id"
+_MAX_REQUEST_ID_CHARS = 256
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -49,12 +59,15 @@ def build_app(
     """
     api = _OpenAIApi(client, metrics, per_request_spec_metrics)
     app = web.Application(
-        middlewares=[_error_middleware, _auth_middleware(api_key)], client_max_size=_MAX_BODY_BYTES
+        middlewares=[_error_middleware, _request_id_middleware, _auth_middleware(api_key)],
+        client_max_size=_MAX_BODY_BYTES,
     )
+    app.on_response_prepare.append(_echo_request_id)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/v1/models", api.models)
     app.router.add_post("/v1/completions", api.completions)
+    app.router.add_post("/v1/chat/completions", api.chat_completions)
     add_admin_routes(app, client, drafter_timeout)
     return app
 
@@ -78,8 +91,15 @@ class _QuietAccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         if request.path in ("/health", "/metrics"):
             return
+        identity = request.get(_REQUEST_IDENTITY)
         self.logger.info(
-            '%s "%s %s" %d %.3fs', request.remote, request.method, request.path_qs, response.status, time
+            '%s "%s %s" %d %.3fs request_id=%s',
+            request.remote,
+            request.method,
+            request.path_qs,
+            response.status,
+            time,
+            identity.request_id if identity is not None else "-",
         )
 
 
@@ -124,21 +144,26 @@ class _OpenAIApi:
         arrival = time.monotonic()
         completion = parse_completion_request(await request.read())
         model = self._model(completion.model)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        engine_request = completion.to_engine_request(model, request_id)
+        ids = _response_ids(request, "cmpl", model)
+        engine_request = completion.to_engine_request(model, _engine_request_id(request, ids))
+        fmt = CompletionFormat(
+            ids, model.tokenizer, engine_request.prompt_token_ids, completion.options.return_token_ids
+        )
         generation = Generation(
-            self._client, self._metrics, model, engine_request, completion.skip_special_tokens, arrival
+            self._client, self._metrics, model, engine_request, completion.options, arrival
         )
-        shape = _CompletionShape(
-            request_id, int(time.time()), model.name, completion.return_token_ids, self._spec_metrics
-        )
-        try:
-            async with generation:
-                if completion.stream:
-                    return await self._stream(request, completion, generation, shape)
-                return await self._complete(generation, shape)
-        except NoEngineError as e:
-            raise no_engine(str(e)) from None
+        return await self._respond(request, generation, completion.options, fmt)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's chat completions endpoint: the messages through the model's chat template."""
+        arrival = time.monotonic()
+        chat = parse_chat_request(await request.read())
+        model = self._model(chat.model)
+        ids = _response_ids(request, "chatcmpl", model)
+        engine_request = chat.to_engine_request(model, _engine_request_id(request, ids))
+        fmt = ChatFormat(ids, model.tokenizer, engine_request.prompt_token_ids, chat.options.return_token_ids)
+        generation = Generation(self._client, self._metrics, model, engine_request, chat.options, arrival)
+        return await self._respond(request, generation, chat.options, fmt)
 
     def _model(self, name: str | None) -> ServedModel:
         """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""
@@ -152,117 +177,98 @@ class _OpenAIApi:
             raise ApiError(404, message, param="model", code="model_not_found")
         return model
 
-    async def _complete(self, generation: Generation, shape: _CompletionShape) -> web.Response:
-        texts: list[str] = []
-        token_ids: list[int] = []
-        last: CompletionDelta | None = None
+    async def _respond(
+        self, request: web.Request, generation: Generation, options: SamplingOptions, fmt: ResponseFormat
+    ) -> web.StreamResponse:
+        try:
+            async with generation:
+                if options.stream:
+                    return await self._stream(request, generation, options, fmt)
+                return await self._complete(generation, fmt)
+        except NoEngineError as e:
+            raise no_engine(str(e)) from None
+
+    async def _complete(self, generation: Generation, fmt: ResponseFormat) -> web.Response:
+        deltas: list[CompletionDelta] = []
         try:
             async for delta in generation.deltas():
-                texts.append(delta.text)
-                token_ids.extend(delta.token_ids)
-                last = delta
+                deltas.append(delta)
         except EngineRequestError as e:
+            logger.warning("request %s failed on its engine: %s", generation.request_id, e)
             raise engine_failed(str(e)) from None
-        assert last is not None and last.finish_reason is not None
-        choice = shape.choice("".join(texts), last.finish_reason, last.stop_reason)
-        if shape.return_token_ids:
-            choice["prompt_token_ids"] = generation.prompt_token_ids
-            choice["token_ids"] = token_ids
-        body = shape.chunk([choice])
+        assert deltas and deltas[-1].finish_reason is not None
+        body = fmt.response(deltas)
         body["usage"] = _usage(generation)
-        shape.add_spec_metrics(body, last)
+        self._add_spec_metrics(body, deltas[-1])
         return _json(body)
 
     async def _stream(
-        self,
-        request: web.Request,
-        completion: CompletionRequest,
-        generation: Generation,
-        shape: _CompletionShape,
+        self, request: web.Request, generation: Generation, options: SamplingOptions, fmt: ResponseFormat
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         try:
-            async with aclosing(_stream_events(completion, generation, shape)) as events:
+            async with aclosing(self._stream_events(generation, options, fmt)) as events:
                 async for event in events:
                     await response.write(_sse(event))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:  # the client went away; leaving the generation aborts it on the engine
-            logger.info("the client of %s disconnected mid-stream", shape.request_id)
+            logger.info("the client of request %s disconnected mid-stream", generation.request_id)
         return response
 
+    async def _stream_events(
+        self, generation: Generation, options: SamplingOptions, fmt: ResponseFormat
+    ) -> AsyncGenerator[dict[str, Any]]:
+        """The endpoint's chunks, then the usage chunk if asked; an engine error becomes an error event."""
+        try:
+            async for delta in generation.deltas():
+                chunks = fmt.chunks(delta)
+                if chunks and delta.finish_reason is not None:
+                    self._add_spec_metrics(chunks[-1], delta)  # on the chunk with finish_reason
+                for chunk in chunks:
+                    if options.include_usage:
+                        chunk["usage"] = None  # as OpenAI: every chunk has it, only the last one fills it
+                    yield chunk
+            if options.include_usage:
+                chunk = fmt.usage_chunk()
+                chunk["usage"] = _usage(generation)
+                yield chunk
+        except EngineRequestError as e:
+            logger.warning("request %s failed on its engine: %s", generation.request_id, e)
+            yield engine_failed(str(e)).body()
 
-async def _stream_events(
-    completion: CompletionRequest, generation: Generation, shape: _CompletionShape
-) -> AsyncGenerator[dict[str, Any]]:
-    """OpenAI's completion chunks, then the usage chunk if asked; an engine error becomes an error event."""
-    try:
-        first = True
-        async for delta in generation.deltas():
-            if not (delta.text or delta.finish_reason or shape.return_token_ids):
-                continue  # text held back until a character completes
-            choice = shape.choice(delta.text, delta.finish_reason, delta.stop_reason)
-            if shape.return_token_ids:
-                if first:
-                    choice["prompt_token_ids"] = generation.prompt_token_ids
-                choice["token_ids"] = delta.token_ids
-            first = False
-            chunk = shape.chunk([choice])
-            if completion.include_usage:
-                chunk["usage"] = None  # as OpenAI: every chunk has it, only the last one fills it
-            shape.add_spec_metrics(chunk, delta)  # on the chunk with finish_reason
-            yield chunk
-        if completion.include_usage:
-            chunk = shape.chunk([])
-            chunk["usage"] = _usage(generation)
-            yield chunk
-    except EngineRequestError as e:
-        yield engine_failed(str(e)).body()
-
-
-class _CompletionShape:
-    """OpenAI's completion objects for one request: the same id, created time and model in every chunk."""
-
-    def __init__(
-        self,
-        request_id: str,
-        created: int,
-        model_name: str,
-        return_token_ids: bool,
-        spec_metrics: PerRequestSpecMetrics,
-    ) -> None:
-        self.request_id = request_id
-        self.created = created
-        self.model_name = model_name
-        self.return_token_ids = return_token_ids
-        self.spec_metrics = spec_metrics
-
-    def add_spec_metrics(self, body: dict[str, Any], delta: CompletionDelta) -> None:
+    def _add_spec_metrics(self, body: dict[str, Any], delta: CompletionDelta) -> None:
         """Put the request's spec-decode metrics on its final response or chunk, if it has any."""
-        metrics = self.spec_metrics.response_metrics(delta.spec_stats)
+        metrics = self._spec_metrics.response_metrics(delta.spec_stats)
         if metrics is not None:
             body["metrics"] = metrics
 
-    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model_name,
-            "choices": choices,
-        }
 
-    def choice(self, text: str, finish_reason: str | None, stop_reason: int | None) -> dict[str, Any]:
-        return {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
+@dataclass(frozen=True)
+class _RequestIdentity:
+    """The id of one HTTP request, for its response, its log lines and its engine request."""
+
+    request_id: str
+    from_client: bool  # given in the X-Request-Id header (so it may be reused; engine ids get a suffix)
+
+
+_REQUEST_IDENTITY = web.RequestKey("openinfer_request_identity", _RequestIdentity)
+
+
+def _response_ids(request: web.Request, prefix: str, model: ServedModel) -> ResponseIds:
+    """The response's id is the request id behind the endpoint's prefix (vLLM's "cmpl-" / "chatcmpl-")."""
+    return ResponseIds(f"{prefix}-{request[_REQUEST_IDENTITY].request_id}", int(time.time()), model.name)
+
+
+def _engine_request_id(request: web.Request, ids: ResponseIds) -> str:
+    """The id the engine runs the request under: the response id, plus a random suffix when the client
+    chose the request id, since two requests in flight may carry the same one."""
+    if request[_REQUEST_IDENTITY].from_client:
+        return f"{ids.id}-{uuid.uuid4().hex[:8]}"
+    return ids.id
 
 
 def _usage(generation: Generation) -> dict[str, int]:
@@ -279,19 +285,68 @@ def _sse(event: object) -> bytes:
 
 
 @web.middleware
+async def _request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The request's id: the client's X-Request-Id (1 to 256 visible ASCII characters), or a new one."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is None:
+        request[_REQUEST_IDENTITY] = _RequestIdentity(uuid.uuid4().hex, from_client=False)
+    elif 0 < len(given) <= _MAX_REQUEST_ID_CHARS and all("!" <= c <= "~" for c in given):
+        request[_REQUEST_IDENTITY] = _RequestIdentity(given, from_client=True)
+    else:
+        raise invalid_request(
+            f"the {REQUEST_ID_HEADER} header must be 1 to {_MAX_REQUEST_ID_CHARS} visible ASCII characters "
+            "(no spaces)"
+        )
+    return await handler(request)
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response carries its request's id (errors and streams too), set just before headers go out."""
+    identity = request.get(_REQUEST_IDENTITY)
+    if identity is not None:
+        response.headers[REQUEST_ID_HEADER] = identity.request_id
+
+
+@web.middleware
 async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves as an OpenAI error body, including aiohttp's own (404 route, 405, 413)."""
     try:
         return await handler(request)
     except ApiError as e:
         return e.response()
+    except EngineOverloadedError as e:  # from any route that adds requests: 503 + Retry-After
+        return overloaded(str(e), e.retry_after_s).response()
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return ApiError(e.status, e.reason).response()
+        return _http_error(request, e)
     except Exception:  # noqa: BLE001 - a bug must still answer in OpenAI's shape
-        logger.exception("error while serving %s %s", request.method, request.path)
+        identity = request.get(_REQUEST_IDENTITY)
+        request_id = identity.request_id if identity is not None else "-"
+        logger.exception("error while serving %s %s (request %s)", request.method, request.path, request_id)
         return ApiError(500, "internal server error; see the frontend's log", type_="server_error").response()
+
+
+def _http_error(request: web.Request, error: web.HTTPException) -> web.Response:
+    """aiohttp's own errors in OpenAI's shape, saying what to do; 405 keeps its Allow header."""
+    route = f"{request.method} {request.path}"
+    if error.status == 404:
+        message = f"no route {route}; openinfer serves /v1/completions, /v1/chat/completions, /v1/models"
+        response = ApiError(404, message, code="not_found").response()
+    elif error.status == 405:
+        allowed = error.headers.get("Allow", "")
+        message = (
+            f"method {request.method} is not allowed on {request.path}; use {allowed or 'another method'}"
+        )
+        response = ApiError(405, message, code="method_not_allowed").response()
+        if allowed:
+            response.headers["Allow"] = allowed
+    elif error.status == 413:
+        message = f"the request body exceeds {_MAX_BODY_BYTES} bytes"
+        response = ApiError(413, message, code="request_too_large").response()
+    else:
+        response = ApiError(error.status, f"{route}: {error.reason}").response()
+    return response
 
 
 def _auth_middleware(api_key: str | None) -> Middleware:

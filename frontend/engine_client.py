@@ -1,4 +1,4 @@
-"""The frontend's side of the engine boundary: two bound ZMQ sockets, the engine registry, request routing."""
+"""The frontend's side of the engine boundary: the engine sockets and registry, routing, liveness, bounds."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import logging
 import time
 
 import msgspec
-import zmq
-import zmq.asyncio
 
 from openinfer.frontend.addresses import engine_addresses
+from openinfer.frontend.curve_keys import CurveServerKeys
 from openinfer.frontend.engine_registry import EngineRecord, EngineRegistry, ServedModel
+from openinfer.frontend.engine_sockets import EngineSockets, SocketEvent
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_stream import RequestStream
 from openinfer.frontend.tokenizer import Tokenizer
@@ -43,10 +43,27 @@ logger = logging.getLogger(__name__)
 _SEND_PATIENCE_S = 2.0
 # At most one HelloRequest per second to an engine incarnation we have no hello from.
 _HELLO_REQUEST_INTERVAL_S = 1.0
+# After an engine's output connection closes, it must be heard from within this window (a live engine sends
+# at least every 0.5 s, and reconnects in 0.1 s), or it is dead: a killed engine's requests fail in ~1 s.
+_DISCONNECT_PROBE_S = 1.0
+# ... and heard from in its second part: what is read in the first part may have been sent before it died.
+_DISCONNECT_PROBE_QUIET_S = 0.3
+_LIVENESS_TICK_S = 0.1
+# A request that no engine streamed anything for yet moves to another engine when its engine dies, at most
+# this many times in all.
+_MAX_SENDS = 3
+# Request ids remembered per engine as aborted there (late outputs of requests that ended here).
+_MAX_ABORTED_IDS = 4096
 
 
 class NoEngineError(Exception):
     """No live engine serves the requested model (or has the requested index)."""
+
+
+class EngineOverloadedError(Exception):
+    """The frontend's bound on unfinished requests is reached (in total, or on every engine of the model)."""
+
+    retry_after_s = 1  # what the HTTP answer's Retry-After says
 
 
 class EngineCommandError(Exception):
@@ -57,72 +74,90 @@ class EngineClient:
     """Owns the engine sockets and registry, routes requests and streams their outputs back.
 
     ``bind_address`` is ``tcp://HOST:PORT``: requests leave through a ROUTER bound on PORT, outputs arrive on
-    a PULL bound on PORT+1 (see :mod:`openinfer.frontend.addresses`). An engine silent for ``engine_timeout``
-    seconds is marked down and its in-flight requests end with an error; so do those of an incarnation that
-    is replaced by a new one for the same index.
+    a PULL bound on PORT+1 (see :mod:`openinfer.frontend.addresses`).
+
+    Liveness (DESIGN.md): an engine is marked down when it is silent for ``engine_timeout`` seconds, or
+    when the connection its outputs came over closes and it is not heard from again within about a second
+    (a killed process); its in-flight requests that got no output yet move to another live engine of the
+    model, the others end with an error saying why. A new incarnation of an index ends the old one's the
+    same way. One that comes back with the same incarnation (it was paused) is taken back; outputs it sends
+    for requests that already ended here are dropped and those requests aborted on it.
+
+    Bounds: at most ``max_queued_total`` unfinished requests in all and ``max_queued_per_engine`` per
+    engine; past them :meth:`add_request` raises :class:`EngineOverloadedError` at once.
     """
 
-    def __init__(self, bind_address: str, metrics: FrontendMetrics, engine_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        bind_address: str,
+        metrics: FrontendMetrics,
+        engine_timeout: float = 5.0,
+        max_queued_per_engine: int = 256,
+        max_queued_total: int = 1024,
+        curve_keys: CurveServerKeys | None = None,
+    ) -> None:
         if engine_timeout <= 0:
             raise ValueError(f"engine_timeout must be positive, got {engine_timeout}")
+        if max_queued_per_engine < 1 or max_queued_total < 1:
+            raise ValueError("the bounds on queued requests must be >= 1")
         self.addresses = engine_addresses(bind_address)
         self.metrics = metrics
         self.engine_timeout = engine_timeout
+        self.max_queued_per_engine = max_queued_per_engine
+        self.max_queued_total = max_queued_total
         self.registry = EngineRegistry()
+        self._curve_keys = curve_keys
         self._requests: dict[str, RequestStream] = {}
         self._input_codec = EngineInputCodec()
         self._output_codec = EngineOutputCodec()
         self._tokenizers: dict[bytes, Tokenizer] = {}  # by digest of the tokenizer files
         self._hello_requested: dict[bytes, float] = {}  # engine identity -> monotonic time of the last ask
-        self._context: zmq.asyncio.Context | None = None
-        self._router: zmq.asyncio.Socket | None = None
-        self._pull: zmq.asyncio.Socket | None = None
+        self._sockets: EngineSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._resends: set[asyncio.Task[None]] = set()
+        self._last_warning: dict[str, float] = {}  # kind -> monotonic time of the last such warning
 
     # ---- lifecycle ----
 
     async def start(self) -> None:
         """Bind both sockets and start receiving; raises ``zmq.ZMQError`` if a port is taken."""
-        self._context = zmq.asyncio.Context()
-        self._router = self._context.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable send raises instead of vanishing
-        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting engine takes its identity back
-        self._router.setsockopt(zmq.SNDHWM, 0)  # requests are small; never drop or block on a slow engine
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._pull = self._context.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        try:
-            self._router.bind(self.addresses.requests)
-            self._pull.bind(self.addresses.outputs)
-        except zmq.ZMQError:
-            self._context.destroy(linger=0)
-            raise
+        self._sockets = EngineSockets(self.addresses, self._curve_keys)
+        self._sockets.bind()
         self._tasks = [
             asyncio.create_task(self._receive_loop(), name="engine-client-receive"),
-            asyncio.create_task(self._monitor_loop(), name="engine-client-monitor"),
+            asyncio.create_task(self._stray_loop(), name="engine-client-strays"),
+            asyncio.create_task(self._event_loop(), name="engine-client-events"),
+            asyncio.create_task(self._liveness_loop(), name="engine-client-liveness"),
         ]
-        logger.info("engine sockets bound: requests %s, outputs %s", *self.addresses)
+        curve = ", CurveZMQ" if self._curve_keys is not None else ""
+        logger.info("engine sockets bound: requests %s, outputs %s%s", *self.addresses, curve)
 
     async def close(self) -> None:
         """Abort every in-flight request on its engine, end it with an error, close the sockets."""
-        for task in self._tasks:
+        for task in [*self._tasks, *self._resends]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._resends, return_exceptions=True)
         self._tasks = []
         for record in self.registry.records():
             if record.in_flight:
                 await self._send(record.identity, AbortRequests(list(record.in_flight)))
-            self._end_requests(record, "the frontend is shutting down")
+            for stream in list(record.in_flight.values()):
+                self._finish(record, stream, "the frontend is shutting down")
             self._end_commands(record, "the frontend is shutting down")
-        if self._context is not None:
-            self._context.destroy(linger=0)
-            self._context = self._router = self._pull = None
+        if self._sockets is not None:
+            self._sockets.close()
+            self._sockets = None
 
     # ---- what the API asks ----
 
     @property
     def num_engines_up(self) -> int:
         return len(self.registry.live())
+
+    @property
+    def num_queued(self) -> int:
+        """Unfinished requests of this frontend, on all engines."""
+        return len(self._requests)
 
     def served_models(self) -> list[ServedModel]:
         """Models served by live engines, in order of their lowest engine index."""
@@ -132,27 +167,34 @@ class EngineClient:
         return next((model for model in self.served_models() if model.name == name), None)
 
     async def add_request(self, request: EngineCoreRequest, model_name: str) -> RequestStream:
-        """Send ``request`` to the least-loaded live engine serving ``model_name`` (NoEngineError if none).
+        """Send ``request`` to the least-loaded live engine serving ``model_name``.
 
-        The stream always ends with an output carrying ``finish``: the engine's, or an error made here when
-        the engine dies or cannot be reached.
+        Raises :class:`NoEngineError` if none serves it, :class:`EngineOverloadedError` past the bounds on
+        queued requests. The stream always ends with an output carrying ``finish``: the engine's, or an
+        error made here when the engine dies or cannot be reached.
         """
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
-        record = self.registry.pick(model_name)
+        if len(self._requests) >= self.max_queued_total:
+            raise EngineOverloadedError(
+                f"the server holds {len(self._requests)} unfinished requests, its limit "
+                "(--max-queued-total); retry later"
+            )
+        record = self.registry.pick(model_name, self.max_queued_per_engine)
         if record is None:
-            raise NoEngineError(f"no live engine serves model {model_name!r}")
-        stream = RequestStream(request.request_id, record.index, model_name)
+            if not self.registry.serves(model_name):
+                raise NoEngineError(f"no live engine serves model {model_name!r}")
+            raise EngineOverloadedError(
+                f"every engine serving {model_name!r} holds {self.max_queued_per_engine} unfinished "
+                "requests, its limit (--max-queued-per-engine); retry later"
+            )
+        stream = RequestStream(request.request_id, record.index, model_name, request)
         self._requests[request.request_id] = stream
-        record.in_flight[request.request_id] = stream
-        record.sent_since_snapshot += 1
         try:
-            sent = await self._send(record.identity, request, patience=_SEND_PATIENCE_S)
+            await self._send_request(record, stream)
         except asyncio.CancelledError:  # the client left while we waited for the engine to be routable
             self._finish(record, stream, "cancelled before it reached the engine")
             raise
-        if not sent:
-            self._finish(record, stream, f"{record.describe()} is not connected to the request socket")
         return stream
 
     async def drafter_command(
@@ -190,18 +232,30 @@ class EngineClient:
     # ---- receiving ----
 
     async def _receive_loop(self) -> None:
-        assert self._pull is not None
+        assert self._sockets is not None
         while True:
-            frames = await self._pull.recv_multipart()
+            frames, fd = await self._sockets.receive_output()
             try:
-                await self._handle_frames(frames)
+                await self._handle_frames([frame.buffer for frame in frames], fd)
             except ProtocolError as e:
                 self.metrics.count_protocol_error(e.kind)
                 logger.warning("dropped a bad frame from an engine: %s", e)
             except Exception:  # noqa: BLE001 - one bad message must never stop the frontend
                 logger.exception("error while handling an engine message; it was dropped")
 
-    async def _handle_frames(self, frames: list[bytes]) -> None:
+    async def _stray_loop(self) -> None:
+        """Engines never send on the request socket: anything arriving there is counted and dropped."""
+        assert self._sockets is not None
+        while True:
+            frames = await self._sockets.receive_stray()
+            self.metrics.count_protocol_error("unexpected")
+            if self._log_allowed("unexpected"):
+                peer = bytes(frames[0][:40]) if frames else b""
+                logger.warning(
+                    "dropped a message from %r on the request socket, where engines never send", peer
+                )
+
+    async def _handle_frames(self, frames: list[memoryview], fd: int | None) -> None:
         if len(frames) != 1:
             raise ProtocolError("frames", f"expected one frame per message, got {len(frames)}")
         try:
@@ -212,13 +266,13 @@ class EngineClient:
                 raise ProtocolError("version", _version_refusal(version, "")) from None
             raise
         if isinstance(message, EngineHello):
-            await self._on_hello(message)
+            await self._on_hello(message, fd)
         elif isinstance(message, EngineCoreOutputs):
-            await self._on_outputs(message)
+            await self._on_outputs(message, fd)
         else:
-            await self._on_drafter_reply(message)
+            await self._on_drafter_reply(message, fd)
 
-    async def _on_hello(self, hello: EngineHello) -> None:
+    async def _on_hello(self, hello: EngineHello, fd: int | None) -> None:
         index, incarnation = hello.engine_index, hello.incarnation
         self._hello_requested.pop(engine_identity(index, incarnation), None)
         if self.registry.is_retired(index, incarnation):
@@ -234,35 +288,47 @@ class EngineClient:
 
         record = self.registry.current(index, incarnation)
         if record is not None:  # a hello we asked for again, or a repeat
+            if hello.seq <= record.last_seq:
+                raise ProtocolError(
+                    "seq", f"engine {index} sent a hello of seq {hello.seq} after {record.last_seq}"
+                )
             record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
             record.num_spec_tokens = hello.num_spec_tokens
-            self._heard_from(record, hello.load)
+            self._heard_from(record, hello.load, fd)
             return
         record = EngineRecord(
-            hello, tokenizer, time.monotonic(), hello.seq, hello.load, num_spec_tokens=hello.num_spec_tokens
+            hello,
+            tokenizer,
+            time.monotonic(),
+            hello.seq,
+            hello.load,
+            num_spec_tokens=hello.num_spec_tokens,
+            fd=fd,
         )
         previous = self.registry.install(record)
-        if previous is not None:
-            logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
-            self.metrics.count_engine_restart(index)
-            self._end_requests(previous, f"{previous.describe()} restarted")
-            self._end_commands(previous, f"{previous.describe()} restarted before it answered")
-            self.metrics.forget_load(index, previous.model_name)
+        self.metrics.engine_joined(index, incarnation)
         kv = f"{hello.kv_num_blocks} KV blocks of {hello.kv_block_size} tokens"
         spec = f"{hello.num_spec_tokens} spec tokens" if hello.num_spec_tokens else "no speculation"
         logger.info("%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec)
         self.metrics.set_engine_up(index, True)
         self.metrics.observe_load(index, incarnation, record.model_name, hello.load)
+        if previous is not None:
+            logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
+            if previous.model_name != record.model_name:
+                self.metrics.forget_load(index, previous.model_name)
+            self._end_commands(previous, f"{previous.describe()} restarted before it answered")
+            self._end_requests(previous, f"{previous.describe()} restarted")
 
-    async def _on_outputs(self, message: EngineCoreOutputs) -> None:
-        record = await self._sender(message)
+    async def _on_outputs(self, message: EngineCoreOutputs, fd: int | None) -> None:
+        record = await self._sender(message, fd)
         if record is None:
             return
-        for output in message.outputs:
-            self._route(record, output)
+        strays = [output.request_id for output in message.outputs if not self._route(record, output)]
+        if strays:
+            await self._abort_strays(record, strays)
 
-    async def _on_drafter_reply(self, reply: DrafterReply) -> None:
-        record = await self._sender(reply)
+    async def _on_drafter_reply(self, reply: DrafterReply, fd: int | None) -> None:
+        record = await self._sender(reply, fd)
         if record is None:
             return
         record.num_spec_tokens = reply.num_spec_tokens
@@ -274,7 +340,7 @@ class EngineClient:
             return
         waiter.set_result(reply)
 
-    async def _sender(self, message: EngineCoreOutputs | DrafterReply) -> EngineRecord | None:
+    async def _sender(self, message: EngineCoreOutputs | DrafterReply, fd: int | None) -> EngineRecord | None:
         """The current record of a message's sender, with its load taken; None (dropped) if there is none."""
         index, incarnation = message.engine_index, message.incarnation
         record = self.registry.current(index, incarnation)
@@ -285,29 +351,47 @@ class EngineClient:
         if message.seq <= record.last_seq:
             raise ProtocolError("seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}")
         record.last_seq = message.seq
-        self._heard_from(record, message.load)
+        self._heard_from(record, message.load, fd)
         return record
 
-    def _heard_from(self, record: EngineRecord, load: LoadSnapshot) -> None:
+    def _heard_from(self, record: EngineRecord, load: LoadSnapshot, fd: int | None) -> None:
         """Any message of a current incarnation: it is alive, and this is its load now."""
         record.last_seen = time.monotonic()
         record.load = load
         record.sent_since_snapshot = 0
+        if fd is not None:
+            record.fd = fd
         if not record.up:
             record.up = True
+            record.disconnected_at = None
             logger.info("%s is back", record.describe())
             self.metrics.set_engine_up(record.index, True)
         self.metrics.observe_load(record.index, record.incarnation, record.model_name, record.load)
 
-    def _route(self, record: EngineRecord, output: EngineCoreOutput) -> None:
+    def _route(self, record: EngineRecord, output: EngineCoreOutput) -> bool:
+        """Hand an output to its request's stream; False when the request is not in flight on ``record``."""
         stream = record.in_flight.get(output.request_id)
         if stream is None:
-            logger.debug("dropped output, unknown request %s from engine %d", output.request_id, record.index)
-            return
+            return output.finish is not None  # a finished one needs no abort
         if output.finish is not None:
             del record.in_flight[output.request_id]
             self._requests.pop(output.request_id, None)
         stream.put(output)
+        return True
+
+    async def _abort_strays(self, record: EngineRecord, request_ids: list[str]) -> None:
+        """An engine sends outputs for requests that ended here (it was paused past the timeout, or an
+        earlier frontend sent them): abort them there, once each."""
+        new = [request_id for request_id in request_ids if request_id not in record.aborted]
+        if not new:
+            return
+        if len(record.aborted) + len(new) > _MAX_ABORTED_IDS:
+            record.aborted.clear()
+        record.aborted.update(new)
+        logger.info(
+            "%s sent outputs for %d requests that ended here; aborting them", record.describe(), len(new)
+        )
+        await self._send(record.identity, AbortRequests(new))
 
     async def _ask_for_hello(self, engine_index: int, incarnation: int) -> None:
         """An incarnation we have no hello from (we started after it): ask it to say hello again."""
@@ -322,30 +406,101 @@ class EngineClient:
 
     # ---- liveness ----
 
-    async def _monitor_loop(self) -> None:
+    async def _event_loop(self) -> None:
+        assert self._sockets is not None
+        async for event in self._sockets.events():
+            self._on_socket_event(event)
+
+    def _on_socket_event(self, event: SocketEvent) -> None:
+        if not event.disconnected:
+            self.metrics.count_protocol_error("handshake")
+            if self._log_allowed("handshake"):
+                logger.warning(
+                    "a peer failed the handshake on the %s socket (errno %d): a wrong or missing CurveZMQ "
+                    "key, or not a ZeroMQ peer",
+                    event.socket,
+                    event.value,
+                )
+            return
+        if event.socket != "outputs":
+            return  # requests connections say nothing of who they were; the outputs one is enough
+        now = time.monotonic()
+        for record in self.registry.live():
+            if record.fd == event.value:  # fds are reused: a live engine on a new connection gets through
+                record.fd = None
+                record.disconnected_at = now
+                logger.info("%s: its output connection closed", record.describe())
+
+    async def _liveness_loop(self) -> None:
         while True:
-            await asyncio.sleep(min(self.engine_timeout / 5, 0.5))
+            await asyncio.sleep(_LIVENESS_TICK_S)
             now = time.monotonic()
             for record in self.registry.live():
                 if now - record.last_seen > self.engine_timeout:
-                    await self._mark_down(record)
+                    await self._mark_down(record, f"it sent nothing for {self.engine_timeout:g} s", True)
+                elif (
+                    record.disconnected_at is not None and now - record.disconnected_at >= _DISCONNECT_PROBE_S
+                ):
+                    if record.last_seen - record.disconnected_at >= _DISCONNECT_PROBE_QUIET_S:
+                        record.disconnected_at = None  # it reconnected: alive
+                    else:
+                        why = f"its connection closed and it was not heard from in {_DISCONNECT_PROBE_S:g} s"
+                        await self._mark_down(record, f"{why} (the process died?)", False)
 
-    async def _mark_down(self, record: EngineRecord) -> None:
-        silence = f"sent nothing for {self.engine_timeout:g} s"
-        logger.warning("%s left: it %s", record.describe(), silence)
+    async def _mark_down(self, record: EngineRecord, why: str, connected: bool) -> None:
+        """Down, its requests moved or ended; a still ``connected`` one is told to drop them (if it comes
+        back, say from SIGSTOP, it must not go on with them; a disconnected one is aborted on its outputs)."""
+        logger.warning("%s is down: %s", record.describe(), why)
         record.up = False
+        record.disconnected_at = None
         self.metrics.set_engine_up(record.index, False)
         self.metrics.forget_load(record.index, record.model_name)
-        if record.in_flight:  # if it ever comes back it must not keep working on them
+        if record.in_flight and connected:
+            record.aborted.update(record.in_flight)
             await self._send(record.identity, AbortRequests(list(record.in_flight)))
-        self._end_requests(record, f"{record.describe()} stopped responding (it {silence})")
+        self._end_requests(record, f"{record.describe()} stopped responding: {why}")
         # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
 
     # ---- helpers ----
 
+    def _log_allowed(self, kind: str) -> bool:
+        """At most one warning a second per kind of noise a stranger can make (it is counted anyway)."""
+        now = time.monotonic()
+        if now - self._last_warning.get(kind, -1.0) < 1.0:
+            return False
+        self._last_warning[kind] = now
+        return True
+
     def _end_requests(self, record: EngineRecord, reason: str) -> None:
+        """Move its requests that got no output yet to another engine; end the others with an error."""
         for stream in list(record.in_flight.values()):
-            self._finish(record, stream, reason)
+            del record.in_flight[stream.request_id]
+            target = None
+            if not stream.started and stream.num_sends < _MAX_SENDS:
+                target = self.registry.pick(stream.model_name, self.max_queued_per_engine)
+            if target is None:
+                self._finish(record, stream, reason)
+                continue
+            logger.info(
+                "request %s moves from engine %d to engine %d", stream.request_id, record.index, target.index
+            )
+            task = asyncio.create_task(self._resend(target, stream, reason))
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+
+    async def _resend(self, record: EngineRecord, stream: RequestStream, reason: str) -> None:
+        await self._send_request(record, stream, reason)
+
+    async def _send_request(self, record: EngineRecord, stream: RequestStream, why_moved: str = "") -> None:
+        """Put ``stream`` in flight on ``record`` and send it; it ends with an error if that fails."""
+        assert stream.request is not None
+        stream.engine_index = record.index
+        stream.num_sends += 1
+        record.in_flight[stream.request_id] = stream
+        record.sent_since_snapshot += 1
+        if not await self._send(record.identity, stream.request, patience=_SEND_PATIENCE_S):
+            reason = f"{record.describe()} is not connected to the request socket"
+            self._finish(record, stream, f"{why_moved}; then {reason}" if why_moved else reason)
 
     def _end_commands(self, record: EngineRecord, reason: str) -> None:
         for waiter in record.commands.values():
@@ -367,26 +522,19 @@ class EngineClient:
 
     async def _send(self, identity: bytes, message: EngineInput, patience: float = 0.0) -> bool:
         """Send to one engine, retrying for ``patience`` seconds while it is unroutable; True once sent."""
-        assert self._router is not None
-        payload = self._input_codec.encode(message)
-        deadline = time.monotonic() + patience
-        while True:
-            try:
-                await self._router.send_multipart([identity, payload], flags=zmq.DONTWAIT)
-                return True
-            except zmq.ZMQError as e:  # EHOSTUNREACH: its DEALER is not connected (yet)
-                if time.monotonic() >= deadline:
-                    name = type(message).__name__
-                    logger.warning("could not send %s to %s: %s", name, identity.decode(), e)
-                    return False
-            await asyncio.sleep(0.02)
+        if self._sockets is None:
+            return False
+        error = await self._sockets.send(identity, self._input_codec.encode(message), patience)
+        if error is not None:
+            logger.warning("could not send %s to %s: %s", type(message).__name__, identity.decode(), error)
+        return error is None
 
 
-def _foreign_hello_version(frame: bytes) -> int | None:
+def _foreign_hello_version(frame: bytes | memoryview) -> int | None:
     """The protocol version of a hello from another protocol version that our codec cannot decode."""
     try:
         raw = msgspec.msgpack.decode(frame)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, MemoryError):
         return None
     # A hello is encoded as ["hello", protocol_version, ...] in every version (tag first, then the version).
     if isinstance(raw, list) and len(raw) >= 2 and raw[0] == "hello" and isinstance(raw[1], int):

@@ -24,6 +24,10 @@ class EngineRecord:
     sent_since_snapshot: int = 0  # requests sent to it after its latest load snapshot
     in_flight: dict[str, RequestStream] = field(default_factory=dict)
     commands: dict[str, asyncio.Future[DrafterReply]] = field(default_factory=dict)  # by command_id
+    fd: int | None = None  # the frontend's fd of the connection its latest output came over
+    # time.monotonic() when that connection closed; it must be heard from again soon after, or it is dead
+    disconnected_at: float | None = None
+    aborted: set[str] = field(default_factory=set)  # ids it sent outputs for after they ended here
 
     @property
     def index(self) -> int:
@@ -99,10 +103,20 @@ class EngineRegistry:
     def is_retired(self, engine_index: int, incarnation: int) -> bool:
         return (engine_index, incarnation) in self._retired
 
-    def pick(self, model_name: str) -> EngineRecord | None:
-        """The least-loaded live engine serving ``model_name`` (the lowest index on a tie)."""
-        candidates = [record for record in self.live() if record.model_name == model_name]
+    def pick(self, model_name: str, max_in_flight: int | None = None) -> EngineRecord | None:
+        """The least-loaded live engine serving ``model_name`` (the lowest index on a tie) that holds fewer
+        than ``max_in_flight`` unfinished requests of this frontend."""
+        candidates = [
+            record
+            for record in self.live()
+            if record.model_name == model_name
+            and (max_in_flight is None or len(record.in_flight) < max_in_flight)
+        ]
         return min(candidates, key=lambda record: record.load_score, default=None)
+
+    def serves(self, model_name: str) -> bool:
+        """Whether a live engine serves ``model_name``."""
+        return any(record.model_name == model_name for record in self.live())
 
     def served_models(self) -> list[ServedModel]:
         """Models served by live engines, in order of their lowest engine index."""

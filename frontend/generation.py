@@ -1,4 +1,4 @@
-"""One completion running on an engine, seen as text deltas."""
+"""One request running on an engine, seen as text deltas: detokenized, cut at stop strings, with logprobs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.engine_registry import ServedModel
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_stream import RequestStream
+from openinfer.frontend.sampling_options import SamplingOptions
+from openinfer.frontend.stop_strings import StopStringMatcher
 from openinfer.frontend.tokenizer import IncrementalDetokenizer
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, RequestSpecStats
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, RequestSpecStats, TokenLogprobs
 
 # Finish kinds that end a request normally; any other ("error", "abort", unknown) is an engine error.
 _NORMAL_FINISHES = ("stop", "length")
@@ -24,12 +26,17 @@ class EngineRequestError(Exception):
 
 @dataclass(frozen=True)
 class CompletionDelta:
-    """What one engine output adds to a completion."""
+    """What one engine output adds to a completion.
+
+    ``token_ids`` are the tokens it adds, up to the one that completed a stop string; ``text`` is the text
+    released with them (text that may start a stop string waits for the next delta).
+    """
 
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None  # one per token id, when the request asked for logprobs
     finish_reason: str | None  # "stop" or "length" on the last delta, else None
-    stop_reason: int | None  # the stop token id from the request's stop_token_ids that ended it (vLLM's)
+    stop_reason: int | str | None  # the stop token id (from stop_token_ids) or stop string that ended it
     spec_stats: RequestSpecStats | None = None  # on the last delta, when the engine had a drafter
 
 
@@ -37,7 +44,8 @@ class Generation:
     """Sends one request, turns its outputs into :class:`CompletionDelta` s and observes its metrics.
 
     Use as ``async with``: entering sends the request (``NoEngineError`` if no engine takes it); leaving
-    before the last delta (the client went away, the handler was cancelled) aborts it on the engine.
+    before the last delta (the client went away, the handler was cancelled) aborts it on the engine. A stop
+    string aborts it on the engine at once, so that no more tokens are computed for it.
     """
 
     def __init__(
@@ -46,7 +54,7 @@ class Generation:
         metrics: FrontendMetrics,
         model: ServedModel,
         request: EngineCoreRequest,
-        skip_special_tokens: bool,
+        options: SamplingOptions,
         arrival: float,
     ) -> None:
         self._client = client
@@ -54,12 +62,17 @@ class Generation:
         self._model = model
         self._request = request
         self._detokenizer = IncrementalDetokenizer(
-            model.tokenizer, request.prompt_token_ids, skip_special_tokens
+            model.tokenizer, request.prompt_token_ids, options.skip_special_tokens
         )
+        self._stops = StopStringMatcher(options.stop, options.include_stop_str_in_output)
         self._arrival = arrival  # time.monotonic() when the HTTP request came in
         self._stream: RequestStream | None = None
         self._finished = False
-        self.num_output_tokens = 0
+        self.num_output_tokens = 0  # tokens of the completion: up to the one that completed a stop string
+
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -94,19 +107,53 @@ class Generation:
             finish = output.finish
             if finish is not None and finish.kind not in _NORMAL_FINISHES:
                 raise EngineRequestError(finish.message or f"the engine ended the request ({finish.kind})")
-            text = self._detokenizer.add(_text_token_ids(output))
-            if finish is None:
-                if text or output.new_token_ids:
-                    yield CompletionDelta(text, output.new_token_ids, None, None)
+            delta = self._delta(output)
+            if delta.finish_reason is None:
+                if delta.text or delta.token_ids:
+                    yield delta
                 continue
             self._finished = True
+            if finish is None:  # a stop string ended it while the engine is still generating
+                await self._client.abort(self._request.request_id)
             engine = self._stream.engine_index
-            self._metrics.observe_finish(self._model.name, engine, finish.kind, now - self._arrival)
-            stop_ids = self._request.sampling_params.stop_token_ids
-            stop_reason = finish.stop_token_id if finish.stop_token_id in stop_ids else None
-            text += self._detokenizer.finish()
-            yield CompletionDelta(text, output.new_token_ids, finish.kind, stop_reason, output.spec_stats)
+            self._metrics.observe_finish(self._model.name, engine, delta.finish_reason, now - self._arrival)
+            yield delta
             return
+
+    def _delta(self, output: EngineCoreOutput) -> CompletionDelta:
+        ids = output.new_token_ids
+        num_shown = _num_text_tokens(output)
+        text, num_kept = self._release(ids[:num_shown])
+        if self._stops.match is None:
+            num_kept = len(ids)  # a stop token that ended the request counts, as vLLM's usage does
+        finish = output.finish
+        if finish is not None and self._stops.match is None:
+            text += self._stops.feed(self._detokenizer.finish())  # the tail may still complete a stop string
+            if self._stops.match is None:
+                text += self._stops.flush()
+        self.num_output_tokens += num_kept
+        logprobs = None if output.logprobs is None else output.logprobs[:num_kept]
+        if self._stops.match is not None:
+            return CompletionDelta(
+                text, ids[:num_kept], logprobs, "stop", self._stops.match, output.spec_stats
+            )
+        if finish is None:
+            return CompletionDelta(text, ids, logprobs, None, None)
+        stop_ids = self._request.sampling_params.stop_token_ids
+        stop_reason = finish.stop_token_id if finish.stop_token_id in stop_ids else None
+        return CompletionDelta(text, ids, logprobs, finish.kind, stop_reason, output.spec_stats)
+
+    def _release(self, token_ids: list[int]) -> tuple[str, int]:
+        """The text ``token_ids`` release, and how many of them are kept: all, or up to the one whose text
+        completes a stop string (detokenized one by one then, to find it)."""
+        if not self._stops.stops:
+            return self._detokenizer.add(token_ids), len(token_ids)
+        texts = []
+        for i, token_id in enumerate(token_ids):
+            texts.append(self._stops.feed(self._detokenizer.add([token_id])))
+            if self._stops.match is not None:
+                return "".join(texts), i + 1
+        return "".join(texts), len(token_ids)
 
     def _observe_tokens(self, output: EngineCoreOutput, now: float, last_output_time: float | None) -> None:
         assert self._stream is not None
@@ -116,13 +163,12 @@ class Generation:
             self._metrics.observe_first_token(self._model.name, engine, self.num_prompt_tokens, ttft)
         latency = None if last_output_time is None else now - last_output_time
         self._metrics.observe_output(self._model.name, engine, len(output.new_token_ids), latency)
-        self.num_output_tokens += len(output.new_token_ids)
 
 
-def _text_token_ids(output: EngineCoreOutput) -> list[int]:
-    """The tokens whose text is shown: all but the stop token that ended the request (as vLLM does)."""
+def _num_text_tokens(output: EngineCoreOutput) -> int:
+    """How many new tokens have text: all but the stop token that ended the request (as vLLM does)."""
     finish = output.finish
     ids = output.new_token_ids
     if finish is not None and finish.kind == "stop" and ids and ids[-1] == finish.stop_token_id:
-        return ids[:-1]
-    return ids
+        return len(ids) - 1
+    return len(ids)

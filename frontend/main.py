@@ -8,14 +8,17 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import zmq
 
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.api_server import build_app, serve
+from openinfer.frontend.curve_keys import load_server_keys
 from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.state_dir import StateDir, StateError
 
 logger = logging.getLogger("openinfer.frontend")
 
@@ -64,6 +67,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=120.0,
         help="seconds the admin drafter routes wait for an engine to load or unload its drafter",
     )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep the exported counter totals and per-engine baselines here (saved before every scrape "
+        "and every --state-interval), so a restarted frontend continues every series exactly",
+    )
+    parser.add_argument(
+        "--state-interval",
+        type=_positive_seconds,
+        default=1.0,
+        help="seconds between saves of --state-dir besides those before each scrape",
+    )
+    parser.add_argument(
+        "--max-queued-per-engine",
+        type=_positive_int,
+        default=256,
+        help="unfinished requests one engine may hold; past it (on every engine of the model) new "
+        "requests get 503 with Retry-After",
+    )
+    parser.add_argument(
+        "--max-queued-total",
+        type=_positive_int,
+        default=1024,
+        help="unfinished requests the frontend holds in all; past it new requests get 503 with Retry-After",
+    )
+    parser.add_argument(
+        "--zmq-curve-keys",
+        type=Path,
+        metavar="DIR",
+        help="CurveZMQ: encrypt the engine sockets and admit only engines whose public key is in "
+        "DIR/engines (keys made by openinfer-keys DIR)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser.parse_args(argv)
 
@@ -84,6 +119,13 @@ def _per_request_spec_metrics(value: str) -> PerRequestSpecMetrics:
         raise argparse.ArgumentTypeError(f"choose one of {modes}; got {value!r}") from None
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return number
+
+
 def _positive_seconds(value: str) -> float:
     seconds = float(value)
     if not seconds > 0:
@@ -99,14 +141,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         asyncio.run(_run(args))
-    except (OSError, zmq.ZMQError) as e:  # a port in use, an address that does not resolve
+    except (OSError, zmq.ZMQError, StateError, ValueError) as e:  # a port in use, unusable state or keys
         logger.error("openinfer-frontend could not start: %s", e)
         sys.exit(1)
 
 
 async def _run(args: argparse.Namespace) -> None:
-    metrics = FrontendMetrics()
-    client = EngineClient(args.engine_bind, metrics, engine_timeout=args.engine_timeout)
+    curve_keys = load_server_keys(args.zmq_curve_keys) if args.zmq_curve_keys else None
+    state_dir = StateDir(args.state_dir) if args.state_dir else None
+    metrics = FrontendMetrics(state_dir)
+    client = EngineClient(
+        args.engine_bind,
+        metrics,
+        engine_timeout=args.engine_timeout,
+        max_queued_per_engine=args.max_queued_per_engine,
+        max_queued_total=args.max_queued_total,
+        curve_keys=curve_keys,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -114,6 +165,7 @@ async def _run(args: argparse.Namespace) -> None:
 
     await client.start()
     spec_log = asyncio.create_task(metrics.spec_decode_log.run(args.spec_log_interval), name="spec-log")
+    saver = asyncio.create_task(_save_periodically(metrics, args.state_interval), name="state-saver")
     try:
         app = build_app(
             client, metrics, args.api_key, args.per_request_spec_decode_metrics, args.drafter_timeout
@@ -128,8 +180,22 @@ async def _run(args: argparse.Namespace) -> None:
             await runner.cleanup()
     finally:
         spec_log.cancel()
-        await asyncio.gather(spec_log, return_exceptions=True)
+        saver.cancel()
+        await asyncio.gather(spec_log, saver, return_exceptions=True)
         await client.close()
+        metrics.save()
+        if state_dir is not None:
+            state_dir.close()
+
+
+async def _save_periodically(metrics: FrontendMetrics, interval: float) -> None:
+    """Save the state every ``interval`` seconds (when it changed), besides the saves before scrapes."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            metrics.save()
+        except OSError as e:
+            logger.error("could not save the frontend state: %s", e)
 
 
 if __name__ == "__main__":

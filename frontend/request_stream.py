@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from openinfer.protocol import EngineCoreOutput, FinishReason
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 
 
 class RequestStream:
@@ -12,13 +12,20 @@ class RequestStream:
 
     The :class:`EngineClient` feeds it; ``done`` turns true once nothing more will come (a finishing output
     was queued, or the request was aborted). A consumer that stops early must call ``EngineClient.abort``.
+    Until an output arrives (``started`` false) the client may move the request to another engine, which
+    changes ``engine_index``; ``request`` is what it re-sends.
     """
 
-    def __init__(self, request_id: str, engine_index: int, model_name: str) -> None:
+    def __init__(
+        self, request_id: str, engine_index: int, model_name: str, request: EngineCoreRequest | None = None
+    ) -> None:
         self.request_id = request_id
         self.engine_index = engine_index
         self.model_name = model_name
+        self.request = request
         self.done = False
+        self.started = False  # an output was queued: the client saw something, the request cannot move
+        self.num_sends = 0  # engines it was sent to
         self._queue: asyncio.Queue[EngineCoreOutput] = asyncio.Queue()
 
     def put(self, output: EngineCoreOutput) -> None:
@@ -26,6 +33,7 @@ class RequestStream:
         if self.done:
             return
         self._queue.put_nowait(output)
+        self.started = True
         self.done = output.finish is not None
 
     def fail(self, message: str) -> None:

@@ -53,8 +53,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+import msgspec
 
+from openinfer.frontend.metric_totals import CounterFamily, MetricTotals
 from openinfer.protocol import SpecDecodeCounters
 
 logger = logging.getLogger(__name__)
@@ -70,45 +71,63 @@ class _EngineBaseline:
     counters: SpecDecodeCounters | None  # None: no drafter (nothing to diff against)
 
 
+class SavedBaseline(msgspec.Struct, array_like=True):
+    """An engine index's baseline as ``--state-dir`` saves it."""
+
+    incarnation: int
+    counters: SpecDecodeCounters | None
+
+
 class SpecDecodeMetrics:
     """The spec-decode Prometheus counters and the per-engine baselines they are published from."""
 
-    def __init__(self, registry: CollectorRegistry, protocol_errors: Counter) -> None:
+    def __init__(self, totals: MetricTotals, protocol_errors: CounterFamily) -> None:
         self._protocol_errors = protocol_errors  # openinfer:protocol_errors_total{kind}
         self._baselines: dict[int, _EngineBaseline] = {}
-        self.num_drafts = Counter(
+        self.num_drafts = totals.counter(
             "vllm:spec_decode_num_drafts",
             "Speculative drafts verified (one request's proposal in one verify step).",
             _MODEL_ENGINE,
-            registry=registry,
         )
-        self.num_draft_tokens = Counter(
-            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", _MODEL_ENGINE, registry=registry
+        self.num_draft_tokens = totals.counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", _MODEL_ENGINE
         )
-        self.num_accepted_tokens = Counter(
+        self.num_accepted_tokens = totals.counter(
             "vllm:spec_decode_num_accepted_tokens",
             "Draft tokens accepted (never the target's bonus token).",
             _MODEL_ENGINE,
-            registry=registry,
         )
-        self.num_accepted_tokens_per_pos = Counter(
+        self.num_accepted_tokens_per_pos = totals.counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Drafts whose token at this position (0..K-1) was accepted.",
             (*_MODEL_ENGINE, "position"),
-            registry=registry,
         )
-        self.accepted_length = Counter(
+        self.accepted_length = totals.counter(
             "openinfer:spec_decode_accepted_length",
             "Drafts by how many of their tokens were accepted (0..K).",
             (*_MODEL_ENGINE, "accepted"),
-            registry=registry,
         )
-        self.counter_resets = Counter(
+        self.counter_resets = totals.counter(
             "openinfer:spec_decode_counter_resets",
             "Times an engine's spec-decode counters began again at zero: restart, new K, drafter loaded.",
             ("engine", "reason"),
-            registry=registry,
         )
+
+    def baselines(self) -> dict[int, SavedBaseline]:
+        """Every engine index's baseline now (copies), for ``--state-dir``."""
+        return {
+            index: SavedBaseline(b.incarnation, _copy(b.counters)) for index, b in self._baselines.items()
+        }
+
+    def restore_baselines(self, saved: dict[int, SavedBaseline]) -> None:
+        """Take baselines saved with the totals they were published into: a known incarnation goes on from
+        its saved counters (nothing lost, nothing counted twice); a new one counts from zero."""
+        for index, baseline in saved.items():
+            counters = baseline.counters
+            if counters is not None and counters.violation() is not None:
+                logger.warning("state: engine %d's saved baseline is impossible; it is dropped", index)
+                continue
+            self._baselines[index] = _EngineBaseline(baseline.incarnation, _copy(counters))
 
     def observe(
         self, engine_index: int, incarnation: int, model_name: str, counters: SpecDecodeCounters | None
@@ -133,7 +152,7 @@ class SpecDecodeMetrics:
                 "engine %d incarnation %016x: spec-decode counters (K=%d) count from zero (%s)",
                 engine_index, incarnation, k, reset,
             )  # fmt: skip
-            self.counter_resets.labels(str(engine_index), reset).inc()
+            self.counter_resets.inc((str(engine_index), reset))
             self._create_series(model_name, engine_index, k)
             baseline.incarnation, baseline.counters = incarnation, SpecDecodeCounters.zero(k)
         previous = baseline.counters
@@ -142,7 +161,7 @@ class SpecDecodeMetrics:
         delta = counters.minus(previous)
         baseline.counters = counters.copy()
         if not delta.is_nonnegative():
-            self._protocol_errors.labels("counter_decrease").inc()
+            self._protocol_errors.inc(("counter_decrease",))
             logger.warning(
                 "engine %d incarnation %016x: a spec-decode counter went down (%s -> %s); nothing published",
                 engine_index, incarnation, _describe(previous), _describe(counters),
@@ -150,7 +169,7 @@ class SpecDecodeMetrics:
             return None
         violation = delta.violation()
         if violation is not None:  # both snapshots were valid, but no run of observe_draft joins them
-            self._protocol_errors.labels("counter_delta").inc()
+            self._protocol_errors.inc(("counter_delta",))
             logger.warning(
                 "engine %d incarnation %016x: impossible spec-decode delta (%s); nothing published",
                 engine_index, incarnation, violation,
@@ -163,13 +182,13 @@ class SpecDecodeMetrics:
 
     def _publish(self, model_name: str, engine_index: int, delta: SpecDecodeCounters) -> None:
         engine = str(engine_index)
-        self.num_drafts.labels(model_name, engine).inc(delta.num_drafts)
-        self.num_draft_tokens.labels(model_name, engine).inc(delta.num_draft_tokens)
-        self.num_accepted_tokens.labels(model_name, engine).inc(delta.num_accepted_tokens)
+        self.num_drafts.inc((model_name, engine), delta.num_drafts)
+        self.num_draft_tokens.inc((model_name, engine), delta.num_draft_tokens)
+        self.num_accepted_tokens.inc((model_name, engine), delta.num_accepted_tokens)
         for position, count in enumerate(delta.num_accepted_tokens_per_pos):
-            self.num_accepted_tokens_per_pos.labels(model_name, engine, str(position)).inc(count)
+            self.num_accepted_tokens_per_pos.inc((model_name, engine, str(position)), count)
         for accepted, count in enumerate(delta.accepted_length_hist):
-            self.accepted_length.labels(model_name, engine, str(accepted)).inc(count)
+            self.accepted_length.inc((model_name, engine, str(accepted)), count)
 
     def _create_series(self, model_name: str, engine_index: int, num_spec_tokens: int) -> None:
         """Export an engine's series at 0 from the moment they exist, so rate() sees their first increase."""

@@ -148,8 +148,10 @@ class SpecLogTally:
     engines: dict[int, AcceptanceTally] = field(default_factory=dict)
     malformed: list[str] = field(default_factory=list)  # "FILE:LINE: why"
 
-    def add_line(self, line: str | bytes, where: str, since: float | None = None) -> None:
-        """Count one line (blank lines are skipped, and drafts before unix time ``since`` when given).
+    def add_line(
+        self, line: str | bytes, where: str, since: float | None = None, until: float | None = None
+    ) -> None:
+        """Count one line (blank lines are skipped, and drafts outside unix times [since, until] when given).
 
         A line that is not a possible draft is recorded in ``malformed``, with ``where`` it was.
         """
@@ -160,14 +162,16 @@ class SpecLogTally:
         except ValueError as e:
             self.malformed.append(f"{where}: {e}")
             return
-        if since is not None and draft.time < since:
+        if (since is not None and draft.time < since) or (until is not None and draft.time > until):
             return
         tally = self.engines.setdefault(draft.engine_index, AcceptanceTally())
         tally.add_draft(draft.num_spec_tokens, draft.num_draft_tokens, draft.num_accepted)
 
 
-def read_spec_logs(paths: Iterable[Path], since: float | None = None) -> SpecLogTally:
-    """Tally every line of these files (only drafts at or after unix time ``since`` when given).
+def read_spec_logs(
+    paths: Iterable[Path], since: float | None = None, until: float | None = None
+) -> SpecLogTally:
+    """Tally every line of these files (only drafts timed within unix times [since, until] when given).
 
     Raises ``OSError`` when a file cannot be read.
     """
@@ -175,7 +179,7 @@ def read_spec_logs(paths: Iterable[Path], since: float | None = None) -> SpecLog
     for path in paths:
         with path.open("rb") as file:
             for number, line in enumerate(file, start=1):
-                result.add_line(line, f"{path}:{number}", since)
+                result.add_line(line, f"{path}:{number}", since, until)
     return result
 
 

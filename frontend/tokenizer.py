@@ -35,37 +35,117 @@ class Tokenizer:
 
         self.bos_token_id = self._named_token_id(config.get("bos_token"))
         self.eos_token_id = self._named_token_id(config.get("eos_token"))
+        self.special_tokens = _special_tokens_map(config)
         self.add_bos_token = bool(config.get("add_bos_token", False))
         self.chat_template = _chat_template(config.get("chat_template"))
-        self.special_token_ids = frozenset(
-            token_id
-            for token_id, token in self._tokenizer.get_added_tokens_decoder().items()
-            if token.special
-        )
+        added = self._tokenizer.get_added_tokens_decoder()
+        self.special_token_ids = frozenset(token_id for token_id, token in added.items() if token.special)
+        self._added_token_ids = frozenset(added)  # their text is literal, not byte-level encoded
+        self._token_texts: dict[int, str] = {}  # token_text's cache: at most one entry per vocabulary id
+        self._byte_level = _is_byte_level(tokenizer_json)
 
     @property
     def vocab_size(self) -> int:
         """Size of the vocabulary including added tokens."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a prompt, with the special tokens the model expects (BOS where configured)."""
-        ids = self._tokenizer.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt, with the special tokens the model expects (BOS where configured).
+
+        ``add_special_tokens=False`` for a rendered chat template, which writes its special tokens itself
+        (transformers' ``apply_chat_template`` and vLLM do the same).
+        """
+        ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        if not add_special_tokens:
+            return ids
         if self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text on its own, special tokens included (how logprobs name tokens, as vLLM does);
+        a token that holds part of a character's bytes reads as U+FFFD."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.decode([token_id], skip_special_tokens=False)
+        return text
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of ``token_ids``; bytes that do not form a whole character decode to U+FFFD."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's own bytes (OpenAI's logprobs ``bytes``): exact for byte-level BPE vocabularies, where
+        a token may hold part of a character; the UTF-8 of :meth:`token_text` otherwise."""
+        piece = self._tokenizer.id_to_token(token_id)
+        if self._byte_level and piece is not None and token_id not in self._added_token_ids:
+            try:
+                return bytes(_BYTE_OF_CHAR[char] for char in piece)
+            except KeyError:  # not a byte-level piece after all
+                pass
+        return self.token_text(token_id).encode("utf-8")
+
     def _named_token_id(self, token: object) -> int | None:
-        # tokenizer_config.json writes a named token as "<s>" or as {"content": "<s>", ...}.
-        if isinstance(token, dict):
-            token = token.get("content")
-        if not isinstance(token, str):
-            return None
-        return self._tokenizer.token_to_id(token)
+        content = _token_content(token)
+        return None if content is None else self._tokenizer.token_to_id(content)
+
+
+def _gpt2_byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's bytes_to_unicode), inverted: each of 256 characters -> its byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    chars.update((b, chr(256 + n)) for n, b in enumerate(shifted))
+    return {char: b for b, char in chars.items()}
+
+
+_BYTE_OF_CHAR = _gpt2_byte_of_char()
+
+
+def _is_byte_level(tokenizer_json: bytes) -> bool:
+    """Whether the tokenizer decodes with ByteLevel (directly or inside a Sequence of decoders)."""
+    try:
+        decoder = json.loads(tokenizer_json).get("decoder") or {}
+    except (ValueError, AttributeError):
+        return False
+    decoders = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    return any(isinstance(d, dict) and d.get("type") == "ByteLevel" for d in decoders)
+
+
+# The named special tokens a chat template may use, as transformers passes them to it.
+_SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def _special_tokens_map(config: dict[str, object]) -> dict[str, object]:
+    """``bos_token``, ``eos_token``, ... as strings (and ``additional_special_tokens``), where configured."""
+    tokens: dict[str, object] = {}
+    for name in _SPECIAL_TOKEN_NAMES:
+        token = _token_content(config.get(name))
+        if token is not None:
+            tokens[name] = token
+    additional = config.get("additional_special_tokens")
+    if isinstance(additional, list):
+        tokens["additional_special_tokens"] = [t for t in map(_token_content, additional) if t is not None]
+    return tokens
+
+
+def _token_content(token: object) -> str | None:
+    # tokenizer_config.json writes a named token as "<s>" or as {"content": "<s>", ...}.
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
 
 
 def _chat_template(value: object) -> str | None:

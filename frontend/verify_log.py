@@ -29,6 +29,7 @@ from openinfer.frontend.spec_tally import (
 )
 
 ALL = "all"  # the section summed over engines
+NOT_AVAILABLE = "n/a"  # a value the source does not export
 
 
 @dataclass(frozen=True)
@@ -85,27 +86,45 @@ def format_table(name: str, from_metrics: AcceptanceTally, from_logs: Acceptance
 
 def _rows(tally: AcceptanceTally, other: AcceptanceTally) -> list[tuple[str, str]]:
     """(label, value) rows of one tally, with as many bins as the wider of the two."""
-    k = max(tally.num_spec_tokens, other.num_spec_tokens)
-    num_pos, num_hist = max(len(tally.per_pos), len(other.per_pos)), max(len(tally.hist), len(other.hist))
-    bins = tally.bins(num_pos, num_hist)
+    return acceptance_rows(
+        tally,
+        k=max(tally.num_spec_tokens, other.num_spec_tokens),
+        num_pos=max(len(tally.per_pos), len(other.per_pos)),
+        num_hist=max(len(tally.hist), len(other.hist)),
+    )
+
+
+def acceptance_rows(
+    tally: AcceptanceTally, *, k: int, num_pos: int, num_hist: int | None
+) -> list[tuple[str, str]]:
+    """(label, value) rows of the seed's acceptance table: counts, rates, ``hist[0..]`` and per-position rates.
+
+    ``k`` is the full-K bin; ``num_pos`` and ``num_hist`` the bins shown (padded with zeros). ``num_hist``
+    None: the source has no accepted-length histogram (vLLM exports none), so zero-accept, full-K and the
+    ``hist[0..k]`` rows say "n/a".
+    """
+    bins = tally.bins(num_pos, num_hist or 0)
+    drafts = tally.num_drafts
     rows = [
-        ("rounds (drafts)", str(tally.num_drafts)),
+        ("rounds (drafts)", str(drafts)),
         ("draft tokens", str(tally.num_draft_tokens)),
         ("accepted tokens", str(tally.num_accepted_tokens)),
         ("mean accepted draft", _number(tally.mean_accepted)),
         ("mean acceptance length", _number(tally.mean_acceptance_length)),
         ("acceptance rate", _percent(tally.acceptance_rate)),
-        ("zero-accept", _percent(tally.zero_accept_rate)),
-        (
-            f"full-K (K={k})",
-            _percent(_at(bins, f"hist[{k}]") / tally.num_drafts if tally.num_drafts else math.nan),
-        ),
     ]
-    rows += [(f"hist[{n}]", str(bins[f"hist[{n}]"])) for n in range(num_hist)]
+    if num_hist is None:
+        rows += [("zero-accept", NOT_AVAILABLE), (f"full-K (K={k})", NOT_AVAILABLE)]
+        rows += [(f"hist[{n}]", NOT_AVAILABLE) for n in range(k + 1)]
+    else:
+        full = _at(bins, f"hist[{k}]") / drafts if drafts else math.nan
+        rows += [("zero-accept", _percent(tally.zero_accept_rate)), (f"full-K (K={k})", _percent(full))]
+        rows += [(f"hist[{n}]", str(bins[f"hist[{n}]"])) for n in range(num_hist)]
     for i in range(num_pos):
         count = bins[f"per_pos[{i}]"]
-        rate = count / tally.num_drafts if tally.num_drafts else math.nan
-        rows.append((f"per-position rate[{i}]", f"{_number(rate)} ({count})"))
+        rows.append(
+            (f"per-position rate[{i}]", f"{_number(count / drafts if drafts else math.nan)} ({count})")
+        )
     return rows
 
 

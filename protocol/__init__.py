@@ -19,6 +19,7 @@ from openinfer.protocol.messages import (
     RequestSpecStats,
     SamplingParams,
     SpecDecodeCounters,
+    TokenLogprobs,
     UnloadDrafter,
     engine_identity,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ProtocolError",
     "SamplingParams",
     "SpecDecodeCounters",
+    "TokenLogprobs",
     "UnloadDrafter",
     "engine_identity",
 ]

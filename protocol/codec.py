@@ -15,6 +15,7 @@ from openinfer.protocol.messages import (
     EngineOutput,
     LoadSnapshot,
     RequestSpecStats,
+    TokenLogprobs,
 )
 
 T = TypeVar("T")
@@ -59,6 +60,8 @@ def _check(message: object) -> None:
         for output in message.outputs:
             if output.spec_stats is not None and not _spec_stats_ok(output.spec_stats):
                 raise ProtocolError("invalid", f"impossible spec stats for request {output.request_id}")
+            if output.logprobs is not None and not _logprobs_ok(output.logprobs, len(output.new_token_ids)):
+                raise ProtocolError("invalid", f"logprobs that do not fit the tokens of {output.request_id}")
     if isinstance(message, EngineHello) and (message.kv_block_size <= 0 or message.max_model_len <= 0):
         raise ProtocolError("invalid", "non-positive block size or model length in hello")
 
@@ -83,6 +86,15 @@ def _spec_stats_ok(stats: RequestSpecStats) -> bool:
         and sum(hist) == stats.num_drafts
         and sum(n * h for n, h in enumerate(hist)) == stats.num_accepted_tokens
         and stats.num_accepted_tokens <= stats.num_draft_tokens <= k * stats.num_drafts
+    )
+
+
+def _logprobs_ok(logprobs: list[TokenLogprobs], num_tokens: int) -> bool:
+    """One entry per new token, each with as many top logprobs as top token ids (and the same k)."""
+    return len(logprobs) == num_tokens and all(
+        len(entry.top_token_ids) == len(entry.top_logprobs) == len(logprobs[0].top_token_ids)
+        and min(entry.top_token_ids, default=0) >= 0
+        for entry in logprobs
     )
 
 

@@ -32,6 +32,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     seed: int | None = None  # None: the engine's global generator
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: each output token's logprob and the top k alternatives
 
 
 class EngineCoreRequest(msgspec.Struct, tag="req", array_like=True, omit_defaults=True, gc=False):
@@ -62,6 +63,7 @@ class LoadDrafter(msgspec.Struct, tag="load_drafter", array_like=True):
     draft_model: str | None = None  # the DFlash checkpoint folder, as the engine's host sees it
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    dflash_anchor: str | None = None  # None: read from the checkpoint's config
 
 
 class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):
@@ -104,6 +106,16 @@ class RequestSpecStats(msgspec.Struct, array_like=True, gc=False):
     accepted_length_hist: list[int] = []  # K + 1 bins: drafts that had 0..K tokens accepted
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """One output token's log-probabilities under the target's raw distribution: log_softmax of its logits
+    before temperature, top-k and top-p (vLLM's default), for requests that set ``SamplingParams.logprobs``.
+    """
+
+    logprob: float  # of the sampled token (-inf where the logit is -inf)
+    top_token_ids: list[int] = []  # the k most likely tokens, most likely first (k = SamplingParams.logprobs)
+    top_logprobs: list[float] = []  # their logprobs, in the same order
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """New tokens of one request since the last message; ``finish`` is set on its last output."""
 
@@ -112,6 +124,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     finish: FinishReason | None = None
     num_cached_tokens: int = 0
     spec_stats: RequestSpecStats | None = None  # on the last output, when a drafter was loaded
+    logprobs: list[TokenLogprobs] | None = None  # one per new token, when the request asked for logprobs
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="out", array_like=True, gc=False):

@@ -93,6 +93,39 @@ class Cluster:
             ],
         )
 
+    def start_fake_engine(self, index: int = 0, *extra: str) -> subprocess.Popen[bytes]:
+        """An engine with ``--fake-model`` (no weights: a 32-token cycle), served as "fake"."""
+        return self._spawn(
+            f"engine{index}",
+            [
+                "openinfer.engine_core.engine_process",
+                "--device",
+                "cpu",
+                "--fake-model",
+                "--served-model-name",
+                "fake",
+                "--engine-index",
+                str(index),
+                "--frontend",
+                f"tcp://{HOST}:{self.engine_port}",
+                "--num-kv-blocks",
+                "2048",
+                *extra,
+            ],
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one child by pid; after SIGKILL, reap it (its name can be started again)."""
+        process = self.processes[name]
+        process.send_signal(sig)
+        if sig == signal.SIGKILL:
+            process.wait(10)
+
+    def rss_bytes(self, name: str) -> int:
+        """Resident memory of one child now (Linux)."""
+        status = Path(f"/proc/{self.processes[name].pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
     def wait_healthy(self, timeout: float = 60.0, engines: int = 1) -> None:
         """Until /health is 200 with at least ``engines`` engines up; raises with the logs otherwise."""
         deadline = time.monotonic() + timeout
@@ -119,6 +152,7 @@ class Cluster:
         """SIGTERM each child by pid, SIGKILL after 10 s."""
         for p in self.processes.values():
             if p.poll() is None:
+                p.send_signal(signal.SIGCONT)  # a stopped child cannot act on SIGTERM
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         for p in self.processes.values():

@@ -6,6 +6,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -14,6 +15,7 @@ from openinfer.frontend.api_server import build_app, serve
 from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.state_dir import StateDir
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 
@@ -68,10 +70,14 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         engine_timeout: float = 5.0,
         per_request_spec_metrics: PerRequestSpecMetrics = PerRequestSpecMetrics.SUMMARY,
         drafter_timeout: float = 120.0,
+        state_dir: StateDir | None = None,
+        engine_address: str | None = None,
+        **client_options: Any,
     ) -> Frontend:
-        metrics = FrontendMetrics()
-        engine_address = f"tcp://127.0.0.1:{free_port_pair()}"
-        client = EngineClient(engine_address, metrics, engine_timeout=engine_timeout)
+        """``client_options``: EngineClient's keywords (max_queued_per_engine, curve_keys, ...)."""
+        metrics = FrontendMetrics(state_dir)
+        engine_address = engine_address or f"tcp://127.0.0.1:{free_port_pair()}"
+        client = EngineClient(engine_address, metrics, engine_timeout=engine_timeout, **client_options)
         await client.start()
         app = build_app(client, metrics, api_key, per_request_spec_metrics, drafter_timeout)
         runner = await serve(app, "127.0.0.1", 0)

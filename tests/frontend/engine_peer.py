@@ -34,6 +34,7 @@ from openinfer.protocol import (
     LoadSnapshot,
     RequestSpecStats,
     SpecDecodeCounters,
+    TokenLogprobs,
     UnloadDrafter,
     engine_identity,
 )
@@ -55,6 +56,7 @@ class PeerConfig:
     silent_on_request: bool = False  # stop sending anything once a request arrives (a hung engine)
     spec: SpecDecodeCounters | None = None  # the counters its hello carries (copied; None: no drafter)
     spec_stats: RequestSpecStats | None = None  # put on every request's last output
+    tokenizer_config_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command
 
@@ -135,7 +137,7 @@ class EnginePeer:
             vocab_size=300,
             eos_token_ids=c.eos_token_ids,
             tokenizer_json=tiny_tokenizer.tokenizer_json(),
-            tokenizer_config_json=tiny_tokenizer.tokenizer_config_json(),
+            tokenizer_config_json=c.tokenizer_config_json or tiny_tokenizer.tokenizer_config_json(),
             load=self._load(),
         )
 
@@ -219,9 +221,20 @@ class EnginePeer:
             if i + 1 == params.max_tokens:
                 await self._finish(request, [token], FinishReason("length"))
                 return
-            await self._send_outputs([EngineCoreOutput(request.request_id, [token])])
+            logprobs = None if params.logprobs is None else [peer_logprobs(token, params.logprobs)]
+            await self._send_outputs([EngineCoreOutput(request.request_id, [token], logprobs=logprobs)])
 
     async def _finish(self, request: EngineCoreRequest, tokens: list[int], finish: FinishReason) -> None:
         self._running.pop(request.request_id, None)
         stats = self.config.spec_stats
-        await self._send_outputs([EngineCoreOutput(request.request_id, tokens, finish, spec_stats=stats)])
+        k = request.sampling_params.logprobs
+        logprobs = None if k is None else [peer_logprobs(token, k) for token in tokens]
+        output = EngineCoreOutput(request.request_id, tokens, finish, spec_stats=stats, logprobs=logprobs)
+        await self._send_outputs([output])
+
+
+def peer_logprobs(token: int, k: int) -> TokenLogprobs:
+    """The peer's made-up logprobs for an echoed token: -0.5 for it, and k alternatives, itself first, then
+    the next token ids at -1.5, -2.5, ..."""
+    top_ids = [token] + [(token + i) % 300 for i in range(1, k)]
+    return TokenLogprobs(-0.5, top_ids[:k], [-0.5 - i for i in range(k)])

@@ -24,9 +24,10 @@ def make_model(max_model_len: int = 16) -> ServedModel:
 
 def test_defaults() -> None:
     """Only a prompt given: max_tokens 16, temperature 1, no top-k, special tokens skipped, no stream."""
-    request = parse_completion_request(b'{"prompt": "hi"}')
-    assert (request.max_tokens, request.temperature, request.top_p, request.top_k) == (16, 1.0, 1.0, None)
-    assert request.skip_special_tokens and not request.stream and not request.return_token_ids
+    options = parse_completion_request(b'{"prompt": "hi"}').options
+    assert (options.max_tokens, options.temperature, options.top_p, options.top_k) == (16, 1.0, 1.0, None)
+    assert options.skip_special_tokens and not options.stream and not options.return_token_ids
+    assert (options.stop, options.include_stop_str_in_output, options.logprobs) == ((), False, None)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,14 @@ def test_prompt_forms(prompt: object, expected: object) -> None:
         ({"prompt": "a", "stream": "yes"}, "stream"),
         ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
         ({"prompt": "a", "n": 2}, "n"),
-        ({"prompt": "a", "stop": ["x"]}, "stop"),
+        ({"prompt": "a", "best_of": 3}, "best_of"),
+        ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, "stop"),  # at most 4
+        ({"prompt": "a", "stop": 3}, "stop"),
+        ({"prompt": "a", "stop": ["x", None]}, "stop"),
+        ({"prompt": "a", "logprobs": 21}, "logprobs"),  # at most 20
+        ({"prompt": "a", "logprobs": -1}, "logprobs"),
+        ({"prompt": "a", "logprobs": True}, "logprobs"),  # chat's spelling
+        ({"prompt": "a", "include_stop_str_in_output": 1}, "include_stop_str_in_output"),
         ({"prompt": "a", "echo": True}, "echo"),
         ({"prompt": "a", "model": 3}, "model"),
     ],
@@ -72,8 +80,34 @@ def test_bad_fields_are_400_naming_the_param(fields: dict[str, object], param: s
 
 
 def test_neutral_values_of_unsupported_params_are_accepted() -> None:
-    """What clients such as vLLM's benchmark send by default (n=1, logprobs null, penalty 1) passes."""
-    parse(prompt="a", n=1, logprobs=None, repetition_penalty=1.0, echo=False, stop=[], user="me")
+    """What clients such as vLLM's benchmark send by default (n=1, logprobs null, penalty 1) passes; `user`
+    and fields openinfer does not know are ignored."""
+    parse(
+        prompt="a", n=1, logprobs=None, repetition_penalty=1.0, echo=False, stop=[], user="me", x_new={"a": 1}
+    )
+
+
+def test_n_above_one_says_what_to_do() -> None:
+    """n=2 is refused with a message that says only one choice is served and how to get more."""
+    with pytest.raises(ApiError) as raised:
+        parse(prompt="a", n=2)
+    assert "one choice per request" in raised.value.message and "`n` = 1" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"), [(None, ()), ("", ()), ("\n", ("\n",)), (["a", "", "bc"], ("a", "bc")), ([], ())]
+)
+def test_stop_strings(stop: object, expected: tuple[str, ...]) -> None:
+    """`stop` is a string or a list of up to 4; empty strings stop nothing and are dropped."""
+    assert parse(prompt="a", stop=stop).options.stop == expected
+
+
+def test_logprobs_reach_the_engine() -> None:
+    """`logprobs: 3` asks the engine for 3 alternatives per token; 0 for the sampled token's alone."""
+    for count in (0, 3, 20):
+        request = parse(prompt=[5], logprobs=count)
+        assert request.to_engine_request(make_model(), "cmpl-1").sampling_params.logprobs == count
+    assert parse(prompt=[5]).to_engine_request(make_model(), "cmpl-1").sampling_params.logprobs is None
 
 
 @pytest.mark.parametrize("body", [b"{", b"[1]", b"\xff"])

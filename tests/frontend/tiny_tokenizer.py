@@ -33,8 +33,15 @@ def tokenizer_json() -> bytes:
     return tokenizer.to_str().encode()
 
 
+# One line per message, then the assistant's turn: easy to predict in tests.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 def tokenizer_config_json() -> bytes:
-    return json.dumps({"eos_token": "<|endoftext|>", "chat_template": "{{ messages }}"}).encode()
+    return json.dumps({"eos_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE}).encode()
 
 
 def make_tokenizer() -> OpenInferTokenizer:

@@ -25,6 +25,7 @@ from openinfer.protocol import (
     RequestSpecStats,
     SamplingParams,
     SpecDecodeCounters,
+    TokenLogprobs,
     UnloadDrafter,
     engine_identity,
 )
@@ -46,6 +47,8 @@ INPUTS = [
         ),
         arrival_time=12.5,
     ),
+    EngineCoreRequest("r3", [7, 8], SamplingParams(max_tokens=4, logprobs=5)),
+    EngineCoreRequest("r4", [7], SamplingParams(max_tokens=4, seed=1, logprobs=0)),
     AbortRequests(["r1", "r2"]),
     HelloRequest(),
     LoadDrafter("c1", "ngram", 7, prompt_lookup_min=2, prompt_lookup_max=5),
@@ -76,6 +79,24 @@ OUTPUTS = [
             EngineCoreOutput(
                 "r4", [1, 2, 3], FinishReason("length"), spec_stats=RequestSpecStats(3, 2, 5, 3, [0, 1, 1, 0])
             ),
+        ],
+        make_load(),
+    ),
+    EngineCoreOutputs(
+        0,
+        1,
+        3,
+        4.0,
+        [
+            EngineCoreOutput(
+                "r5",
+                [8, 9],
+                logprobs=[
+                    TokenLogprobs(-0.25, [8, 3], [-0.25, -1.5]),
+                    TokenLogprobs(-3.0, [2, 9], [-0.1, -3.0]),
+                ],
+            ),
+            EngineCoreOutput("r6", [4], FinishReason("length"), logprobs=[TokenLogprobs(float("-inf"))]),
         ],
         make_load(),
     ),
@@ -110,6 +131,35 @@ def test_impossible_values_are_rejected() -> None:
     """Frames that decode but cannot be true (negative load, used > total) are protocol errors."""
     codec = EngineOutputCodec()
     bad = msgspec.structs.replace(OUTPUTS[0], load=LoadSnapshot(11, 10, 0, 0))
+    with pytest.raises(ProtocolError) as info:
+        codec.decode(codec.encode(bad))
+    assert info.value.kind == "invalid"
+
+
+def test_old_sampling_params_and_outputs_still_decode() -> None:
+    """The fields added at the end are optional on the wire: a frame without them decodes to the defaults."""
+    old_request = msgspec.msgpack.encode(["req", "r1", [1, 2], [5, 0.5]])
+    decoded = EngineInputCodec().decode(old_request)
+    assert isinstance(decoded, EngineCoreRequest) and decoded.sampling_params.logprobs is None
+    old_outputs = msgspec.msgpack.encode(["out", 0, 1, 1, 1.0, [["r1", [4], None, 0, None]], [0, 1, 0, 0]])
+    decoded_outputs = EngineOutputCodec().decode(old_outputs)
+    assert isinstance(decoded_outputs, EngineCoreOutputs)
+    assert decoded_outputs.outputs == [EngineCoreOutput("r1", [4])]
+
+
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        [TokenLogprobs(-1.0)],  # two tokens, one entry
+        [TokenLogprobs(-1.0, [1], [-1.0]), TokenLogprobs(-1.0, [1, 2], [-1.0, -2.0])],  # k differs
+        [TokenLogprobs(-1.0, [1, 2], [-1.0]), TokenLogprobs(-1.0, [1, 2], [-1.0])],  # ids without logprobs
+        [TokenLogprobs(-1.0, [-1], [-1.0]), TokenLogprobs(-1.0, [1], [-1.0])],  # negative token id
+    ],
+)
+def test_logprobs_that_do_not_fit_the_tokens_are_rejected(logprobs: list[TokenLogprobs]) -> None:
+    """An output's logprobs must have one entry per new token, all with the same k."""
+    codec = EngineOutputCodec()
+    bad = EngineCoreOutputs(0, 1, 1, 1.0, [EngineCoreOutput("r", [1, 2], logprobs=logprobs)], make_load())
     with pytest.raises(ProtocolError) as info:
         codec.decode(codec.encode(bad))
     assert info.value.kind == "invalid"

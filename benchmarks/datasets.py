@@ -1,0 +1,233 @@
+"""The bench's workloads: ``random``, ``text``, ``sharegpt`` and ``jsonl`` prompts, each picked by a seed.
+
+Every loader returns :class:`SampledRequest` s; the same arguments and seed give the same requests. Prompt
+lengths are counted with the bench's tokenizer (the built-in model's unless ``--tokenizer``). A file that
+cannot be used raises ``ValueError`` saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from tokenizers import Tokenizer
+
+from openinfer.benchmarks.vocabulary import text_token_ids
+
+DATASET_NAMES = ("random", "text", "sharegpt", "jsonl")
+# ShareGPT filtering as vLLM's benchmark does it: a conversation is skipped when its prompt or reply is
+# shorter than this many tokens, the prompt is longer than SHAREGPT_MAX_PROMPT, or both longer than
+# SHAREGPT_MAX_TOTAL.
+SHAREGPT_MIN_LEN = 4
+SHAREGPT_MAX_PROMPT = 1024
+SHAREGPT_MAX_TOTAL = 2048
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SampledRequest:
+    """One request to send: its prompt text, its length in tokens and the output length asked for."""
+
+    prompt: str
+    prompt_len: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Which workload, how many requests and their lengths (the ``--dataset-*``, ``--random-*``, ``--text-*``
+    flags)."""
+
+    name: str  # one of DATASET_NAMES
+    path: Path | None  # the file for text, sharegpt and jsonl
+    num_prompts: int
+    seed: int
+    random_input_len: int = 64
+    random_output_len: int = 64
+    random_range_ratio: float = 0.0  # random lengths vary by up to this fraction either way
+    text_input_len: int = 64
+    text_output_len: int = 64
+    max_tokens: int | None = None  # every request's output length, over the dataset's own
+
+    def __post_init__(self) -> None:
+        if self.name not in DATASET_NAMES:
+            raise ValueError(f"unknown dataset {self.name!r}: use one of {', '.join(DATASET_NAMES)}")
+        if self.name != "random" and self.path is None:
+            raise ValueError(f"the {self.name} dataset needs --dataset-path")
+        if self.num_prompts < 1 or min(self.random_input_len, self.random_output_len) < 1:
+            raise ValueError("--num-prompts and the --random-*-len lengths must be positive")
+        if min(self.text_input_len, self.text_output_len) < 1 or (self.max_tokens or 1) < 1:
+            raise ValueError("--text-*-len and --max-tokens must be positive")
+        if not 0 <= self.random_range_ratio < 1:
+            raise ValueError("--random-range-ratio must be in [0, 1)")
+
+    def describe(self) -> str:
+        """The dataset as the report names it, e.g. "text (tinyshakespeare.txt)"."""
+        return self.name if self.path is None else f"{self.name} ({self.path.name})"
+
+
+def sample_requests(config: DatasetConfig, tokenizer: Tokenizer) -> list[SampledRequest]:
+    """The requests ``config`` describes; ``ValueError`` when its file cannot be used."""
+    if config.name == "random":
+        requests = random_requests(
+            tokenizer,
+            config.num_prompts,
+            config.random_input_len,
+            config.random_output_len,
+            config.random_range_ratio,
+            config.seed,
+        )
+    elif config.name == "text":
+        assert config.path is not None  # __post_init__
+        text = _read_text(config.path)
+        requests = text_requests(
+            text, tokenizer, config.num_prompts, config.text_input_len, config.text_output_len, config.seed
+        )
+    elif config.name == "sharegpt":
+        assert config.path is not None
+        requests = sharegpt_requests(config.path, tokenizer, config.num_prompts, None, config.seed)
+    else:
+        assert config.path is not None
+        requests = jsonl_requests(config.path, tokenizer, config.num_prompts, config.max_tokens, config.seed)
+    if config.max_tokens is None:
+        return requests
+    return [SampledRequest(r.prompt, r.prompt_len, config.max_tokens) for r in requests]
+
+
+def random_requests(
+    tokenizer: Tokenizer,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+) -> list[SampledRequest]:
+    """Prompts of token ids drawn uniformly from the tokenizer's text tokens (``text_token_ids``), decoded.
+
+    Lengths are drawn uniformly from ``[len * (1 - range_ratio), len * (1 + range_ratio)]`` (vLLM's rule),
+    at least 1. A server re-encodes the text, so its prompt length can differ by a few tokens.
+    """
+    vocab = text_token_ids(tokenizer)
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_prompts):
+        prompt_len = _draw_len(rng, input_len, range_ratio)
+        ids = [rng.choice(vocab) for _ in range(prompt_len)]
+        requests.append(
+            SampledRequest(tokenizer.decode(ids), prompt_len, _draw_len(rng, output_len, range_ratio))
+        )
+    return requests
+
+
+def text_requests(
+    text: str, tokenizer: Tokenizer, num_prompts: int, input_len: int, output_len: int, seed: int
+) -> list[SampledRequest]:
+    """Prompts of ``input_len`` consecutive tokens of ``text``, at seeded random token offsets."""
+    ids = tokenizer.encode(text).ids
+    if len(ids) < input_len + 1:
+        raise ValueError(f"the text has {len(ids)} tokens, too few for {input_len}-token prompts")
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_prompts):
+        start = rng.randrange(0, len(ids) - input_len + 1)
+        requests.append(
+            SampledRequest(tokenizer.decode(ids[start : start + input_len]), input_len, output_len)
+        )
+    return requests
+
+
+def sharegpt_requests(
+    path: Path, tokenizer: Tokenizer, num_prompts: int, output_len: int | None, seed: int
+) -> list[SampledRequest]:
+    """ShareGPT conversations: the first human turn is the prompt, the reply's length the output length.
+
+    ``output_len`` given: every request asks for that many tokens instead.
+    """
+    conversations = _read_json(path)
+    if not isinstance(conversations, list):
+        raise ValueError(f"{path}: a ShareGPT file is a JSON list of {{'conversations': [...]}} entries")
+    usable = []
+    for entry in conversations:
+        turns = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, reply = turns[0], turns[1]
+        if not (isinstance(first, dict) and isinstance(reply, dict)) or first.get("from") != "human":
+            continue
+        prompt, answer = first.get("value"), reply.get("value")
+        if isinstance(prompt, str) and isinstance(answer, str):
+            usable.append((prompt, answer))
+    requests = []
+    for prompt, answer in _shuffled(usable, random.Random(seed)):
+        prompt_len, reply_len = len(tokenizer.encode(prompt).ids), len(tokenizer.encode(answer).ids)
+        if min(prompt_len, reply_len) < SHAREGPT_MIN_LEN or prompt_len > SHAREGPT_MAX_PROMPT:
+            continue
+        if prompt_len + reply_len > SHAREGPT_MAX_TOTAL:
+            continue
+        requests.append(SampledRequest(prompt, prompt_len, output_len or reply_len))
+        if len(requests) == num_prompts:
+            break
+    return _cycled(requests, num_prompts, f"{path}: no conversation with a human prompt and a reply")
+
+
+def jsonl_requests(
+    path: Path, tokenizer: Tokenizer, num_prompts: int, default_max_tokens: int | None, seed: int
+) -> list[SampledRequest]:
+    """One ``{"prompt": str, "max_tokens": int}`` object per line (e.g. code tasks); blank lines skipped.
+
+    A line without ``max_tokens`` takes ``default_max_tokens`` (``--max-tokens``).
+    """
+    entries = []
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e})") from e
+        prompt = entry.get("prompt") if isinstance(entry, dict) else None
+        max_tokens = entry.get("max_tokens", default_max_tokens) if isinstance(entry, dict) else None
+        if not isinstance(prompt, str):
+            raise ValueError(f'{path}:{number}: each line is {{"prompt": "...", "max_tokens": N}}')
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"{path}:{number}: max_tokens must be a positive integer (or pass --max-tokens)")
+        entries.append(SampledRequest(prompt, len(tokenizer.encode(prompt).ids), max_tokens))
+    picked = _shuffled(entries, random.Random(seed))[:num_prompts]
+    return _cycled(picked, num_prompts, f"{path}: no prompt in the file")
+
+
+def _draw_len(rng: random.Random, length: int, range_ratio: float) -> int:
+    low, high = int(length * (1 - range_ratio)), int(length * (1 + range_ratio))
+    return max(1, rng.randint(low, max(low, high)))
+
+
+def _shuffled(items: Sequence[T], rng: random.Random) -> list[T]:
+    shuffled = list(items)
+    rng.shuffle(shuffled)
+    return shuffled
+
+
+def _cycled(items: list[T], count: int, empty_error: str) -> list[T]:
+    """``count`` items: these, repeated in order when there are fewer (as vLLM oversamples)."""
+    if not items:
+        raise ValueError(empty_error)
+    return [items[i % len(items)] for i in range(count)]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the dataset {path}: {e}") from e
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from e

@@ -1,0 +1,122 @@
+"""The frontend's own capacity: streamed tokens per second it relays, on one core, from --fake-model engines.
+
+Starts a frontend pinned to one core and ``--engines`` fake engines (no model: each step costs microseconds)
+pinned with the load generator to the other cores, then runs streaming completions at each concurrency
+level for ``--duration`` seconds. Reports output tokens/s and SSE events/s received by the clients, and the
+frontend's CPU use over the run (100 % means the frontend's core was the limit):
+
+    python benchmarks/frontend_capacity.py --concurrency 16 64 256 [--spec-tokens 4]
+
+With ``--spec-tokens K`` the engines run n-gram speculation on prompts from the fake model's cycle, so each
+engine output carries up to K+1 tokens: the same per-event frontend work relays more tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from local_cluster import LocalCluster
+
+CYCLE_PROMPT = list(range(3, 35))  # the fake model's cycle: n-gram lookup hits
+
+
+async def run_level(url: str, concurrency: int, duration: float, max_tokens: int) -> tuple[int, int, int]:
+    """(output tokens, SSE events with text, requests) completed within ``duration`` seconds."""
+    body = {
+        "model": "fake",
+        "prompt": CYCLE_PROMPT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    totals = [0, 0, 0]
+    deadline = time.monotonic() + duration
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        # As little client work per event as possible (the clients share cores with the engines): count
+        # event starts in raw chunks, parse only the usage chunk at the end.
+        while time.monotonic() < deadline:
+            events, tail = 0, b""
+            async with session.post(f"{url}/v1/completions", json=body) as r:
+                async for chunk in r.content.iter_any():
+                    events += chunk.count(b"data: {")
+                    tail = (tail + chunk)[-4096:]
+            if time.monotonic() < deadline:  # count only requests that ended inside the window
+                usage = tail[tail.rindex(b"data: {") + 6 :].split(b"\n", 1)[0]
+                totals[0] += json.loads(usage)["usage"]["completion_tokens"]
+                totals[1] += events - 1  # the usage chunk carries no text
+                totals[2] += 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return totals[0], totals[1], totals[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per level")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--spec-tokens", type=int, help="n-gram speculation with this K on the engines")
+    parser.add_argument("--frontend-cpu", default="0", help="core(s) for the frontend")
+    parser.add_argument("--other-cpus", help="cores for engines and clients (default: the other cores)")
+    args = parser.parse_args()
+    rest = [str(c) for c in sorted(os.sched_getaffinity(0)) if str(c) != args.frontend_cpu]
+    others = args.other_cpus or ",".join(rest) or args.frontend_cpu
+    os.sched_setaffinity(0, {int(c) for c in others.split(",")})  # the clients run beside the engines
+
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="openinfer-capacity-")))
+    spec = ["--spec-method", "ngram", "--num-spec-tokens", str(args.spec_tokens)] if args.spec_tokens else []
+    bounds = ["--max-queued-per-engine", "4096", "--max-queued-total", "8192"]
+    try:
+        cluster.start_frontend(*bounds, cpus=args.frontend_cpu)
+        for index in range(args.engines):
+            cluster.start_fake_engine(index, *spec, cpus=others)
+        cluster.wait_engines(args.engines)
+        asyncio.run(run_level(cluster.url, 4, 2.0, 32))  # warm-up
+        speculation = f"ngram K={args.spec_tokens}" if spec else "none"
+        print(
+            f"{args.engines} fake engines, speculation: {speculation}, {args.max_tokens} tokens per request"
+        )
+        print(
+            "| concurrency | output tok/s | SSE events/s | frontend CPU | frontend µs/event | others' CPU |"
+        )
+        print("|---:|---:|---:|---:|---:|---|")
+        for concurrency in args.concurrency:
+            print(measure(cluster, concurrency, args.duration, args.max_tokens))
+    finally:
+        cluster.stop()
+
+
+def measure(cluster: LocalCluster, concurrency: int, duration: float, max_tokens: int) -> str:
+    """One level as a table row, with every process's CPU share over it (100 % = one core)."""
+    names = list(cluster.processes)
+    before = {name: cluster.cpu_seconds(name) for name in names}
+    mine, started = time.process_time(), time.monotonic()
+    tokens, events, _ = asyncio.run(run_level(cluster.url, concurrency, duration, max_tokens))
+    elapsed = time.monotonic() - started
+    cpu = {name: (cluster.cpu_seconds(name) - before[name]) / elapsed for name in names}
+    cpu["clients"] = (time.process_time() - mine) / elapsed
+    per_event = 1e6 * cpu["frontend"] * elapsed / max(events, 1)
+    others = ", ".join(f"{name} {100 * share:.0f} %" for name, share in cpu.items() if name != "frontend")
+    return (
+        f"| {concurrency} | {tokens / duration:,.0f} | {events / duration:,.0f} | {100 * cpu['frontend']:.0f} % "
+        f"| {per_event:.1f} | {others} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

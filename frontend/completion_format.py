@@ -1,0 +1,88 @@
+"""OpenAI's completion objects ("text_completion"), streamed or whole, with the legacy logprobs object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openinfer.frontend.generation import CompletionDelta
+from openinfer.frontend.response_format import ResponseIds, clamp_logprob, joined_logprobs
+from openinfer.frontend.tokenizer import Tokenizer
+from openinfer.protocol import TokenLogprobs
+
+_OBJECT = "text_completion"
+
+
+class CompletionFormat:
+    """The :class:`ResponseFormat` of /v1/completions."""
+
+    def __init__(
+        self, ids: ResponseIds, tokenizer: Tokenizer, prompt_token_ids: list[int], return_token_ids: bool
+    ) -> None:
+        self._ids = ids
+        self._tokenizer = tokenizer
+        self._prompt_token_ids = prompt_token_ids
+        self._return_token_ids = return_token_ids  # vLLM extension: prompt and output token ids
+        self._text_offset = 0  # where the next token's text starts, counted in token texts
+        self._first = True
+
+    def response(self, deltas: list[CompletionDelta]) -> dict[str, Any]:
+        last = deltas[-1]
+        token_ids = [t for d in deltas for t in d.token_ids]
+        logprobs = joined_logprobs(deltas)
+        choice = self._choice("".join(d.text for d in deltas), token_ids, logprobs, last)
+        if self._return_token_ids:
+            choice["prompt_token_ids"] = self._prompt_token_ids
+        return self._ids.envelope(_OBJECT, [choice])
+
+    def chunks(self, delta: CompletionDelta) -> list[dict[str, Any]]:
+        if not (
+            delta.text
+            or delta.finish_reason
+            or delta.logprobs
+            or (self._return_token_ids and delta.token_ids)
+        ):
+            return []  # text held back until a character (or a possible stop string) completes
+        choice = self._choice(delta.text, delta.token_ids, delta.logprobs, delta)
+        if self._return_token_ids and self._first:
+            choice["prompt_token_ids"] = self._prompt_token_ids
+        self._first = False
+        return [self._ids.envelope(_OBJECT, [choice])]
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return self._ids.envelope(_OBJECT, [])
+
+    def _choice(
+        self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None, delta: CompletionDelta
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": None if logprobs is None else self._logprobs(token_ids, logprobs),
+            "finish_reason": delta.finish_reason,
+            "stop_reason": delta.stop_reason,
+        }
+        if self._return_token_ids:
+            choice["token_ids"] = token_ids
+        return choice
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs]) -> dict[str, Any]:
+        """OpenAI's legacy logprobs: per token its text, logprob, offset, and a dict of the top alternatives
+        (token text -> logprob) that also holds the sampled token (so up to k + 1 entries, as vLLM)."""
+        tokens = [self._tokenizer.token_text(t) for t in token_ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(self._text_offset)
+            self._text_offset += len(token)
+        top: list[dict[str, float]] = []
+        for token, entry in zip(tokens, logprobs, strict=True):
+            alternatives: dict[str, float] = {}
+            for token_id, logprob in zip(entry.top_token_ids, entry.top_logprobs, strict=True):
+                alternatives.setdefault(self._tokenizer.token_text(token_id), clamp_logprob(logprob))
+            alternatives.setdefault(token, clamp_logprob(entry.logprob))
+            top.append(alternatives)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [clamp_logprob(entry.logprob) for entry in logprobs],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }

@@ -1,0 +1,117 @@
+"""deploy/grafana: provisioning matches docker-compose.yml, and the dashboard's queries are valid PromQL over
+series that exist (the live check against a frontend's /metrics is in test_prometheus_live.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.deploy.stack import DEPLOY, PROMETHEUS_DIR, require_tools
+
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "openinfer-spec-decode.json"
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool"}
+_KEYWORDS |= {"offset", "inf", "nan"}
+
+
+def dashboard_exprs() -> list[str]:
+    """Every query of the dashboard's panels, with the model variable set to "all models"."""
+    exprs: list[str] = []
+
+    def walk(panels: list[dict]) -> None:
+        for panel in panels:
+            walk(panel.get("panels", []))
+            exprs.extend(target["expr"].replace("$model", ".+") for target in panel.get("targets", []))
+
+    walk(json.loads(DASHBOARD.read_text())["panels"])
+    return exprs
+
+
+def recorded_names() -> set[str]:
+    """The series names the recording rules produce."""
+    names = set()
+    for rules_file in (PROMETHEUS_DIR / "rules").glob("*.yml"):
+        for group in yaml.safe_load(rules_file.read_text())["groups"]:
+            names.update(rule["record"] for rule in group["rules"] if "record" in rule)
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (not functions, keywords, labels or numbers)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)  # strings
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    names = set()
+    for match in re.finditer(r"(?<![\w.:])[a-zA-Z_:][\w:]*", expr):
+        if not expr[match.end() :].lstrip().startswith("(") and match.group().lower() not in _KEYWORDS:
+            names.add(match.group())  # not a function or aggregation, not a keyword
+    return names
+
+
+def test_metric_names_parser() -> None:
+    """The name extraction the dashboard checks rely on."""
+    expr = (
+        'histogram_quantile(0.99, sum by (model_name, le) (x:y_bucket:rate1m{model_name=~".+"}))'
+        " / on (model_name) group_left () (up offset 5m > bool 1e-9) + rate(vllm:a_total[1m])"
+    )
+    assert metric_names(expr) == {"x:y_bucket:rate1m", "up", "vllm:a_total"}
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """promtool parses every dashboard query (each checked as a recording rule's expression)."""
+    require_tools("promtool")
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 20
+    rules = {
+        "groups": [
+            {"name": "dashboard", "rules": [{"record": f"q{i}", "expr": e} for i, e in enumerate(exprs)]}
+        ]
+    }
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_dashboard_shape() -> None:
+    """Panels use the datasource variable, have unique ids and fit the 24-column grid; the model variable
+    reads a series every engine exports."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        assert panel["targets"], panel["title"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["query"] == "prometheus"
+    assert metric_names(variables["model"]["definition"].removeprefix("label_values")) >= {
+        "vllm:num_requests_running"
+    }
+    titles = " ".join(p["title"] for p in panels).lower()
+    for topic in ("acceptance rate", "mean acceptance length", "per-position", "accepted-length", "drafts"):
+        assert topic in titles, topic
+    for topic in ("time to first token", "inter-token", "running and waiting", "kv cache"):
+        assert topic in titles, topic
+
+
+def test_provisioning_matches_compose() -> None:
+    """The datasource points at the compose Prometheus; the dashboard provider reads where compose mounts
+    deploy/grafana/dashboards."""
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    grafana = compose["services"]["grafana"]
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "openinfer.yml").read_text())["providers"]
+    assert f"./grafana/dashboards:{provider['options']['path']}:ro" in grafana["volumes"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"

@@ -1,0 +1,409 @@
+"""deploy/'s Prometheus rules, federation and dashboard against real processes.
+
+Two hosts, each a slim frontend with CPU engines doing n-gram speculation (host a: K=7 and K=3, host b:
+K=5), each scraped every second by its own Prometheus running deploy/prometheus/prometheus.yml and the
+recording rules; a global Prometheus federates both with deploy/prometheus/federation.yml.
+
+How exact the comparison with the spec logs is, and why. rate() extrapolates: over a window [t-60s, t] it
+returns (last - first) * (S + d_start + d_end) / (S * 60), S being the time between the window's first and
+last samples. The Prometheus servers start only once every engine has joined and before any request, so
+every spec-decode series of a host begins with one scrape at 0, all at the same timestamp; for a series
+starting at 0 rate() extrapolates nothing before its first sample (d_start = 0), and the last samples are
+again one scrape. So while that zero scrape is inside the window (t <= t_zero + 60 s), one factor
+multiplies every series of the host: it cancels in every ratio the rules record (acceptance rate, mean
+acceptance length, per-position rates, accepted-length shares), which must then equal the spec logs' ratios
+up to float rounding, 1e-12 relative. The test reads the rules' evaluation at a time t_eval in that window
+and after the load ended and a scrape saw the final counters. The recorded totals (model_name:*:sum) are
+exact integers. Across hosts the extrapolation factors differ (their scrapes are not simultaneous), so a
+fleet-wide rate ratio weighs each host's exact ratio by its recorded denominator rate; the test checks that
+weighting exactly, and the federated totals exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+import yaml
+
+from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.frontend.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics, total
+from tests.deploy.stack import (
+    DEPLOY,
+    Frontend,
+    Processes,
+    Prometheus,
+    global_config,
+    host_config,
+    require_tools,
+    wait_until,
+)
+from tests.deploy.test_dashboard import dashboard_exprs, metric_names, recorded_names
+from tests.e2e.processes import free_port
+
+# A small checkpoint with the built-in tokenizer's vocabulary (as tests/e2e uses).
+SMALL = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+}
+HOSTS = {"a": (7, 3), "b": (5,)}  # host label -> K of each engine
+WINDOW = 60.0  # the rules' rate window, seconds
+REL = 1e-12  # float rounding only (see the module docstring)
+
+# deploy/README.md's fleet-wide queries, run on the global Prometheus.
+FLEET_ACCEPTANCE_RATE = (
+    "sum by (model_name) (model_name:spec_decode_num_accepted_tokens:rate1m)\n"
+    "  / sum by (model_name) (model_name:spec_decode_num_draft_tokens:rate1m)"
+)
+FLEET_MEAN_ACCEPTANCE_LENGTH = (
+    "1 + sum by (model_name) (model_name:spec_decode_num_accepted_tokens:rate1m)\n"
+    "  / sum by (model_name) (model_name:spec_decode_num_drafts:rate1m)"
+)
+FLEET_PER_POSITION = (
+    "sum by (model_name, position) (model_name:spec_decode_num_accepted_tokens_per_pos:rate1m)\n"
+    "  / sum by (model_name, position) (model_name:spec_decode_num_drafts_per_pos:rate1m)"
+)
+FLEET_ACCEPTED_TOKENS = "sum by (model_name) (model_name:spec_decode_num_accepted_tokens:sum)"
+
+
+@dataclass
+class Host:
+    name: str
+    frontend: Frontend
+    prometheus: Prometheus
+    t_zero: float = 0.0  # timestamp of the first scrape: every spec-decode counter at 0
+    t_final: float = 0.0  # after this, every scrape sees the final counters
+    t_eval: float = 0.0  # a rules evaluation whose window holds the zero scrape and a final one
+    logs: dict[int, AcceptanceTally] = field(default_factory=dict)  # the spec logs, per engine index
+
+
+@dataclass
+class Stack:
+    hosts: dict[str, Host]
+    fleet: Prometheus
+    t_fleet: float  # the global Prometheus holds both hosts' evaluations from their exact windows by now
+    processes: Processes
+
+
+def prompts(n: int, seed: int) -> list[str | list[int]]:
+    """Repetitive text and repeated token ids (n-gram lookups hit), random token ids (they mostly miss)."""
+    rng = random.Random(seed)
+    repeated = "To be, or not to be, that is the question. " * 4
+    pool: list[str | list[int]] = [
+        repeated,
+        [rng.randrange(3, 512) for _ in range(9)] * 3,
+        repeated[5:],
+        [rng.randrange(3, 512) for _ in range(40)],
+    ]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+async def run_load(frontends: list[tuple[Frontend, int]]) -> None:
+    """``n`` concurrent greedy completions on each frontend; returns when all have finished."""
+
+    async def one(session: aiohttp.ClientSession, url: str, prompt: str | list[int]) -> None:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        async with session.post(f"{url}/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            await r.read()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(
+            *(one(session, f.url, p) for i, (f, n) in enumerate(frontends) for p in prompts(n, seed=i))
+        )
+
+
+def spec_series(prometheus: Prometheus, at: float | None = None) -> list[dict]:
+    return prometheus.query(
+        '{__name__=~"vllm:spec_decode_.+_total|openinfer:spec_decode_accepted_length_total"}[5m]', at
+    )
+
+
+def wait_for_zero_scrape(host: Host, processes: Processes) -> None:
+    """Until the host's Prometheus has scraped every engine's series; they must all start at 0, together."""
+    engines = host.frontend.num_engines
+    wait_until(
+        lambda: len(host.prometheus.query("vllm:spec_decode_num_drafts_total")) == engines,
+        30,
+        f"host {host.name}'s first scrape",
+        processes,
+    )
+    series = spec_series(host.prometheus)
+    firsts = {(float(s["values"][0][0]), s["values"][0][1]) for s in series}
+    assert len(firsts) == 1, f"host {host.name}: series did not all start in one scrape at 0: {firsts}"
+    ((host.t_zero, value),) = firsts
+    assert float(value) == 0
+
+
+def wait_for_final_counters(host: Host, processes: Processes) -> None:
+    """Until the frontend's /metrics equals its engines' spec logs; then every later scrape is final."""
+    engines = range(host.frontend.num_engines)
+
+    def final() -> bool:
+        logs = read_spec_logs(host.frontend.spec_logs)
+        assert not logs.malformed, logs.malformed
+        metrics = tally_metrics(host.frontend.metrics())
+        if any(metrics[e].bins() != logs.engines.get(e, AcceptanceTally()).bins() for e in engines):
+            return False
+        host.logs = {e: logs.engines.get(e, AcceptanceTally()) for e in engines}
+        return True
+
+    wait_until(final, 15, f"host {host.name}'s /metrics to equal its spec logs", processes)
+    host.t_final = time.time()
+    # The first rules evaluation at least one scrape interval (plus a margin to commit it) after t_final.
+    earliest = host.t_final + 1.5
+
+    def evaluated() -> bool:
+        stamps = [t for t, _ in host.prometheus.samples("model_name:spec_decode_num_drafts:sum[10s]")]
+        later = [t for t in stamps if t >= earliest]
+        if later:
+            host.t_eval = min(later)
+        return bool(later)
+
+    wait_until(evaluated, 10, f"host {host.name}'s rules evaluation after the load", processes)
+    assert host.t_eval <= host.t_zero + WINDOW - 0.5, (
+        f"host {host.name}: the load ended too late ({host.t_eval - host.t_zero:.1f} s after the first "
+        f"scrape) for the {WINDOW:.0f} s window to still hold the zero scrape"
+    )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    require_tools("prometheus")
+    work = tmp_path_factory.mktemp("deploy-live")
+    processes = Processes(work)
+    try:
+        model = make_tiny_checkpoint(work / "tiny", seed=3, overrides=SMALL)
+        hosts: dict[str, Host] = {}
+        for name, ks in HOSTS.items():
+            frontend = Frontend(processes, f"frontend-{name}")
+            for index, k in enumerate(ks):
+                frontend.start_engine(model, index, k)
+            prometheus = Prometheus(processes, f"prometheus-{name}", work, env={"OPENINFER_HOST": name})
+            hosts[name] = Host(name, frontend, prometheus)
+        for host in hosts.values():
+            wait_until(host.frontend.healthy, 90, f"{host.frontend.name} with its engines", processes)
+        # Prometheus only now: its first scrape sees every engine's counters at 0.
+        fleet = Prometheus(processes, "prometheus-global", work)
+        for host in hosts.values():
+            host.prometheus.start(host_config(host.frontend, host.prometheus.target))
+        fleet.start(global_config([host.prometheus.target for host in hosts.values()]))
+        for server in (*(h.prometheus for h in hosts.values()), fleet):
+            wait_until(server.ready, 30, f"{server.name} ready", processes)
+        for host in hosts.values():
+            wait_for_zero_scrape(host, processes)
+
+        asyncio.run(run_load([(hosts["a"].frontend, 8), (hosts["b"].frontend, 4)]))
+
+        for host in hosts.values():
+            wait_for_final_counters(host, processes)
+
+        # The global Prometheus: once it holds evaluations of both hosts from their valid windows.
+        def federated() -> bool:
+            stamps = fleet.vector("timestamp(model_name:spec_decode_num_drafts:sum)", None, "host")
+            return all(stamps.get((h.name,), 0) >= h.t_eval for h in hosts.values())
+
+        wait_until(federated, 10, "the global Prometheus to federate both hosts", processes)
+        t_fleet = time.time()
+        yield Stack(hosts, fleet, t_fleet, processes)
+    finally:
+        processes.stop()
+
+
+def rel(value: float) -> float:
+    return abs(value) * REL
+
+
+def check_host_ratios(prometheus: Prometheus, at: float, logs: dict[int, AcceptanceTally], ks: tuple) -> None:
+    """The host-level recorded ratios at ``at`` equal the spec logs' (up to float rounding)."""
+    everything = total(logs.values())
+    assert everything.num_drafts > 0 and 0 < everything.num_accepted_tokens < everything.num_draft_tokens
+
+    (rate,) = prometheus.vector("model_name:spec_decode_acceptance_rate:ratio_rate1m", at).values()
+    expected = everything.num_accepted_tokens / everything.num_draft_tokens
+    assert rate == pytest.approx(expected, rel=REL, abs=0)
+
+    (length,) = prometheus.vector("model_name:spec_decode_mean_acceptance_length:ratio_rate1m", at).values()
+    assert length == pytest.approx(1 + everything.num_accepted_tokens / everything.num_drafts, rel=REL, abs=0)
+
+    # Position i over the drafts of engines with K > i.
+    per_pos = prometheus.vector("model_name:spec_decode_per_pos_acceptance_rate:ratio_rate1m", at, "position")
+    expected_pos = {}
+    for i in range(max(ks)):
+        drafts = sum(logs[e].num_drafts for e, k in enumerate(ks) if k > i)
+        if drafts:
+            accepted = sum(logs[e].per_pos[i] for e, k in enumerate(ks) if k > i)
+            expected_pos[(str(i),)] = accepted / drafts
+    assert per_pos.keys() == expected_pos.keys()
+    for key, value in expected_pos.items():
+        assert per_pos[key] == pytest.approx(value, rel=REL, abs=1e-15), key
+
+    shares = prometheus.vector("model_name:spec_decode_accepted_length_share:ratio_rate1m", at, "accepted")
+    hist = everything.hist + [0] * (max(ks) + 1 - len(everything.hist))
+    assert shares.keys() == {(str(n),) for n in range(max(ks) + 1)}
+    for n, count in enumerate(hist):
+        assert shares[(str(n),)] == pytest.approx(count / everything.num_drafts, rel=REL, abs=1e-15), n
+
+    per_engine = prometheus.vector("engine:spec_decode_acceptance_rate:ratio_rate1m", at, "engine")
+    for e, tally in logs.items():
+        if tally.num_draft_tokens:
+            expected = tally.num_accepted_tokens / tally.num_draft_tokens
+            assert per_engine[(str(e),)] == pytest.approx(expected, rel=REL, abs=1e-15), e
+        else:
+            assert (str(e),) not in per_engine  # the `> 0` guard: no draft tokens, no ratio
+
+
+def check_totals(prometheus: Prometheus, at: float | None, tally: AcceptanceTally, k_max: int) -> None:
+    """The recorded totals, summed over every series the server has (hosts too), equal ``tally``."""
+
+    def one(expr: str) -> float:
+        (value,) = prometheus.vector(f"sum({expr})", at).values()
+        return value
+
+    assert one("model_name:spec_decode_num_drafts:sum") == tally.num_drafts
+    assert one("model_name:spec_decode_num_draft_tokens:sum") == tally.num_draft_tokens
+    assert one("model_name:spec_decode_num_accepted_tokens:sum") == tally.num_accepted_tokens
+    per_pos = prometheus.vector(
+        "sum by (position) (model_name:spec_decode_num_accepted_tokens_per_pos:sum)", at, "position"
+    )
+    assert per_pos == {(str(i),): tally.bins(k_max)[f"per_pos[{i}]"] for i in range(k_max)}
+    hist = prometheus.vector("sum by (accepted) (model_name:spec_decode_accepted_length:sum)", at, "accepted")
+    assert hist == {(str(n),): tally.bins(0, k_max + 1)[f"hist[{n}]"] for n in range(k_max + 1)}
+
+
+def test_recorded_acceptance_equals_spec_logs(stack: Stack) -> None:
+    """On each host, the recording rules' acceptance rate, mean acceptance length, per-position curve and
+    accepted-length distribution (cluster-wide and per engine) equal the engines' spec logs, and the
+    recorded totals equal them exactly."""
+    for host in stack.hosts.values():
+        ks = HOSTS[host.name]
+        check_host_ratios(host.prometheus, host.t_eval, host.logs, ks)
+        check_totals(host.prometheus, host.t_eval, total(host.logs.values()), max(ks))
+    # Host a's two engines both drafted, so the K=3 engine's positions really are mixed with K=7's.
+    assert all(tally.num_drafts for tally in stack.hosts["a"].logs.values())
+
+
+def test_federation_equals_both_hosts_spec_logs(stack: Stack) -> None:
+    """The global Prometheus's fleet-wide totals equal the sum of both hosts' spec logs exactly; each
+    host's federated ratios equal its logs'; the fleet acceptance rate and per-position curve are one query
+    each, summing numerators and denominators over hosts separately."""
+    fleet, at = stack.fleet, stack.t_fleet
+    hosts = stack.hosts
+    k_max = max(max(ks) for ks in HOSTS.values())
+    everything = total(tally for host in hosts.values() for tally in host.logs.values())
+    check_totals(fleet, at, everything, k_max)
+    (accepted,) = fleet.vector(FLEET_ACCEPTED_TOKENS, at).values()
+    assert accepted == everything.num_accepted_tokens
+
+    # The host label (each host's external label) keeps the two hosts' identical series apart.
+    assert set(fleet.vector("model_name:spec_decode_num_drafts:sum", at, "host")) == {("a",), ("b",)}
+    for host in hosts.values():
+        ratios = fleet.vector(
+            f'model_name:spec_decode_acceptance_rate:ratio_rate1m{{host="{host.name}"}}', at
+        )
+        host_total = total(host.logs.values())
+        (ratio,) = ratios.values()
+        assert ratio == pytest.approx(host_total.num_accepted_tokens / host_total.num_draft_tokens, rel=REL)
+        stamps = fleet.vector(
+            f'timestamp(model_name:spec_decode_acceptance_rate:ratio_rate1m{{host="{host.name}"}})', at
+        )
+        (stamp,) = stamps.values()
+        assert host.t_eval <= stamp <= host.t_zero + WINDOW  # an evaluation from the exact window
+
+    # Fleet-wide acceptance rate: each host's exact rate weighted by its recorded draft-token rate.
+    (fleet_rate,) = fleet.vector(FLEET_ACCEPTANCE_RATE, at).values()
+    weights = fleet.vector("model_name:spec_decode_num_draft_tokens:rate1m", at, "host")
+    expected = sum(weights[(h.name,)] * total(h.logs.values()).acceptance_rate for h in hosts.values()) / sum(
+        weights.values()
+    )
+    assert fleet_rate == pytest.approx(expected, rel=1e-9)
+    (fleet_length,) = fleet.vector(FLEET_MEAN_ACCEPTANCE_LENGTH, at).values()
+    drafts = fleet.vector("model_name:spec_decode_num_drafts:rate1m", at, "host")
+    expected = 1 + sum(
+        drafts[(h.name,)] * total(h.logs.values()).mean_accepted for h in hosts.values()
+    ) / sum(drafts.values())
+    assert fleet_length == pytest.approx(expected, rel=1e-9)
+
+    # The per-position curve: every position of the largest K, non-increasing where all engines have it.
+    curve = fleet.vector(FLEET_PER_POSITION, at, "position")
+    assert set(curve) == {(str(i),) for i in range(k_max)}
+    assert all(0 <= v <= 1 for v in curve.values())
+    assert curve[("0",)] >= curve[("1",)] >= curve[("2",)]
+
+
+def test_readme_has_the_fleet_queries() -> None:
+    """deploy/README.md shows the fleet-wide queries these tests run."""
+    readme = re.sub(r"\s+", " ", (DEPLOY / "README.md").read_text())
+    for query in (FLEET_ACCEPTANCE_RATE, FLEET_MEAN_ACCEPTANCE_LENGTH, FLEET_PER_POSITION):
+        assert re.sub(r"\s+", " ", query) in readme
+
+
+def test_dashboard_queries_use_real_series(stack: Stack) -> None:
+    """Every dashboard query names only metrics a live frontend exports or the rules record, and returns
+    data on a host Prometheus and on the global one."""
+    host = stack.hosts["a"]
+    exported = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][\w:]*)", host.frontend.metrics(), re.M)}
+    known = exported | recorded_names()
+    for expr in dashboard_exprs():
+        unknown = metric_names(expr) - known
+        assert not unknown, f"{expr}\nnames no exported or recorded metric: {unknown}"
+    # Rule groups run on their own clocks (the serving group's first rates may lag the load by a second),
+    # and series such as vllm:generation_tokens_total appear with the first request: poll a little.
+    servers = {"host a": host.prometheus, "the global Prometheus": stack.fleet}
+    deadline = time.monotonic() + 15
+    while True:
+        empty = [
+            f"{where}: {e}"
+            for where, server in servers.items()
+            for e in dashboard_exprs()
+            if not server.query(e)
+        ]
+        if not empty or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not empty, "queries without data:\n" + "\n".join(empty)
+
+
+def test_compose_healthchecks_on_live_processes(stack: Stack) -> None:
+    """docker-compose.yml's healthchecks pass on a live engine and frontend and fail otherwise (the
+    container's PID 1 and port replaced by the live process's)."""
+    services = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+    frontend = stack.hosts["b"].frontend
+    engine = stack.processes.children["frontend-b-engine0"]
+    front = stack.processes.children["frontend-b"]
+
+    def run(service: str, replace: tuple[str, str]) -> int:
+        test = services[service]["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        argv = [arg.replace(*replace) for arg in test[1:]]
+        return subprocess.run(argv, timeout=30, capture_output=True).returncode
+
+    assert run("engine-0", ("/proc/1/", f"/proc/{engine.pid}/")) == 0
+    assert run("cpu-engine-0", ("/proc/1/", f"/proc/{engine.pid}/")) == 0
+    assert run("engine-0", ("/proc/1/", f"/proc/{front.pid}/")) != 0  # not an engine
+    assert run("frontend", ("http://127.0.0.1:8000", frontend.url)) == 0
+    assert run("frontend", ("http://127.0.0.1:8000", f"http://127.0.0.1:{free_port()}")) != 0  # nothing there
+
+
+def test_frontends_needed_only_the_image_packages(stack: Stack) -> None:
+    """The frontends ran with only deploy/frontend-requirements.txt's packages importable (as in the slim
+    image), and openinfer never tried to import anything else."""
+    for host in stack.hosts.values():
+        log = (stack.processes.log_dir / f"{host.frontend.name}.log").read_text()
+        refused = re.findall(r"slim-frontend: refused import of (\S+) \(by (\S+)\)", log)
+        assert not [(module, by) for module, by in refused if by.startswith(("openinfer", "__main__"))], (
+            refused
+        )

@@ -1,0 +1,135 @@
+"""CurveZMQ: engines with keys made by openinfer-keys serve; a stranger, keyless or with a key the frontend
+does not admit, gets no frame to the frontend's decoder and moves no counter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.auth
+
+from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
+from openinfer.frontend.addresses import engine_addresses
+from openinfer.protocol import (
+    PROTOCOL_VERSION,
+    EngineCoreOutputs,
+    EngineHello,
+    EngineOutputCodec,
+    LoadSnapshot,
+    SpecDecodeCounters,
+)
+from tests.e2e.load import counter_samples
+from tests.e2e.processes import HOST, Cluster
+
+
+@pytest.fixture(scope="module")
+def curve_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path]]:
+    """Keys for a frontend and two engines; the frontend and engine 0 use them."""
+    logs = tmp_path_factory.mktemp("curve")
+    keys = logs / "keys"
+    made = subprocess.run(
+        [sys.executable, "-m", "openinfer.frontend.curve_keys", str(keys), "--engines", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    c = Cluster(logs)
+    try:
+        c.start_frontend("--zmq-curve-keys", str(keys))
+        c.start_fake_engine(
+            0, "--zmq-curve-keys", str(keys), "--spec-method", "ngram", "--num-spec-tokens", "3"
+        )
+        c.wait_healthy()
+        yield c, keys
+    finally:
+        c.stop()
+
+
+def scrape(c: Cluster) -> dict:  # type: ignore[type-arg]
+    with urllib.request.urlopen(f"{c.url}/metrics", timeout=5) as r:
+        return counter_samples(r.read().decode())
+
+
+def incarnation(c: Cluster) -> str:
+    with urllib.request.urlopen(f"{c.url}/admin/engines", timeout=5) as r:
+        return str(json.load(r)["engines"][0]["incarnation"])
+
+
+def engines(c: Cluster) -> list[int]:
+    with urllib.request.urlopen(f"{c.url}/admin/engines", timeout=5) as r:
+        return [e["index"] for e in json.load(r)["engines"]]
+
+
+def forged_messages() -> list[bytes]:
+    """A hello that would register engine 5, then counters that would publish drafts, if they got in."""
+    folder = builtin_tokenizer_folder()
+    spec = SpecDecodeCounters.zero(3)
+    load = LoadSnapshot(0, 64, 0, 0, spec)
+    hello = EngineHello(
+        PROTOCOL_VERSION, 5, 77, 0, "fake", 2048, 16, 64, 3, 512, [0],
+        (folder / "tokenizer.json").read_bytes(), (folder / "tokenizer_config.json").read_bytes(), load,
+    )  # fmt: skip
+    grown = spec.copy()
+    grown.observe_draft(3, 3)
+    outputs = EngineCoreOutputs(5, 77, 1, time.time(), [], LoadSnapshot(0, 64, 0, 0, grown))
+    codec = EngineOutputCodec()
+    return [codec.encode(hello), codec.encode(outputs)]
+
+
+def test_engine_with_keys_serves(curve_cluster: tuple[Cluster, Path]) -> None:
+    """The keyed engine joined and completes requests through the encrypted sockets."""
+    c, _ = curve_cluster
+    body = json.dumps({"model": "fake", "prompt": "Hello", "max_tokens": 8, "temperature": 0}).encode()
+    request = urllib.request.Request(
+        f"{c.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == 8
+    assert engines(c) == [0]
+
+
+@pytest.mark.parametrize("stranger", ["keyless", "unknown_key"])
+def test_stranger_cannot_inject(curve_cluster: tuple[Cluster, Path], stranger: str) -> None:
+    """A PUSH without a key, or with a key pair the frontend never admitted: its hello and counters never
+    reach the decoder (no engine 5, no counter but the failed handshakes moves), and a DEALER posing as
+    engine 0 gets no request."""
+    c, keys = curve_cluster
+    before = scrape(c)
+    addresses = engine_addresses(f"tcp://{HOST}:{c.engine_port}")
+    context = zmq.Context()
+    try:
+        push, dealer = context.socket(zmq.PUSH), context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.ROUTING_ID, f"engine-0-{incarnation(c)}".encode())  # engine 0's own identity
+        for socket in (push, dealer):
+            socket.setsockopt(zmq.LINGER, 0)
+            if stranger == "unknown_key":
+                public, secret = zmq.curve_keypair()
+                server, _ = zmq.auth.load_certificate(keys / "frontend.key")
+                socket.curve_publickey, socket.curve_secretkey, socket.curve_serverkey = (
+                    public,
+                    secret,
+                    server,
+                )
+        push.connect(addresses.outputs)
+        dealer.connect(addresses.requests)
+        for frame in forged_messages():
+            push.send(frame, zmq.NOBLOCK) if push.poll(1000, zmq.POLLOUT) else None
+        time.sleep(1.0)
+        after = scrape(c)
+        assert engines(c) == [0]
+        test_engine_with_keys_serves(curve_cluster)  # its requests still reach the real engine 0
+        assert dealer.poll(100) == 0
+    finally:
+        context.destroy(linger=0)
+    moved = {key for key in set(before) | set(after) if before.get(key) != after.get(key)}
+    assert all(name == "openinfer:protocol_errors_total" for name, _ in moved), moved
+    handshakes = ("openinfer:protocol_errors_total", (("kind", "handshake"),))
+    assert after.get(handshakes, 0) > before.get(handshakes, 0)

@@ -1,0 +1,349 @@
+"""Fuzzing (hypothesis, bounded): the wire decoders and the frontend's engine socket on arbitrary and mutated
+frames, every HTTP route on arbitrary bodies and headers. Nothing crashes, no 5xx but 503, no counter moves
+but the protocol-error one, and the server still serves afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+import zmq
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from openinfer.frontend.addresses import engine_addresses
+from openinfer.frontend.api_server import build_app, serve
+from openinfer.frontend.engine_client import EngineClient
+from openinfer.frontend.metrics import FrontendMetrics
+from openinfer.protocol import (
+    PROTOCOL_VERSION,
+    AbortRequests,
+    DrafterReply,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineHello,
+    EngineInputCodec,
+    EngineOutputCodec,
+    FinishReason,
+    LoadSnapshot,
+    ProtocolError,
+    SamplingParams,
+    SpecDecodeCounters,
+)
+from tests.frontend.conftest import free_port_pair, wait_until
+from tests.frontend.engine_peer import EnginePeer, PeerConfig
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _spec() -> SpecDecodeCounters:
+    c = SpecDecodeCounters.zero(3)
+    c.observe_draft(3, 2)
+    return c
+
+
+_LOAD = LoadSnapshot(1, 64, 1, 0, _spec())
+# Valid messages of both directions to mutate; none is for the live peer (index 0, random incarnation), and
+# hellos carry no usable tokenizer, so even a mutation that still decodes cannot pose as a real engine.
+_BASES = [
+    EngineOutputCodec().encode(
+        EngineHello(PROTOCOL_VERSION, 7, 12345, 0, "tiny", 64, 16, 64, 3, 300, [0], b"{}", b"{}", _LOAD)
+    ),
+    EngineOutputCodec().encode(
+        EngineCoreOutputs(7, 12345, 1, 1.0, [EngineCoreOutput("x", [5], FinishReason("stop", 5))], _LOAD)
+    ),
+    EngineOutputCodec().encode(EngineCoreOutputs(0, 999, 4, 1.0, [EngineCoreOutput("y", [1, 2])], _LOAD)),
+    EngineOutputCodec().encode(DrafterReply(7, 12345, 2, "c", True, "ok", 3, _LOAD)),
+    EngineInputCodec().encode(EngineCoreRequest("r", [1, 2, 3], SamplingParams(max_tokens=4))),
+    EngineInputCodec().encode(AbortRequests(["r"])),
+]
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    """Arbitrary bytes, or a valid frame with bytes overwritten, cut short or extended."""
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=300))
+    frame = bytearray(draw(st.sampled_from(_BASES)))
+    for position, byte in draw(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4)):
+        frame[position % len(frame)] = byte
+    cut = draw(st.none() | st.integers(0, len(frame)))
+    if cut is not None:
+        del frame[cut:]
+    return bytes(frame) + draw(st.binary(max_size=8))
+
+
+def _decodes(frame: bytes) -> object | None:
+    try:
+        return EngineOutputCodec().decode(frame)
+    except ProtocolError:
+        return None
+
+
+@given(frame=frames())
+@FUZZ
+def test_decoders_raise_only_protocol_errors(frame: bytes) -> None:
+    """Either direction's decoder returns a message or raises ProtocolError with a kind, nothing else."""
+    for codec in (EngineOutputCodec(), EngineInputCodec()):
+        try:
+            codec.decode(frame)
+        except ProtocolError as e:
+            assert e.kind in ("undecodable", "invalid", "counters")
+
+
+# ---- a frontend in a loop of its own, so that hypothesis can drive it from a plain test ----
+
+
+@dataclass
+class Harness:
+    """A frontend with one peer (index 0, drafter commands refused) on an event loop run per example."""
+
+    loop: asyncio.AbstractEventLoop
+    client: EngineClient
+    metrics: FrontendMetrics
+    peer: EnginePeer
+    url: str
+    engine_address: str
+    runner: Any
+    session: aiohttp.ClientSession
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def counters(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every counter and histogram sample now, by (name, labels)."""
+        text = self.metrics.render().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            if family.type in ("counter", "histogram")
+            for s in family.samples
+        }
+
+    def completes(self) -> None:
+        """A normal completion still works."""
+
+        async def post() -> None:
+            body = {"model": "tiny", "prompt": [50, 60, 70], "max_tokens": 3}
+            async with self.session.post(f"{self.url}/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+
+        self.run(post())
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    loop = asyncio.new_event_loop()
+
+    async def start() -> Harness:
+        metrics = FrontendMetrics()
+        address = f"tcp://127.0.0.1:{free_port_pair()}"
+        client = EngineClient(address, metrics)
+        await client.start()
+        runner = await serve(build_app(client, metrics), "127.0.0.1", 0)
+        host, port = runner.addresses[0][:2]
+        peer = EnginePeer(address, PeerConfig(refuse_drafter="refused by the fuzz peer"))
+        await peer.start()
+        await wait_until(lambda: client.num_engines_up == 1)
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        return Harness(loop, client, metrics, peer, f"http://{host}:{port}", address, runner, session)
+
+    h = loop.run_until_complete(start())
+    try:
+        yield h
+    finally:
+
+        async def stop() -> None:
+            await h.session.close()
+            await h.peer.stop()
+            await h.runner.cleanup()
+            await h.client.close()
+
+        loop.run_until_complete(stop())
+        loop.close()
+
+
+def test_engine_socket_survives_fuzzed_frames(harness: Harness) -> None:
+    """Fuzzed frames on the output socket: each undecodable one is counted once and dropped; no other
+    counter moves; the peer keeps serving."""
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(engine_addresses(harness.engine_address).outputs)
+    before = harness.counters()
+    sent = {"messages": 0, "bad": 0}
+
+    @given(message=st.lists(frames(), min_size=1, max_size=3))
+    @FUZZ
+    def send(message: list[bytes]) -> None:
+        decoded = _decodes(message[0]) if len(message) == 1 else None
+        assume(not (isinstance(decoded, EngineHello) and decoded.engine_index == 0))  # a real restart
+        push.send_multipart(message)
+        harness.run(asyncio.sleep(0.002))  # the frontend takes it
+        sent["messages"] += 1
+        sent["bad"] += decoded is None
+
+    try:
+        send()
+    finally:
+        context.destroy(linger=0)
+
+    def errors() -> float:
+        return sum(
+            v for (name, _), v in harness.counters().items() if name == "openinfer:protocol_errors_total"
+        )
+
+    baseline = sum(v for (name, _), v in before.items() if name == "openinfer:protocol_errors_total")
+    harness.run(wait_until(lambda: errors() - baseline >= sent["bad"], timeout=10))
+    assert errors() - baseline <= sent["messages"]
+    after = harness.counters()
+    moved = {k for k in set(before) | set(after) if before.get(k, 0.0) != after.get(k, 0.0)}
+    assert {name for name, _ in moved} <= {"openinfer:protocol_errors_total"}, moved
+    assert harness.client.num_engines_up == 1
+    harness.completes()
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+_FIELDS = {
+    "model": st.sampled_from(["tiny", "other", ""]) | _JSON,
+    "prompt": st.text(max_size=12) | st.lists(st.integers(-3, 400), max_size=5) | _JSON,
+    "messages": st.lists(
+        st.fixed_dictionaries(
+            {
+                "role": st.sampled_from(["user", "system", "assistant", "tool", "x"]),
+                "content": st.text(max_size=12) | _JSON,
+            }
+        ),
+        max_size=3,
+    )
+    | _JSON,
+    "max_tokens": st.integers(-2, 80) | st.integers() | _JSON,
+    "stream": st.booleans() | _JSON,
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | _JSON}) | _JSON,
+    "temperature": st.floats(-1, 3) | _JSON,
+    "top_p": st.floats(-1, 2) | _JSON,
+    "n": st.integers(-1, 3) | _JSON,
+    "stop": st.text(max_size=4) | st.lists(st.text(max_size=4), max_size=3) | _JSON,
+    "logprobs": st.integers(-1, 30) | st.booleans() | _JSON,
+    "top_logprobs": st.integers(-1, 30) | _JSON,
+    "seed": st.integers() | _JSON,
+    "ignore_eos": st.booleans() | _JSON,
+    "method": st.sampled_from(["ngram", "dflash", "x"]) | _JSON,
+    "num_spec_tokens": st.integers(-1, 40) | _JSON,
+}
+_BODIES = st.one_of(
+    st.binary(max_size=200),
+    _JSON.map(lambda value: json.dumps(value).encode()),
+    st.fixed_dictionaries({}, optional=_FIELDS).map(lambda value: json.dumps(value).encode()),
+)
+# Valid requests of the routes that take a body, to be fuzzed a few fields at a time.
+_VALID = [
+    ("POST", "/v1/completions", {"model": "tiny", "prompt": [50, 60], "max_tokens": 3}),
+    ("POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/admin/engines/{i}/drafter", {"method": "ngram", "num_spec_tokens": 3}),
+]
+_HEADERS = st.dictionaries(
+    st.sampled_from(["X-Request-Id", "Authorization", "Content-Type", "Accept", "User-Agent", "X-Anything"]),
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+    max_size=3,
+)
+_ROUTES = st.sampled_from(
+    [
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/admin/engines/{i}/drafter"),
+        ("DELETE", "/admin/engines/{i}/drafter"),
+        ("GET", "/health"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/models"),
+        ("GET", "/admin/engines"),
+        ("PUT", "/v1/completions"),
+        ("GET", "/v1/nothing"),
+    ]
+)
+_GENERATING = ("/v1/completions", "/v1/chat/completions")
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """(method, path, body): any route with any body, or a valid request with up to three fields changed."""
+    if draw(st.booleans()):
+        method, path = draw(_ROUTES)
+        body = draw(_BODIES)
+    else:
+        method, path, valid = draw(st.sampled_from(_VALID))
+        fields = dict(valid)
+        for name in draw(st.lists(st.sampled_from(sorted(_FIELDS)), max_size=3, unique=True)):
+            fields[name] = draw(_FIELDS[name])
+        body = json.dumps(fields).encode()
+    index = draw(st.sampled_from(["0", "1", "123456789012345678901234567890"]))
+    return method, path.replace("{i}", index), body
+
+
+def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:
+    """Arbitrary bodies and headers on every route: never a 5xx but 503; every counter but those of the
+    requests that succeeded stays where it was; the server still serves."""
+    before = harness.counters()
+    succeeded = {"generations": 0}
+
+    async def request(method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        async with harness.session.request(method, harness.url + path, data=body, headers=headers) as r:
+            return r.status, await r.read()
+
+    @given(request_parts=_requests(), headers=_HEADERS)
+    @settings(FUZZ, max_examples=300)
+    def fuzz(request_parts: tuple[str, str, bytes], headers: dict[str, str]) -> None:
+        method, path, body = request_parts
+        status, content = harness.run(request(method, path, body, headers))
+        assert status < 500 or status == 503, (status, content[:300])
+        if status >= 400:
+            assert "error" in json.loads(content)
+        elif method == "POST" and path in _GENERATING:
+            succeeded["generations"] += 1
+
+    fuzz()
+    assert succeeded["generations"] > 0  # the near-valid bodies reached the engine too
+    after = harness.counters()
+    moved = {
+        name
+        for name, labels in set(before) | set(after)
+        if before.get((name, labels), 0.0) != after.get((name, labels), 0.0)
+    }
+    request_families = (
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:request_success",
+        "vllm:time_to_first_token",
+        "vllm:inter_token_latency",
+        "vllm:e2e_request_latency",
+    )
+    assert all(name.startswith(request_families) for name in moved), moved
+    successes = sum(v for (name, _), v in after.items() if name == "vllm:request_success_total") - sum(
+        v for (name, _), v in before.items() if name == "vllm:request_success_total"
+    )
+    assert successes == succeeded["generations"]
+    harness.completes()
+
+
+def test_fuzz_strategies_cover_valid_frames() -> None:
+    """The unmutated bases decode (so mutations start from real messages of both directions)."""
+    assert all(_decodes(frame) is not None for frame in _BASES[:4])
+    assert msgspec.msgpack.decode(_BASES[4])[0] == "req"
