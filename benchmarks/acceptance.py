@@ -133,7 +133,7 @@ class SpecLogCheck:
 
     def format(self) -> str:
         drafts = total(self.logs.engines.values()).num_drafts
-        where = f"spec logs ({len(self.files)} files in {self.directory}, {drafts} drafts within the run)"
+        where = f"spec logs ({len(self.files)} file(s) in {self.directory}, {drafts} drafts within the run)"
         if self.agree:
             return f"{where}: agree with the /metrics deltas bin by bin"
         lines = [f"{where}: DISAGREE with the /metrics deltas"]

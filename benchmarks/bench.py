@@ -166,7 +166,10 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     """The flags a single run and a sweep share: what is sent and how (``vllm bench serve``'s names)."""
     group = parser.add_argument_group("workload")
     group.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json or its model folder (default: built-in)"
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json or its model folder: prompt lengths and random prompts "
+        "(default: the built-in model's; a sweep's --model's)",
     )
     group.add_argument("--num-prompts", type=int, default=16, help="requests in a run")
     group.add_argument("--seed", type=int, default=0, help="picks the prompts and the arrival times")
@@ -175,7 +178,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--ignore-eos", action="store_true", help="generate max tokens even past EOS (vLLM)")
     group.add_argument("--max-tokens", type=int, help="every request's output length, over the dataset's own")
-    group.add_argument("--endpoint", default="completions", help="completions or chat")
+    group.add_argument(
+        "--endpoint", default="completions", help="completions or chat (vLLM's /v1/... paths also work)"
+    )
     group.add_argument(
         "--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf)"
     )
@@ -186,7 +191,6 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--text-input-len", type=int, default=64, help="text: prompt tokens")
     group.add_argument("--text-output-len", type=int, default=64, help="text: output tokens")
-    group.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     group.add_argument("--num-warmups", type=int, default=1, help="uncounted requests before each run")
     group.add_argument("--request-timeout", type=float, default=600, help="seconds a stream may stay silent")
     group.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
@@ -231,6 +235,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
     parser.add_argument("--dataset-path", type=Path, help="the file for text, sharegpt and jsonl")
     parser.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: unbounded)")
+    parser.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY"
+    )
     parser.add_argument("--spec-logs", type=Path, metavar="DIR", help="check the deltas against DIR/*.jsonl")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON here")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="plot the acceptance (needs matplotlib)")
@@ -239,6 +246,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_workload_args(parser, args)
     if args.max_concurrency is not None and args.max_concurrency < 1:
         parser.error("--max-concurrency must be >= 1")
+    if args.spec_logs is not None and not args.spec_logs.is_dir():
+        parser.error(
+            f"--spec-logs {args.spec_logs} is not a folder: give the one the engines' --spec-log files are in"
+        )
     return args
 
 
@@ -280,13 +291,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"openinfer-bench: {e}", file=sys.stderr)
         return 2
     print(result.format())
-    if args.json is not None:
-        report = {"config": json_config(args, model), **result.to_json()}
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot is not None and result.acceptance is not None:
-        label = f"{args.dataset_name}, concurrency {args.max_concurrency or 'unbounded'}"
-        series = [PlotSeries(label, result.acceptance.total, result.acceptance.after.has_histogram)]
-        plot_acceptance(series, args.plot, f"{model} at {args.base_url}")
+    try:
+        if args.json is not None:
+            report = {"config": json_config(args, model), **result.to_json()}
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        if args.plot is not None and result.acceptance is not None:
+            label = f"{args.dataset_name}, concurrency {args.max_concurrency or 'unbounded'}"
+            series = [PlotSeries(label, result.acceptance.total, result.acceptance.after.has_histogram)]
+            plot_acceptance(series, args.plot, f"{model} at {args.base_url}")
+    except (OSError, RuntimeError) as e:
+        print(f"openinfer-bench: {e}", file=sys.stderr)
+        return 2
     if not result.load.ok:
         return 1
     return 1 if result.spec_logs is not None and not result.spec_logs.agree else 0

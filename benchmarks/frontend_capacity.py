@@ -5,7 +5,7 @@ pinned with the load generator to the other cores, then runs streaming completio
 level for ``--duration`` seconds. Reports output tokens/s and SSE events/s received by the clients, and the
 frontend's CPU use over the run (100 % means the frontend's core was the limit):
 
-    python benchmarks/frontend_capacity.py --concurrency 16 64 256 [--spec-tokens 4]
+    python -m openinfer.benchmarks.frontend_capacity --concurrency 16 64 256 [--spec-tokens 4]
 
 With ``--spec-tokens K`` the engines run n-gram speculation on prompts from the fake model's cycle, so each
 engine output carries up to K+1 tokens: the same per-event frontend work relays more tokens.
@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import aiohttp
-from local_cluster import LocalCluster
+
+from openinfer.benchmarks.local_cluster import LocalCluster
 
 CYCLE_PROMPT = list(range(3, 35))  # the fake model's cycle: n-gram lookup hits
 

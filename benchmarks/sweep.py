@@ -99,7 +99,7 @@ def _acceptance_cells(result: BenchResult) -> list[str]:
         return [NO_VALUE] * 9
     tally, has_histogram = acceptance.total, acceptance.after.has_histogram
     histogram = " / ".join(map(str, tally.hist)) if has_histogram else "n/a"
-    rates = " ".join(_fixed(rate, 2) for rate in tally.per_pos_rates())
+    rates = " ".join(_fixed(rate, 3) for rate in tally.per_pos_rates())
     logs = NO_VALUE if result.spec_logs is None else ("agree" if result.spec_logs.agree else "DISAGREE")
     return [
         str(tally.num_drafts),
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> None:
 
 def run(args: argparse.Namespace, log_dir: Path) -> int:
     try:
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer or args.model)  # the served model's own, by default
         workloads = [(config, sample_requests(config, tokenizer)) for config in args.datasets]
     except ValueError as e:
         print(f"openinfer-bench sweep: {e}", file=sys.stderr)
@@ -219,15 +219,24 @@ def run(args: argparse.Namespace, log_dir: Path) -> int:
         print(f"openinfer-bench sweep: {e}", file=sys.stderr)
         return 2
     print(markdown_table(cells))
-    if args.json is not None:
-        runs = [
-            {"dataset": c.dataset, "drafter": c.drafter, "concurrency": c.concurrency, **c.result.to_json()}
-            for c in cells
-        ]
-        args.json.write_text(json.dumps({"sweep": describe_sweep(args), "runs": runs}, indent=2) + "\n")
-    if args.plot is not None:
-        model = args.model.name if args.model else BUILTIN_MODEL_NAME
-        plot_acceptance(plot_series(cells), args.plot, f"{model}: accepted drafts by drafter / dataset")
+    try:
+        if args.json is not None:
+            runs = [
+                {
+                    "dataset": c.dataset,
+                    "drafter": c.drafter,
+                    "concurrency": c.concurrency,
+                    **c.result.to_json(),
+                }
+                for c in cells
+            ]
+            args.json.write_text(json.dumps({"sweep": describe_sweep(args), "runs": runs}, indent=2) + "\n")
+        if args.plot is not None:
+            model = args.model.name if args.model else BUILTIN_MODEL_NAME
+            plot_acceptance(plot_series(cells), args.plot, f"{model}: accepted drafts by drafter / dataset")
+    except (OSError, RuntimeError) as e:
+        print(f"openinfer-bench sweep: {e}", file=sys.stderr)
+        return 2
     failed = any(not c.result.load.ok or (c.result.spec_logs and not c.result.spec_logs.agree) for c in cells)
     return 1 if failed else 0
 

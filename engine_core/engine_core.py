@@ -76,13 +76,21 @@ class EngineCore:
     # ---- speculative decoding -----------------------------------------------------------------------
 
     def load_drafter(self, spec: DrafterSpec) -> str:
-        """Load (or replace) the drafter. On error it raises and keeps the old one.
+        """Build and install a drafter now (at start, and in tests); see :meth:`install_drafter`."""
+        return self.install_drafter(self.build_drafter(spec))
+
+    def build_drafter(self, spec: DrafterSpec) -> SpecDecoder:
+        """Load a drafter's weights without touching the running state (safe in a background thread)."""
+        return SpecDecoder(spec, self.runner, self.spec_log)
+
+    def install_drafter(self, loaded: SpecDecoder) -> str:
+        """Make ``loaded`` the drafter.
 
         Counters are cumulative per incarnation and K (DESIGN.md): a replacement with the same K keeps
         counting in the same counters; a new K, or a load after none, starts from zero.
         """
         self._num_drafter_loads += 1
-        loaded = SpecDecoder(spec, self.runner, self._num_drafter_loads, self.spec_log)
+        loaded.generation = self._num_drafter_loads
         if self.spec is not None and self.spec.num_spec_tokens == loaded.num_spec_tokens:
             loaded.counters = self.spec.counters
         self._drop_drafts()
@@ -95,6 +103,15 @@ class EngineCore:
         self._drop_drafts()
         self.spec = None
         logger.info("drafter unloaded")
+
+    def fail_running(self, message: str) -> list[EngineCoreOutput]:
+        """End every running request with an error (a step failed); waiting requests go on."""
+        outputs = []
+        for request in list(self.scheduler.running):
+            request.finish = FinishReason("error", message=message)
+            self._finish(request, RequestStatus.FINISHED_ERROR)
+            outputs.append(self._output(request))
+        return outputs
 
     def _drop_drafts(self) -> None:
         # Drafts not yet verified belong to the old drafter: dropped, never counted.

@@ -8,6 +8,7 @@ import random
 import signal
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ import zmq.auth
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
+from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec, SpecDecoder
 from openinfer.engine_core.tokenizer_files import read_tokenizer_config
 from openinfer.protocol import (
     PROTOCOL_VERSION,
@@ -86,6 +87,9 @@ class EngineProcess:
         self.outputs.setsockopt(zmq.LINGER, 1000)
         self.outputs.connect(config.output_address)
         self._stopping = False
+        # A drafter being loaded in the background, and the command that asked for it.
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-load")
+        self._pending_load: tuple[LoadDrafter, Future[SpecDecoder]] | None = None
 
     def _socket(self, kind: int) -> zmq.Socket:
         """A socket that finds its frontend again by itself: after it restarts, or its host vanishes."""
@@ -114,13 +118,19 @@ class EngineProcess:
             if poller.poll(timeout_ms):
                 self._read_inputs()
             busy = self.core.has_work
-            outputs = self.core.step()
+            try:
+                outputs = self.core.step()
+            except Exception:  # noqa: BLE001 - one bad step must not take the engine (and its peers) down
+                logger.exception("an engine step failed; ending the requests it was running")
+                outputs = self.core.fail_running("the engine failed while running this request; see its log")
+            self._finish_drafter_load()
             now = time.monotonic()
             if outputs or now - last_sent >= self.config.heartbeat_interval:
                 self._send_outputs(outputs)
                 last_sent = now
             if busy and self.config.step_sleep > 0:
                 time.sleep(self.config.step_sleep)  # --step-sleep: a slowed engine, for latency tests
+        self._loader.shutdown(wait=False, cancel_futures=True)
         self.context.destroy(linger=1000)
 
     def _read_inputs(self) -> None:
@@ -150,25 +160,38 @@ class EngineProcess:
         return self.config.speculative.dflash_anchor if self.config.speculative is not None else None
 
     def _change_drafter(self, command: LoadDrafter | UnloadDrafter) -> None:
-        """Load or unload the drafter and answer; a failed load keeps the old drafter."""
+        """Unload now, or start loading in the background (heartbeats go on); answer with a DrafterReply."""
+        if self._pending_load is not None:
+            self._reply(
+                command, False, "a drafter is still loading on this engine; try again when it is done"
+            )
+        elif isinstance(command, UnloadDrafter):
+            self.core.unload_drafter()
+            self._reply(command, True, "speculative decoding is off")
+        else:
+            spec = DrafterSpec(
+                command.method,
+                command.num_spec_tokens,
+                Path(command.draft_model) if command.draft_model else None,
+                command.prompt_lookup_min,
+                command.prompt_lookup_max,
+                command.dflash_anchor or self._start_anchor,
+            )
+            self._pending_load = (command, self._loader.submit(self.core.build_drafter, spec))
+
+    def _finish_drafter_load(self) -> None:
+        """Install a drafter whose background load finished, and answer; a failed load keeps the old one."""
+        if self._pending_load is None or not self._pending_load[1].done():
+            return
+        command, future = self._pending_load
+        self._pending_load = None
         try:
-            if isinstance(command, UnloadDrafter):
-                self.core.unload_drafter()
-                ok, message = True, "speculative decoding is off"
-            else:
-                draft_model = Path(command.draft_model) if command.draft_model else None
-                spec = DrafterSpec(
-                    command.method,
-                    command.num_spec_tokens,
-                    draft_model,
-                    command.prompt_lookup_min,
-                    command.prompt_lookup_max,
-                    command.dflash_anchor or self._start_anchor,
-                )
-                ok, message = True, f"loaded {self.core.load_drafter(spec)}"
+            self._reply(command, True, f"loaded {self.core.install_drafter(future.result())}")
         except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
-            logger.warning("drafter change refused: %s", e)
-            ok, message = False, f"{type(e).__name__}: {e}"
+            logger.warning("drafter load refused: %s", e)
+            self._reply(command, False, f"{type(e).__name__}: {e}")
+
+    def _reply(self, command: LoadDrafter | UnloadDrafter, ok: bool, message: str) -> None:
         spec_decoder = self.core.spec
         reply = DrafterReply(
             engine_index=self.config.engine_index,

@@ -54,6 +54,9 @@ _LIVENESS_TICK_S = 0.1
 _MAX_SENDS = 3
 # Request ids remembered per engine as aborted there (late outputs of requests that ended here).
 _MAX_ABORTED_IDS = 4096
+# Bounds on what unknown peers can make the frontend remember.
+_MAX_HELLO_REQUESTS = 1024
+_MAX_TOKENIZERS = 16
 
 
 class NoEngineError(Exception):
@@ -401,6 +404,12 @@ class EngineClient:
         if now - self._hello_requested.get(identity, -_HELLO_REQUEST_INTERVAL_S) < _HELLO_REQUEST_INTERVAL_S:
             return
         self._hello_requested[identity] = now
+        if len(self._hello_requested) > _MAX_HELLO_REQUESTS:  # strangers can name any number of them
+            self._hello_requested = {
+                key: asked
+                for key, asked in self._hello_requested.items()
+                if now - asked < _HELLO_REQUEST_INTERVAL_S
+            }
         logger.info("engine %d incarnation %016x sent outputs but no hello; asking for one", *identity_parts)
         await self._send(identity, HelloRequest())
 
@@ -516,9 +525,11 @@ class EngineClient:
     def _tokenizer(self, tokenizer_json: bytes, tokenizer_config_json: bytes) -> Tokenizer:
         """One Tokenizer per distinct pair of files: building one from a big tokenizer.json takes a while."""
         digest = hashlib.blake2b(tokenizer_json + b"\0" + tokenizer_config_json, digest_size=16).digest()
-        if digest not in self._tokenizers:
-            self._tokenizers[digest] = Tokenizer(tokenizer_json, tokenizer_config_json)
-        return self._tokenizers[digest]
+        tokenizer = self._tokenizers.pop(digest, None) or Tokenizer(tokenizer_json, tokenizer_config_json)
+        self._tokenizers[digest] = tokenizer  # the most recently used last
+        if len(self._tokenizers) > _MAX_TOKENIZERS:
+            del self._tokenizers[next(iter(self._tokenizers))]
+        return tokenizer
 
     async def _send(self, identity: bytes, message: EngineInput, patience: float = 0.0) -> bool:
         """Send to one engine, retrying for ``patience`` seconds while it is unroutable; True once sent."""

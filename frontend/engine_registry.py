@@ -66,12 +66,16 @@ class ServedModel:
     eos_token_ids: tuple[int, ...]
 
 
+_MAX_RETIRED = 4096  # an incarnation forgotten after this many newer ones: its outputs get a HelloRequest
+
+
 class EngineRegistry:
     """Engine records by index, and the incarnations that are over (restarted or refused)."""
 
     def __init__(self) -> None:
         self._records: dict[int, EngineRecord] = {}
-        self._retired: set[tuple[int, int]] = set()  # (index, incarnation) whose messages are ignored
+        # (index, incarnation) whose messages are ignored, oldest first; bounded, as strangers can make many
+        self._retired: dict[tuple[int, int], None] = {}
 
     def get(self, engine_index: int) -> EngineRecord | None:
         return self._records.get(engine_index)
@@ -92,13 +96,15 @@ class EngineRegistry:
         previous = self._records.get(record.index)
         self._records[record.index] = record
         if previous is not None and previous.incarnation != record.incarnation:
-            self._retired.add((previous.index, previous.incarnation))
+            self.retire(previous.index, previous.incarnation)
             return previous
         return None
 
     def retire(self, engine_index: int, incarnation: int) -> None:
         """Ignore this incarnation from now on (it was refused, or it was replaced)."""
-        self._retired.add((engine_index, incarnation))
+        self._retired[(engine_index, incarnation)] = None
+        if len(self._retired) > _MAX_RETIRED:
+            del self._retired[next(iter(self._retired))]
 
     def is_retired(self, engine_index: int, incarnation: int) -> bool:
         return (engine_index, incarnation) in self._retired

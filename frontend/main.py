@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("OPENINFER_API_KEY"),
+        default=os.environ.get("OPENINFER_API_KEY") or None,  # an empty variable means no key
         help="require `Authorization: Bearer KEY` on every route but /health and /metrics "
         "(default: $OPENINFER_API_KEY; none when unset)",
     )

@@ -14,6 +14,10 @@ baseline per engine index and publishes ``current - baseline`` (DESIGN.md, front
 
 Snapshots that break a counter invariant never get here: the codec drops them (kind "counters").
 
+With ``--state-dir`` the baselines are saved together with the totals they were published into
+(:mod:`openinfer.frontend.state_dir`); a restarted frontend restores both, so an incarnation it knew goes on
+from its saved baseline and the series continue exactly.
+
 Exported series, one per (model_name, engine[, position | accepted]), never an "all engines" one:
 
 - ``vllm:spec_decode_num_drafts_total``

@@ -49,13 +49,13 @@ class SpecDecoder:
     target's hidden states (DFlash) can only draft for requests whose whole context it has seen.
     """
 
-    def __init__(self, spec: DrafterSpec, runner: ModelRunner, generation: int, log: SpecLog | None) -> None:
+    def __init__(self, spec: DrafterSpec, runner: ModelRunner, log: SpecLog | None) -> None:
         self.counters = SpecDecodeCounters.zero(spec.num_spec_tokens)  # refuses K outside [1, 32] first
         if spec.method not in DRAFTERS:
             raise ValueError(f"unknown --spec-method {spec.method!r}; choose one of {sorted(DRAFTERS)}")
         self.drafter = DRAFTERS[spec.method](spec, runner)
         self.num_spec_tokens = spec.num_spec_tokens
-        self.generation = generation
+        self.generation = 0  # set when the engine installs it
         self._log = log
 
     def describe(self) -> str:

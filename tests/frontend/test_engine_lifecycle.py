@@ -11,9 +11,18 @@ import zmq
 import zmq.asyncio
 
 from openinfer.frontend.engine_client import EngineOverloadedError
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams, SpecDecodeCounters
+from openinfer.protocol import (
+    AbortRequests,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineInputCodec,
+    EngineOutputCodec,
+    SamplingParams,
+    SpecDecodeCounters,
+)
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
-from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 
 def make_request(request_id: str, max_tokens: int = 3) -> EngineCoreRequest:
@@ -161,3 +170,22 @@ async def test_overloaded_is_503_with_retry_after(
             assert error["code"] == "overloaded" and "retry later" in error["message"]
         async with await first as r:
             assert r.status == 200
+
+
+async def test_each_kind_of_bad_frame_is_counted(frontend: Frontend, peer: EnginePeer) -> None:
+    """Truncated, wrong-direction and replayed (seq going back) frames: each counted by kind and dropped;
+    the engine's counters and requests are untouched."""
+    codec = EngineOutputCodec()
+    valid = codec.encode(EngineCoreOutputs(0, peer.incarnation, 10**6, 0.0, [], peer._load()))
+    await peer.send_raw([valid[:-3]])  # truncated
+    await peer.send_raw([EngineInputCodec().encode(AbortRequests(["x"]))])  # a frontend->engine message
+    seq = await peer.send_snapshot()
+    replay = codec.encode(
+        EngineCoreOutputs(0, peer.incarnation, seq, 0.0, [EngineCoreOutput("r", [1])], peer._load())
+    )
+    await peer.send_raw([replay])  # the same seq again
+    await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="undecodable") == 1)
+    await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="invalid") == 1)
+    await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="seq") == 1)
+    stream = await frontend.client.add_request(make_request("r1"), "tiny")
+    assert len([output async for output in stream]) == 3

@@ -6,9 +6,11 @@ import asyncio
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import aiohttp
 
+from openinfer.frontend.state_dir import STATE_FILE, StateDir
 from tests.frontend.conftest import free_port_pair
 from tests.frontend.engine_peer import EnginePeer
 
@@ -107,3 +109,31 @@ async def test_frontend_imports_neither_torch_nor_transformers() -> None:
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)
     stdout, _ = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode == 0 and stdout.decode().strip() == "[]"
+
+
+async def test_unusable_state_dir_or_keys_exit_1_saying_why(tmp_path: Path) -> None:
+    """A --state-dir another frontend holds, a corrupt state file, or a keys folder without the frontend's
+    key: exit 1, with the reason in the log."""
+    holder = StateDir(tmp_path / "held")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / STATE_FILE).write_text("{")
+    cases = [
+        (["--state-dir", str(tmp_path / "held")], "in use by another frontend"),
+        (["--state-dir", str(corrupt)], "move it away"),
+        (["--zmq-curve-keys", str(tmp_path / "nokeys")], "openinfer-keys"),
+    ]
+    try:
+        for args, message in cases:
+            engine_bind = f"tcp://127.0.0.1:{free_port_pair()}"
+            process = await run_main("--port", str(free_port()), "--engine-bind", engine_bind, *args)
+            try:
+                assert await asyncio.wait_for(process.wait(), timeout=10) == 1
+                assert process.stdout is not None
+                assert message in (await process.stdout.read()).decode()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+    finally:
+        holder.close()

@@ -1,0 +1,163 @@
+"""The bench's client side: one streamed request timed from real chunk arrivals, arrivals, and the report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from openinfer.benchmarks.datasets import SampledRequest
+from openinfer.benchmarks.load_report import LoadReport, percentile
+from openinfer.benchmarks.load_runner import arrival_gaps, run_load
+from openinfer.benchmarks.request_client import RequestOutcome, SamplingConfig, send_request
+
+CHUNK_GAP_S = 0.05  # the fake server's pause between text chunks
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+
+class FakeServer:
+    """An OpenAI-style server streaming 3 text chunks CHUNK_GAP_S apart, recording the bodies it got."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.app = web.Application()
+        self.app.router.add_post("/v1/completions", self.stream)
+        self.app.router.add_post("/v1/chat/completions", self.stream)
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        if body.get("model") == "missing":
+            return web.json_response({"error": {"message": "no such model"}}, status=404)
+        response = web.StreamResponse()
+        await response.prepare(request)
+        chat = "messages" in body
+        if chat:
+            await response.write(sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]}))
+        for text in ("a", "b", "c"):
+            choice = {"delta": {"content": text}} if chat else {"text": text}
+            await response.write(sse({"choices": [choice]}))
+            await asyncio.sleep(CHUNK_GAP_S)
+        if body.get("model") != "truncated":
+            await response.write(sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}))
+            await response.write(sse("[DONE]"))
+        return response
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeServer, str]]:
+    fake = FakeServer()
+    server = TestServer(fake.app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield fake, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+REQUEST = SampledRequest("to be", prompt_len=2, max_tokens=3)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+async def test_timings_come_from_chunk_arrivals(fake: tuple[FakeServer, str], endpoint: str) -> None:
+    """TTFT at the first chunk with text (not chat's empty role chunk); ITL the gaps between text chunks;
+    TPOT (E2E - TTFT) / (tokens - 1); token counts from the usage chunk."""
+    server, url = fake
+    sampling = SamplingConfig("m", endpoint, temperature=0.0, ignore_eos=True)
+    async with aiohttp.ClientSession() as session:
+        outcome = await send_request(session, url, REQUEST, sampling)
+    assert outcome.error is None
+    assert (outcome.prompt_len, outcome.output_tokens) == (7, 3)  # the server's usage, not our 2
+    assert len(outcome.itl) == 2 and all(gap >= CHUNK_GAP_S * 0.9 for gap in outcome.itl)
+    assert outcome.ttft is not None and outcome.e2e is not None and outcome.ttft < CHUNK_GAP_S
+    assert outcome.tpot is not None and outcome.tpot >= CHUNK_GAP_S * 0.9  # the last gap is in E2E too
+    body = server.bodies[0]
+    assert body["temperature"] == 0.0 and body["ignore_eos"] is True and body["stream"] is True
+    if endpoint == "chat":
+        assert (
+            body["messages"] == [{"role": "user", "content": "to be"}] and body["max_completion_tokens"] == 3
+        )
+    else:
+        assert body["prompt"] == "to be" and body["max_tokens"] == 3
+
+
+async def test_failures_are_reported_not_raised(fake: tuple[FakeServer, str]) -> None:
+    """An HTTP error and a stream cut before [DONE] are failed requests, each saying why."""
+    _, url = fake
+    async with aiohttp.ClientSession() as session:
+        missing = await send_request(
+            session, url, REQUEST, SamplingConfig("missing", "completions", 0.0, False)
+        )
+        cut = await send_request(
+            session, url, REQUEST, SamplingConfig("truncated", "completions", 0.0, False)
+        )
+    assert (
+        missing.error is not None
+        and missing.error.startswith("HTTP 404")
+        and "no such model" in missing.error
+    )
+    assert cut.error == "the stream ended without data: [DONE]"
+
+
+async def test_concurrency_caps_requests_in_flight(fake: tuple[FakeServer, str]) -> None:
+    """4 requests of ~0.15 s each, 2 at a time, take two rounds; all at once, one."""
+    _, url = fake
+    sampling = SamplingConfig("m", "completions", 0.0, False)
+    async with aiohttp.ClientSession() as session:
+        capped = await run_load(session, url, [REQUEST] * 4, sampling, 2, math.inf, seed=0, progress=False)
+        unbounded = await run_load(
+            session, url, [REQUEST] * 4, sampling, None, math.inf, seed=0, progress=False
+        )
+    assert len(capped.ok) == len(unbounded.ok) == 4
+    assert capped.duration >= 2 * 2 * CHUNK_GAP_S  # two rounds of >= 2 gaps
+    assert unbounded.duration < capped.duration
+
+
+def test_poisson_arrivals_are_seeded() -> None:
+    """Exponential gaps of mean 1 / rate, none before the first request; an infinite rate sends all at once."""
+    gaps = arrival_gaps(4001, request_rate=4.0, seed=7)
+    assert gaps[0] == 0.0 and gaps == arrival_gaps(4001, 4.0, seed=7)
+    assert sum(gaps) / 4000 == pytest.approx(0.25, rel=0.1)
+    assert arrival_gaps(3, math.inf, seed=7) == [0.0, 0.0, 0.0]
+
+
+def test_report_aggregates() -> None:
+    """Throughput over the run's wall time; latency stats over successful requests only, in ms."""
+    outcomes = [
+        RequestOutcome(10, 5, ttft=0.1, e2e=0.5, itl=(0.1, 0.1, 0.1, 0.1)),
+        RequestOutcome(20, 3, ttft=0.2, e2e=0.4, itl=(0.1, 0.1)),
+        RequestOutcome(30, error="HTTP 500: boom"),
+    ]
+    report = LoadReport(outcomes, duration=2.0, max_concurrency=2, request_rate=math.inf)
+    assert (report.request_throughput, report.output_throughput, report.total_token_throughput) == (
+        1.0,
+        4.0,
+        19.0,
+    )
+    assert report.ttft.mean == pytest.approx(150) and report.ttft.p99 == pytest.approx(
+        199
+    )  # 100 + 0.99 * 100
+    assert report.tpot.mean == pytest.approx(100)  # 0.4 s / 4 and 0.2 s / 2
+    assert report.itl.median == pytest.approx(100) and report.e2e.median == pytest.approx(450)
+    text = report.format()
+    assert "Successful requests:                     2" in text
+    assert "Failed requests:                         1" in text
+    assert "failed (1x): HTTP 500: boom" in text
+    assert report.to_json()["errors"] == {"HTTP 500: boom": 1}
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    """Linear interpolation between ranks; NaN without values."""
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert math.isnan(percentile([], 50))
