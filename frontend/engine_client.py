@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 
-import msgspec
-
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.curve_keys import CurveServerKeys
+from openinfer.frontend.engine_hello import TokenizerCache, foreign_hello_version, version_refusal
+from openinfer.frontend.engine_liveness import TICK_S as LIVENESS_TICK_S
+from openinfer.frontend.engine_liveness import Liveness
 from openinfer.frontend.engine_registry import EngineRecord, EngineRegistry, ServedModel
 from openinfer.frontend.engine_sockets import EngineSockets, SocketEvent
 from openinfer.frontend.metrics import FrontendMetrics
 from openinfer.frontend.request_stream import RequestStream
-from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,
@@ -43,20 +42,13 @@ logger = logging.getLogger(__name__)
 _SEND_PATIENCE_S = 2.0
 # At most one HelloRequest per second to an engine incarnation we have no hello from.
 _HELLO_REQUEST_INTERVAL_S = 1.0
-# After an engine's output connection closes, it must be heard from within this window (a live engine sends
-# at least every 0.5 s, and reconnects in 0.1 s), or it is dead: a killed engine's requests fail in ~1 s.
-_DISCONNECT_PROBE_S = 1.0
-# ... and heard from in its second part: what is read in the first part may have been sent before it died.
-_DISCONNECT_PROBE_QUIET_S = 0.3
-_LIVENESS_TICK_S = 0.1
 # A request that no engine streamed anything for yet moves to another engine when its engine dies, at most
 # this many times in all.
 _MAX_SENDS = 3
 # Request ids remembered per engine as aborted there (late outputs of requests that ended here).
 _MAX_ABORTED_IDS = 4096
-# Bounds on what unknown peers can make the frontend remember.
+# HelloRequest times remembered (strangers can name any number of incarnations).
 _MAX_HELLO_REQUESTS = 1024
-_MAX_TOKENIZERS = 16
 
 
 class NoEngineError(Exception):
@@ -113,7 +105,8 @@ class EngineClient:
         self._requests: dict[str, RequestStream] = {}
         self._input_codec = EngineInputCodec()
         self._output_codec = EngineOutputCodec()
-        self._tokenizers: dict[bytes, Tokenizer] = {}  # by digest of the tokenizer files
+        self._tokenizers = TokenizerCache()
+        self._liveness = Liveness(engine_timeout)
         self._hello_requested: dict[bytes, float] = {}  # engine identity -> monotonic time of the last ask
         self._sockets: EngineSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -193,8 +186,9 @@ class EngineClient:
             )
         stream = RequestStream(request.request_id, record.index, model_name, request)
         self._requests[request.request_id] = stream
+        self._assign(record, stream)
         try:
-            await self._send_request(record, stream)
+            await self._deliver(record, stream)
         except asyncio.CancelledError:  # the client left while we waited for the engine to be routable
             self._finish(record, stream, "cancelled before it reached the engine")
             raise
@@ -264,9 +258,9 @@ class EngineClient:
         try:
             message = self._output_codec.decode(frames[0])
         except ProtocolError:
-            version = _foreign_hello_version(frames[0])
+            version = foreign_hello_version(frames[0])
             if version is not None:
-                raise ProtocolError("version", _version_refusal(version, "")) from None
+                raise ProtocolError("version", version_refusal(version, "")) from None
             raise
         if isinstance(message, EngineHello):
             await self._on_hello(message, fd)
@@ -282,9 +276,9 @@ class EngineClient:
             return
         if hello.protocol_version != PROTOCOL_VERSION:
             self.registry.retire(index, incarnation)
-            raise ProtocolError("version", _version_refusal(hello.protocol_version, f" from engine {index}"))
+            raise ProtocolError("version", version_refusal(hello.protocol_version, f" from engine {index}"))
         try:
-            tokenizer = self._tokenizer(hello.tokenizer_json, hello.tokenizer_config_json)
+            tokenizer = self._tokenizers.get(hello.tokenizer_json, hello.tokenizer_config_json)
         except ValueError as e:
             self.registry.retire(index, incarnation)
             raise ProtocolError("tokenizer", f"refused engine {index}: {e}") from None
@@ -433,28 +427,17 @@ class EngineClient:
             return
         if event.socket != "outputs":
             return  # requests connections say nothing of who they were; the outputs one is enough
-        now = time.monotonic()
-        for record in self.registry.live():
-            if record.fd == event.value:  # fds are reused: a live engine on a new connection gets through
-                record.fd = None
-                record.disconnected_at = now
-                logger.info("%s: its output connection closed", record.describe())
+        for record in self._liveness.connection_closed(self.registry.live(), event.value, time.monotonic()):
+            logger.info("%s: its output connection closed", record.describe())
 
     async def _liveness_loop(self) -> None:
         while True:
-            await asyncio.sleep(_LIVENESS_TICK_S)
+            await asyncio.sleep(LIVENESS_TICK_S)
             now = time.monotonic()
             for record in self.registry.live():
-                if now - record.last_seen > self.engine_timeout:
-                    await self._mark_down(record, f"it sent nothing for {self.engine_timeout:g} s", True)
-                elif (
-                    record.disconnected_at is not None and now - record.disconnected_at >= _DISCONNECT_PROBE_S
-                ):
-                    if record.last_seen - record.disconnected_at >= _DISCONNECT_PROBE_QUIET_S:
-                        record.disconnected_at = None  # it reconnected: alive
-                    else:
-                        why = f"its connection closed and it was not heard from in {_DISCONNECT_PROBE_S:g} s"
-                        await self._mark_down(record, f"{why} (the process died?)", False)
+                verdict = self._liveness.verdict(record, now)
+                if verdict is not None:
+                    await self._mark_down(record, *verdict)
 
     async def _mark_down(self, record: EngineRecord, why: str, connected: bool) -> None:
         """Down, its requests moved or ended; a still ``connected`` one is told to drop them (if it comes
@@ -493,21 +476,23 @@ class EngineClient:
             logger.info(
                 "request %s moves from engine %d to engine %d", stream.request_id, record.index, target.index
             )
-            task = asyncio.create_task(self._resend(target, stream, reason))
+            self._assign(target, stream)
+            task = asyncio.create_task(self._deliver(target, stream, reason))
             self._resends.add(task)
             task.add_done_callback(self._resends.discard)
 
-    async def _resend(self, record: EngineRecord, stream: RequestStream, reason: str) -> None:
-        await self._send_request(record, stream, reason)
-
-    async def _send_request(self, record: EngineRecord, stream: RequestStream, why_moved: str = "") -> None:
-        """Put ``stream`` in flight on ``record`` and send it; it ends with an error if that fails."""
-        assert stream.request is not None
+    def _assign(self, record: EngineRecord, stream: RequestStream) -> None:
+        """Put ``stream`` in flight on ``record`` (at once, so that the bounds see it)."""
         stream.engine_index = record.index
         stream.num_sends += 1
         record.in_flight[stream.request_id] = stream
         record.sent_since_snapshot += 1
-        if not await self._send(record.identity, stream.request, patience=_SEND_PATIENCE_S):
+
+    async def _deliver(self, record: EngineRecord, stream: RequestStream, why_moved: str = "") -> None:
+        """Send an assigned request; it ends with an error if that fails (unless it moved on meanwhile)."""
+        assert stream.request is not None
+        sent = await self._send(record.identity, stream.request, patience=_SEND_PATIENCE_S)
+        if not sent and record.in_flight.get(stream.request_id) is stream:
             reason = f"{record.describe()} is not connected to the request socket"
             self._finish(record, stream, f"{why_moved}; then {reason}" if why_moved else reason)
 
@@ -522,15 +507,6 @@ class EngineClient:
         self._requests.pop(stream.request_id, None)
         stream.fail(message)
 
-    def _tokenizer(self, tokenizer_json: bytes, tokenizer_config_json: bytes) -> Tokenizer:
-        """One Tokenizer per distinct pair of files: building one from a big tokenizer.json takes a while."""
-        digest = hashlib.blake2b(tokenizer_json + b"\0" + tokenizer_config_json, digest_size=16).digest()
-        tokenizer = self._tokenizers.pop(digest, None) or Tokenizer(tokenizer_json, tokenizer_config_json)
-        self._tokenizers[digest] = tokenizer  # the most recently used last
-        if len(self._tokenizers) > _MAX_TOKENIZERS:
-            del self._tokenizers[next(iter(self._tokenizers))]
-        return tokenizer
-
     async def _send(self, identity: bytes, message: EngineInput, patience: float = 0.0) -> bool:
         """Send to one engine, retrying for ``patience`` seconds while it is unroutable; True once sent."""
         if self._sockets is None:
@@ -539,22 +515,3 @@ class EngineClient:
         if error is not None:
             logger.warning("could not send %s to %s: %s", type(message).__name__, identity.decode(), error)
         return error is None
-
-
-def _foreign_hello_version(frame: bytes | memoryview) -> int | None:
-    """The protocol version of a hello from another protocol version that our codec cannot decode."""
-    try:
-        raw = msgspec.msgpack.decode(frame)
-    except (msgspec.DecodeError, RecursionError, MemoryError):
-        return None
-    # A hello is encoded as ["hello", protocol_version, ...] in every version (tag first, then the version).
-    if isinstance(raw, list) and len(raw) >= 2 and raw[0] == "hello" and isinstance(raw[1], int):
-        return raw[1] if raw[1] != PROTOCOL_VERSION else None
-    return None
-
-
-def _version_refusal(version: int, source: str) -> str:
-    return (
-        f"refused a hello{source} speaking protocol version {version}; this frontend speaks version "
-        f"{PROTOCOL_VERSION}: run the engine and the frontend from the same openinfer release"
-    )

@@ -121,7 +121,10 @@ def test_stranger_cannot_inject(curve_cluster: tuple[Cluster, Path], stranger: s
         push.connect(addresses.outputs)
         dealer.connect(addresses.requests)
         for frame in forged_messages():
-            push.send(frame, zmq.NOBLOCK) if push.poll(1000, zmq.POLLOUT) else None
+            try:  # the failed handshake tears the connection down: the frame may not even be queued
+                push.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         time.sleep(1.0)
         after = scrape(c)
         assert engines(c) == [0]
