@@ -30,6 +30,7 @@ from openinfer.protocol import (
     EngineHello,
     EngineInputCodec,
     EngineOutputCodec,
+    HelloRefused,
     HelloRequest,
     LoadDrafter,
     ProtocolError,
@@ -151,6 +152,13 @@ class EngineProcess:
                 self.core.abort(message.request_ids)
             elif isinstance(message, HelloRequest):
                 self._send_hello()
+            elif isinstance(message, HelloRefused):
+                logger.error(
+                    "the frontend refused this engine (it speaks protocol version %d, this engine %d): %s",
+                    message.protocol_version,
+                    PROTOCOL_VERSION,
+                    message.message,
+                )
             else:
                 self._change_drafter(message)
 

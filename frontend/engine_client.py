@@ -8,7 +8,7 @@ import time
 
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.curve_keys import CurveServerKeys
-from openinfer.frontend.engine_hello import TokenizerCache, foreign_hello_version, version_refusal
+from openinfer.frontend.engine_hello import TokenizerCache, foreign_hello, version_refusal
 from openinfer.frontend.engine_liveness import TICK_S as LIVENESS_TICK_S
 from openinfer.frontend.engine_liveness import Liveness
 from openinfer.frontend.engine_registry import EngineRecord, EngineRegistry, ServedModel
@@ -27,6 +27,7 @@ from openinfer.protocol import (
     EngineInputCodec,
     EngineOutputCodec,
     FinishReason,
+    HelloRefused,
     HelloRequest,
     LoadDrafter,
     LoadSnapshot,
@@ -258,9 +259,13 @@ class EngineClient:
         try:
             message = self._output_codec.decode(frames[0])
         except ProtocolError:
-            version = foreign_hello_version(frames[0])
-            if version is not None:
-                raise ProtocolError("version", version_refusal(version, "")) from None
+            foreign = foreign_hello(frames[0])
+            if foreign is not None:
+                version, index, incarnation = foreign
+                refusal = version_refusal(version, f" from engine {index}" if index is not None else "")
+                if index is not None and incarnation is not None:
+                    await self._refuse(engine_identity(index, incarnation), refusal)
+                raise ProtocolError("version", refusal) from None
             raise
         if isinstance(message, EngineHello):
             await self._on_hello(message, fd)
@@ -269,6 +274,10 @@ class EngineClient:
         else:
             await self._on_drafter_reply(message, fd)
 
+    async def _refuse(self, identity: bytes, refusal: str) -> None:
+        """Tell a refused engine why, so that its log says so too (DESIGN.md: a clear line on both sides)."""
+        await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
+
     async def _on_hello(self, hello: EngineHello, fd: int | None) -> None:
         index, incarnation = hello.engine_index, hello.incarnation
         self._hello_requested.pop(engine_identity(index, incarnation), None)
@@ -276,7 +285,9 @@ class EngineClient:
             return
         if hello.protocol_version != PROTOCOL_VERSION:
             self.registry.retire(index, incarnation)
-            raise ProtocolError("version", version_refusal(hello.protocol_version, f" from engine {index}"))
+            refusal = version_refusal(hello.protocol_version, f" from engine {index}")
+            await self._refuse(engine_identity(index, incarnation), refusal)
+            raise ProtocolError("version", refusal)
         try:
             tokenizer = self._tokenizers.get(hello.tokenizer_json, hello.tokenizer_config_json)
         except ValueError as e:

@@ -31,14 +31,25 @@ class TokenizerCache:
 
 def foreign_hello_version(frame: bytes | memoryview) -> int | None:
     """The protocol version of a hello from another protocol version that our codec cannot decode."""
+    foreign = foreign_hello(frame)
+    return foreign[0] if foreign is not None else None
+
+
+def foreign_hello(frame: bytes | memoryview) -> tuple[int, int | None, int | None] | None:
+    """(version, engine_index, incarnation) of a hello of another protocol version (index and incarnation
+    None when that version does not put them where ours does)."""
     try:
         raw = msgspec.msgpack.decode(frame)
     except Exception:  # noqa: BLE001 - any frame at all may come here; it is then simply not a hello
         return None
     # A hello is encoded as ["hello", protocol_version, ...] in every version (tag first, then the version).
-    if isinstance(raw, list) and len(raw) >= 2 and raw[0] == "hello" and isinstance(raw[1], int):
-        return raw[1] if raw[1] != PROTOCOL_VERSION else None
-    return None
+    if not (isinstance(raw, list) and len(raw) >= 2 and raw[0] == "hello" and isinstance(raw[1], int)):
+        return None
+    if raw[1] == PROTOCOL_VERSION:
+        return None
+    index = raw[2] if len(raw) > 3 and isinstance(raw[2], int) and raw[2] >= 0 else None
+    incarnation = raw[3] if index is not None and isinstance(raw[3], int) and 0 <= raw[3] < 2**64 else None
+    return raw[1], index, incarnation
 
 
 def version_refusal(version: int, source: str) -> str:

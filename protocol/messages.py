@@ -72,7 +72,17 @@ class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):
     command_id: str
 
 
-EngineInput = EngineCoreRequest | AbortRequests | HelloRequest | LoadDrafter | UnloadDrafter
+class HelloRefused(msgspec.Struct, tag="hello_refused", array_like=True):
+    """The frontend will not take this engine (another protocol version); the engine logs why.
+
+    Its shape (tag, version, message) stays the same in every protocol version, so any engine can read it.
+    """
+
+    protocol_version: int  # the frontend's
+    message: str
+
+
+EngineInput = EngineCoreRequest | AbortRequests | HelloRequest | LoadDrafter | UnloadDrafter | HelloRefused
 
 
 class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):

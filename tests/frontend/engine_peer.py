@@ -29,6 +29,7 @@ from openinfer.protocol import (
     EngineInputCodec,
     EngineOutputCodec,
     FinishReason,
+    HelloRefused,
     HelloRequest,
     LoadDrafter,
     LoadSnapshot,
@@ -71,6 +72,7 @@ class EnginePeer:
         self.silent = False  # True: send nothing, as a hung engine
         self.requests: dict[str, EngineCoreRequest] = {}
         self.aborted: list[str] = []
+        self.refusals: list[str] = []  # messages of HelloRefused the frontend sent this peer
         self.hello_requests = 0
         self.spec = None if self.config.spec is None else self.config.spec.copy()
         self.drafter_commands: list[LoadDrafter | UnloadDrafter] = []
@@ -184,6 +186,8 @@ class EnginePeer:
             elif isinstance(message, HelloRequest):
                 self.hello_requests += 1
                 await self._send_hello()
+            elif isinstance(message, HelloRefused):
+                self.refusals.append(message.message)
             elif isinstance(message, LoadDrafter | UnloadDrafter):
                 self.drafter_commands.append(message)
                 if not self.config.ignore_drafter_commands:

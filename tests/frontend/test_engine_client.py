@@ -55,11 +55,14 @@ async def test_garbage_frames_are_counted_and_dropped(frontend: Frontend, peer: 
 async def test_foreign_protocol_version_is_refused(
     frontend: Frontend, start_peer: PeerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A hello of another protocol version is refused, logged and counted as kind "version"."""
-    await start_peer(frontend, PeerConfig(protocol_version=99), wait=False)
+    """A hello of another protocol version is refused, logged, counted as kind "version", and the engine is
+    told why (a HelloRefused naming both versions, for its own log)."""
+    refused = await start_peer(frontend, PeerConfig(protocol_version=99), wait=False)
     await wait_until(lambda: protocol_errors(frontend, "version") == 1)
     assert frontend.client.num_engines_up == 0
     assert "protocol version 99" in caplog.text
+    await wait_until(lambda: len(refused.refusals) == 1)
+    assert "protocol version 99" in refused.refusals[0]
     undecodable_hello = msgspec.msgpack.encode(["hello", 98, "a", "shape", "we", "do", "not", "know"])
     peer = await start_peer(frontend, PeerConfig(engine_index=1))
     await peer.send_raw([undecodable_hello])

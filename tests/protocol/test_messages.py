@@ -18,6 +18,7 @@ from openinfer.protocol import (
     EngineInputCodec,
     EngineOutputCodec,
     FinishReason,
+    HelloRefused,
     HelloRequest,
     LoadDrafter,
     LoadSnapshot,
@@ -54,6 +55,7 @@ INPUTS = [
     LoadDrafter("c1", "ngram", 7, prompt_lookup_min=2, prompt_lookup_max=5),
     LoadDrafter("c2", "dflash", 7, draft_model="/models/dflash"),
     UnloadDrafter("c3"),
+    HelloRefused(2, "this frontend speaks protocol version 2"),
 ]
 
 OUTPUTS = [
