@@ -21,7 +21,15 @@ from pathlib import Path
 HOST = "127.0.0.1"
 
 
-def _free_port_pair() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free on loopback (the frontend's engine sockets use two)."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind((HOST, 0))
@@ -42,10 +50,8 @@ class LocalCluster:
     def __init__(self, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            self.http_port = s.getsockname()[1]
-        self.engine_port = _free_port_pair()
+        self.http_port = free_port()
+        self.engine_port = free_port_pair()
         self.url = f"http://{HOST}:{self.http_port}"
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,29 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-HOST = "127.0.0.1"
+from openinfer.benchmarks.local_cluster import HOST, free_port, free_port_pair
 
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 both free on loopback (the engine sockets use two)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind((HOST, port))
-                b.bind((HOST, port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair on loopback")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+__all__ = ["HOST", "Cluster", "free_port", "free_port_pair"]
 
 
 class Cluster:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from openinfer.benchmarks.local_cluster import free_port_pair
 from openinfer.frontend.api_server import build_app, serve
 from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.metrics import FrontendMetrics
@@ -18,22 +18,7 @@ from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.state_dir import StateDir
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
-
-def free_port_pair() -> int:
-    """A port P on 127.0.0.1 with P and P+1 both free (the engine socket convention)."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            if port >= 65534:
-                continue
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no pair of free ports")
+__all__ = ["free_port_pair", "wait_until"]
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:

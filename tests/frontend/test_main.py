@@ -10,15 +10,9 @@ from pathlib import Path
 
 import aiohttp
 
+from openinfer.benchmarks.local_cluster import free_port, free_port_pair
 from openinfer.frontend.state_dir import STATE_FILE, StateDir
-from tests.frontend.conftest import free_port_pair
 from tests.frontend.engine_peer import EnginePeer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def run_main(*args: str) -> asyncio.subprocess.Process:
