@@ -3,7 +3,7 @@
 Prints one markdown table, a row per workload and a column per thread count, each cell the median
 milliseconds of `--iters` timed calls after `--warmup` untimed ones:
 
-    OPENINFER_CACHE=/tmp/oicache python benchmarks/engine_step.py --threads 1 2
+    python benchmarks/engine_step.py --threads 1 2
 
 Decode rows run one new token for each of B requests whose prompts (64 tokens, less b % 8 for request b,
 so that contexts differ as in serving) were prefilled first; every timed call rewrites the same slots, so
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
-from openinfer.engine_core.tiny_model import ensure_builtin_model
 
 BLOCK_SIZE = 16
 CONTEXT_LEN = 64  # most tokens already cached per decode request
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
 
-    model = args.model or ensure_builtin_model()
+    model = args.model or builtin_target_folder()
     num_blocks = max(DECODE_BATCHES) * -(-(CONTEXT_LEN + 1) // BLOCK_SIZE) + PREFILL_LEN // BLOCK_SIZE
     runner = ModelRunner(model, torch.device(args.device), num_blocks, BLOCK_SIZE, getattr(torch, args.dtype))
     workloads: list[tuple[str, Callable[[], object], int]] = [

@@ -13,7 +13,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 mkdir -p /tmp/ns/openinfer
 for d in protocol engine_core kernels frontend benchmarks; do ln -sfn "$PWD/$d" "/tmp/ns/openinfer/$d"; done
-export PYTHONPATH=/tmp/site:/tmp/ns:$PWD PYTHONUNBUFFERED=1 OPENINFER_CACHE=/tmp/oicache
+export PYTHONPATH=/tmp/site:/tmp/ns:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
 
@@ -54,6 +54,7 @@ serve_bench() {  # $1: label, rest: openinfer-serve flags
   kill -TERM "$pid"
   wait "$pid"
 }
-serve_bench builtin
+serve_bench builtin --no-spec
+serve_bench builtin_dflash  # the default: the built-in DFlash drafter, K=7
 serve_bench builtin_ngram --spec-method ngram --num-spec-tokens 7
 serve_bench medium --model /tmp/medium

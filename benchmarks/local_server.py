@@ -21,7 +21,8 @@ STOP_TIMEOUT_S = 30.0  # openinfer-serve SIGKILLs its children after 10 s of SIG
 
 @dataclass(frozen=True)
 class Drafter:
-    """A drafter as the sweep names it: ``none``, ``ngram[:K=7]`` or ``dflash:PATH[:K=7]``."""
+    """A drafter as the sweep names it: ``none``, ``ngram[:K=7]`` or ``dflash[:PATH][:K=7]`` (no PATH: the
+    server's own, the built-in drafter when it serves the built-in model)."""
 
     label: str  # as given on the command line
     method: str | None  # openinfer-serve --spec-method; None: no speculation
@@ -30,14 +31,14 @@ class Drafter:
 
     def serve_args(self) -> list[str]:
         if self.method is None:
-            return []
+            return ["--no-spec"]  # openinfer-serve drafts by default with the built-in model
         args = ["--spec-method", self.method, "--num-spec-tokens", str(self.num_spec_tokens)]
         return args + (["--draft-model", str(self.draft_model)] if self.draft_model else [])
 
 
 def parse_drafter(text: str) -> Drafter:
-    """``none``, ``ngram[:K=N]`` or ``dflash:PATH[:K=N]`` (K defaults to 7); ``ValueError`` otherwise."""
-    usage = f"drafter {text!r}: use none, ngram[:K=N] or dflash:PATH[:K=N]"
+    """``none``, ``ngram[:K=N]`` or ``dflash[:PATH][:K=N]`` (K defaults to 7); ``ValueError`` otherwise."""
+    usage = f"drafter {text!r}: use none, ngram[:K=N] or dflash[:PATH][:K=N]"
     if text == "none":
         return Drafter(text, None, None, None)
     parts = text.split(":")
@@ -49,6 +50,8 @@ def parse_drafter(text: str) -> Drafter:
         k = int(value)
     if parts == ["ngram"]:
         return Drafter(text, "ngram", k, None)
+    if parts == ["dflash"]:
+        return Drafter(text, "dflash", k, None)
     if len(parts) >= 2 and parts[0] == "dflash" and all(parts[1:]):
         return Drafter(text, "dflash", k, Path(":".join(parts[1:])))
     raise ValueError(usage)

@@ -2,7 +2,7 @@
 
 ::
 
-    openinfer-bench sweep [--model PATH] [--drafters none ngram:K=7 dflash:PATH:K=7] \\
+    openinfer-bench sweep [--model PATH] [--drafters none ngram:K=7 dflash[:PATH]:K=7] \\
         [--dataset-name random text --dataset-path FILE] [--max-concurrency 1 4 8] [--json OUT] [--plot OUT.png]
 
 For each drafter it starts one ``openinfer-serve`` (the built-in model on the CPU unless ``--model``) on
@@ -159,7 +159,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--model", type=Path, help="Hugging Face Qwen3 folder (default: the built-in model)")
     parser.add_argument(
-        "--drafters", nargs="+", default=["none", "ngram:K=7"], help="none, ngram[:K=N], dflash:PATH[:K=N]"
+        "--drafters",
+        nargs="+",
+        default=["none", "ngram:K=7"],
+        help="none, ngram[:K=N], dflash[:PATH][:K=N] (no PATH: the built-in model's drafter)",
     )
     parser.add_argument("--dataset-name", nargs="+", choices=DATASET_NAMES, default=["random"])
     parser.add_argument("--max-concurrency", type=int, nargs="+", default=[1, 4, 8], help="levels, in turn")

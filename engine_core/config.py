@@ -27,6 +27,9 @@ class EngineConfig:
     seed: int = 0  # the global sampler seed for requests without their own
     heartbeat_interval: float = 0.5  # seconds between messages when idle (DESIGN.md: at most 1 s)
     speculative: DrafterSpec | None = None  # the drafter loaded at start; None: no speculation
+    default_draft_model: Path | None = (
+        None  # DFlash checkpoint for drafters that name none (built-in model's)
+    )
     spec_log: Path | None = None  # --spec-log: one JSON line per draft
     fake_model: bool = False  # --fake-model: no weights, cheap deterministic logits (fake_model_runner.py)
     step_sleep: float = 0.0  # --step-sleep: seconds slept after each step that ran requests (a slowed engine)

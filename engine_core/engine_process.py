@@ -15,6 +15,11 @@ import torch
 import zmq
 import zmq.auth
 
+from openinfer.engine_core.builtin_model import (
+    BUILTIN_MODEL_NAME,
+    builtin_drafter_folder,
+    builtin_target_folder,
+)
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
@@ -40,7 +45,6 @@ from openinfer.protocol import (
 
 logger = logging.getLogger("openinfer.engine")
 
-BUILTIN_MODEL_NAME = "openinfer-tiny-qwen3"
 FAKE_MODEL_NAME = "openinfer-fake"
 # Reconnection after the frontend goes away: the first try after 100 ms, then doubling up to one per 2 s.
 _RECONNECT_IVL_MS = 100
@@ -180,7 +184,7 @@ class EngineProcess:
             spec = DrafterSpec(
                 command.method,
                 command.num_spec_tokens,
-                Path(command.draft_model) if command.draft_model else None,
+                Path(command.draft_model) if command.draft_model else self.config.default_draft_model,
                 command.prompt_lookup_min,
                 command.prompt_lookup_max,
                 command.dflash_anchor or self._start_anchor,
@@ -286,7 +290,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     spec = parser.add_argument_group("speculative decoding")
     spec.add_argument("--spec-method", choices=["ngram", "dflash"], help="drafter (default: none)")
     spec.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
-    spec.add_argument("--draft-model", help="DFlash checkpoint folder (z-lab layout)")
+    spec.add_argument(
+        "--draft-model",
+        help="DFlash checkpoint folder (z-lab layout; default without --model: the built-in drafter)",
+    )
     spec.add_argument(
         "--dflash-anchor",
         choices=["mask_slots", "anchor_slot"],
@@ -320,13 +327,13 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model_path = builtin_tokenizer_folder()
         name = args.served_model_name or FAKE_MODEL_NAME
     elif args.model is None:
-        from openinfer.engine_core.tiny_model import ensure_builtin_model
-
-        model_path = ensure_builtin_model()
+        model_path = builtin_target_folder()
         name = args.served_model_name or BUILTIN_MODEL_NAME
     else:
         model_path = Path(args.model)
         name = args.served_model_name or args.model
+    # The built-in target comes with its DFlash drafter: --spec-method dflash needs no --draft-model there.
+    default_draft = builtin_drafter_folder() if args.model is None and not args.fake_model else None
     speculative = None
     if args.spec_method is not None:
         if args.num_spec_tokens is None:
@@ -334,7 +341,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         speculative = DrafterSpec(
             args.spec_method,
             args.num_spec_tokens,
-            Path(args.draft_model) if args.draft_model else None,
+            Path(args.draft_model) if args.draft_model else default_draft,
             args.prompt_lookup_min,
             args.prompt_lookup_max,
             args.dflash_anchor,
@@ -360,6 +367,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         seed=args.seed,
         speculative=speculative,
+        default_draft_model=default_draft,
         spec_log=Path(args.spec_log) if args.spec_log else None,
         fake_model=args.fake_model,
         step_sleep=args.step_sleep,

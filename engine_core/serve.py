@@ -13,12 +13,23 @@ import urllib.error
 import urllib.request
 from types import FrameType
 
+from openinfer.engine_core.builtin_model import (
+    BUILTIN_MODEL_NAME,
+    BUILTIN_NUM_SPEC_TOKENS,
+    builtin_drafter_folder,
+    builtin_target_folder,
+)
+
 logger = logging.getLogger("openinfer.serve")
+DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on and K is not given
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="openinfer-serve", description=__doc__)
-    parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
+    parser.add_argument(
+        "--model",
+        help="Hugging Face Qwen3 folder (default: the built-in tiny model, with its DFlash drafter)",
+    )
     parser.add_argument("--served-model-name")
     parser.add_argument("--engines", type=int, default=1, help="number of local engine processes")
     parser.add_argument(
@@ -35,9 +46,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api-key")
     parser.add_argument("--kv-cache-gb", type=float, default=1.0)
     parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--spec-method", choices=["ngram", "dflash"], help="drafter for every engine")
-    parser.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
-    parser.add_argument("--draft-model", help="DFlash checkpoint folder")
+    parser.add_argument(
+        "--spec-method",
+        choices=["ngram", "dflash"],
+        help="drafter for every engine (default: dflash with the built-in model, none with --model)",
+    )
+    parser.add_argument(
+        "--num-spec-tokens", type=int, help=f"K, draft tokens per round (at most 32; default {DEFAULT_K})"
+    )
+    parser.add_argument(
+        "--draft-model", help="DFlash checkpoint folder (default with the built-in model: its drafter)"
+    )
+    parser.add_argument("--no-spec", action="store_true", help="no speculative decoding")
     parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
     parser.add_argument(
@@ -46,16 +66,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.engines < 1:
         parser.error("--engines must be >= 1")
+    if args.no_spec and (args.spec_method or args.num_spec_tokens is not None or args.draft_model):
+        parser.error(
+            "--no-spec turns speculation off: drop --spec-method, --num-spec-tokens and --draft-model"
+        )
+    drafter_options = args.num_spec_tokens is not None or args.draft_model
+    if args.model is not None and args.spec_method is None and drafter_options:
+        parser.error("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
     return args
 
 
-def engine_command(args: argparse.Namespace, index: int, model: str) -> list[str]:
+def resolve_builtin(args: argparse.Namespace) -> None:
+    """Fill in what the built-in model implies: its folder and name, and, unless --no-spec or another
+    method, its DFlash drafter with K = 7. With --model nothing is assumed."""
+    if args.model is None:
+        args.model = str(builtin_target_folder())
+        args.served_model_name = args.served_model_name or BUILTIN_MODEL_NAME
+        if not args.no_spec and args.spec_method is None:
+            args.spec_method = "dflash"
+        if args.spec_method == "dflash" and args.draft_model is None:
+            args.draft_model = str(builtin_drafter_folder())
+    if args.spec_method is not None and args.num_spec_tokens is None:
+        args.num_spec_tokens = DEFAULT_K
+
+
+def describe_speculation(args: argparse.Namespace) -> str:
+    if args.spec_method is None:
+        return "no speculative decoding"
+    return f"speculative decoding: {args.spec_method} K={args.num_spec_tokens}"
+
+
+def engine_command(args: argparse.Namespace, index: int) -> list[str]:
     command = [
         sys.executable,
         "-m",
         "openinfer.engine_core.engine_process",
         "--model",
-        model,
+        args.model,
         "--engine-index",
         str(index),
         "--frontend",
@@ -142,14 +189,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``openinfer-serve``."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s serve %(levelname)s %(message)s")
-    if args.model is None:
-        from openinfer.engine_core.tiny_model import ensure_builtin_model
-
-        # Made once here, so that the engines do not race to create it.
-        model = str(ensure_builtin_model())
-        args.served_model_name = args.served_model_name or "openinfer-tiny-qwen3"
-    else:
-        model = args.model
+    try:
+        resolve_builtin(args)
+    except FileNotFoundError as e:
+        logger.error("%s", e)
+        sys.exit(2)
 
     stopping = False
 
@@ -162,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
 
     names = ["the frontend"] + [f"engine {i}" for i in range(args.engines)]
     processes = [subprocess.Popen(frontend_command(args))]
-    processes += [subprocess.Popen(engine_command(args, i, model)) for i in range(args.engines)]
+    processes += [subprocess.Popen(engine_command(args, i)) for i in range(args.engines)]
     url = f"http://{args.host}:{args.port}"
     exit_code = 0
     try:
@@ -173,10 +217,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             served = ", ".join(model_names(url, args.api_key))
             logger.info(
-                "openinfer is serving %s at %s/v1 with %d engine(s); Ctrl-C stops it",
+                "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
                 served,
                 url,
                 args.engines,
+                describe_speculation(args),
             )
         while not stopping and exit_code == 0:
             dead = [(name, p) for name, p in zip(names, processes, strict=True) if p.poll() is not None]

@@ -1,12 +1,8 @@
-"""Tiny random Qwen3 checkpoints in Hugging Face format: the built-in demo model and test fixtures."""
+"""Tiny random Qwen3 checkpoints in Hugging Face format (test fixtures). TINY_QWEN3_CONFIG is also the
+architecture of the built-in model, which is trained (tools/train_target.py; see builtin_model.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
@@ -14,7 +10,7 @@ from typing import Any
 
 import torch
 
-# transformers' Qwen3Config arguments of the built-in model (read-only).
+# transformers' Qwen3Config arguments of the built-in model's architecture (read-only).
 TINY_QWEN3_CONFIG: MappingProxyType[str, Any] = MappingProxyType(
     {
         "vocab_size": 512,  # the built-in tokenizer's vocabulary, specials included
@@ -32,9 +28,7 @@ TINY_QWEN3_CONFIG: MappingProxyType[str, Any] = MappingProxyType(
         "pad_token_id": 0,
     }
 )
-BUILTIN_SEED = 0
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-_FORMAT_VERSION = 1  # bump when make_tiny_checkpoint's output changes for the same arguments
 
 
 def make_tiny_checkpoint(
@@ -71,37 +65,3 @@ def make_tiny_checkpoint(
         if source.is_file():
             (folder / name).write_bytes(source.read_bytes())
     return folder
-
-
-def ensure_builtin_model(cache_dir: Path | None = None) -> Path:
-    """The built-in model's folder, made on first use under `cache_dir`, else $OPENINFER_CACHE, else
-    ~/.cache/openinfer. Safe when several processes race: each builds in a temporary folder and renames it
-    into place; the first rename wins and the others discard their copy."""
-    root = Path(cache_dir or os.environ.get("OPENINFER_CACHE") or Path.home() / ".cache" / "openinfer")
-    final = root / f"tiny-qwen3-{_builtin_digest()}"
-    if final.is_dir():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=root))
-    try:
-        make_tiny_checkpoint(temp, seed=BUILTIN_SEED)
-        os.rename(temp, final)
-    except OSError:
-        if not final.is_dir():
-            raise
-        # Another process renamed its copy into place first; theirs is identical.
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    return final
-
-
-def _builtin_digest() -> str:
-    """Short hash of everything the built-in folder is made from, tokenizer included."""
-    h = hashlib.sha256()
-    h.update(
-        json.dumps({**TINY_QWEN3_CONFIG, "seed": BUILTIN_SEED, "v": _FORMAT_VERSION}, sort_keys=True).encode()
-    )
-    for name in _TOKENIZER_FILES:
-        source = files("openinfer.engine_core") / "builtin" / name
-        h.update(source.read_bytes() if source.is_file() else b"")
-    return h.hexdigest()[:12]

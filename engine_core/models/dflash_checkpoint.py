@@ -34,6 +34,37 @@ def make_tiny_dflash_checkpoint(
     last vocabulary id. `anchor` is written as dflash_config.sample_from_anchor; None leaves the key out, as
     z-lab's published configs do."""
     target = ModelConfig.from_folder(target_folder)
+    config = dflash_checkpoint_config(
+        target,
+        num_layers=num_layers,
+        block_size=block_size,
+        target_layer_ids=target_layer_ids,
+        mask_token_id=mask_token_id,
+        anchor=anchor,
+    )
+    with torch.device("meta"):  # names and shapes only
+        model = DFlashDraftModel(DFlashConfig.from_dict(config))
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(param.shape)
+        else:
+            tensors[name] = torch.randn(param.shape, generator=generator) * init_std
+    return write_dflash_checkpoint(folder, config, tensors)
+
+
+def dflash_checkpoint_config(
+    target: ModelConfig,
+    *,
+    num_layers: int,
+    block_size: int,
+    target_layer_ids: tuple[int, ...] | None = None,
+    mask_token_id: int | None = None,
+    anchor: AnchorLayout | None = AnchorLayout.MASK_SLOTS,
+) -> dict[str, Any]:
+    """The config.json of a z-lab DFlash drafter with num_layers layers of `target`'s sizes (the defaults are
+    `make_tiny_dflash_checkpoint`'s)."""
     layer_ids = target_layer_ids or _zlab_target_layer_ids(target.num_hidden_layers, num_layers)
     dflash_config: dict[str, Any] = {
         "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
@@ -41,7 +72,7 @@ def make_tiny_dflash_checkpoint(
     }
     if anchor is not None:
         dflash_config["sample_from_anchor"] = anchor is AnchorLayout.ANCHOR_SLOT
-    config = {
+    return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "block_size": block_size,
@@ -62,20 +93,17 @@ def make_tiny_dflash_checkpoint(
         "tie_word_embeddings": False,
         "dtype": "float32",
     }
-    with torch.device("meta"):  # names and shapes only
-        model = DFlashDraftModel(DFlashConfig.from_dict(config))
-    generator = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones(param.shape)
-        else:
-            tensors[name] = torch.randn(param.shape, generator=generator) * init_std
 
+
+def write_dflash_checkpoint(
+    folder: Path | str, config: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> Path:
+    """Write config.json and model.safetensors (`tensors` by their z-lab names, float32) into `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    contiguous = {name: t.detach().to(torch.float32).contiguous() for name, t in tensors.items()}
+    save_file(contiguous, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 

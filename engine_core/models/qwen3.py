@@ -192,7 +192,10 @@ class Qwen3DecoderLayer(nn.Module):
 class Qwen3Model(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given its (uninitialised) weight, nn.Embedding skips its random init: load_weights fills it, and
+        # normal_ under the meta device would import torch._dynamo, ~1.5 s of every engine's start-up.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
             Qwen3DecoderLayer(config, attn_backend) for _ in range(config.num_hidden_layers)
         )

@@ -18,13 +18,17 @@ from openinfer.frontend.spec_tally import AcceptanceTally
 
 
 def test_drafter_specs() -> None:
-    """none, ngram[:K=N], dflash:PATH[:K=N] (K defaults to 7), as openinfer-serve flags."""
-    assert parse_drafter("none").serve_args() == []
+    """none, ngram[:K=N], dflash[:PATH][:K=N] (K defaults to 7), as openinfer-serve flags; none says
+    --no-spec (openinfer-serve drafts by default with the built-in model), dflash without a path leaves the
+    drafter to the server."""
+    assert parse_drafter("none").serve_args() == ["--no-spec"]
     assert parse_drafter("ngram").serve_args() == ["--spec-method", "ngram", "--num-spec-tokens", "7"]
     assert parse_drafter("ngram:K=3").num_spec_tokens == 3
     assert parse_drafter("dflash:/m/d:K=5") == Drafter("dflash:/m/d:K=5", "dflash", 5, Path("/m/d"))
     assert parse_drafter("dflash:/m/d").serve_args()[-2:] == ["--draft-model", "/m/d"]
-    for bad in ("eagle", "ngram:K=0", "ngram:K=x", "dflash", "dflash:K=4", "ngram:/p"):
+    assert parse_drafter("dflash:K=4").serve_args() == ["--spec-method", "dflash", "--num-spec-tokens", "4"]
+    assert parse_drafter("dflash") == Drafter("dflash", "dflash", 7, None)
+    for bad in ("eagle", "ngram:K=0", "ngram:K=x", "dflash:K=0", "dflash::K=4", "ngram:/p"):
         with pytest.raises(ValueError, match="use none, ngram"):
             parse_drafter(bad)
 

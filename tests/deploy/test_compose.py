@@ -108,8 +108,8 @@ def test_number_of_engines_is_a_profile() -> None:
 
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_cpu_profile(how: str) -> None:
-    """COMPOSE_PROFILES=cpu (or --profile cpu): two CPU engines, the built-in model (no --model), n-gram
-    speculation, connecting to the frontend's engine port."""
+    """COMPOSE_PROFILES=cpu (or --profile cpu): two CPU engines, the built-in model (no --model), its DFlash
+    drafter, connecting to the frontend's engine port."""
     config = compose_config(COMPOSE_PROFILES="cpu") if how == "env" else compose_config("--profile", "cpu")
     services = active(config, {"cpu"})
     assert set(services) == ALWAYS | {"cpu-engine-0", "cpu-engine-1"}
@@ -117,7 +117,7 @@ def test_cpu_profile(how: str) -> None:
         engine = services[f"cpu-engine-{index}"]
         assert argv(engine)[:5] == ["openinfer-engine", "--device", "cpu", "--engine-index", str(index)]
         assert "--model" not in argv(engine) and "--gpu" not in argv(engine)
-        assert flag(engine, "--spec-method") == "ngram"
+        assert flag(engine, "--spec-method") == "dflash"
         assert flag(engine, "--frontend") == "tcp://frontend:5555"
         assert engine["build"]["dockerfile"] == "deploy/Dockerfile.cpu"
         assert "deploy" not in engine

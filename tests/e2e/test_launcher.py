@@ -21,9 +21,10 @@ def child_pids(pid: int) -> list[int]:
 
 
 def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
-    """With no model it serves the built-in tiny model; SIGTERM stops the frontend and both engines."""
+    """With no model it serves the built-in tiny model with its DFlash drafter (K=7); SIGTERM stops the
+    frontend and both engines."""
     port, engine_port = free_port(), free_port_pair()
-    env = dict(os.environ, OPENINFER_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
     serve = subprocess.Popen(
         [
@@ -80,4 +81,6 @@ def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
             except ProcessLookupError:
                 pass
         log.close()
-    assert "openinfer is serving openinfer-tiny-qwen3" in (tmp_path / "serve.log").read_text()
+    log_text = (tmp_path / "serve.log").read_text()
+    assert "openinfer is serving openinfer-tiny-qwen3" in log_text
+    assert "speculative decoding: dflash K=7" in log_text

@@ -1,0 +1,121 @@
+"""The built-in pair (a trained tiny Qwen3 and its DFlash drafter, shipped as package data): the documented
+architecture, a fast load, and lossless speculation at temperature 0 with real acceptance."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from openinfer.engine_core.builtin_model import (
+    BUILTIN_NUM_SPEC_TOKENS,
+    builtin_drafter_folder,
+    builtin_target_folder,
+)
+from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
+from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig
+from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
+from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
+from openinfer.engine_core.tiny_model import TINY_QWEN3_CONFIG
+from openinfer.protocol import SpecDecodeCounters
+from tests.engine_core.test_greedy_parity import assert_hf_greedy, generate
+from tests.engine_core.test_spec_decode import read_log
+
+K = BUILTIN_NUM_SPEC_TOKENS
+MAX_TOKENS = 48
+# Shakespeare-like prompts, as the bench's tinyshakespeare workload sends (the model was trained on it).
+PROMPTS = [
+    "ROMEO:",
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n",
+    "KING RICHARD III:\nNow is the winter of our discontent\nMade glorious summer by this sun of York;",
+    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name;",
+    "DUKE VINCENTIO:\nMy lord, I will",
+    "Second Servingman:\nWhat, what, what? Ha!",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    tokenizer = Tokenizer.from_file(str(builtin_target_folder() / "tokenizer.json"))
+    return [tokenizer.encode(text).ids for text in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def baseline(prompts: list[list[int]]) -> list[list[int]]:
+    return generate(make_core(), prompts, MAX_TOKENS)
+
+
+def make_core(**overrides: object) -> EngineCore:
+    config = EngineConfig(model_path=builtin_target_folder(), served_model_name="builtin", **overrides)  # type: ignore[arg-type]
+    return EngineCore(config)
+
+
+def test_architecture_and_files() -> None:
+    """The target has TINY_QWEN3_CONFIG's architecture and the built-in tokenizer; the drafter fits it, with
+    an 8-slot block in the anchor-slot layout (its config says so; K = 7 is what it was trained for) and a
+    mask token that is not a special token; each folder has its model card."""
+    target = ModelConfig.from_folder(builtin_target_folder())
+    sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    assert [getattr(target, name) for name in sizes] == [TINY_QWEN3_CONFIG[name] for name in sizes]
+    assert target.eos_token_ids == (0,) and target.tie_word_embeddings
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (builtin_target_folder() / name).read_bytes() == (
+            builtin_tokenizer_folder() / name
+        ).read_bytes()
+    drafter = DFlashConfig.from_folder(builtin_drafter_folder())
+    drafter.check_target(target)
+    assert (drafter.block_size, drafter.anchor) == (8, AnchorLayout.ANCHOR_SLOT) and drafter.max_drafts >= K
+    assert drafter.mask_token_id > 2  # not a special token: the chat template's tokens stay themselves
+    assert (builtin_target_folder() / "README.md").is_file() and (
+        builtin_drafter_folder() / "README.md"
+    ).is_file()
+
+
+def test_weights_are_small_and_load_fast() -> None:
+    """Both safetensors files together stay within 25 MB, and the engine loads the pair in under 2 s."""
+    files = [folder / "model.safetensors" for folder in (builtin_target_folder(), builtin_drafter_folder())]
+    assert sum(f.stat().st_size for f in files) <= 25 * 10**6
+    start = time.perf_counter()
+    runner = ModelRunner(builtin_target_folder(), torch.device("cpu"), num_kv_blocks=64)
+    DFlashDrafter(builtin_drafter_folder(), runner, K)
+    assert time.perf_counter() - start < 2.0
+
+
+def assert_log_is_the_counters(core: EngineCore, log: Path) -> SpecDecodeCounters:
+    assert core.spec is not None
+    from_log = SpecDecodeCounters.zero(K)
+    for line in read_log(log):
+        from_log.observe_draft(line["num_draft_tokens"], line["num_accepted"])
+    assert core.spec.counters == from_log
+    assert from_log.violation() is None
+    return from_log
+
+
+def test_dflash_is_lossless_with_real_acceptance(
+    prompts: list[list[int]], baseline: list[list[int]], tmp_path: Path
+) -> None:
+    """The built-in DFlash drafter (K=7) changes no token of a run without speculation, which is HF's
+    greedy output; and, being trained, it gets drafts accepted: at least 2 draft tokens per round on these
+    prompts (the issue's bar; ~3 is measured, see the drafter's model card)."""
+    log = tmp_path / "spec.jsonl"
+    core = make_core(speculative=DrafterSpec("dflash", K, builtin_drafter_folder()), spec_log=log)
+    outputs = generate(core, prompts, MAX_TOKENS)
+    assert outputs == baseline
+    assert_hf_greedy(builtin_target_folder(), prompts, outputs)
+    counters = assert_log_is_the_counters(core, log)
+    assert counters.num_accepted_tokens >= 2.0 * counters.num_drafts
+
+
+def test_ngram_is_lossless(prompts: list[list[int]], baseline: list[list[int]], tmp_path: Path) -> None:
+    """n-gram lookup (K=7) on the built-in target changes no token either."""
+    log = tmp_path / "spec.jsonl"
+    core = make_core(speculative=DrafterSpec("ngram", K), spec_log=log)
+    assert generate(core, prompts, MAX_TOKENS) == baseline
+    assert assert_log_is_the_counters(core, log).num_drafts > 0

@@ -1,0 +1,60 @@
+"""openinfer-serve's choices: the built-in model drafts with its DFlash drafter unless told otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
+from openinfer.engine_core.serve import engine_command, parse_args, resolve_builtin
+
+
+def engine_flags(*argv: str) -> list[str]:
+    args = parse_args(list(argv))
+    resolve_builtin(args)
+    return engine_command(args, 0)
+
+
+def flag(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+def test_no_arguments_serve_the_builtin_pair() -> None:
+    """No arguments: the built-in target as openinfer-tiny-qwen3 with the built-in DFlash drafter, K=7."""
+    command = engine_flags()
+    assert flag(command, "--model") == str(builtin_target_folder())
+    assert flag(command, "--served-model-name") == "openinfer-tiny-qwen3"
+    assert flag(command, "--spec-method") == "dflash"
+    assert flag(command, "--num-spec-tokens") == "7"
+    assert flag(command, "--draft-model") == str(builtin_drafter_folder())
+
+
+@pytest.mark.parametrize(
+    ("argv", "method", "k", "draft"),
+    [
+        (["--spec-method", "ngram"], "ngram", "7", None),  # K defaults to 7 for any drafter
+        (["--no-spec"], None, None, None),
+        (["--num-spec-tokens", "3"], "dflash", "3", str(builtin_drafter_folder())),
+        (["--spec-method", "dflash", "--draft-model", "/d"], "dflash", "7", "/d"),
+        (["--model", "/m"], None, None, None),  # a model of one's own drafts only when asked
+        (["--model", "/m", "--spec-method", "ngram"], "ngram", "7", None),
+    ],
+)
+def test_switches(argv: list[str], method: str | None, k: str | None, draft: str | None) -> None:
+    """--spec-method ngram and --no-spec switch the built-in drafter; --model assumes nothing."""
+    command = engine_flags(*argv)
+    assert (flag(command, "--spec-method"), flag(command, "--num-spec-tokens")) == (method, k)
+    assert flag(command, "--draft-model") == draft
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--no-spec", "--spec-method", "ngram"],
+        ["--no-spec", "--num-spec-tokens", "3"],
+        ["--model", "/m", "--draft-model", "/d"],
+    ],
+)
+def test_contradictions_are_refused(argv: list[str]) -> None:
+    """--no-spec with drafter flags, or drafter options with --model but no method, is a usage error."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)

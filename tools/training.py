@@ -1,0 +1,103 @@
+"""What the built-in model's two training scripts share: the tokenized dataset and its split, resumable
+checkpoints, the learning-rate schedule and the model card's header.
+
+Not part of the serving package: `tools/train_target.py` and `tools/train_dflash.py` import it as a sibling.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATASET = REPO_ROOT / ".." / "shared" / "datasets" / "tinyshakespeare.txt"
+BUILTIN_DIR = REPO_ROOT / "engine_core" / "builtin"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+VAL_FRACTION = 0.1  # the last tenth of the tokens is held out (nanoGPT's split of tinyshakespeare)
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    """The dataset as token ids, cut once into a training part and a held-out validation tail."""
+
+    train: torch.Tensor  # (num_train_tokens,) int64
+    val: torch.Tensor  # (num_val_tokens,) int64
+    num_chars: int  # characters in the text file
+
+    def windows(self, part: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+        """(len(starts), length) windows of `part` beginning at `starts`."""
+        return part[starts[:, None] + torch.arange(length)[None, :]]
+
+
+def builtin_tokenizer() -> Tokenizer:
+    """The committed byte-level BPE tokenizer (512 tokens), as the engine and the frontend load it."""
+    return Tokenizer.from_str((files("openinfer.engine_core") / "builtin" / "tokenizer.json").read_text())
+
+
+def load_split(dataset: Path, tokenizer: Tokenizer) -> TokenSplit:
+    """Tokenize the whole file and hold out its last VAL_FRACTION of tokens."""
+    if not dataset.is_file():
+        raise SystemExit(f"{dataset} not found: pass the tinyshakespeare text file as the first argument")
+    text = dataset.read_text(encoding="utf-8")
+    ids = torch.tensor(tokenizer.encode(text).ids, dtype=torch.int64)
+    cut = int(len(ids) * (1 - VAL_FRACTION))
+    return TokenSplit(train=ids[:cut], val=ids[cut:], num_chars=len(text))
+
+
+def copy_tokenizer(folder: Path) -> None:
+    """Put the built-in tokenizer files into a model folder (a Hugging Face folder carries its tokenizer)."""
+    for name in TOKENIZER_FILES:
+        (folder / name).write_bytes((files("openinfer.engine_core") / "builtin" / name).read_bytes())
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to `floor * peak` at `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_suffix(".tmp")
+    torch.save(state, temp)
+    os.replace(temp, path)
+
+
+def load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint at `path` if it was made with the same settings (`fingerprint`), else None; a
+    checkpoint of other settings is refused rather than silently mixed in."""
+    if not path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(path, weights_only=False)
+    if state["fingerprint"] != fingerprint:
+        raise SystemExit(
+            f"{path} was made with other settings ({state['fingerprint']}); remove it or use another "
+            "--work-dir"
+        )
+    return state
+
+
+def command_line() -> str:
+    """How this script was invoked, for the model card."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = script.relative_to(REPO_ROOT)
+    except ValueError:
+        shown = script
+    return shlex.join(["python", str(shown), *sys.argv[1:]])
+
+
+def format_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
