@@ -5,7 +5,7 @@ tools/train_target.py); the output folder is committed as package data.
         [--out-dir engine_core/builtin/dflash] [--work-dir runs/train_dflash] [--steps 1200] [--seed 0]
 
 1. Data: prompts cut from the training part of the text (the last tenth stays held out, as for the target),
-   continued greedily by the target (batched `generate`): the drafter learns the target's OWN greedy text,
+   continued greedily by the target (batched, over a KV cache): the drafter learns the target's OWN greedy text,
    which is what it must predict when serving at temperature 0. Prompt lengths vary (PROMPT_LENS); every
    sequence is SEQ_LEN tokens. The target's outputs of decoder layers --target-layer-ids at every position
    are the context features, computed once in float32.
@@ -67,7 +67,7 @@ from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
 
 SEQ_LEN = 192  # prompt + greedy continuation, every sequence
-PROMPT_LENS = (8, 32, 64, 96)  # generation batch i uses PROMPT_LENS[i % 4]: short chat-like to bench-like
+PROMPT_LENS = (8, 32, 64, 96)  # a quarter of the sequences each: short chat-like to bench-like prompts
 NUL_BYTE_TOKEN = "\u0100"  # byte-level BPE's symbol for the byte 0x00
 LAYOUTS = {  # for the model card
     AnchorLayout.MASK_SLOTS: (
