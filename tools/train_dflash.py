@@ -51,8 +51,8 @@ from training import (
     command_line,
     cosine_lr,
     format_minutes,
-    load_checkpoint,
     load_split,
+    resume,
     save_checkpoint,
 )
 from transformers import Qwen3ForCausalLM
@@ -470,13 +470,7 @@ def main() -> None:
     slot_weights = torch.exp(-torch.arange(k, dtype=torch.float32) / args.loss_decay)  # (K,)
     slot_weights = slot_weights / slot_weights.sum()
     checkpoint_path = args.work_dir / "checkpoint.pt"
-    state = load_checkpoint(checkpoint_path, fingerprint)
-    start, elapsed, history = 0, 0.0, []
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed, history = state["step"], state["elapsed"], state["history"]
-        print(f"resuming from {checkpoint_path} at step {start}")
+    start, elapsed, history = resume(checkpoint_path, fingerprint, model, optimizer)
 
     model.train()
     began = time.monotonic() - elapsed

@@ -35,8 +35,8 @@ from training import (
     copy_tokenizer,
     cosine_lr,
     format_minutes,
-    load_checkpoint,
     load_split,
+    resume,
     save_checkpoint,
 )
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -122,13 +122,7 @@ def main() -> None:
         betas=(0.9, 0.95),
     )
     checkpoint_path = args.work_dir / "checkpoint.pt"
-    state = load_checkpoint(checkpoint_path, fingerprint)
-    start, elapsed, history = 0, 0.0, []
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed, history = state["step"], state["elapsed"], state["history"]
-        print(f"resuming from {checkpoint_path} at step {start}")
+    start, elapsed, history = resume(checkpoint_path, fingerprint, model, optimizer)
 
     model.train()
     began = time.monotonic() - elapsed

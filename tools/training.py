@@ -89,6 +89,19 @@ def load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] |
     return state
 
 
+def resume(
+    path: Path, fingerprint: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[int, float, list[dict[str, Any]]]:
+    """Load model and optimizer from the run's checkpoint when there is one: (step, seconds spent, history)."""
+    state = load_checkpoint(path, fingerprint)
+    if state is None:
+        return 0, 0.0, []
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    print(f"resuming from {path} at step {state['step']}")
+    return state["step"], state["elapsed"], state["history"]
+
+
 def command_line() -> str:
     """How this script was invoked, for the model card."""
     script = Path(sys.argv[0]).resolve()
