@@ -198,13 +198,10 @@ class EngineCore:
     def _execute(self, scheduled: list[ScheduledRequest]) -> tuple[Tensor, Tensor | None]:
         """Run the model: logits at each sampling request's last token and its draft tokens; aux hidden
         states at every token when the drafter reads them."""
-        chunks = []
-        for s in scheduled:
-            request, start = s.request, s.request.num_computed_tokens
-            token_ids = request.all_token_ids[start : start + s.num_new_tokens] + request.spec_token_ids
-            chunks.append(
-                SeqChunk(token_ids, start, request.block_ids, 1 + s.num_spec_tokens if s.samples else 0)
-            )
+        chunks = [
+            SeqChunk(s.token_ids, s.start, s.request.block_ids, 1 + s.num_spec_tokens if s.samples else 0)
+            for s in scheduled
+        ]
         aux_layer_ids = self.spec.drafter.aux_layer_ids if self.spec is not None else ()
         if aux_layer_ids:
             return self.runner.execute_with_aux(chunks, aux_layer_ids)
@@ -214,21 +211,22 @@ class EngineCore:
         self, scheduled: list[ScheduledRequest], logits: Tensor, aux: Tensor | None
     ) -> list[EngineCoreOutput]:
         """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter."""
-        samplers = [s.request for s in scheduled if s.samples]
+        sampling = [s for s in scheduled if s.samples]
+        samplers = [s.request for s in sampling]
         sampled = verify(
             logits,
-            [r.spec_token_ids for r in samplers],
+            [list(s.spec_token_ids) for s in sampling],
             [r.temperature for r in samplers],
             [r.top_k for r in samplers],
             [r.sampling_params.top_p for r in samplers],
             [r.generator or self.generator for r in samplers],
         )
-        appended = iter(zip(sampled, self._logprobs(logits, samplers, sampled), strict=True))
+        appended = iter(zip(sampled, self._logprobs(logits, sampling, sampled), strict=True))
         outputs = []
         context: list[ContextUpdate] = []
         row = 0  # first row of this request's tokens in aux
         for s in scheduled:
-            request, start = s.request, s.request.num_computed_tokens
+            request, start = s.request, s.start
             if start == 0 and self.spec is not None:
                 request.drafter_generation = self.spec.generation  # its whole context goes to this drafter
             num_valid = s.num_new_tokens  # tokens whose KV is now valid
@@ -256,7 +254,7 @@ class EngineCore:
 
     @staticmethod
     def _logprobs(
-        logits: Tensor, samplers: list[Request], sampled: list[list[int]]
+        logits: Tensor, sampling: list[ScheduledRequest], sampled: list[list[int]]
     ) -> list[list[TokenLogprobs] | None]:
         """Per sampling request, the logprobs of the tokens it sampled (None where it did not ask for them).
 
@@ -266,19 +264,19 @@ class EngineCore:
         rows: list[int] = []
         token_ids: list[int] = []
         start = 0
-        for request, tokens in zip(samplers, sampled, strict=True):
-            if request.sampling_params.logprobs is not None:
+        for s, tokens in zip(sampling, sampled, strict=True):
+            if s.request.sampling_params.logprobs is not None:
                 rows.extend(range(start, start + len(tokens)))
                 token_ids.extend(tokens)
-            start += len(request.spec_token_ids) + 1
+            start += s.num_spec_tokens + 1
         if not rows:
-            return [None] * len(samplers)
-        num_top = max(r.sampling_params.logprobs or 0 for r in samplers)
+            return [None] * len(sampling)
+        num_top = max(s.request.sampling_params.logprobs or 0 for s in sampling)
         computed = token_logprobs(logits, rows, token_ids, num_top)
         out: list[list[TokenLogprobs] | None] = []
         i = 0  # index into computed
-        for request, tokens in zip(samplers, sampled, strict=True):
-            k = request.sampling_params.logprobs
+        for s, tokens in zip(sampling, sampled, strict=True):
+            k = s.request.sampling_params.logprobs
             if k is None:
                 out.append(None)
                 continue

@@ -11,21 +11,39 @@ from openinfer.engine_core.request import Request, RequestStatus
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """This step runs ``num_new_tokens`` of ``request.all_token_ids``, from ``num_computed_tokens`` on."""
+    """What the scheduler decided for one request this step, fixed when it was decided.
+
+    The step reads these facts, never the request's counters: by the time drafts are proposed, the update
+    has already moved ``num_computed_tokens`` and appended tokens, so re-deriving "did this step sample?"
+    from the request gives the wrong answer (it did for every prefill, which then never drafted).
+    """
 
     request: Request
-    num_new_tokens: int
-    # the request's draft tokens verified this step, run after its new tokens (only when samples)
-    num_spec_tokens: int = 0
+    start: int  # request.num_computed_tokens when scheduled: the position of the first token run
+    num_new_tokens: int  # tokens of request.all_token_ids run from `start` on
+    spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
+    samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
+
+    @classmethod
+    def of(cls, request: Request, num_new_tokens: int) -> ScheduledRequest:
+        """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
+        samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
+        drafts = tuple(request.spec_token_ids) if samples else ()
+        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples)
 
     @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the request's tokens, so the next token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    def num_spec_tokens(self) -> int:
+        return len(self.spec_token_ids)
 
     @property
     def num_scheduled_tokens(self) -> int:
         return self.num_new_tokens + self.num_spec_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens run this step: the new ones, then the drafts."""
+        new = self.request.all_token_ids[self.start : self.start + self.num_new_tokens]
+        return new + list(self.spec_token_ids)
 
 
 @dataclass(frozen=True)
@@ -74,7 +92,7 @@ class Scheduler:
             del request.spec_token_ids[budget - num_new :]
             num_spec = len(request.spec_token_ids)
             if self._allocate_or_preempt(request, num_new + num_spec, preempted):
-                scheduled.append(ScheduledRequest(request, num_new, num_spec))
+                scheduled.append(ScheduledRequest.of(request, num_new))
                 budget -= num_new + num_spec
                 i += 1
             # else: request itself was preempted and was the last running one
@@ -88,7 +106,7 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append(ScheduledRequest(request, num_new))
+            scheduled.append(ScheduledRequest.of(request, num_new))
             budget -= num_new
         return SchedulerOutput(scheduled, preempted)
 

@@ -35,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--device", choices=["cpu", "cuda"], default="cpu", help="cpu, or cuda: engine i runs on GPU i"
     )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV cache of every engine (auto: float32 on the CPU, bfloat16 on CUDA)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -109,6 +115,8 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
         f"tcp://127.0.0.1:{args.engine_port}",
         "--kv-cache-gb",
         str(args.kv_cache_gb),
+        "--dtype",
+        args.dtype,
         "--log-level",
         args.log_level,
     ]

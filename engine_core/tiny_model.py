@@ -3,6 +3,7 @@ architecture of the built-in model, which is trained (tools/train_target.py; see
 
 from __future__ import annotations
 
+import json
 from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
@@ -38,11 +39,17 @@ def make_tiny_checkpoint(
     tie_word_embeddings: bool = True,
     init_std: float = 0.2,
     overrides: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.float32,
+    num_shards: int = 1,
 ) -> Path:
     """Write a random Qwen3 checkpoint (config.json, generation_config.json, model.safetensors) into
     `folder`, plus the built-in tokenizer files when the package has them. The same arguments always give
     the same weights: every matrix is drawn from N(0, init_std) by a generator seeded with `seed`, every
-    norm weight is 1. init_std is wide on purpose, so that a random model's greedy output varies."""
+    norm weight is 1. init_std is wide on purpose, so that a random model's greedy output varies.
+
+    The weights are drawn in float32 and saved in `dtype` (config.json says which). `num_shards` > 1
+    splits them, in checkpoint order, into that many `model-0000i-of-0000n.safetensors` files of about
+    equal size with a `model.safetensors.index.json`, the layout of Hugging Face's larger checkpoints."""
     from transformers import Qwen3Config
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
 
@@ -50,18 +57,53 @@ def make_tiny_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     kwargs = {**TINY_QWEN3_CONFIG, "tie_word_embeddings": tie_word_embeddings, "initializer_range": init_std}
     config = Qwen3Config(**{**kwargs, **(overrides or {})})
-    with torch.random.fork_rng(devices=[]):  # transformers' own init must not move the global RNG
+    # Built on the meta device: transformers' own init (seconds at real widths, and draws from the global
+    # RNG) is skipped, since every parameter is written below.
+    with torch.device("meta"):
         model = HFQwen3ForCausalLM(config)
+    model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gave every parameter new storage: a tied head shares the embedding again
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights are listed once
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
-                param.copy_(torch.randn(param.shape, generator=generator) * init_std)
+                param.normal_(0.0, init_std, generator=generator)  # = randn(shape) * init_std
+            param.data = param.data.to(dtype)  # drawn in float32, saved in dtype
     model.save_pretrained(folder)
+    if num_shards > 1:
+        _shard(folder, num_shards)
     for name in _TOKENIZER_FILES:
         source = files("openinfer.engine_core") / "builtin" / name
         if source.is_file():
             (folder / name).write_bytes(source.read_bytes())
     return folder
+
+
+def _shard(folder: Path, num_shards: int) -> None:
+    """Split folder/model.safetensors into `num_shards` files plus the index that names each tensor's."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    if len(tensors) < num_shards:
+        raise ValueError(f"{len(tensors)} tensors cannot fill {num_shards} shards")
+    total_size = sum(t.nbytes for t in tensors.values())
+    names = list(tensors)
+    shards: list[list[str]] = [[] for _ in range(num_shards)]
+    k, written = 0, 0  # the shard being filled; bytes placed so far
+    for i, name in enumerate(names):
+        full = written * num_shards >= (k + 1) * total_size  # shard k holds its 1/n of the bytes
+        must_move = len(names) - i == num_shards - 1 - k  # one tensor left for each later shard
+        if shards[k] and k < num_shards - 1 and (full or must_move):
+            k += 1
+        shards[k].append(name)
+        written += tensors[name].nbytes
+    weight_map = {}
+    for number, shard in enumerate(shards, start=1):
+        file = f"model-{number:05d}-of-{num_shards:05d}.safetensors"
+        save_file({name: tensors[name] for name in shard}, folder / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (folder / "model.safetensors").unlink()

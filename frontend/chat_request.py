@@ -53,13 +53,18 @@ class ChatRequest:
         if source is None:
             raise invalid_request(
                 f"the model `{model.name}` has no chat template (no `chat_template` in its "
-                "tokenizer_config.json), so it cannot take chat messages: use /v1/completions with a prompt",
+                "tokenizer_config.json and no chat_template.jinja), so it cannot take chat messages: use "
+                "/v1/completions with a prompt",
                 param="messages",
             )
         try:
             template = compile_chat_template(source)
         except ChatTemplateError as e:
-            raise ApiError(500, f"{e}; fix the model's tokenizer_config.json", type_="server_error") from None
+            raise ApiError(
+                500,
+                f"{e}; fix the model's chat template (tokenizer_config.json or chat_template.jinja)",
+                type_="server_error",
+            ) from None
         try:
             prompt = template.render(
                 self.messages,

@@ -43,6 +43,8 @@ class Tokenizer:
         self._added_token_ids = frozenset(added)  # their text is literal, not byte-level encoded
         self._token_texts: dict[int, str] = {}  # token_text's cache: at most one entry per vocabulary id
         self._byte_level = _is_byte_level(tokenizer_json)
+        # Ids below this may have a token, no other does (the highest id + 1: added tokens may leave gaps).
+        self._num_ids = max(self._tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
     def vocab_size(self) -> int:
@@ -64,20 +66,26 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str:
         """One token's text on its own, special tokens included (how logprobs name tokens, as vLLM does);
-        a token that holds part of a character's bytes reads as U+FFFD."""
+        a token that holds part of a character's bytes reads as U+FFFD, an id the tokenizer lacks as ""."""
         text = self._token_texts.get(token_id)
         if text is None:
             text = self._token_texts[token_id] = self.decode([token_id], skip_special_tokens=False)
         return text
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """The text of ``token_ids``; bytes that do not form a whole character decode to U+FFFD."""
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        """The text of ``token_ids``; bytes that do not form a whole character decode to U+FFFD.
+
+        An id the tokenizer lacks decodes as "" (vLLM's rule): a model may have more embedding rows than
+        its tokenizer has tokens (Qwen3: 151,936 and 151,669), and a sampled padding row is no error.
+        """
+        size = self._num_ids
+        ids = [t for t in token_ids if 0 <= t < size]
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         """One token's own bytes (OpenAI's logprobs ``bytes``): exact for byte-level BPE vocabularies, where
         a token may hold part of a character; the UTF-8 of :meth:`token_text` otherwise."""
-        piece = self._tokenizer.id_to_token(token_id)
+        piece = self._tokenizer.id_to_token(token_id) if 0 <= token_id < self._num_ids else None
         if self._byte_level and piece is not None and token_id not in self._added_token_ids:
             try:
                 return bytes(_BYTE_OF_CHAR[char] for char in piece)

@@ -13,8 +13,8 @@ Learned from z-lab/dflash (`dflash/model.py`, `model/dflash.py`), cross-checked 
   `hidden_norm`, `norm`. No embedding, no LM head: the target's embedding and head serve the block.
 - `target_layer_ids` are 0-based decoder layers; a layer's feature is its output, transformers'
   `hidden_states[i + 1]` (z-lab's `extract_context_feature` adds 1; SGLang, which captures layer inputs,
-  adds 1 too). That is `Qwen3ForCausalLM.forward_with_aux(aux_layer_ids=target_layer_ids)`, except for the
-  last layer, whose transformers entry comes after the final norm: a checkpoint naming it is refused.
+  adds 1 too). That is `Qwen3ForCausalLM.forward_with_aux(aux_layer_ids=target_layer_ids)`, which gives
+  the last layer's entry after the final norm, as transformers does.
 - Context: the chosen layers' features are concatenated in `target_layer_ids` order, then
   f = hidden_norm(fc(x)). Every draft layer takes the same f (no input_layernorm on it): keys
   RoPE(k_norm(k_proj(f))) at the context token's own position, values v_proj(f). They come before the block's
@@ -26,8 +26,13 @@ Learned from z-lab/dflash (`dflash/model.py`, `model/dflash.py`), cross-checked 
   configs carry no key for this; vLLM and SGLang read `dflash_config.sample_from_anchor` (absent/false = this
   layout). True is DSpark's layout: slot 0 still holds the current token, but slot i drafts position p+i+1
   (K <= block_size); vLLM's DFlash path refuses it. See `AnchorLayout` for how the layout is decided here.
-- Refused: causal or sliding-window draft layers, DFlash2's conv/selector extras. `output_multiplier` and
-  `final_logit_softcapping` (DFlash2) are monotone and do not change a greedy argmax; they are not applied.
+- Block length: z-lab's `dflash_generate(block_size=n)` verifies n tokens a round, the current one and
+  n - 1 drafts, cut to the tokens left at the end of a request; K drafts are its n = K + 1
+  (`DFlashDrafter.block_length`).
+- Optional keys, read as z-lab reads them (`dflash_config` first): `input_embedding_scale` (block embeddings),
+  `output_multiplier` and `final_logit_softcapping` (draft logits), `num_target_layers` (checked against
+  the target; with no `target_layer_ids`, z-lab's default layers for it), `block_size` (16 when absent).
+- Refused: causal or sliding-window draft layers, DFlash2's conv/selector extras.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from openinfer.kernels.attention import write_kv_cache
 
 _ZLAB_ARCHITECTURE = "DFlashDraftModel"
 _UNSUPPORTED_EXTRAS = ("conv_kernel_size", "selector_rank", "projector_type")  # DFlash2 / Domino drafters
+_ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
 
 
 class AnchorLayout(enum.Enum):
@@ -89,6 +95,8 @@ class DFlashConfig:
     num_target_layers: int | None  # decoder layers of the target it was trained for, when the config says
     anchor: AnchorLayout  # which block slots carry the drafts
     input_embedding_scale: float  # multiplies the target's embeddings of the block tokens (1 in z-lab's)
+    output_multiplier: float = 1.0  # multiplies the draft logits (z-lab's compute_logits; 1 when absent)
+    final_logit_softcapping: float | None = None  # logits -> tanh(logits / c) * c when set and > 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.anchor.max_drafts(self.block_size) < 1:
@@ -103,6 +111,10 @@ class DFlashConfig:
             raise ValueError(
                 f"dflash: target_layer_ids {self.target_layer_ids} name a layer past num_target_layers "
                 f"({self.num_target_layers})"
+            )
+        if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
+            raise ValueError(
+                f"dflash: final_logit_softcapping must be > 0 or absent, got {self.final_logit_softcapping}"
             )
         if not 0 <= self.mask_token_id < self.layers.vocab_size:
             raise ValueError(
@@ -150,23 +162,30 @@ class DFlashConfig:
             raise ValueError("causal DFlash draft layers are not supported (the block must be non-causal)")
         if "sliding_attention" in (config.get("layer_types") or []):
             raise ValueError("sliding-window DFlash draft layers are not supported")
-        for key in ("block_size", "mask_token_id", "target_layer_ids"):
-            if value(key) is None:
-                raise ValueError(f"the config has no {key!r} (in dflash_config or at the top level)")
-        layer_ids = value("target_layer_ids")
-        if not isinstance(layer_ids, list) or not all(isinstance(i, int) for i in layer_ids):
-            raise ValueError(f"target_layer_ids must be a list of integers, got {layer_ids!r}")
+        if value("mask_token_id") is None:
+            raise ValueError("the config has no 'mask_token_id' (in dflash_config or at the top level)")
         layers = ModelConfig.from_dict(config)
         num_target_layers = value("num_target_layers")
+        layer_ids = value("target_layer_ids")
+        if layer_ids is None:  # z-lab's default: spread over the target's layers
+            if num_target_layers is None:
+                raise ValueError("the config has neither 'target_layer_ids' nor 'num_target_layers'")
+            layer_ids = list(zlab_target_layer_ids(int(num_target_layers), layers.num_hidden_layers))
+        if not isinstance(layer_ids, list) or not all(isinstance(i, int) for i in layer_ids):
+            raise ValueError(f"target_layer_ids must be a list of integers, got {layer_ids!r}")
+        softcap = value("final_logit_softcapping")
         return cls(
             layers=layers,
-            block_size=int(value("block_size")),
+            block_size=int(value("block_size") or _ZLAB_BLOCK_SIZE),
             mask_token_id=int(value("mask_token_id")),
             target_layer_ids=tuple(layer_ids),
             target_hidden_size=int(value("target_hidden_size") or layers.hidden_size),
             num_target_layers=None if num_target_layers is None else int(num_target_layers),
             anchor=_anchor_layout(config, value("sample_from_anchor"), anchor),
-            input_embedding_scale=float(value("input_embedding_scale") or 1.0),
+            input_embedding_scale=float(_number(value("input_embedding_scale"), 1.0)),
+            output_multiplier=float(_number(value("output_multiplier"), 1.0)),
+            # z-lab applies the soft-cap only when it is set and > 0
+            final_logit_softcapping=float(softcap) if softcap is not None and float(softcap) > 0 else None,
         )
 
     def check_target(self, target: ModelConfig) -> None:
@@ -183,15 +202,29 @@ class DFlashConfig:
                 f"it was trained on a {self.num_target_layers}-layer target, this one has "
                 f"{target.num_hidden_layers}"
             )
-        if max(self.target_layer_ids) >= target.num_hidden_layers - 1:
+        if max(self.target_layer_ids) >= target.num_hidden_layers:
             problems.append(
-                f"target_layer_ids {self.target_layer_ids} must stay below the target's last layer "
-                f"({target.num_hidden_layers - 1}), whose transformers hidden state follows the final norm"
+                f"target_layer_ids {self.target_layer_ids} name a layer the target lacks: it has "
+                f"{target.num_hidden_layers} (ids 0..{target.num_hidden_layers - 1})"
             )
         if self.mask_token_id >= target.vocab_size:
             problems.append(f"mask_token_id {self.mask_token_id} is past the target's vocabulary")
         if problems:
             raise ValueError("this DFlash drafter does not fit the target model: " + "; ".join(problems))
+
+
+def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """z-lab's default target layers: the middle one for one draft layer, else evenly from layer 1 to n - 3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+def _number(value: Any, default: float) -> Any:
+    """A config number, `default` when the key is absent or null."""
+    return default if value is None else value
 
 
 def _anchor_layout(config: dict[str, Any], stated: Any, chosen: AnchorLayout | None) -> AnchorLayout:
@@ -354,10 +387,7 @@ class DFlashDraftModel(nn.Module):
                     "fc, hidden_norm and norm (it shares the target's embedding and LM head)"
                 )
             if param.shape != tensor.shape:
-                raise ValueError(
-                    f"{folder}: tensor {name!r} has shape {tuple(tensor.shape)}, the config says "
-                    f"{tuple(param.shape)}"
-                )
+                raise ValueError(f"{folder}: {self._shape_problem(name, tuple(tensor.shape))}")
             with torch.no_grad():
                 param.copy_(tensor)
             loaded.add(name)
@@ -366,3 +396,15 @@ class DFlashDraftModel(nn.Module):
             raise ValueError(
                 f"{folder}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}"
             )
+
+    def _shape_problem(self, name: str, shape: tuple[int, ...]) -> str:
+        """Why tensor `name` of `shape` does not fit, naming the config fields that set its shape."""
+        expected = tuple(self.get_parameter(name).shape)
+        if name == "fc.weight" and len(shape) == 2:
+            config = self.config
+            return (
+                f"fc.weight has shape {shape}: {shape[1]} inputs, but the config's target_layer_ids "
+                f"{list(config.target_layer_ids)} ({len(config.target_layer_ids)} layers) x target_hidden_size "
+                f"{config.target_hidden_size} make {expected[1]}, and hidden_size {expected[0]} its outputs"
+            )
+        return f"tensor {name!r} has shape {shape}, the config says {expected}"

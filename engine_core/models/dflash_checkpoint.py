@@ -10,7 +10,12 @@ import torch
 from safetensors.torch import save_file
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig, DFlashDraftModel
+from openinfer.engine_core.models.dflash import (
+    AnchorLayout,
+    DFlashConfig,
+    DFlashDraftModel,
+    zlab_target_layer_ids,
+)
 
 
 def make_tiny_dflash_checkpoint(
@@ -65,7 +70,7 @@ def dflash_checkpoint_config(
 ) -> dict[str, Any]:
     """The config.json of a z-lab DFlash drafter with num_layers layers of `target`'s sizes (the defaults are
     `make_tiny_dflash_checkpoint`'s)."""
-    layer_ids = target_layer_ids or _zlab_target_layer_ids(target.num_hidden_layers, num_layers)
+    layer_ids = target_layer_ids or zlab_target_layer_ids(target.num_hidden_layers, num_layers)
     dflash_config: dict[str, Any] = {
         "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
         "target_layer_ids": list(layer_ids),
@@ -105,12 +110,3 @@ def write_dflash_checkpoint(
     contiguous = {name: t.detach().to(torch.float32).contiguous() for name, t in tensors.items()}
     save_file(contiguous, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
-
-
-def _zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """z-lab's default: the middle layer for one draft layer, else evenly spaced from layer 1 to n - 3."""
-    if num_draft_layers == 1:
-        return (num_target_layers // 2,)
-    start, end = 1, max(1, num_target_layers - 3)
-    span = end - start
-    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))

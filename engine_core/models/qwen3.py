@@ -217,7 +217,10 @@ class Qwen3Model(nn.Module):
             hidden = layer(hidden, cos, sin, kv_cache, attn)
             if i in aux_layer_ids:
                 aux[i] = hidden
-        return self.norm(hidden), [aux[i] for i in aux_layer_ids]
+        hidden = self.norm(hidden)
+        if len(self.layers) - 1 in aux:  # transformers' last hidden state is taken after the final norm
+            aux[len(self.layers) - 1] = hidden
+        return hidden, [aux[i] for i in aux_layer_ids]
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -253,8 +256,8 @@ class Qwen3ForCausalLM(nn.Module):
         aux_layer_ids: Sequence[int],
     ) -> tuple[Tensor, list[Tensor]]:
         """Like `forward`, also returning the output of each decoder layer in `aux_layer_ids` (0-based,
-        each (num_tokens, hidden_size), before the final norm: transformers' `hidden_states[i + 1]` for
-        every layer but the last, whose transformers entry is taken after the final norm)."""
+        each (num_tokens, hidden_size)): transformers' `hidden_states[i + 1]`, which is the layer's output
+        for every layer but the last, and the final norm's output for the last."""
         for i in aux_layer_ids:
             if not 0 <= i < self.config.num_hidden_layers:
                 raise ValueError(

@@ -90,20 +90,45 @@ class DFlashDrafter:
             self.context_caches,
         )
 
+    def block_length(self, query: DraftQuery) -> int:
+        """Slots of the query's draft block: the current token, then a mask token per draft asked for and one
+        more (z-lab's `dflash_generate` verifies a block of K + 1 tokens, cut at the end of the request to
+        the tokens left to generate, the last of which needs no draft); never more than the checkpoint's
+        block_size. So K < block_size - 1 drafts from a block of K + 1 slots, as the reference does when it
+        is given block_size K + 1."""
+        return min(self.num_spec_tokens + 1, query.max_drafts + 2, self.config.block_size)
+
     @torch.inference_mode()
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
-        """Greedy drafts for every query (up to its max_drafts), in query order, from ONE batched forward.
-
-        Each block is the full draft block (current token, then mask tokens, at positions p..p+block_size-1,
-        as in training), so a draft never depends on how many drafts are asked for; attention is non-causal
-        inside the block and sees the request's context positions [0, p). The draft slots go through the
-        target's LM head and the argmax is taken."""
+        """Greedy drafts for every query (up to its max_drafts), in query order, from ONE batched forward:
+        the argmax of :meth:`draft_logits`."""
         drafts: list[list[int]] = [[] for _ in queries]
         active = [i for i, query in enumerate(queries) if self._check_query(query) > 0]
-        if not active:
-            return drafts
-        block_size, mask_id = self.config.block_size, self.config.mask_token_id
-        batch = [queries[i] for i in active]
+        if active:
+            logits = self._block_logits([queries[i] for i in active])  # (B, num_drafts, vocab)
+            for i, row in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+                drafts[i] = row[: queries[i].max_drafts]
+        return drafts
+
+    @torch.inference_mode()
+    def draft_logits(self, queries: list[DraftQuery]) -> list[Tensor]:
+        """Each query's draft logits, (max_drafts, vocab) float32, from the same forward `propose` runs."""
+        for query in queries:
+            self._check_query(query)
+        active = [q for q in queries if q.max_drafts > 0]
+        logits = iter(self._block_logits(active)) if active else iter(())
+        return [next(logits)[: q.max_drafts] if q.max_drafts > 0 else torch.empty(0) for q in queries]
+
+    def _block_logits(self, batch: list[DraftQuery]) -> Tensor:
+        """(B, max max_drafts, vocab) draft logits of a batch of queries that each want drafts.
+
+        Each block is the current token then mask tokens, at positions p..p+n-1 (n = `block_length`); blocks
+        shorter than the batch's longest are padded, the padding masked out as keys. Attention is non-causal
+        inside the block and sees the request's context positions [0, p). The draft slots go through
+        :meth:`compute_logits`."""
+        mask_id = self.config.mask_token_id
+        lengths = [self.block_length(q) for q in batch]
+        block_size = max(lengths)  # the padded block width of this batch
         token_ids = [[q.current_token] + [mask_id] * (block_size - 1) for q in batch]
         positions = [q.position + j for q in batch for j in range(block_size)]
         max_context = max(q.position for q in batch)
@@ -112,7 +137,8 @@ class DFlashDrafter:
 
         context_lens = torch.tensor([q.position for q in batch], device=self.device)  # (B,)
         context_mask = torch.arange(max_context, device=self.device)[None, :] < context_lens[:, None]
-        block_mask = torch.ones(len(batch), block_size, dtype=torch.bool, device=self.device)
+        block_lens = torch.tensor(lengths, device=self.device)  # (B,)
+        block_mask = torch.arange(block_size, device=self.device)[None, :] < block_lens[:, None]
         context = BlockContext(
             block_tables=torch.tensor(tables, dtype=torch.int64, device=self.device).view(len(batch), width),
             key_mask=torch.cat((context_mask, block_mask), dim=1),  # (B, max_context + block_size)
@@ -133,11 +159,17 @@ class DFlashDrafter:
         num_drafts = max(q.max_drafts for q in batch)
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
-        logits = self._target.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
-        tokens = logits.argmax(dim=-1).view(len(batch), num_drafts).tolist()
-        for i, row in zip(active, tokens, strict=True):
-            drafts[i] = row[: queries[i].max_drafts]
-        return drafts
+        logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
+        return logits.view(len(batch), num_drafts, -1)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """(n, hidden) final draft hidden states -> (n, vocab) float32 logits: the target's LM head, then the
+        checkpoint's `output_multiplier` and `final_logit_softcapping` (z-lab's `compute_logits`)."""
+        logits = self._target.compute_logits(hidden) * self.config.output_multiplier
+        softcap = self.config.final_logit_softcapping
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
 
     def _check_query(self, query: DraftQuery) -> int:
         """The query's max_drafts, after refusing what cannot be served."""

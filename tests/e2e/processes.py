@@ -72,6 +72,29 @@ class Cluster:
             ],
         )
 
+    def start_serve(self, model: Path, *extra: str) -> subprocess.Popen[bytes]:
+        """``openinfer-serve`` with one CPU engine serving ``model`` as "tiny", its frontend on this cluster's
+        ports (SIGTERM in :meth:`stop` ends its children too)."""
+        return self._spawn(
+            "serve",
+            [
+                "openinfer.engine_core.serve",
+                "--model",
+                str(model),
+                "--served-model-name",
+                "tiny",
+                "--host",
+                HOST,
+                "--port",
+                str(self.http_port),
+                "--engine-port",
+                str(self.engine_port),
+                "--kv-cache-gb",
+                "0.05",
+                *extra,
+            ],
+        )
+
     def start_fake_engine(self, index: int = 0, *extra: str) -> subprocess.Popen[bytes]:
         """An engine with ``--fake-model`` (no weights: a 32-token cycle), served as "fake"."""
         return self._spawn(

@@ -82,32 +82,33 @@ def reference_drafts(
     token: int,
     anchor: AnchorLayout,
     k: int,
+    block: int = BLOCK,
 ) -> list[int]:
     """z-lab's draft step for one request: context (p, WIDTH) aux hidden at positions 0..p-1, the current
-    token at p, a full non-causal block of BLOCK slots, greedy drafts from the layout's slots."""
+    token at p, a non-causal block of `block` slots, greedy drafts from the layout's slots."""
     p, heads, kv_heads, dim = context.shape[0], 4, 2, 16
     features = rms(context @ w["fc.weight"].T, w["hidden_norm.weight"])  # (p, 64)
-    x = embed[torch.tensor([token] + [SMALL["vocab_size"] - 1] * (BLOCK - 1))]  # (BLOCK, 64); mask = last id
-    all_pos = torch.arange(p + BLOCK)
+    x = embed[torch.tensor([token] + [SMALL["vocab_size"] - 1] * (block - 1))]  # (block, 64); mask = last id
+    all_pos = torch.arange(p + block)
     for i in range(2):
         pre = f"layers.{i}."
         h = rms(x, w[pre + "input_layernorm.weight"])
         q = rms(
-            (h @ w[pre + "self_attn.q_proj.weight"].T).view(BLOCK, heads, dim),
+            (h @ w[pre + "self_attn.q_proj.weight"].T).view(block, heads, dim),
             w[pre + "self_attn.q_norm.weight"],
         )
         kv_in = torch.cat((features, h))  # context keys/values first, then the block's
-        keys = (kv_in @ w[pre + "self_attn.k_proj.weight"].T).view(p + BLOCK, kv_heads, dim)
+        keys = (kv_in @ w[pre + "self_attn.k_proj.weight"].T).view(p + block, kv_heads, dim)
         keys = rope(rms(keys, w[pre + "self_attn.k_norm.weight"]), all_pos).repeat_interleave(2, dim=1)
-        values = (kv_in @ w[pre + "self_attn.v_proj.weight"].T).view(p + BLOCK, kv_heads, dim)
+        values = (kv_in @ w[pre + "self_attn.v_proj.weight"].T).view(p + block, kv_heads, dim)
         q = rope(q, all_pos[p:])
         scores = torch.einsum("qhd,khd->hqk", q, keys) / math.sqrt(dim)  # no mask: non-causal, whole context
         out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values.repeat_interleave(2, dim=1))
-        x = x + out.reshape(BLOCK, heads * dim) @ w[pre + "self_attn.o_proj.weight"].T
+        x = x + out.reshape(block, heads * dim) @ w[pre + "self_attn.o_proj.weight"].T
         h = rms(x, w[pre + "post_attention_layernorm.weight"])
         mlp = F.silu(h @ w[pre + "mlp.gate_proj.weight"].T) * (h @ w[pre + "mlp.up_proj.weight"].T)
         x = x + mlp @ w[pre + "mlp.down_proj.weight"].T
-    logits = rms(x, w["norm.weight"]) @ head.T  # (BLOCK, vocab)
+    logits = rms(x, w["norm.weight"]) @ head.T  # (block, vocab)
     first = 1 if anchor is AnchorLayout.MASK_SLOTS else 0
     return logits[first : first + k].argmax(-1).tolist()
 
@@ -138,8 +139,9 @@ def test_matches_reference_over_steps(
     anchor: AnchorLayout, target: Path, runner: ModelRunner, tmp_path: Path
 ) -> None:
     """Three requests (contexts of 5, 1 and 11 positions, scattered pages over a cache full of noise) extended
-    by different accepted counts over four steps: every batched proposal equals the whole-context reference,
-    and max_drafts trims without changing the drafts."""
+    by different accepted counts over four steps: every batched proposal equals the whole-context reference
+    run on that request's own block (K + 1 slots, or max_drafts + 2 where fewer drafts are asked for, as
+    z-lab's dflash_generate cuts its last block; never more than BLOCK), batched with blocks of other lengths."""
     k = 4
     drafter = DFlashDrafter(draft_checkpoint(tmp_path, target, anchor), runner, num_spec_tokens=k)
     assert drafter.aux_layer_ids == LAYER_IDS and drafter.config.anchor is anchor
@@ -173,7 +175,8 @@ def test_matches_reference_over_steps(
         ]
         got = drafter.propose(queries)
         for req, tok, m, drafts in zip(reqs, tokens, wanted, got, strict=True):
-            full = reference_drafts(weights, embed, head, req.hidden[: req.position], tok, anchor, k)
+            block = min(k + 1, m + 2, BLOCK)
+            full = reference_drafts(weights, embed, head, req.hidden[: req.position], tok, anchor, k, block)
             assert drafts == full[:m], f"step {step}, context {req.position}"
     assert len({tuple(d) for d in got}) > 1  # the requests really draft differently
 
@@ -243,12 +246,20 @@ def test_anchor_layout_is_read_from_config(target: Path, tmp_path: Path) -> None
 
 
 def test_refuses_a_target_it_does_not_fit(target: Path, runner: ModelRunner, tmp_path: Path) -> None:
-    """A drafter reading the target's last layer (post-norm in transformers), or made for a target of another
-    depth, is refused."""
+    """A drafter reading a layer the target lacks, or made for a target of another depth, is refused naming
+    the field; the target's last layer (transformers' post-norm hidden state) is served."""
+    assert DFlashDrafter(
+        make_tiny_dflash_checkpoint(tmp_path / "last", target, target_layer_ids=(0, 2)), runner, 3
+    ).aux_layer_ids == (0, 2)
     folder = make_tiny_dflash_checkpoint(tmp_path, target, target_layer_ids=(0, 2))
-    with pytest.raises(ValueError, match="must stay below the target's last layer"):
-        DFlashDrafter(folder, runner, num_spec_tokens=3)
     config = json.loads((folder / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [0, 3]
+    del config["num_target_layers"]  # (else the config alone is refused, see below)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match=r"target_layer_ids \(0, 3\) name a layer the target lacks: it has 3"
+    ):
+        DFlashDrafter(folder, runner, num_spec_tokens=3)
     config["dflash_config"]["target_layer_ids"] = [0]
     config["num_target_layers"] = 36
     (folder / "config.json").write_text(json.dumps(config))
@@ -272,3 +283,39 @@ def test_tiny_checkpoint_is_deterministic(target: Path, tmp_path: Path) -> None:
     weights = load_file(a / "model.safetensors")
     assert weights["fc.weight"].shape == (64, 64) and torch.equal(weights["norm.weight"], torch.ones(64))
     assert not any(name.startswith(("embed_tokens", "lm_head")) for name in weights)
+
+
+def test_refuses_fields_that_do_not_fit(target: Path, runner: ModelRunner, tmp_path: Path) -> None:
+    """An fc whose width disagrees with target_layer_ids, or layer ids past num_target_layers, is refused at
+    load with a message naming the config field."""
+    folder = make_tiny_dflash_checkpoint(tmp_path, target, target_layer_ids=(0, 1))
+    config = json.loads((folder / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [0, 1, 2]  # fc was written for two layers
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"fc.weight has shape \(64, 128\).*target_layer_ids \[0, 1, 2\]"):
+        DFlashDrafter(folder, runner, num_spec_tokens=3)
+    config["dflash_config"]["target_layer_ids"] = [0, 3]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match=r"target_layer_ids \(0, 3\) name a layer past num_target_layers \(3\)"
+    ):
+        DFlashConfig.from_folder(folder)
+
+
+def test_zlab_optional_keys(target: Path, tmp_path: Path) -> None:
+    """z-lab's optional keys are read where z-lab reads them (dflash_config first, then the top level):
+    scales, soft-cap (0 or absent: none), block_size 16 when absent, default layers from num_target_layers."""
+    folder = make_tiny_dflash_checkpoint(tmp_path, target)
+    config = json.loads((folder / "config.json").read_text())
+    del config["block_size"], config["dflash_config"]["target_layer_ids"]
+    config["dflash_config"].update(output_multiplier=2.0, final_logit_softcapping=0)
+    config["input_embedding_scale"] = 0.25
+    parsed = DFlashConfig.from_dict(config)
+    assert (parsed.block_size, parsed.target_layer_ids) == (16, (1,))  # one draft layer: the middle of 3
+    assert (parsed.input_embedding_scale, parsed.output_multiplier, parsed.final_logit_softcapping) == (
+        0.25,
+        2.0,
+        None,
+    )
+    config["final_logit_softcapping"], config["dflash_config"]["final_logit_softcapping"] = 30.0, 12.5
+    assert DFlashConfig.from_dict(config).final_logit_softcapping == 12.5

@@ -52,18 +52,22 @@ def generate(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> lis
     return [outputs[str(i)] for i in range(len(prompts))]
 
 
+@torch.inference_mode()
+def teacher_forced_logits(hf: Qwen3ForCausalLM, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """HF's logits, as float32 (len(output), vocab): row i is what HF predicts for output[i]."""
+    logits = hf(torch.tensor([prompt + output])).logits[0].float()  # (len(prompt) + len(output), vocab)
+    return logits[len(prompt) - 1 : len(prompt) - 1 + len(output)]
+
+
 def assert_hf_greedy(folder: Path, prompts: list[list[int]], outputs: list[list[int]]) -> None:
     """Teacher-forced: each produced token is HF's argmax at its position, or within NEAR_TIE of it."""
     hf = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        for prompt, output in zip(prompts, outputs, strict=True):
-            logits = hf(torch.tensor([prompt + output])).logits[0]  # (len, vocab)
-            for i, token in enumerate(output):
-                row = logits[len(prompt) - 1 + i]
-                gap = (row.max() - row[token]).item()
-                assert gap <= NEAR_TIE, (
-                    f"token {i} of a {len(prompt)}-token prompt: {token} is {gap} below argmax"
-                )
+    for prompt, output in zip(prompts, outputs, strict=True):
+        for i, (token, row) in enumerate(zip(output, teacher_forced_logits(hf, prompt, output), strict=True)):
+            gap = (row.max() - row[token]).item()
+            assert gap <= NEAR_TIE, (
+                f"token {i} of a {len(prompt)}-token prompt: {token} is {gap} below argmax"
+            )
 
 
 def make_core(folder: Path, **overrides: object) -> EngineCore:

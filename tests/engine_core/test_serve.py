@@ -58,3 +58,17 @@ def test_contradictions_are_refused(argv: list[str]) -> None:
     """--no-spec with drafter flags, or drafter options with --model but no method, is a usage error."""
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+@pytest.mark.parametrize(("argv", "dtype"), [([], "auto"), (["--dtype", "bfloat16"], "bfloat16")])
+def test_dtype_reaches_every_engine(argv: list[str], dtype: str) -> None:
+    """--dtype (vLLM's flag and openinfer-engine's choices) is passed to each engine; auto by default."""
+    args = parse_args(["--model", "/m", "--engines", "2", *argv])
+    resolve_builtin(args)
+    assert [flag(engine_command(args, i), "--dtype") for i in range(2)] == [dtype, dtype]
+
+
+def test_unknown_dtype_is_refused() -> None:
+    """Only auto, float32, bfloat16 and float16 are dtypes."""
+    with pytest.raises(SystemExit):
+        parse_args(["--dtype", "int8"])

@@ -11,6 +11,7 @@ import torch
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.engine_core.models.dflash import AnchorLayout
 from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
@@ -197,6 +198,34 @@ def test_dflash_with_accepted_drafts_is_lossless(tmp_path: Path) -> None:
         0.2 * counters.num_drafts < counters.num_accepted_tokens < counters.num_draft_tokens
     )  # partly accepted
     assert sum(s.num_accepted_tokens for s in stats.values() if s is not None) == counters.num_accepted_tokens
+
+
+@pytest.mark.parametrize("method", ["ngram", "dflash"])
+def test_first_decode_step_drafts(target: Path, tmp_path: Path, method: str) -> None:
+    """The step that completes a prompt also proposes (z-lab's dflash_generate and vLLM do): step 0 prefills,
+    samples and drafts, step 1 verifies. Chunked prefill too: only the chunk that completes the prompt drafts.
+    (n-gram on the fake model, whose cycle makes the first token continue a phrase the prompt holds.)"""
+    if method == "ngram":
+        cycle = list(range(FIRST_CYCLE_TOKEN, FIRST_CYCLE_TOKEN + 12))
+        prompt = cycle + cycle[:3]  # the first output token cycle[3] continues cycle[1:3]: a 3-gram hit
+        core = make_core(
+            target, fake_model=True, speculative=DrafterSpec("ngram", K), max_num_batched_tokens=8
+        )
+    else:
+        draft = make_tiny_dflash_checkpoint(
+            tmp_path / "d", target, seed=1, block_size=8, target_layer_ids=(0,)
+        )
+        prompt = list(range(5, 20))
+        core = make_core(target, speculative=DrafterSpec("dflash", K, draft), max_num_batched_tokens=8)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    core.add_request(EngineCoreRequest("a", prompt, params))
+    assert core.spec is not None
+    core.step()  # 8 of 15 prompt tokens: no sample, no draft
+    assert core.requests["a"].spec_token_ids == []
+    (out,) = core.step()  # the rest of the prompt: samples the first token and drafts
+    assert len(out.new_token_ids) == 1 and len(core.requests["a"].spec_token_ids) == K
+    core.step()  # the first decode step verifies them
+    assert core.spec.counters.num_drafts == 1 and core.spec.counters.num_draft_tokens == K
 
 
 def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[list[int]]) -> None:

@@ -52,6 +52,7 @@ class PeerConfig:
     heartbeat_s: float = 0.1  # the real engine: at most 1 s
     token_delay_s: float = 0.0  # pause before each output token
     eos_token_ids: list[int] = field(default_factory=lambda: [tiny_tokenizer.EOS_TOKEN_ID])
+    vocab_size: int = 300  # the model's (its hello's); above the tiny tokenizer's 300 ids: padding rows
     protocol_version: int = PROTOCOL_VERSION
     fail_with: str | None = None  # end every request with this error message after its first token
     silent_on_request: bool = False  # stop sending anything once a request arrives (a hung engine)
@@ -136,7 +137,7 @@ class EnginePeer:
             kv_block_size=16,
             kv_num_blocks=64,
             num_spec_tokens=None if self.spec is None else self.spec.num_spec_tokens,
-            vocab_size=300,
+            vocab_size=c.vocab_size,
             eos_token_ids=c.eos_token_ids,
             tokenizer_json=tiny_tokenizer.tokenizer_json(),
             tokenizer_config_json=c.tokenizer_config_json or tiny_tokenizer.tokenizer_config_json(),

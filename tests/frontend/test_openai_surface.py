@@ -143,6 +143,24 @@ async def test_logprobs_zero_gives_the_sampled_token_only(frontend: Frontend, pe
     assert tops == [{TOKENIZER.token_text(t): -0.5} for t in PROMPT_IDS[:2]]
 
 
+async def test_ids_past_the_tokenizer_are_empty_text(frontend: Frontend, start_peer: PeerFactory) -> None:
+    """A model may have more embedding rows than its tokenizer has tokens (Qwen3: 151,936 and 151,669): such
+    an id is taken in a prompt (the engine's vocab_size bounds it) and, sampled, is "" in the text, in
+    streamed deltas and as a logprobs token (vLLM's rule), never an error."""
+    await start_peer(frontend, PeerConfig(vocab_size=400))  # the tiny tokenizer has ids 0..299
+    ids = PROMPT_IDS[:2] + [300, 399] + PROMPT_IDS[2:4]
+    body = await complete(frontend, {"prompt": ids, "max_tokens": 6, "logprobs": 1, "return_token_ids": True})
+    choice = body["choices"][0]
+    assert choice["token_ids"] == ids  # the peer echoes its prompt
+    assert choice["text"] == TOKENIZER.decode(PROMPT_IDS[:4])
+    assert choice["logprobs"]["tokens"][2:4] == ["", ""]
+    assert choice["logprobs"]["top_logprobs"][2:4] == [{"": -0.5}, {"": -0.5}]
+    chunks = await stream(frontend, {"prompt": ids, "max_tokens": 6})
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == choice["text"]
+    status, answer, _ = await request(frontend, "POST", "/v1/completions", {"prompt": [400]})
+    assert status == 400 and answer["error"]["param"] == "prompt"  # past the model's rows
+
+
 # ---- request ids ----
 
 

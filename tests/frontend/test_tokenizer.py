@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from openinfer.engine_core.testing.qwen3_tokenizer import write_qwen3_tokenizer
 from openinfer.frontend.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.frontend import tiny_tokenizer
 
@@ -80,3 +82,32 @@ def test_truncated_character_is_flushed_at_finish() -> None:
     detokenizer = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=True)
     assert detokenizer.add(ids[:-1]) == ""
     assert "\ufffd" in detokenizer.finish()
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    """Qwen3's real vocabulary (151,669 ids) as the hello of a Qwen3 engine carries it."""
+    folder = write_qwen3_tokenizer(tmp_path_factory.mktemp("qwen3-tokenizer"))
+    return Tokenizer(
+        (folder / "tokenizer.json").read_bytes(), (folder / "tokenizer_config.json").read_bytes()
+    )
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_ids_past_the_tokenizer_decode_as_empty_text(
+    qwen3_tokenizer: Tokenizer, skip_special_tokens: bool
+) -> None:
+    """Qwen3 has 151,936 embedding rows for 151,669 tokens: a sampled padding row (151669..151935) is ""
+    in decode, in the stream (also between the tokens of one character) and in logprobs' token text and
+    bytes, as in vLLM; so are negative or huge ids (a broken engine): never an exception."""
+    tokenizer = qwen3_tokenizer
+    ids = tokenizer.encode("Hello 🦜 world")  # Hello, " " + 2 bytes, 1 byte, 1 byte of the parrot, " world"
+    assert len(ids) == 5 and tokenizer.token_bytes(ids[2]) == b"\xa6"
+    padded = [ids[0], 151669, ids[1], 151935, *ids[2:4], -1, 2**40, ids[4]]
+    assert tokenizer.decode(padded, skip_special_tokens) == "Hello 🦜 world"
+    prompt = [151700, *tokenizer.encode("say:")]
+    deltas = stream(tokenizer, padded, prompt, skip_special_tokens)
+    assert "".join(deltas) == "Hello 🦜 world" and all("\ufffd" not in delta for delta in deltas)
+    for token_id in (151669, 151935, -1, 2**40):
+        assert (tokenizer.token_text(token_id), tokenizer.token_bytes(token_id)) == ("", b"")
+    assert tokenizer.token_text(151668) == "</think>"  # the last real id
