@@ -15,16 +15,8 @@ from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
 from openinfer.engine_core.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, FinishReason, SamplingParams
+from tests.engine_core.test_greedy_parity import SMALL
 
-SMALL = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
 PROMPT = [5, 17, 300, 9, 44, 120, 7, 7, 7, 260, 3]
 
 

@@ -1,39 +1,28 @@
 """DFlash against z-lab's own reference (PyPI `dflash`, `dflash/model.py`): the same checkpoints loaded by both,
 greedy; every round's accepted count and every token equal, and the drafter's logits for a block equal.
-
-z-lab's `dflash_generate(block_size=n)` verifies n tokens a round: the current one and n - 1 drafts, the last
-block cut to the tokens left (`max_length - start`). Its `acceptance_lengths` counts the tokens a round
-produced, so a round's accepted drafts are `acceptance_length - 1`. One documented difference: when a single
-token is left, the reference still drafts one token whose fate cannot change the output, since that token is
-the last; openinfer's drafts never run past max_tokens (DESIGN.md), so it makes no draft there and decodes
-that token normally. `reference_rounds` drops exactly those rounds.
-"""
+The harness, and the one documented difference (no draft for a request's last token), is
+`openinfer.engine_core.testing.zlab_reference`."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import dflash.model as zlab
 import pytest
 import torch
+from tokenizers import Tokenizer
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.config import EngineConfig
-from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
+from openinfer.engine_core.testing.zlab_reference import openinfer_runs, reference_runs
 from openinfer.engine_core.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.attention import AttentionMetadata
-from openinfer.protocol import EngineCoreRequest, SamplingParams
-
-# Its stats timer calls torch.cuda.synchronize(); on the CPU a plain clock does.
-zlab._cuda_time = time.perf_counter  # type: ignore[attr-defined]
 
 # 6 target layers, z-lab's shape in small: the drafter reads layers 1, 2 and 5 (5 is the last: transformers'
 # hidden state there follows the final norm, which both sides must agree on).
@@ -47,7 +36,10 @@ TARGET = {
     "head_dim": 16,
 }
 LAYER_IDS = (1, 2, 5)
-PROMPT_LENGTHS = [1, 6, 17, 40]
+# With a 64-token step budget the 70-token prompt is prefilled in three chunks while the others decode, and
+# no draft (at most 4 x (1 + 15) tokens a step) is ever cut by the budget, which the reference has not.
+PROMPT_LENGTHS = [1, 6, 17, 70]
+STEP_BUDGET = 64
 MAX_TOKENS = [23, 2, 31, 12]  # most cut the last block; 2 leaves a single draft-less token after the first
 
 
@@ -57,92 +49,43 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("target"), seed=4, init_std=0.1, overrides=TARGET)
 
 
-def prompts(seed: int) -> list[list[int]]:
+def prompts(seed: int, lengths: list[int] = PROMPT_LENGTHS, vocab: int = 512) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 512, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
-
-
-def load_reference(target_folder: Path, draft_folder: Path) -> tuple[Qwen3ForCausalLM, zlab.DFlashDraftModel]:
-    target = Qwen3ForCausalLM.from_pretrained(target_folder, dtype=torch.float32).eval()
-    draft = zlab.DFlashDraftModel.from_pretrained(draft_folder, dtype=torch.float32).eval()
-    return target, draft
-
-
-def reference_rounds(result: SimpleNamespace, max_tokens: int) -> list[int]:
-    """Accepted drafts per round of a dflash_generate result, without the single-token-left rounds."""
-    max_length = result.num_input_tokens + max_tokens
-    start, rounds = result.num_input_tokens, []
-    for produced in result.acceptance_lengths:
-        if max_length - start > 2:
-            rounds.append(produced - 1)
-        start += produced
-    return rounds
-
-
-def run_reference(
-    target_folder: Path, draft_folder: Path, k: int, batch: list[list[int]], max_tokens: list[int]
-) -> list[tuple[list[int], list[int]]]:
-    """(output tokens, accepted drafts per round) per prompt, from z-lab's dflash_generate."""
-    target, draft = load_reference(target_folder, draft_folder)
-    out = []
-    for prompt, n in zip(batch, max_tokens, strict=True):
-        result = zlab.dflash_generate(
-            draft,
-            target,
-            torch.tensor([prompt]),
-            n,
-            None,
-            temperature=0.0,
-            block_size=k + 1,
-            return_stats=True,
-        )
-        out.append((result.output_ids[0, len(prompt) :].tolist(), reference_rounds(result, n)))
-    return out
-
-
-def run_openinfer(
-    target_folder: Path, draft_folder: Path, k: int, batch: list[list[int]], max_tokens: list[int], log: Path
-) -> list[tuple[list[int], list[int]]]:
-    """The same, from one engine core serving every prompt at once (batched drafts, paged context)."""
-    config = EngineConfig(
-        model_path=target_folder,
-        served_model_name="t",
-        speculative=DrafterSpec("dflash", k, draft_folder),
-        spec_log=log,
-        max_num_batched_tokens=32,  # the 40-token prompt is prefilled in two chunks
-    )
-    core = EngineCore(config)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(batch))}
-    for i, (prompt, n) in enumerate(zip(batch, max_tokens, strict=True)):
-        core.add_request(
-            EngineCoreRequest(str(i), prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-        )
-    while core.has_work:
-        for output in core.step():
-            tokens[output.request_id].extend(output.new_token_ids)
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    out = []
-    for i, n in enumerate(max_tokens):
-        mine = [x for x in lines if x["request_id"] == str(i)]
-        # Every draft is as long as K and the tokens left allow: the reference's block, less its extra slot.
-        assert all(1 <= x["num_draft_tokens"] <= min(k, n - 2) for x in mine)
-        out.append((tokens[str(i)], [x["num_accepted"] for x in mine]))
-    return out
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
 
 
 def assert_same_rounds(
-    target_folder: Path, draft_folder: Path, k: int, tmp_path: Path, seed: int = 0
+    target_folder: Path,
+    draft_folder: Path,
+    k: int,
+    tmp_path: Path,
+    batch: list[list[int]],
+    max_tokens: list[int] = MAX_TOKENS,
 ) -> list[int]:
-    """Tokens and accepted counts per round equal z-lab's for every prompt; returns all accepted counts."""
-    batch = prompts(seed)
-    reference = run_reference(target_folder, draft_folder, k, batch, MAX_TOKENS)
-    ours = run_openinfer(target_folder, draft_folder, k, batch, MAX_TOKENS, tmp_path / f"spec-{k}.jsonl")
-    for i, ((ref_tokens, ref_rounds), (our_tokens, our_rounds)) in enumerate(
-        zip(reference, ours, strict=True)
-    ):
-        assert our_tokens == ref_tokens, f"prompt {i}: tokens differ"
-        assert our_rounds == ref_rounds, f"prompt {i}: accepted per round differ"
-    return [a for _, rounds in ours for a in rounds]
+    """Tokens, accepted counts and draft lengths per round equal z-lab's for every prompt (batched in one
+    engine, the longest prompt prefilled in chunks); returns every round's accepted count."""
+    reference = reference_runs(target_folder, draft_folder, k, batch, max_tokens)
+    ours = openinfer_runs(
+        target_folder,
+        draft_folder,
+        k,
+        batch,
+        max_tokens,
+        tmp_path / f"spec-{k}.jsonl",
+        max_num_batched_tokens=STEP_BUDGET,
+    )
+    for i, (ref, mine) in enumerate(zip(reference, ours, strict=True)):
+        assert mine.tokens == ref.tokens, f"prompt {i}: tokens differ"
+        assert mine.rounds == ref.rounds, f"prompt {i}: accepted per round differ"
+        assert mine.draft_lengths == ref.draft_lengths, f"prompt {i}: draft lengths differ"
+    return [a for run in ours for a in run.rounds]
+
+
+def load_reference(target_folder: Path, draft_folder: Path) -> tuple[Qwen3ForCausalLM, zlab.DFlashDraftModel]:
+    zlab._cuda_time = time.perf_counter  # type: ignore[attr-defined]  # it syncs CUDA otherwise
+    target = Qwen3ForCausalLM.from_pretrained(target_folder, dtype=torch.float32).eval()
+    draft = zlab.DFlashDraftModel.from_pretrained(draft_folder, dtype=torch.float32).eval()
+    return target, draft
 
 
 @pytest.mark.parametrize("k", [7, 3], ids=["K=block-1", "K<block-1"])
@@ -158,7 +101,7 @@ def test_random_drafter_rounds_equal_reference(target: Path, tmp_path: Path, k: 
         target_layer_ids=LAYER_IDS,
         anchor=None,
     )
-    assert_same_rounds(target, draft, k, tmp_path)
+    assert_same_rounds(target, draft, k, tmp_path, prompts(0))
 
 
 def test_drafter_logits_equal_reference(target: Path, tmp_path: Path) -> None:
@@ -243,4 +186,25 @@ def test_zlab_shaped_config_rounds_equal_reference(tmp_path: Path, num_layers: i
     drafter = DFlashDrafter(draft, runner, num_spec_tokens=15)
     expected_ids = (1, 2, 3, 4, 5) if num_layers == 5 else (1, 2, 3, 5, 6)
     assert drafter.aux_layer_ids == expected_ids and drafter.config.block_size == 16
-    assert_same_rounds(target, draft, 15, tmp_path, seed=2)
+    assert_same_rounds(target, draft, 15, tmp_path, prompts(2, vocab=528))
+
+
+# Public-domain lines (Romeo and Juliet) as prompts for the built-in target, which was trained on Shakespeare.
+LINES = [
+    "ROMEO:\nBut soft, what light through yonder window breaks?",
+    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name;",
+    "MERCUTIO:\nNay, I am the very pink of courtesy.",
+    "FRIAR LAURENCE:\nThese violent delights have violent ends\nAnd in their triumph die, like fire and powder,",
+]
+
+
+def test_trained_drafter_rounds_equal_reference(tmp_path: Path) -> None:
+    """The built-in target with a drafter trained in z-lab's layout (tests/data/zlab_dflash, made by
+    tools/train_dflash.py --anchor mask_slots): long accepted runs, cut blocks with acceptance; every round
+    equal to the reference's, at K = 7 and at K = 4."""
+    target, draft = builtin_target_folder(), Path(__file__).parents[1] / "data" / "zlab_dflash"
+    tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
+    batch = [tokenizer.encode(line).ids for line in LINES]
+    for k in (7, 4):
+        accepted = assert_same_rounds(target, draft, k, tmp_path, batch, [40, 25, 33, 47])
+        assert sum(accepted) / len(accepted) > 1.5 and 0 in accepted and k in accepted  # real, partial
