@@ -123,7 +123,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--no-autocast", action="store_true", help="train in float32 (faster where the CPU lacks bf16 instructions: 25x on an AVX2 CPU)")
+    parser.add_argument(
+        "--no-autocast",
+        action="store_true",
+        help="train in float32 (faster on CPUs without bf16 instructions)",
+    )
     args = parser.parse_args()
     args.anchor = AnchorLayout(args.anchor)
     return args
