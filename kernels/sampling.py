@@ -33,17 +33,13 @@ def sample(
     if not rows:
         return tokens  # all greedy: the argmax is the answer
 
-    vocab = logits.shape[1]
     device = logits.device
-    temps = torch.tensor([temperatures[b] for b in rows], dtype=torch.float32, device=device)
-    probs, order = torch.sort(logits[rows] / temps[:, None], dim=-1, descending=True)  # (R, V), best first
-    rank = torch.arange(vocab, device=device)  # (V,)
-    ks = torch.tensor([min(top_ks[b] or vocab, vocab) for b in rows], device=device)  # top_k >= V: all
-    probs = probs.masked_fill(rank[None, :] >= ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
-    ps = torch.tensor([top_ps[b] for b in rows], dtype=torch.float32, device=device)
-    mass_before = probs.cumsum(dim=-1) - probs  # (R, V): mass of the strictly more likely tokens
-    # Keep a token while the mass before it is short of top_p; the first token is always kept.
-    probs = probs.masked_fill((mass_before >= ps[:, None]) & (rank[None, :] > 0), 0.0)
+    probs, order = sorted_filtered_probs(
+        logits[rows],
+        torch.tensor([temperatures[b] for b in rows], dtype=torch.float32, device=device),
+        [top_ks[b] for b in rows],
+        torch.tensor([top_ps[b] for b in rows], dtype=torch.float32, device=device),
+    )
 
     # Rows that share a generator (or the default one) are drawn in one call.
     groups: dict[int, list[int]] = {}
@@ -57,3 +53,24 @@ def sample(
     for b, token in zip(rows, sampled, strict=True):
         tokens[b] = token
     return tokens
+
+
+def sorted_filtered_probs(
+    logits: Tensor, temperatures: Tensor, top_ks: list[int | None], top_ps: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The sampler's distribution per row, most likely token first (sampling and verification share it).
+
+    logits (R, V) float32, temperatures (R,) > 0, top_ks (None or 0: all), top_ps (R,) in (0, 1] ->
+    probs (R, V) sorted descending and order (R, V), the vocabulary id of each sorted column: softmax(logits
+    / temperature) restricted to the top_k most likely tokens, then to the nucleus (the smallest set of the
+    most likely tokens whose mass reaches top_p; at least one token). Not renormalised after the nucleus cut:
+    torch.multinomial does that.
+    """
+    vocab = logits.shape[1]
+    rank = torch.arange(vocab, device=logits.device)  # (V,)
+    probs, order = torch.sort(logits / temperatures[:, None], dim=-1, descending=True)  # (R, V), best first
+    ks = torch.tensor([min(k or vocab, vocab) for k in top_ks], device=logits.device)  # top_k >= V: all
+    probs = probs.masked_fill(rank[None, :] >= ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
+    mass_before = probs.cumsum(dim=-1) - probs  # (R, V): mass of the strictly more likely tokens
+    # Keep a token while the mass before it is short of top_p; the first token is always kept.
+    return probs.masked_fill((mass_before >= top_ps[:, None]) & (rank[None, :] > 0), 0.0), order

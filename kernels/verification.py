@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from openinfer.kernels.sampling import sample
+from openinfer.kernels.sampling import sample, sorted_filtered_probs
 
 
 def processed_probs(logits: Tensor, temperature: float, top_k: int | None, top_p: float) -> Tensor:
     """The distribution the sampler draws from, in vocabulary order.
 
-    logits (N, V) float32 -> probs (N, V): softmax(logits / temperature) restricted to the top_k most likely
-    tokens (None: all), then to the nucleus (the smallest set whose mass reaches top_p; at least one token),
-    renormalised. ``temperature`` must be > 0.
+    logits (N, V) float32 -> probs (N, V): `sorted_filtered_probs` (temperature, top_k, nucleus; ``temperature``
+    must be > 0), renormalised and put back in vocabulary order.
     """
-    vocab = logits.shape[-1]
-    sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True)  # (N, V), best first
-    rank = torch.arange(vocab, device=logits.device)
-    probs = sorted_logits.masked_fill(rank >= min(top_k or vocab, vocab), float("-inf")).softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # (N, V): mass of the strictly more likely tokens
-    probs = probs.masked_fill((mass_before >= top_p) & (rank > 0), 0.0)
+    n = logits.shape[0]
+    temperatures = torch.full((n,), temperature, dtype=torch.float32, device=logits.device)
+    top_ps = torch.full((n,), top_p, dtype=torch.float32, device=logits.device)
+    probs, order = sorted_filtered_probs(logits, temperatures, [top_k] * n, top_ps)  # (N, V) each
     probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.empty_like(probs).scatter_(-1, order, probs)  # back to vocabulary order
+
+
+def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int:
+    """How many leading draft tokens equal the target's tokens at their positions: greedy acceptance.
+
+    The one longest-prefix walk: verification, the training script's simulated rounds and the tests' oracles
+    all count with it. ``targets`` may be longer than ``drafts`` (the bonus position) or shorter.
+    """
+    accepted = 0
+    while accepted < min(len(drafts), len(targets)) and drafts[accepted] == targets[accepted]:
+        accepted += 1
+    return accepted
 
 
 def verify_greedy(argmax: list[int], drafts: list[int]) -> list[int]:
@@ -30,9 +41,7 @@ def verify_greedy(argmax: list[int], drafts: list[int]) -> list[int]:
 
     ``argmax`` holds the target's argmax at the len(drafts) + 1 verified positions.
     """
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == argmax[accepted]:
-        accepted += 1
+    accepted = accepted_prefix_length(drafts, argmax)
     return drafts[:accepted] + [argmax[accepted]]
 
 

@@ -19,25 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 from training import (
     BUILTIN_DIR,
     DEFAULT_DATASET,
     REPO_ROOT,
     TokenSplit,
+    adamw,
     builtin_tokenizer,
     command_line,
     copy_tokenizer,
-    cosine_lr,
     format_minutes,
     load_split,
-    resume,
-    save_checkpoint,
+    train,
 )
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -118,49 +115,15 @@ def main() -> None:
         for k in ("steps", "batch_size", "seq_len", "lr", "warmup", "weight_decay", "seed")
     } | {"autocast": autocast, "num_train_tokens": len(split.train)}
     model = make_model(args.seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
-    checkpoint_path = args.work_dir / "checkpoint.pt"
-    start, elapsed, history = resume(checkpoint_path, fingerprint, model, optimizer)
+    optimizer = adamw(model, args.lr, args.weight_decay)
 
-    model.train()
-    began = time.monotonic() - elapsed
-    bar = tqdm(total=args.steps, initial=start, desc="target", unit="step")
-    val_loss = history[-1]["val_loss"] if history else float("nan")
-    for step in range(start, args.steps):
-        lr = cosine_lr(step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = lm_loss(model, batch(split, args.seed, step, args.batch_size, args.seq_len), autocast)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        done = step + 1
-        if done % args.eval_every == 0 or done == args.steps:
-            val_loss = evaluate(model, split.val, args.seq_len, 32, autocast)
-            history.append({"step": done, "train_loss": loss.item(), "val_loss": val_loss})
-        bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val_loss:.3f}", lr=f"{lr:.1e}")
-        bar.update(1)
-        if done % args.checkpoint_every == 0 or done == args.steps:
-            save_checkpoint(
-                checkpoint_path,
-                {
-                    "fingerprint": fingerprint,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": done,
-                    "elapsed": time.monotonic() - began,
-                    "history": history,
-                },
-            )
-    bar.close()
-    train_seconds = time.monotonic() - began
+    def step_loss(step: int) -> torch.Tensor:
+        return lm_loss(model, batch(split, args.seed, step, args.batch_size, args.seq_len), autocast)
+
+    def validate(done: int, loss: float) -> dict[str, float]:
+        return {"train_loss": loss, "val_loss": evaluate(model, split.val, args.seq_len, 32, autocast)}
+
+    history, train_seconds = train(model, optimizer, args, fingerprint, step_loss, validate, "target")
 
     # Final figures in float32 over the whole held-out tail and as many training windows.
     final_val = evaluate(model, split.val, args.seq_len, 10_000, autocast=False)

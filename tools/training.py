@@ -1,5 +1,6 @@
-"""What the built-in model's two training scripts share: the tokenized dataset and its split, resumable
-checkpoints, the learning-rate schedule and the model card's header.
+"""What the built-in model's two training scripts share: the tokenized dataset and its split, the one training
+loop (AdamW, cosine learning rate, clipping, periodic evaluation, resumable checkpoints) and the model card's
+header.
 
 Not part of the serving package: `tools/train_target.py` and `tools/train_dflash.py` import it as a sibling.
 """
@@ -10,6 +11,8 @@ import math
 import os
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO_ROOT / ".." / "shared" / "datasets" / "tinyshakespeare.txt"
@@ -100,6 +104,69 @@ def resume(
     optimizer.load_state_dict(state["optimizer"])
     print(f"resuming from {path} at step {state['step']}")
     return state["step"], state["elapsed"], state["history"]
+
+
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW (betas 0.9, 0.95) with weight decay on the matrices only."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def train(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    args: Any,
+    fingerprint: dict[str, Any],
+    step_loss: Callable[[int], torch.Tensor],
+    evaluate: Callable[[int, float], dict[str, float]],
+    desc: str,
+) -> tuple[list[dict[str, Any]], float]:
+    """The one training loop: steps up to args.steps, each `step_loss(step)` (a scalar, seeded by the step so
+    that a resumed run repeats it), backward, gradients clipped to norm 1, AdamW at the cosine learning rate
+    (args.lr, args.warmup). Every args.eval_every steps and at the end `evaluate(done, loss)` gives a history
+    entry (shown on the progress bar); every args.checkpoint_every steps and at the end the run is saved to
+    args.work_dir/checkpoint.pt, from which a run with the same fingerprint resumes.
+    Returns (history, seconds spent training, over all resumed runs)."""
+    checkpoint_path = args.work_dir / "checkpoint.pt"
+    start, elapsed, history = resume(checkpoint_path, fingerprint, model, optimizer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    began = time.monotonic() - elapsed
+    bar = tqdm(total=args.steps, initial=start, desc=desc, unit="step")
+    shown = history[-1] if history else {}
+    model.train()
+    for step in range(start, args.steps):
+        lr = cosine_lr(step, args.steps, args.lr, args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = step_loss(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        done = step + 1
+        if done % args.eval_every == 0 or done == args.steps:
+            shown = {"step": done, **evaluate(done, loss.item())}
+            history.append(shown)
+            model.train()
+        figures = {"loss": loss.item()} | {k: v for k, v in shown.items() if k != "step"}
+        bar.set_postfix({k: f"{v:.3f}" for k, v in figures.items()} | {"lr": f"{lr:.1e}"})
+        bar.update(1)
+        if done % args.checkpoint_every == 0 or done == args.steps:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history}
+            elapsed = time.monotonic() - began
+            save_checkpoint(
+                checkpoint_path, {"fingerprint": fingerprint, "step": done, "elapsed": elapsed, **state}
+            )
+    bar.close()
+    model.eval()
+    return history, time.monotonic() - began
 
 
 def command_line() -> str:

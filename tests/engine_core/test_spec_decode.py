@@ -17,6 +17,7 @@ from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_chec
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
 from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.kernels.verification import accepted_prefix_length
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
 from tests.engine_core.test_greedy_parity import SMALL, assert_hf_greedy
 
@@ -104,9 +105,7 @@ def simulate_ngram(prompt: list[int], expected: list[int], max_tokens: int, stop
     while len(out) < max_tokens and out[-1] not in stops:
         room = min(K, max_tokens - len(out) - 1)
         draft = ngram_propose(seq, 1, 4, room) if room > 0 else []
-        accepted = 0
-        while accepted < len(draft) and draft[accepted] == expected[len(out) + accepted]:
-            accepted += 1
+        accepted = accepted_prefix_length(draft, expected[len(out) :])
         new = expected[len(out) : len(out) + accepted + 1]
         kept = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
         if draft:

@@ -16,7 +16,8 @@ from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_chec
 from openinfer.engine_core.tiny_model import make_tiny_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import train_dflash  # noqa: E402 - tools/ is not a package
+import dflash_card  # noqa: E402 - tools/ is not a package
+import dflash_data  # noqa: E402
 
 SMALL = {
     "vocab_size": 512,
@@ -46,12 +47,12 @@ def test_training_forward_is_the_engines(tmp_path: Path, anchor: AnchorLayout) -
     config = DFlashConfig.from_folder(folder)
     model = DFlashDraftModel(config)
     model.load_weights(folder)
-    target = train_dflash.load_target(target_folder)
+    target = dflash_data.load_target(target_folder)
     assert isinstance(target, Qwen3ForCausalLM)
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(3, 512, (3, train_dflash.SEQ_LEN), generator=generator)
-    data = train_dflash.Distillation(
-        tokens, torch.tensor([8, 32, 64]), train_dflash.context_features(target, tokens, [0, 1])
+    tokens = torch.randint(3, 512, (3, dflash_data.SEQ_LEN), generator=generator)
+    data = dflash_data.Distillation(
+        tokens, torch.tensor([8, 32, 64]), dflash_data.context_features(target, tokens, [0, 1])
     )
     args = argparse.Namespace(block_size=8, mask_token_id=config.mask_token_id, anchor=anchor)
-    assert train_dflash.check_against_engine(folder, target_folder, target, model, data, args) == 3
+    assert dflash_card.check_against_engine(folder, target_folder, target, model, data, args) == 3
