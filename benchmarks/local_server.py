@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-HOST = "127.0.0.1"
+from openinfer.engine_core.local_cluster import LocalCluster
+
 DEFAULT_K = 7
 STOP_TIMEOUT_S = 30.0  # openinfer-serve SIGKILLs its children after 10 s of SIGTERM
 
@@ -57,25 +50,6 @@ def parse_drafter(text: str) -> Drafter:
     raise ValueError(usage)
 
 
-def free_ports() -> tuple[int, int]:
-    """An HTTP port and an engine port p with p + 1 also free (the frontend binds both), on loopback."""
-    for _ in range(100):
-        with socket.socket() as http, socket.socket() as engine:
-            http.bind((HOST, 0))
-            engine.bind((HOST, 0))
-            http_port, engine_port = http.getsockname()[1], engine.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b, socket.socket() as c:
-                a.bind((HOST, http_port))
-                b.bind((HOST, engine_port))
-                c.bind((HOST, engine_port + 1))
-        except OSError:
-            continue
-        if http_port not in (engine_port, engine_port + 1):
-            return http_port, engine_port
-    raise RuntimeError("no free ports on loopback")
-
-
 class LocalServer:
     """``openinfer-serve`` with one drafter, its engines' spec logs and its output under ``log_dir``.
 
@@ -95,25 +69,20 @@ class LocalServer:
     ) -> None:
         self.drafter = drafter
         self.spec_log_dir = log_dir / "spec-logs"
-        self.log_file = log_dir / "serve.log"
         self.engines = engines
         self.startup_timeout = startup_timeout
-        http_port, engine_port = free_ports()
-        self.url = f"http://{HOST}:{http_port}"
-        self.command = [sys.executable, "-m", "openinfer.engine_core.serve", "--host", HOST]
-        self.command += ["--port", str(http_port), "--engine-port", str(engine_port)]
-        self.command += ["--engines", str(engines), "--device", device, "--log-level", "warning"]
-        self.command += ["--spec-log-dir", str(self.spec_log_dir), *drafter.serve_args(), *extra_args]
+        self.cluster = LocalCluster(log_dir)
+        self.url = self.cluster.url
+        self.args = ["--engines", str(engines), "--device", device, "--log-level", "warning"]
+        self.args += ["--spec-log-dir", str(self.spec_log_dir), *drafter.serve_args(), *extra_args]
         if model is not None:
-            self.command += ["--model", str(model)]
-        self.process: subprocess.Popen[bytes] | None = None
+            self.args += ["--model", str(model)]
 
     def __enter__(self) -> LocalServer:
         self.spec_log_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        self.cluster.start_serve(*self.args)
         try:
-            self._wait_ready()
+            self.cluster.wait_healthy(self.startup_timeout, self.engines)
         except BaseException:
             self.stop()
             raise
@@ -124,38 +93,5 @@ class LocalServer:
     ) -> None:
         self.stop()
 
-    def _wait_ready(self) -> None:
-        """Until /health says every engine is up; ``RuntimeError`` with the log's tail otherwise."""
-        assert self.process is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"openinfer-serve exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if json.load(response).get("engines_up", 0) >= self.engines:
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(
-            f"openinfer-serve not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
-        )
-
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        self.cluster.stop(STOP_TIMEOUT_S)

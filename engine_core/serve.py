@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
+from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
 
 logger = logging.getLogger("openinfer.serve")
 DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on and K is not given
@@ -103,9 +103,7 @@ def describe_speculation(args: argparse.Namespace) -> str:
 
 
 def engine_command(args: argparse.Namespace, index: int) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
+    command = python_module(
         "openinfer.engine_core.engine_process",
         "--model",
         args.model,
@@ -119,7 +117,7 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
         args.dtype,
         "--log-level",
         args.log_level,
-    ]
+    )
     command += ["--gpu", str(index)] if args.device == "cuda" else ["--device", "cpu"]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
@@ -137,9 +135,7 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
 
 
 def frontend_command(args: argparse.Namespace) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
+    command = python_module(
         "openinfer.frontend.main",
         "--host",
         args.host,
@@ -149,26 +145,10 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
         f"tcp://127.0.0.1:{args.engine_port}",
         "--log-level",
         args.log_level,
-    ]
+    )
     if args.api_key:
         command += ["--api-key", args.api_key]
     return command
-
-
-def wait_healthy(url: str, processes: list[subprocess.Popen[bytes]], timeout: float) -> bool:
-    """Poll ``/health`` until it answers 200; False if a child exits or the time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in processes):
-            return False
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    return False
 
 
 def model_names(url: str, api_key: str | None) -> list[str]:
@@ -177,20 +157,6 @@ def model_names(url: str, api_key: str | None) -> list[str]:
         request.add_header("Authorization", f"Bearer {api_key}")
     with urllib.request.urlopen(request, timeout=5) as response:
         return [m["id"] for m in json.load(response)["data"]]
-
-
-def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
-    """SIGTERM every child, then SIGKILL whichever has not exited within ``timeout``."""
-    for p in processes:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + timeout
-    for p in processes:
-        try:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,13 +178,18 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    names = ["the frontend"] + [f"engine {i}" for i in range(args.engines)]
-    processes = [subprocess.Popen(frontend_command(args))]
-    processes += [subprocess.Popen(engine_command(args, i)) for i in range(args.engines)]
+    children = ProcessGroup()  # they share this process's output
+    children.spawn("the frontend", frontend_command(args))
+    for i in range(args.engines):
+        children.spawn(f"engine {i}", engine_command(args, i))
     url = f"http://{args.host}:{args.port}"
     exit_code = 0
     try:
-        if not wait_healthy(url, processes, args.startup_timeout):
+        try:
+            healthy = wait_healthy(url, children, 1, args.startup_timeout, abort=lambda: stopping)
+        except (RuntimeError, TimeoutError):
+            healthy = False
+        if not healthy:
             if not stopping:
                 logger.error("openinfer did not become healthy at %s/health; stopping", url)
                 exit_code = 1
@@ -232,14 +203,14 @@ def main(argv: list[str] | None = None) -> None:
                 describe_speculation(args),
             )
         while not stopping and exit_code == 0:
-            dead = [(name, p) for name, p in zip(names, processes, strict=True) if p.poll() is not None]
-            if dead:
-                logger.error("%s exited with code %s; stopping everything", dead[0][0], dead[0][1].returncode)
+            dead = children.exited()
+            if dead is not None:
+                logger.error("%s exited with code %s; stopping everything", *dead)
                 exit_code = 1
                 break
             time.sleep(0.2)
     finally:
-        stop_all(processes)
+        children.stop()
     logger.info("openinfer stopped")
     sys.exit(exit_code)
 

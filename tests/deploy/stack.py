@@ -7,10 +7,7 @@ with only what a test must change: loopback targets, 1 s intervals, absolute rul
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -22,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.processes import HOST, free_port, free_port_pair
+from openinfer.engine_core.local_cluster import HOST, ProcessGroup, free_port, free_port_pair
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -42,45 +39,6 @@ def require_tools(*tools: str) -> None:
         )
 
 
-class Processes:
-    """Child processes with their output in ``log_dir/NAME.log``."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.children: dict[str, subprocess.Popen[bytes]] = {}
-
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        child_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env)
-        self.children[name] = child
-        return child
-
-    def check_alive(self) -> None:
-        for name, child in self.children.items():
-            if child.poll() is not None:
-                raise RuntimeError(f"{name} exited with {child.returncode}:\n{self.logs()}")
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
-            for f in sorted(self.log_dir.glob("*.log"))
-        )
-
-    def stop(self) -> None:
-        """SIGTERM each child by pid, SIGKILL those still running after 10 s."""
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for child in self.children.values():
-            try:
-                child.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
 def get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.load(response)
@@ -89,7 +47,7 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
 class Frontend:
     """A slim frontend (tests/deploy/slim_frontend.py) and its CPU engines with n-gram speculation."""
 
-    def __init__(self, processes: Processes, name: str) -> None:
+    def __init__(self, processes: ProcessGroup, name: str) -> None:
         self.processes = processes
         self.name = name
         self.http_port = free_port()
@@ -182,7 +140,7 @@ class Prometheus:
     """A ``prometheus`` server (Debian's binary) on a free loopback port, with its own storage."""
 
     def __init__(
-        self, processes: Processes, name: str, work_dir: Path, env: dict[str, str] | None = None
+        self, processes: ProcessGroup, name: str, work_dir: Path, env: dict[str, str] | None = None
     ) -> None:
         self.processes = processes
         self.name = name
@@ -239,7 +197,7 @@ class Prometheus:
         return [(float(t), float(v)) for t, v in result[0]["values"]] if result else []
 
 
-def wait_until(condition: Any, timeout: float, what: str, processes: Processes) -> None:
+def wait_until(condition: Any, timeout: float, what: str, processes: ProcessGroup) -> None:
     """Poll ``condition()`` every 0.1 s; raise with the children's logs after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():

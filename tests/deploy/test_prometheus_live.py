@@ -38,7 +38,7 @@ from openinfer.frontend.spec_tally import AcceptanceTally, read_spec_logs, tally
 from tests.deploy.stack import (
     DEPLOY,
     Frontend,
-    Processes,
+    ProcessGroup,
     Prometheus,
     global_config,
     host_config,
@@ -95,7 +95,7 @@ class Stack:
     hosts: dict[str, Host]
     fleet: Prometheus
     t_fleet: float  # the global Prometheus holds both hosts' evaluations from their exact windows by now
-    processes: Processes
+    processes: ProcessGroup
 
 
 def prompts(n: int, seed: int) -> list[str | list[int]]:
@@ -132,7 +132,7 @@ def spec_series(prometheus: Prometheus, at: float | None = None) -> list[dict]:
     )
 
 
-def wait_for_zero_scrape(host: Host, processes: Processes) -> None:
+def wait_for_zero_scrape(host: Host, processes: ProcessGroup) -> None:
     """Until the host's Prometheus has scraped every engine's series; they must all start at 0, together."""
     engines = host.frontend.num_engines
     wait_until(
@@ -148,7 +148,7 @@ def wait_for_zero_scrape(host: Host, processes: Processes) -> None:
     assert float(value) == 0
 
 
-def wait_for_final_counters(host: Host, processes: Processes) -> None:
+def wait_for_final_counters(host: Host, processes: ProcessGroup) -> None:
     """Until the frontend's /metrics equals its engines' spec logs; then every later scrape is final."""
     engines = range(host.frontend.num_engines)
 
@@ -184,7 +184,7 @@ def wait_for_final_counters(host: Host, processes: Processes) -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     require_tools("prometheus")
     work = tmp_path_factory.mktemp("deploy-live")
-    processes = Processes(work)
+    processes = ProcessGroup(work)
     try:
         model = make_tiny_checkpoint(work / "tiny", seed=3, overrides=SMALL)
         hosts: dict[str, Host] = {}
@@ -382,8 +382,8 @@ def test_compose_healthchecks_on_live_processes(stack: Stack) -> None:
     container's PID 1 and port replaced by the live process's)."""
     services = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
     frontend = stack.hosts["b"].frontend
-    engine = stack.processes.children["frontend-b-engine0"]
-    front = stack.processes.children["frontend-b"]
+    engine = stack.processes.processes["frontend-b-engine0"]
+    front = stack.processes.processes["frontend-b"]
 
     def run(service: str, replace: tuple[str, str]) -> int:
         test = services[service]["healthcheck"]["test"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from openinfer.benchmarks.local_cluster import free_port_pair
+from openinfer.engine_core.local_cluster import free_port_pair
 from openinfer.frontend.api_server import build_app, serve
 from openinfer.frontend.engine_client import EngineClient
 from openinfer.frontend.metrics import FrontendMetrics

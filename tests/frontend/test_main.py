@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from openinfer.benchmarks.local_cluster import free_port, free_port_pair
+from openinfer.engine_core.local_cluster import free_port, free_port_pair
 from openinfer.frontend.state_dir import STATE_FILE, StateDir
 from tests.frontend.engine_peer import EnginePeer
 
