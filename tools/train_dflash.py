@@ -58,14 +58,16 @@ from training import (
 )
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig, DFlashDraftModel
-from openinfer.engine_core.models.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
+from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.qwen3 import apply_rope
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
+from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
 
 SEQ_LEN = 192  # prompt + greedy continuation, every sequence
 PROMPT_LENS = (8, 32, 64, 96)  # a quarter of the sequences each: short chat-like to bench-like prompts
