@@ -232,7 +232,14 @@ class EngineProcess:
         return seq
 
 
-if __name__ == "__main__":  # `python -m openinfer.engine_core.engine_process`, as before the CLI moved out
-    from openinfer.engine_core.engine_cli import main
+def main(argv: list[str] | None = None) -> None:
+    """``python -m openinfer.engine_core.engine_process``, and console scripts installed before the CLI moved
+    to engine_cli.py: run that CLI."""
+    # imported here: the CLI imports this module
+    from openinfer.engine_core.engine_cli import main as cli_main
 
+    cli_main(argv)
+
+
+if __name__ == "__main__":
     main()
