@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.models.dflash import DFlashConfig
+from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.testing.zlab_reference import openinfer_runs, reference_runs
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.model_runner import ModelRunner
 
 BLOCK_SIZE = 16
 CONTEXT_LEN = 64  # most tokens already cached per decode request

@@ -29,3 +29,8 @@ def _builtin(name: str) -> Path:
             "(pip install -e .) from a complete checkout"
         )
     return folder
+
+
+def builtin_tokenizer_folder() -> Path:
+    """The folder holding the built-in tokenizer.json and tokenizer_config.json (``--fake-model``'s model)."""
+    return Path(str(files("openinfer.engine_core") / "builtin"))

@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """What to load: ``--spec-method``, ``--num-spec-tokens`` and the method's options."""
+
+    method: str  # "ngram" or "dflash"
+    num_spec_tokens: int  # K, in [1, MAX_SPEC_TOKENS]; refused (never clamped) outside
+    draft_model: Path | None = None  # DFlash checkpoint folder
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    dflash_anchor: str | None = None  # None: read from the checkpoint's config
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,9 @@ class EngineConfig:
         None  # DFlash checkpoint for drafters that name none (built-in model's)
     )
     spec_log: Path | None = None  # --spec-log: one JSON line per draft
-    fake_model: bool = False  # --fake-model: no weights, cheap deterministic logits (fake_model_runner.py)
+    fake_model: bool = (
+        False  # --fake-model: no weights, cheap deterministic logits (testing/fake_model_runner.py)
+    )
     step_sleep: float = 0.0  # --step-sleep: seconds slept after each step that ran requests (a slowed engine)
     curve_keys: Path | None = None  # --zmq-curve-keys: CurveZMQ keys folder made by openinfer-keys
 

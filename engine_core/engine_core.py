@@ -9,15 +9,14 @@ import time
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.config import EngineConfig
-from openinfer.engine_core.fake_model_runner import FAKE_MODEL_CONFIG, FakeModelRunner
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.executor import ModelExecutor, SeqChunk
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
-from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.request import Request, RequestStatus
+from openinfer.engine_core.runtime_facts import RuntimeFacts
 from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec, SpecDecoder
+from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.kernels.logprobs import token_logprobs
 from openinfer.kernels.verification import verify
@@ -33,38 +32,21 @@ _FINISH_KIND = {
 }
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """ "auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
-    if name == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 class EngineCore:
-    """Requests in, token outputs out; owns the scheduler, the KV cache and the model runner."""
+    """Requests in, token outputs out; owns the scheduler and the KV cache, and steps the runner it is given
+    (the engine process chooses the real one or ``--fake-model``'s)."""
 
-    def __init__(self, config: EngineConfig, incarnation: int = 0) -> None:
+    def __init__(self, config: EngineConfig, runner: ModelExecutor, incarnation: int = 0) -> None:
         self.config = config
         self.incarnation = incarnation
-        device = torch.device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        model_config = FAKE_MODEL_CONFIG if config.fake_model else ModelConfig.from_folder(config.model_path)
-        num_blocks = config.num_kv_blocks or int(
-            config.kv_cache_gb * 2**30 // ModelRunner.kv_block_bytes(model_config, config.block_size, dtype)
-        )
-        runner_class = FakeModelRunner if config.fake_model else ModelRunner
-        self.runner = runner_class(config.model_path, device, num_blocks, config.block_size, dtype)
-        self.model_config = model_config
-        self.max_model_len = min(
-            config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings
-        )
-        self.eos_token_ids = frozenset(model_config.eos_token_ids)
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size)
+        self.runner = runner
+        self.facts = RuntimeFacts.found(config, runner)
+        self.kv_cache = KVCacheManager(self.facts.num_kv_blocks, self.facts.block_size)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
         self._ended: list[EngineCoreOutput] = []  # outputs of requests ended outside a step
         # Requests without a seed of their own draw from this one (no global RNG state).
-        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.generator = torch.Generator(device=runner.device).manual_seed(config.seed)
         self.spec_log = (
             SpecLog(config.spec_log, config.engine_index, incarnation) if config.spec_log else None
         )
@@ -144,15 +126,15 @@ class EngineCore:
     def _validate(self, message: EngineCoreRequest) -> str | None:
         params = message.sampling_params
         prompt = message.prompt_token_ids
-        vocab = self.model_config.vocab_size
+        vocab, max_model_len = self.facts.vocab_size, self.facts.max_model_len
         if message.request_id in self.requests:
             return f"request id {message.request_id!r} is already running on this engine"
         if not prompt:
             return "the prompt is empty"
         if any(t < 0 or t >= vocab for t in prompt):
             return f"prompt token ids must be in [0, {vocab})"
-        if len(prompt) >= self.max_model_len:
-            return f"the prompt has {len(prompt)} tokens; this model's length is {self.max_model_len}"
+        if len(prompt) >= max_model_len:
+            return f"the prompt has {len(prompt)} tokens; this model's length is {max_model_len}"
         if params.max_tokens < 1:
             return f"max_tokens must be >= 1, got {params.max_tokens}"
         if not (math.isfinite(params.temperature) and params.temperature >= 0 and 0 < params.top_p <= 1):
@@ -161,7 +143,7 @@ class EngineCore:
             return f"top_k must be >= 1 or unset, got {params.top_k}"
         if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
             return f"logprobs must be in [0, {vocab}] or unset, got {params.logprobs}"
-        longest = min(len(prompt) + params.max_tokens, self.max_model_len)
+        longest = min(len(prompt) + params.max_tokens, max_model_len)
         if self.kv_cache.num_blocks_for(longest) > self.kv_cache.num_blocks:
             return (
                 f"the request needs up to {longest} tokens of KV cache but this engine holds "
@@ -242,10 +224,9 @@ class EngineCore:
                     self.spec.observe(request, s.num_spec_tokens, min(num_kept, num_accepted))
                 request.spec_token_ids = []
                 outputs.append(self._output(request))
-            request.num_computed_tokens = start + num_valid
-            if not request.status.is_finished:
-                self.kv_cache.trim(request.block_ids, request.num_computed_tokens)  # rejected drafts' slots
-                if aux is not None and self.spec is not None and self.spec.can_draft(request):
+            self.scheduler.commit(s, num_valid)  # the scheduler's KV manager frees rejected drafts' slots
+            if not request.status.is_finished and aux is not None and self.spec is not None:
+                if self.spec.can_draft(request):
                     context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
             row += s.num_scheduled_tokens
         if context and self.spec is not None:
@@ -308,7 +289,7 @@ class EngineCore:
         for s in scheduled:
             request = s.request
             if s.samples and not request.status.is_finished and self.spec.can_draft(request):
-                query = self.spec.query(request, self.max_model_len)
+                query = self.spec.query(request, self.facts.max_model_len)
                 if query.max_drafts > 0:
                     requests.append(request)
                     queries.append(query)
@@ -319,10 +300,10 @@ class EngineCore:
     def _stop_status(self, request: Request) -> RequestStatus | None:
         params = request.sampling_params
         token = request.all_token_ids[-1]
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.facts.eos_token_ids):
             request.finish = FinishReason("stop", stop_token_id=token)
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.facts.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

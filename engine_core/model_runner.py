@@ -9,19 +9,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.executor import SeqChunk, check_chunk, check_kv_geometry, resolve_dtype
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.kernels.attention import AttentionMetadata, select_backend
-
-
-@dataclass(frozen=True)
-class SeqChunk:
-    """One request's share of a step: the new tokens to run and where their KV entries go."""
-
-    token_ids: list[int]  # new tokens to run this step for one request
-    start_pos: int  # tokens of this request already in its KV cache (position of token_ids[0])
-    block_ids: list[int]  # the request's block table, covering start_pos + len(token_ids) slots
-    num_logits: int = 1  # logits wanted for the LAST num_logits tokens (0 for a mid-prompt prefill chunk)
 
 
 @dataclass(frozen=True)
@@ -44,12 +35,9 @@ class ModelRunner:
         block_size: int = 16,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if num_kv_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"need num_kv_blocks >= 1 and block_size >= 1, got {num_kv_blocks}, {block_size}"
-            )
+        check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
-        self.dtype = dtype or (torch.float32 if self.device.type == "cpu" else torch.bfloat16)
+        self.dtype = dtype or resolve_dtype("auto", self.device)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
@@ -101,7 +89,7 @@ class ModelRunner:
         positions: list[int] = []
         logits_indices: list[int] = []
         for chunk in chunks:
-            self._check(chunk)
+            check_chunk(chunk, self)
             input_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids)))
             logits_indices.extend(range(len(input_ids) - chunk.num_logits, len(input_ids)))
@@ -118,18 +106,3 @@ class ModelRunner:
             attn=attn,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
         )
-
-    def _check(self, chunk: SeqChunk) -> None:
-        end = chunk.start_pos + len(chunk.token_ids)
-        if not chunk.token_ids or chunk.start_pos < 0:
-            raise ValueError(f"a chunk needs at least one token and start_pos >= 0, got {chunk}")
-        if not 0 <= chunk.num_logits <= len(chunk.token_ids):
-            raise ValueError(f"num_logits {chunk.num_logits} is outside [0, {len(chunk.token_ids)}]")
-        if end > self.model_config.max_position_embeddings:
-            raise ValueError(
-                f"position {end - 1} is past the model's {self.model_config.max_position_embeddings}"
-            )
-        if len(chunk.block_ids) * self.block_size < end:
-            raise ValueError(f"{len(chunk.block_ids)} blocks of {self.block_size} cannot hold {end} tokens")
-        if min(chunk.block_ids) < 0 or max(chunk.block_ids) >= self.num_kv_blocks:
-            raise ValueError(f"block ids must be in [0, {self.num_kv_blocks}), got {chunk.block_ids}")

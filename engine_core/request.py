@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from openinfer.protocol import FinishReason, RequestSpecStats, SamplingParams, TokenLogprobs
+from openinfer.protocol import (
+    FinishReason,
+    RequestSpecStats,
+    SamplingParams,
+    SpecDecodeCounters,
+    TokenLogprobs,
+)
 
 _MIN_TEMPERATURE = 1e-5
 
@@ -49,8 +55,8 @@ class Request:
     num_sent_tokens: int = 0
     # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids)
     spec_token_ids: list[int] = field(default_factory=list)
-    # this request's speculative counts, from its first draft on
-    spec_stats: RequestSpecStats | None = None
+    # this request's speculative counts, from its first draft on (moved only by observe_draft)
+    spec_counters: SpecDecodeCounters | None = None
     # the drafter generation whose context this request's prefill filled (None: prefilled before it loaded)
     drafter_generation: int | None = None
     # logprobs of the output tokens not yet sent, one per token (None: the request did not ask for them)
@@ -71,6 +77,17 @@ class Request:
     @property
     def top_k(self) -> int | None:
         return self.sampling_params.top_k
+
+    @property
+    def spec_stats(self) -> RequestSpecStats | None:
+        """This request's speculative counts as the frontend receives them (None before its first draft)."""
+        c = self.spec_counters
+        if c is None:
+            return None
+        hist = list(c.accepted_length_hist)
+        return RequestSpecStats(
+            c.num_spec_tokens, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, hist
+        )
 
     @property
     def num_prompt_tokens(self) -> int:

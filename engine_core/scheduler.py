@@ -128,6 +128,14 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
+    def commit(self, scheduled: ScheduledRequest, num_valid: int) -> None:
+        """After the step: the `num_valid` tokens from ``scheduled.start`` on hold verified KV (the new tokens
+        and the accepted drafts); the KV manager frees the blocks past them (rejected drafts' slots)."""
+        request = scheduled.request
+        request.num_computed_tokens = scheduled.start + num_valid
+        if not request.status.is_finished:
+            self.kv_cache.trim(request.block_ids, request.num_computed_tokens)
+
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take an ended request out of the queues and free its blocks."""
         assert status.is_finished

@@ -26,8 +26,10 @@ from training import (
 )
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig, DFlashDraftModel
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import ngram_propose

@@ -17,7 +17,8 @@ from dflash_data import (
 from torch import Tensor
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig, DFlashDraftModel
+from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.qwen3 import apply_rope
 
 

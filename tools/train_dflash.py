@@ -64,8 +64,8 @@ from training import (
 )
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import AnchorLayout
-from openinfer.engine_core.models.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
+from openinfer.engine_core.models.dflash_config import AnchorLayout
+from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
 
 
 def parse_args() -> argparse.Namespace:

@@ -5,7 +5,7 @@ tokenizer) on tinyshakespeare. Run once by the project; the output folder is com
         [--work-dir runs/train_target] [--steps 700] [--batch-size 16] [--seq-len 256] [--seed 0] [--threads 1]
 
 The training loop is transformers' `Qwen3ForCausalLM` with the architecture of
-`openinfer.engine_core.tiny_model.TINY_QWEN3_CONFIG`, AdamW, warm-up then cosine decay, bfloat16 autocast on
+`openinfer.engine_core.testing.tiny_model.TINY_QWEN3_CONFIG`, AdamW, warm-up then cosine decay, bfloat16 autocast on
 the CPU (float32 master weights). The last tenth of the tokens is held out for validation. Seeded: step s
 trains on windows drawn by a generator seeded with (seed, s), so a run resumed from its checkpoint (written
 to --work-dir every --checkpoint-every steps, and picked up automatically) is the run that did not stop.
@@ -38,7 +38,7 @@ from training import (
 )
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from openinfer.engine_core.tiny_model import TINY_QWEN3_CONFIG
+from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
 
 SAMPLE_PROMPT = "ROMEO:"
 

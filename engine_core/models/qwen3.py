@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.weights import iter_safetensors
+from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
 
 
@@ -274,27 +274,13 @@ class Qwen3ForCausalLM(nn.Module):
         """Copy every tensor of the folder's safetensors (one file or an indexed set of shards) into the
         parameter, or the part of a packed parameter, of the same Hugging Face name; a missing, unexpected
         or misshapen tensor is an error."""
-        targets = self.checkpoint_tensors()
-        loaded: set[str] = set()
-        for name, tensor in iter_safetensors(Path(folder)):
-            if name == "lm_head.weight" and self.lm_head is None:
-                continue  # some tied checkpoints still store the head; it equals the embedding
-            target = targets.get(name)
-            if target is None:
-                raise ValueError(f"{folder}: unexpected tensor {name!r} (is this a Qwen3 dense checkpoint?)")
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"{folder}: tensor {name!r} has shape {tuple(tensor.shape)}, the config says "
-                    f"{tuple(target.shape)}"
-                )
-            with torch.no_grad():
-                target.copy_(tensor)
-            loaded.add(name)
-        missing = sorted(targets.keys() - loaded)
-        if missing:
-            raise ValueError(
-                f"{folder}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}"
-            )
+        load_checkpoint(
+            Path(folder),
+            self.checkpoint_tensors(),
+            unexpected_hint=" (is this a Qwen3 dense checkpoint?)",
+            # some tied checkpoints still store the head; it equals the embedding
+            skip=lambda name: name == "lm_head.weight" and self.lm_head is None,
+        )
 
     def checkpoint_tensors(self) -> dict[str, Tensor]:
         """Every tensor a Hugging Face checkpoint of this model holds, by its name there: a parameter, or a

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from torch import Tensor
 
@@ -23,3 +24,36 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
         with safe_open(str(folder / file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def load_checkpoint(
+    folder: Path,
+    targets: Mapping[str, Tensor],
+    *,
+    unexpected_hint: str,
+    skip: Callable[[str], bool] = lambda name: False,
+    shape_problem: Callable[[str, tuple[int, ...]], str | None] = lambda name, shape: None,
+) -> None:
+    """Copy every tensor of `folder`'s safetensors into the target tensor of the same name (a parameter, or a
+    view of part of one). A tensor with no target (unless `skip` says so), a misshapen one, or a target that
+    no tensor fills is an error naming `folder`. `unexpected_hint` follows the unexpected tensor's name;
+    `shape_problem` may explain a misshapen tensor better than the shapes alone."""
+    loaded: set[str] = set()
+    for name, tensor in iter_safetensors(folder):
+        if skip(name):
+            continue
+        target = targets.get(name)
+        if target is None:
+            raise ValueError(f"{folder}: unexpected tensor {name!r}{unexpected_hint}")
+        if target.shape != tensor.shape:
+            shape = tuple(tensor.shape)
+            problem = shape_problem(name, shape)
+            if problem is None:
+                problem = f"tensor {name!r} has shape {shape}, the config says {tuple(target.shape)}"
+            raise ValueError(f"{folder}: {problem}")
+        with torch.no_grad():
+            target.copy_(tensor)
+        loaded.add(name)
+    missing = sorted(targets.keys() - loaded)
+    if missing:
+        raise ValueError(f"{folder}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.model_runner import ModelRunner
-from openinfer.engine_core.models.dflash import AnchorLayout, BlockContext, DFlashConfig, DFlashDraftModel
+from openinfer.engine_core.models.dflash import BlockContext, DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.protocol import MAX_SPEC_TOKENS
 

@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.config import DrafterSpec
+from openinfer.engine_core.executor import ModelExecutor
 from openinfer.engine_core.request import Request
 from openinfer.engine_core.spec_decode.drafter import Drafter, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import NgramDrafter
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
-from openinfer.protocol import RequestSpecStats, SpecDecodeCounters
+from openinfer.protocol import SpecDecodeCounters
 
 
-@dataclass(frozen=True)
-class DrafterSpec:
-    """What to load: ``--spec-method``, ``--num-spec-tokens`` and the method's options."""
-
-    method: str  # "ngram" or "dflash"
-    num_spec_tokens: int  # K, in [1, MAX_SPEC_TOKENS]; refused (never clamped) outside
-    draft_model: Path | None = None  # DFlash checkpoint folder
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
-    dflash_anchor: str | None = None  # None: read from the checkpoint's config
-
-
-def _load_ngram(spec: DrafterSpec, runner: ModelRunner) -> Drafter:
+def _load_ngram(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
     return NgramDrafter(spec.num_spec_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
 
 
-def _load_dflash(spec: DrafterSpec, runner: ModelRunner) -> Drafter:
-    from openinfer.engine_core.models.dflash import AnchorLayout
+def _load_dflash(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
+    from openinfer.engine_core.model_runner import ModelRunner
+    from openinfer.engine_core.models.dflash_config import AnchorLayout
     from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 
     if spec.draft_model is None:
         raise ValueError("--spec-method dflash needs --draft-model PATH (a DFlash checkpoint folder)")
+    if not isinstance(runner, ModelRunner):  # DFlash shares the target's embedding and LM head
+        raise ValueError("--fake-model has no hidden states for DFlash; use --spec-method ngram")
     anchor = AnchorLayout(spec.dflash_anchor) if spec.dflash_anchor else None
     return DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, anchor)
 
@@ -49,7 +38,7 @@ class SpecDecoder:
     target's hidden states (DFlash) can only draft for requests whose whole context it has seen.
     """
 
-    def __init__(self, spec: DrafterSpec, runner: ModelRunner, log: SpecLog | None) -> None:
+    def __init__(self, spec: DrafterSpec, runner: ModelExecutor, log: SpecLog | None) -> None:
         self.counters = SpecDecodeCounters.zero(spec.num_spec_tokens)  # refuses K outside [1, 32] first
         if spec.method not in DRAFTERS:
             raise ValueError(f"unknown --spec-method {spec.method!r}; choose one of {sorted(DRAFTERS)}")
@@ -63,7 +52,8 @@ class SpecDecoder:
 
     def can_draft(self, request: Request) -> bool:
         """Whether this drafter may propose for ``request`` (its stats K and context fit this drafter)."""
-        if request.spec_stats is not None and request.spec_stats.num_spec_tokens != self.num_spec_tokens:
+        counters = request.spec_counters
+        if counters is not None and counters.num_spec_tokens != self.num_spec_tokens:
             return False
         return not self.drafter.aux_layer_ids or request.drafter_generation == self.generation
 
@@ -82,14 +72,8 @@ class SpecDecoder:
     def observe(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
         """Count one verified draft in the engine counters, the request's stats and the spec log."""
         self.counters.observe_draft(num_draft_tokens, num_accepted)
-        stats = request.spec_stats
-        if stats is None:
-            stats = request.spec_stats = RequestSpecStats(
-                self.num_spec_tokens, 0, 0, 0, [0] * (self.num_spec_tokens + 1)
-            )
-        stats.num_drafts += 1
-        stats.num_draft_tokens += num_draft_tokens
-        stats.num_accepted_tokens += num_accepted
-        stats.accepted_length_hist[num_accepted] += 1
+        if request.spec_counters is None:
+            request.spec_counters = SpecDecodeCounters.zero(self.num_spec_tokens)
+        request.spec_counters.observe_draft(num_draft_tokens, num_accepted)  # the same tally, per request
         if self._log is not None:
             self._log.write(request.request_id, self.num_spec_tokens, num_draft_tokens, num_accepted)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from openinfer.engine_core.testing.qwen3_tokenizer import QWEN3_TOKEN_IDS, write_qwen3_tokenizer
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 
 # Qwen3-0.6B's config.json (transformers' Qwen3Config arguments), but 28 layers and 40960 positions.
 QWEN3_0_6B_CONFIG: MappingProxyType[str, Any] = MappingProxyType(

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.engine_cli import load_runner
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
@@ -92,7 +92,7 @@ def openinfer_runs(
         spec_log=spec_log,
         **config,  # type: ignore[arg-type]
     )
-    core = EngineCore(engine_config)
+    core = EngineCore(engine_config, load_runner(engine_config))
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from tests.e2e.processes import Cluster
 
 # A small checkpoint with the built-in tokenizer's vocabulary, so text prompts work end to end.

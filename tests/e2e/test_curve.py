@@ -15,7 +15,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
+from openinfer.engine_core.builtin_model import builtin_tokenizer_folder
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.protocol import (
     PROTOCOL_VERSION,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from openinfer.engine_core.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
+from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 from tests.e2e.load import Load
 from tests.e2e.processes import Cluster
 

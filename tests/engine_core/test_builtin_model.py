@@ -14,16 +14,16 @@ from openinfer.engine_core.builtin_model import (
     BUILTIN_NUM_SPEC_TOKENS,
     builtin_drafter_folder,
     builtin_target_folder,
+    builtin_tokenizer_folder,
 )
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.engine_cli import load_runner
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.fake_model_runner import builtin_tokenizer_folder
 from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
-from openinfer.engine_core.tiny_model import TINY_QWEN3_CONFIG
+from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
 from openinfer.protocol import SpecDecodeCounters
 from tests.engine_core.test_greedy_parity import assert_hf_greedy, generate
 from tests.engine_core.test_spec_decode import read_log
@@ -54,7 +54,7 @@ def baseline(prompts: list[list[int]]) -> list[list[int]]:
 
 def make_core(**overrides: object) -> EngineCore:
     config = EngineConfig(model_path=builtin_target_folder(), served_model_name="builtin", **overrides)  # type: ignore[arg-type]
-    return EngineCore(config)
+    return EngineCore(config, load_runner(config))
 
 
 def test_architecture_and_files() -> None:

@@ -11,9 +11,11 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.engine_cli import load_runner
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, FinishReason, SamplingParams
 from tests.engine_core.test_greedy_parity import SMALL
 
@@ -69,7 +71,8 @@ def test_bf16_checkpoint_runs_in_float32_and_bfloat16(tmp_path: Path) -> None:
 
 
 def run(folder: Path, max_tokens: int, ignore_eos: bool) -> tuple[list[int], FinishReason | None]:
-    core = EngineCore(EngineConfig(model_path=folder, served_model_name="t"))
+    config = EngineConfig(model_path=folder, served_model_name="t")
+    core = EngineCore(config, load_runner(config))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     core.add_request(EngineCoreRequest("r", PROMPT, params))
     tokens, finish = [], None

@@ -15,11 +15,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from openinfer.engine_core.model_runner import ModelRunner
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig
-from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.attention import AttentionMetadata
 
 # 3 target layers so that layers 0 and 1 can both feed the drafter (the last one may not); 4 query heads

@@ -17,11 +17,11 @@ from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.model_runner import ModelRunner
-from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.testing.zlab_reference import openinfer_runs, reference_runs
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.attention import AttentionMetadata
 
 # 6 target layers, z-lab's shape in small: the drafter reads layers 1, 2 and 5 (5 is the last: transformers'

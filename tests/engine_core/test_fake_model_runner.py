@@ -6,18 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.builtin_model import builtin_tokenizer_folder
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.engine_cli import config_from_args, load_runner, parse_args
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.engine_process import config_from_args, parse_args
-from openinfer.engine_core.fake_model_runner import (
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.testing.fake_model_runner import (
     FAKE_CYCLE,
     FIRST_CYCLE_TOKEN,
     FakeModelRunner,
-    builtin_tokenizer_folder,
     successors,
 )
-from openinfer.engine_core.model_runner import SeqChunk
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
@@ -47,7 +46,7 @@ def test_engine_core_on_the_fake_model_drafts_that_hit() -> None:
         num_kv_blocks=64,
         speculative=DrafterSpec("ngram", 4),
     )
-    core = EngineCore(config)
+    core = EngineCore(config, load_runner(config))
     params = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
     core.add_request(EngineCoreRequest("r", [3, 4, 5], params))
     tokens: list[int] = []

@@ -10,8 +10,9 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.engine_cli import load_runner
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 # Small enough for 2 CPU cores, wide enough (init_std) that greedy output is not one repeated token.
@@ -71,7 +72,8 @@ def assert_hf_greedy(folder: Path, prompts: list[list[int]], outputs: list[list[
 
 
 def make_core(folder: Path, **overrides: object) -> EngineCore:
-    return EngineCore(EngineConfig(model_path=folder, served_model_name="test", **overrides))  # type: ignore[arg-type]
+    config = EngineConfig(model_path=folder, served_model_name="test", **overrides)  # type: ignore[arg-type]
+    return EngineCore(config, load_runner(config))
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

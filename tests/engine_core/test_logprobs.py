@@ -9,19 +9,14 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams, TokenLogprobs
 from tests.engine_core.test_greedy_parity import SMALL
-from tests.engine_core.test_spec_decode import make_prompts
+from tests.engine_core.test_spec_decode import make_core, make_prompts
 
 TOP = 4  # alternatives asked for
-
-
-def make_core(folder: Path, **overrides: object) -> EngineCore:
-    return EngineCore(EngineConfig(model_path=folder, served_model_name="t", **overrides))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

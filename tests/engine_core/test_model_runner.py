@@ -10,8 +10,9 @@ import pytest
 import torch
 import transformers
 
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.attention import AttentionMetadata
 
 # Smaller than the built-in model; 4 query heads over 2 KV heads (GQA) come from TINY_QWEN3_CONFIG.

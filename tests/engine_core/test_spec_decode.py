@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.engine_cli import load_runner
 from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.fake_model_runner import FIRST_CYCLE_TOKEN
-from openinfer.engine_core.models.dflash import AnchorLayout
-from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
-from openinfer.engine_core.spec_decode.spec_decoder import DrafterSpec
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.verification import accepted_prefix_length
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
 from tests.engine_core.test_greedy_parity import SMALL, assert_hf_greedy
@@ -65,7 +65,8 @@ def run(core: EngineCore, prompts: list[list[int]], stop_token_ids: list[list[in
 
 
 def make_core(folder: Path, **overrides: object) -> EngineCore:
-    return EngineCore(EngineConfig(model_path=folder, served_model_name="t", **overrides))  # type: ignore[arg-type]
+    config = EngineConfig(model_path=folder, served_model_name="t", **overrides)  # type: ignore[arg-type]
+    return EngineCore(config, load_runner(config))
 
 
 @pytest.fixture(scope="module")

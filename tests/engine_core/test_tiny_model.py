@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 
 SMALL = {
     "vocab_size": 256,

@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.models.dflash import AnchorLayout, DFlashConfig, DFlashDraftModel
-from openinfer.engine_core.models.dflash_checkpoint import make_tiny_dflash_checkpoint
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import dflash_card  # noqa: E402 - tools/ is not a package

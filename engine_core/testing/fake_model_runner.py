@@ -1,7 +1,7 @@
 """``--fake-model``: a model runner without a model, for measuring everything around the model.
 
-It keeps :class:`ModelRunner`'s interface (``execute`` over a step's chunks, logits in chunk order) but
-computes nothing: the logits after token ``t`` put :data:`FAKE_SUCCESSOR_LOGIT` on ``successor(t)`` and 0
+It is a model executor as :class:`ModelRunner` is (``execute`` over a step's chunks, logits in chunk
+order) but computes nothing: the logits after token ``t`` put :data:`FAKE_SUCCESSOR_LOGIT` on ``successor(t)`` and 0
 on every other token, where the successor walks a cycle of :data:`FAKE_CYCLE` ordinary tokens. Greedy output
 is that cycle, so n-gram prompt lookup hits once a cycle has been seen; sampling at temperature 1 keeps the
 successor with probability ~0.85, so rejection sampling rejects some drafts. The vocabulary and tokenizer
@@ -11,13 +11,13 @@ are the built-in model's (:data:`FAKE_MODEL_CONFIG`); no KV memory is allocated.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib.resources import files
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.model_runner import ModelRunner, SeqChunk
+from openinfer.engine_core.executor import SeqChunk, check_chunk, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).
@@ -42,11 +42,6 @@ FAKE_CYCLE = 32  # tokens 3..34 follow each other, 34 is followed by 3; any othe
 FAKE_SUCCESSOR_LOGIT = 8.0  # softmax at temperature 1: e^8 / (e^8 + 511) ~ 0.85 on the successor
 
 
-def builtin_tokenizer_folder() -> Path:
-    """The folder holding the built-in tokenizer.json and tokenizer_config.json (the fake model's)."""
-    return Path(str(files("openinfer.engine_core") / "builtin"))
-
-
 def successors(token_ids: Tensor) -> Tensor:
     """The fake model's next token after each of ``token_ids`` (int64, any shape)."""
     offset = token_ids - FIRST_CYCLE_TOKEN
@@ -55,32 +50,24 @@ def successors(token_ids: Tensor) -> Tensor:
     return torch.where(in_cycle, following, torch.full_like(token_ids, FIRST_CYCLE_TOKEN))
 
 
-class FakeModelRunner(ModelRunner):
-    """A :class:`ModelRunner` whose ``execute`` is the fake model's rule: no weights, no KV cache.
+@dataclass(eq=False)
+class FakeModelRunner:
+    """A model executor whose ``execute`` is the fake model's rule: no weights, no KV cache.
 
     It checks chunks as the real runner does, so scheduling bugs still surface. DFlash needs a real model's
     hidden states: ``execute_with_aux`` refuses (the engine refuses ``--fake-model`` with dflash first).
     """
 
-    def __init__(
-        self,
-        model_path: Path,
-        device: torch.device,
-        num_kv_blocks: int,
-        block_size: int = 16,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        # No super().__init__(): it would load weights and allocate the KV cache.
-        if num_kv_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"need num_kv_blocks >= 1 and block_size >= 1, got {num_kv_blocks}, {block_size}"
-            )
-        self.device = torch.device(device)
-        self.dtype = dtype or torch.float32
-        self.block_size = block_size
-        self.num_kv_blocks = num_kv_blocks
-        self.model_config = FAKE_MODEL_CONFIG
-        self.kv_caches: list[Tensor] = []
+    model_path: Path  # unused: the fake model has no folder (the built-in tokenizer's serves its vocabulary)
+    device: torch.device
+    num_kv_blocks: int  # notional: block ids are checked against it, no memory is allocated
+    block_size: int = 16
+    dtype: torch.dtype = torch.float32
+    model_config: ModelConfig = field(default=FAKE_MODEL_CONFIG, init=False)
+
+    def __post_init__(self) -> None:
+        check_kv_geometry(self.num_kv_blocks, self.block_size)
+        self.device = torch.device(self.device)
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> Tensor:
@@ -89,7 +76,7 @@ class FakeModelRunner(ModelRunner):
             raise ValueError("execute needs at least one chunk")
         last_ids: list[int] = []
         for chunk in chunks:
-            self._check(chunk)
+            check_chunk(chunk, self)
             last_ids.extend(chunk.token_ids[len(chunk.token_ids) - chunk.num_logits :])
         tokens = torch.tensor(last_ids, dtype=torch.int64, device=self.device)  # (num_logits,)
         logits = torch.zeros(len(last_ids), self.model_config.vocab_size, device=self.device)

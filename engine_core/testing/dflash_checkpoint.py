@@ -10,12 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import (
-    AnchorLayout,
-    DFlashConfig,
-    DFlashDraftModel,
-    zlab_target_layer_ids,
-)
+from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig, zlab_target_layer_ids
 
 
 def make_tiny_dflash_checkpoint(

@@ -1,0 +1,201 @@
+"""A DFlash drafter's config.json in z-lab's layout, read and checked against its target (the layout: see
+:mod:`openinfer.engine_core.models.dflash`)."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openinfer.engine_core.models.config import ModelConfig
+
+_ZLAB_ARCHITECTURE = "DFlashDraftModel"
+_UNSUPPORTED_EXTRAS = ("conv_kernel_size", "selector_rank", "projector_type")  # DFlash2 / Domino drafters
+_ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
+
+
+class AnchorLayout(enum.Enum):
+    """Which slots of a draft block carry the drafts. In both, slot 0 holds the current token at its
+    position p and slots 1.. hold mask tokens at p+1, ...
+
+    Decided by `dflash_config.sample_from_anchor` when the config has it; else by an explicit choice (the
+    engine's flag); else, for a config whose architectures name z-lab's `DFlashDraftModel`, by z-lab's
+    reference code, which always uses MASK_SLOTS; anything else is an error."""
+
+    MASK_SLOTS = "mask_slots"  # z-lab DFlash (sample_from_anchor false): slot i >= 1 drafts position p + i
+    ANCHOR_SLOT = "anchor_slot"  # DSpark (sample_from_anchor true): slot i >= 0 drafts position p + i + 1
+
+    @property
+    def first_draft_slot(self) -> int:
+        return 1 if self is AnchorLayout.MASK_SLOTS else 0
+
+    def max_drafts(self, block_size: int) -> int:
+        """The most draft tokens one block of `block_size` slots yields."""
+        return block_size - self.first_draft_slot
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """A DFlash drafter's architecture and block layout, from its `config.json`."""
+
+    layers: ModelConfig  # the draft layers' Qwen3 sizes; vocab_size is the (shared) target vocabulary
+    block_size: int  # slots in one draft block, the current token's included (not the KV-cache page size)
+    mask_token_id: int  # token id in every slot but the first
+    target_layer_ids: tuple[int, ...]  # 0-based target decoder layers whose outputs feed fc, in fc's order
+    target_hidden_size: int  # width of one target layer's output
+    num_target_layers: int | None  # decoder layers of the target it was trained for, when the config says
+    anchor: AnchorLayout  # which block slots carry the drafts
+    input_embedding_scale: float  # multiplies the target's embeddings of the block tokens (1 in z-lab's)
+    output_multiplier: float = 1.0  # multiplies the draft logits (z-lab's compute_logits; 1 when absent)
+    final_logit_softcapping: float | None = None  # logits -> tanh(logits / c) * c when set and > 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.anchor.max_drafts(self.block_size) < 1:
+            raise ValueError(
+                f"dflash: block_size {self.block_size} leaves no slot to draft from ({self.anchor})"
+            )
+        if not self.target_layer_ids or min(self.target_layer_ids) < 0:
+            raise ValueError(
+                f"dflash: target_layer_ids must be non-empty and >= 0, got {self.target_layer_ids}"
+            )
+        if self.num_target_layers is not None and max(self.target_layer_ids) >= self.num_target_layers:
+            raise ValueError(
+                f"dflash: target_layer_ids {self.target_layer_ids} name a layer past num_target_layers "
+                f"({self.num_target_layers})"
+            )
+        if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
+            raise ValueError(
+                f"dflash: final_logit_softcapping must be > 0 or absent, got {self.final_logit_softcapping}"
+            )
+        if not 0 <= self.mask_token_id < self.layers.vocab_size:
+            raise ValueError(
+                f"dflash: mask_token_id {self.mask_token_id} is outside the vocabulary [0, "
+                f"{self.layers.vocab_size})"
+            )
+
+    @property
+    def max_drafts(self) -> int:
+        """The most draft tokens one block yields: the largest K this drafter can serve."""
+        return self.anchor.max_drafts(self.block_size)
+
+    @classmethod
+    def from_folder(cls, folder: Path | str, anchor: AnchorLayout | None = None) -> DFlashConfig:
+        """Read `folder/config.json`; `anchor`, when given, is the layout the engine was told to use."""
+        config_path = Path(folder) / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(
+                f"{config_path} not found: --draft-model must be a DFlash checkpoint folder with config.json"
+            )
+        try:
+            config = json.loads(config_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+        try:
+            return cls.from_dict(config, anchor)
+        except ValueError as e:
+            raise ValueError(f"{config_path}: {e}") from e
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any], anchor: AnchorLayout | None = None) -> DFlashConfig:
+        """Build from the parsed config.json. Keys are looked up in `dflash_config` first, then at the top
+        level, as z-lab's code does."""
+        dflash = config.get("dflash_config") or {}
+        if not isinstance(dflash, dict):
+            raise ValueError("dflash_config must be a JSON object")
+
+        def value(key: str) -> Any:
+            return dflash.get(key, config.get(key))
+
+        for key in _UNSUPPORTED_EXTRAS:
+            if value(key):
+                raise ValueError(f"{key!r} belongs to a DFlash2/Domino drafter, which is not supported")
+        if config.get("is_causal") or dflash.get("causal"):
+            raise ValueError("causal DFlash draft layers are not supported (the block must be non-causal)")
+        if "sliding_attention" in (config.get("layer_types") or []):
+            raise ValueError("sliding-window DFlash draft layers are not supported")
+        if value("mask_token_id") is None:
+            raise ValueError("the config has no 'mask_token_id' (in dflash_config or at the top level)")
+        layers = ModelConfig.from_dict(config)
+        num_target_layers = value("num_target_layers")
+        layer_ids = value("target_layer_ids")
+        if layer_ids is None:  # z-lab's default: spread over the target's layers
+            if num_target_layers is None:
+                raise ValueError("the config has neither 'target_layer_ids' nor 'num_target_layers'")
+            layer_ids = list(zlab_target_layer_ids(int(num_target_layers), layers.num_hidden_layers))
+        if not isinstance(layer_ids, list) or not all(isinstance(i, int) for i in layer_ids):
+            raise ValueError(f"target_layer_ids must be a list of integers, got {layer_ids!r}")
+        softcap = value("final_logit_softcapping")
+        return cls(
+            layers=layers,
+            block_size=int(value("block_size") or _ZLAB_BLOCK_SIZE),
+            mask_token_id=int(value("mask_token_id")),
+            target_layer_ids=tuple(layer_ids),
+            target_hidden_size=int(value("target_hidden_size") or layers.hidden_size),
+            num_target_layers=None if num_target_layers is None else int(num_target_layers),
+            anchor=_anchor_layout(config, value("sample_from_anchor"), anchor),
+            input_embedding_scale=float(_number(value("input_embedding_scale"), 1.0)),
+            output_multiplier=float(_number(value("output_multiplier"), 1.0)),
+            # z-lab applies the soft-cap only when it is set and > 0
+            final_logit_softcapping=float(softcap) if softcap is not None and float(softcap) > 0 else None,
+        )
+
+    def check_target(self, target: ModelConfig) -> None:
+        """Refuse a target this drafter cannot serve, saying what does not fit."""
+        problems = []
+        if self.layers.hidden_size != target.hidden_size or self.target_hidden_size != target.hidden_size:
+            problems.append(
+                f"the draft's hidden_size {self.layers.hidden_size} (target_hidden_size "
+                f"{self.target_hidden_size}) must equal the target's {target.hidden_size}: it shares the "
+                "target's embedding and LM head"
+            )
+        if self.num_target_layers not in (None, target.num_hidden_layers):
+            problems.append(
+                f"it was trained on a {self.num_target_layers}-layer target, this one has "
+                f"{target.num_hidden_layers}"
+            )
+        if max(self.target_layer_ids) >= target.num_hidden_layers:
+            problems.append(
+                f"target_layer_ids {self.target_layer_ids} name a layer the target lacks: it has "
+                f"{target.num_hidden_layers} (ids 0..{target.num_hidden_layers - 1})"
+            )
+        if self.mask_token_id >= target.vocab_size:
+            problems.append(f"mask_token_id {self.mask_token_id} is past the target's vocabulary")
+        if problems:
+            raise ValueError("this DFlash drafter does not fit the target model: " + "; ".join(problems))
+
+
+def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """z-lab's default target layers: the middle one for one draft layer, else evenly from layer 1 to n - 3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+def _number(value: Any, default: float) -> Any:
+    """A config number, `default` when the key is absent or null."""
+    return default if value is None else value
+
+
+def _anchor_layout(config: dict[str, Any], stated: Any, chosen: AnchorLayout | None) -> AnchorLayout:
+    from_config = (
+        None if stated is None else (AnchorLayout.ANCHOR_SLOT if stated else AnchorLayout.MASK_SLOTS)
+    )
+    if chosen is not None:
+        if from_config not in (None, chosen):
+            raise ValueError(
+                f"the config's sample_from_anchor={stated} means {from_config.value}, but {chosen.value} was "
+                "asked for; drop the explicit anchor layout"
+            )
+        return chosen
+    if from_config is not None:
+        return from_config
+    if _ZLAB_ARCHITECTURE in (config.get("architectures") or []):
+        return AnchorLayout.MASK_SLOTS  # z-lab's format: its reference code always drafts from mask slots
+    raise ValueError(
+        "the config does not say which block slots carry the drafts (no dflash_config.sample_from_anchor, "
+        f"and architectures does not name {_ZLAB_ARCHITECTURE}); choose the anchor layout explicitly"
+    )
