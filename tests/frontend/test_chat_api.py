@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from openinfer.frontend.chat_template import compile_chat_template
+from openinfer.frontend.openai.chat_template import compile_chat_template
 from openinfer.protocol import RequestSpecStats
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from openinfer.frontend.chat_template import ChatTemplateError, compile_chat_template
+from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
 from openinfer.frontend.tokenizer import Tokenizer
 
 BUILTIN = Path(__file__).parents[2] / "engine_core" / "builtin"

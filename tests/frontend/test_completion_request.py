@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from openinfer.frontend.api_error import ApiError
-from openinfer.frontend.completion_request import CompletionRequest, parse_completion_request
-from openinfer.frontend.engine_registry import ServedModel
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
+from openinfer.frontend.openai.errors import ApiError
 from tests.frontend import tiny_tokenizer
 
 

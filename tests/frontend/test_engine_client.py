@@ -6,8 +6,8 @@ import msgspec
 import pytest
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.engine_client import EngineClient, NoEngineError
-from openinfer.frontend.metrics import FrontendMetrics
+from openinfer.frontend.engines.client import EngineClient, NoEngineError
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.api_server import build_app, serve
-from openinfer.frontend.engine_client import EngineClient
-from openinfer.frontend.metrics import FrontendMetrics
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.openai.api_server import build_app, serve
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,

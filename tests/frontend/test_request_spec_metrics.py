@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.protocol import RequestSpecStats
 from tests.frontend.conftest import FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import PeerConfig

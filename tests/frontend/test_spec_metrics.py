@@ -8,9 +8,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.spec_tally import AcceptanceTally, tally_metrics
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
+from openinfer.tools.spec_tally import AcceptanceTally, tally_metrics
 from tests.frontend.conftest import Frontend, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 

@@ -8,9 +8,9 @@ import msgspec
 import pytest
 from prometheus_client import generate_latest
 
-from openinfer.frontend.metric_totals import MetricTotals
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.state_dir import STATE_FILE, StateDir, StateError
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir, StateError
+from openinfer.frontend.metrics.totals import MetricTotals
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
 from tests.frontend.conftest import FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from openinfer.frontend.stop_strings import StopStringMatcher
+from openinfer.frontend.openai.stop_strings import StopStringMatcher
 
 # A small alphabet so that stop strings really occur, partially and overlapping.
 TEXT = st.text(alphabet="abc\n", max_size=40)

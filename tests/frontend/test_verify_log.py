@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.spec_tally import AcceptanceTally, SpecLogTally
-from openinfer.frontend.verify_log import main
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
+from openinfer.tools.spec_tally import AcceptanceTally, SpecLogTally
+from openinfer.tools.verify_log import main
 
 # (engine, K, num_draft_tokens, num_accepted) per draft: engine 0 with K=3, engine 1 with K=2.
 DRAFTS = [(0, 3, 3, 3), (0, 3, 3, 0), (0, 3, 2, 1), (0, 3, 3, 1), (1, 2, 2, 2), (1, 2, 1, 0)]

@@ -21,7 +21,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from openinfer.frontend.addresses import EngineAddresses
-from openinfer.frontend.curve_keys import CurveServerKeys
+from openinfer.frontend.engines.server_keys import CurveServerKeys
 
 logger = logging.getLogger(__name__)
 

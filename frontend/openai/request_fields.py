@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from openinfer.frontend.api_error import invalid_request
+from openinfer.frontend.openai.errors import invalid_request
 
 
 def decode_object(body: bytes) -> dict[str, Any]:

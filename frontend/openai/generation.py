@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 
-from openinfer.frontend.engine_client import EngineClient
-from openinfer.frontend.engine_registry import ServedModel
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.request_stream import RequestStream
-from openinfer.frontend.sampling_options import SamplingOptions
-from openinfer.frontend.stop_strings import StopStringMatcher
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.engines.request_stream import RequestStream
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.openai.sampling_options import SamplingOptions
+from openinfer.frontend.openai.stop_strings import StopStringMatcher
 from openinfer.frontend.tokenizer import IncrementalDetokenizer
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, RequestSpecStats, TokenLogprobs
 

@@ -15,7 +15,7 @@ baseline per engine index and publishes ``current - baseline`` (DESIGN.md, front
 Snapshots that break a counter invariant never get here: the codec drops them (kind "counters").
 
 With ``--state-dir`` the baselines are saved together with the totals they were published into
-(:mod:`openinfer.frontend.state_dir`); a restarted frontend restores both, so an incarnation it knew goes on
+(:mod:`openinfer.frontend.metrics.state_dir`); a restarted frontend restores both, so an incarnation it knew goes on
 from its saved baseline and the series continue exactly.
 
 Exported series, one per (model_name, engine[, position | accepted]), never an "all engines" one:
@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from openinfer.frontend.metric_totals import CounterFamily, MetricTotals
+from openinfer.frontend.metrics.totals import CounterFamily, MetricTotals
 from openinfer.protocol import SpecDecodeCounters
 
 logger = logging.getLogger(__name__)

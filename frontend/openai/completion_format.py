@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from openinfer.frontend.generation import CompletionDelta
-from openinfer.frontend.response_format import ResponseIds, clamp_logprob, joined_logprobs
+from openinfer.frontend.openai.generation import CompletionDelta
+from openinfer.frontend.openai.response_format import ResponseIds, clamp_logprob, joined_logprobs
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import TokenLogprobs
 

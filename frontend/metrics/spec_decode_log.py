@@ -8,7 +8,8 @@ import time
 
 from openinfer.protocol import SpecDecodeCounters
 
-logger = logging.getLogger(__name__)
+# The name its lines have always carried (README, users' log filters), kept across the move into metrics/.
+logger = logging.getLogger("openinfer.frontend.spec_decode_log")
 
 
 class SpecDecodeLogger:

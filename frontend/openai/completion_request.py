@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from openinfer.frontend.api_error import invalid_request
-from openinfer.frontend.engine_registry import ServedModel
-from openinfer.frontend.request_fields import decode_object, read_token_ids, refuse_unsupported
-from openinfer.frontend.sampling_options import (
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.request_fields import decode_object, read_token_ids, refuse_unsupported
+from openinfer.frontend.openai.sampling_options import (
     MAX_LOGPROBS,
     SamplingOptions,
     parse_sampling_options,

@@ -18,9 +18,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from openinfer.frontend.api_error import ApiError, invalid_request
-from openinfer.frontend.engine_client import EngineClient, EngineCommandError, NoEngineError
-from openinfer.frontend.engine_registry import EngineRecord
+from openinfer.frontend.engines.client import EngineClient, EngineCommandError, NoEngineError
+from openinfer.frontend.engines.registry import EngineRecord
+from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.protocol import MAX_SPEC_TOKENS, LoadDrafter, LoadSnapshot, UnloadDrafter
 
 # Methods the engine knows (DESIGN.md, models and drafters); "draft_model" is DFlash's checkpoint folder.

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from openinfer.frontend.api_error import invalid_request
-from openinfer.frontend.engine_registry import ServedModel
-from openinfer.frontend.request_fields import read_bool, read_int, read_number, read_token_ids
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.request_fields import read_bool, read_int, read_number, read_token_ids
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`

@@ -20,7 +20,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from openinfer.frontend.spec_tally import (
+from openinfer.tools.spec_tally import (
     AcceptanceTally,
     read_spec_logs,
     scrape_metrics,

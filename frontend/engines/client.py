@@ -7,14 +7,14 @@ import logging
 import time
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.curve_keys import CurveServerKeys
-from openinfer.frontend.engine_hello import TokenizerCache, foreign_hello, version_refusal
-from openinfer.frontend.engine_liveness import TICK_S as LIVENESS_TICK_S
-from openinfer.frontend.engine_liveness import Liveness
-from openinfer.frontend.engine_registry import EngineRecord, EngineRegistry, ServedModel
-from openinfer.frontend.engine_sockets import EngineSockets, SocketEvent
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.request_stream import RequestStream
+from openinfer.frontend.engines.handshake import TokenizerCache, foreign_hello, version_refusal
+from openinfer.frontend.engines.liveness import TICK_S as LIVENESS_TICK_S
+from openinfer.frontend.engines.liveness import Liveness
+from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel
+from openinfer.frontend.engines.request_stream import RequestStream
+from openinfer.frontend.engines.server_keys import CurveServerKeys
+from openinfer.frontend.engines.sockets import EngineSockets, SocketEvent
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     AbortRequests,

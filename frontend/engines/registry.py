@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from openinfer.frontend.request_stream import RequestStream
+from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import DrafterReply, EngineHello, LoadSnapshot, engine_identity
 

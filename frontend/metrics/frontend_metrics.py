@@ -5,7 +5,7 @@ Names follow DESIGN.md exactly. Counters are declared without ``_total``, which 
 :class:`MetricTotals` (plain numbers), so that ``--state-dir`` can save them with the spec-decode baselines
 and a restarted frontend continues every series exactly; gauges are prometheus_client's (nothing to keep).
 
-The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.spec_metrics`.
+The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.metrics.spec_bridge`.
 
 Derived rates, for dashboards:
 
@@ -21,10 +21,10 @@ import logging
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from openinfer.frontend.metric_totals import MetricTotals
-from openinfer.frontend.spec_decode_log import SpecDecodeLogger
-from openinfer.frontend.spec_metrics import SpecDecodeMetrics
-from openinfer.frontend.state_dir import STATE_VERSION, FrontendState, StateDir
+from openinfer.frontend.metrics.spec_bridge import SpecDecodeMetrics
+from openinfer.frontend.metrics.spec_decode_log import SpecDecodeLogger
+from openinfer.frontend.metrics.state_dir import STATE_VERSION, FrontendState, StateDir
+from openinfer.frontend.metrics.totals import MetricTotals
 from openinfer.protocol import LoadSnapshot
 
 logger = logging.getLogger(__name__)

@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from openinfer.frontend.api_error import ApiError, invalid_request
-from openinfer.frontend.chat_template import ChatTemplateError, compile_chat_template
-from openinfer.frontend.completion_request import ONE_CHOICE
-from openinfer.frontend.engine_registry import ServedModel
-from openinfer.frontend.request_fields import decode_object, read_bool, refuse_unsupported
-from openinfer.frontend.sampling_options import SamplingOptions, parse_sampling_options, read_logprobs_count
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
+from openinfer.frontend.openai.completion_request import ONE_CHOICE
+from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.request_fields import decode_object, read_bool, refuse_unsupported
+from openinfer.frontend.openai.sampling_options import (
+    SamplingOptions,
+    parse_sampling_options,
+    read_logprobs_count,
+)
 from openinfer.protocol import EngineCoreRequest
 
 _NO_TOOLS = "tool calling is not supported by openinfer: send no `tools` / `functions`"

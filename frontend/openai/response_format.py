@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from openinfer.frontend.generation import CompletionDelta
+from openinfer.frontend.openai.generation import CompletionDelta
 from openinfer.protocol import TokenLogprobs
 
 # JSON has no -inf: a token the model rules out entirely is reported with this logprob (as vLLM does).

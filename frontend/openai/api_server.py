@@ -18,19 +18,19 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from openinfer.frontend.admin_api import add_admin_routes
-from openinfer.frontend.api_error import ApiError, engine_failed, invalid_request, no_engine, overloaded
-from openinfer.frontend.chat_format import ChatFormat
-from openinfer.frontend.chat_request import parse_chat_request
-from openinfer.frontend.completion_format import CompletionFormat
-from openinfer.frontend.completion_request import parse_completion_request
-from openinfer.frontend.engine_client import EngineClient, EngineOverloadedError, NoEngineError
-from openinfer.frontend.engine_registry import ServedModel
-from openinfer.frontend.generation import CompletionDelta, EngineRequestError, Generation
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
-from openinfer.frontend.response_format import ResponseFormat, ResponseIds
-from openinfer.frontend.sampling_options import SamplingOptions
+from openinfer.frontend.engines.client import EngineClient, EngineOverloadedError, NoEngineError
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.openai.admin_api import add_admin_routes
+from openinfer.frontend.openai.chat_format import ChatFormat
+from openinfer.frontend.openai.chat_request import parse_chat_request
+from openinfer.frontend.openai.completion_format import CompletionFormat
+from openinfer.frontend.openai.completion_request import parse_completion_request
+from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine, overloaded
+from openinfer.frontend.openai.generation import CompletionDelta, EngineRequestError, Generation
+from openinfer.frontend.openai.response_format import ResponseFormat, ResponseIds
+from openinfer.frontend.openai.sampling_options import SamplingOptions
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ can lag behind its socket), so only one in the last part proves the engine alive
 
 from __future__ import annotations
 
-from openinfer.frontend.engine_registry import EngineRecord
+from openinfer.frontend.engines.registry import EngineRecord
 
 DISCONNECT_PROBE_S = 1.0  # the probation after a closed connection: death -> client error in ~1 s
 DISCONNECT_PROBE_QUIET_S = 0.3  # messages read this soon after the close prove nothing

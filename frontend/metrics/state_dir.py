@@ -17,8 +17,8 @@ from typing import IO
 
 import msgspec
 
-from openinfer.frontend.metric_totals import TotalsState
-from openinfer.frontend.spec_metrics import SavedBaseline
+from openinfer.frontend.metrics.spec_bridge import SavedBaseline
+from openinfer.frontend.metrics.totals import TotalsState
 
 logger = logging.getLogger(__name__)
 
