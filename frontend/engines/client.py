@@ -7,16 +7,17 @@ import logging
 import time
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.engines.handshake import TokenizerCache, foreign_hello, version_refusal
-from openinfer.frontend.engines.liveness import TICK_S as LIVENESS_TICK_S
-from openinfer.frontend.engines.liveness import Liveness
+from openinfer.frontend.engines.drafter_commands import DrafterCommands
+from openinfer.frontend.engines.handshake import Handshake
+from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
+from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel
 from openinfer.frontend.engines.request_stream import RequestStream
+from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
-from openinfer.frontend.engines.sockets import EngineSockets, SocketEvent
+from openinfer.frontend.engines.sockets import EngineSockets
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import (
-    PROTOCOL_VERSION,
     AbortRequests,
     DrafterReply,
     EngineCoreOutput,
@@ -27,13 +28,10 @@ from openinfer.protocol import (
     EngineInputCodec,
     EngineOutputCodec,
     FinishReason,
-    HelloRefused,
-    HelloRequest,
     LoadDrafter,
     LoadSnapshot,
     ProtocolError,
     UnloadDrafter,
-    engine_identity,
 )
 
 logger = logging.getLogger(__name__)
@@ -41,29 +39,9 @@ logger = logging.getLogger(__name__)
 # How long a new request waits for its engine's DEALER to be routable: the hello comes over the PUSH socket
 # and can beat the DEALER's connection to the ROUTER.
 _SEND_PATIENCE_S = 2.0
-# At most one HelloRequest per second to an engine incarnation we have no hello from.
-_HELLO_REQUEST_INTERVAL_S = 1.0
 # A request that no engine streamed anything for yet moves to another engine when its engine dies, at most
 # this many times in all.
 _MAX_SENDS = 3
-# Request ids remembered per engine as aborted there (late outputs of requests that ended here).
-_MAX_ABORTED_IDS = 4096
-# HelloRequest times remembered (strangers can name any number of incarnations).
-_MAX_HELLO_REQUESTS = 1024
-
-
-class NoEngineError(Exception):
-    """No live engine serves the requested model (or has the requested index)."""
-
-
-class EngineOverloadedError(Exception):
-    """The frontend's bound on unfinished requests is reached (in total, or on every engine of the model)."""
-
-    retry_after_s = 1  # what the HTTP answer's Retry-After says
-
-
-class EngineCommandError(Exception):
-    """A command reached no answer: the engine was unreachable, restarted, or the frontend is closing."""
 
 
 class EngineClient:
@@ -80,7 +58,8 @@ class EngineClient:
     for requests that already ended here are dropped and those requests aborted on it.
 
     Bounds: at most ``max_queued_total`` unfinished requests in all and ``max_queued_per_engine`` per
-    engine; past them :meth:`add_request` raises :class:`EngineOverloadedError` at once.
+    engine; past them :meth:`add_request` raises :class:`EngineOverloadedError` at once. In-flight requests
+    live in one map, :attr:`router` (:class:`~openinfer.frontend.engines.router.Router`).
     """
 
     def __init__(
@@ -92,27 +71,23 @@ class EngineClient:
         max_queued_total: int = 1024,
         curve_keys: CurveServerKeys | None = None,
     ) -> None:
-        if engine_timeout <= 0:
-            raise ValueError(f"engine_timeout must be positive, got {engine_timeout}")
-        if max_queued_per_engine < 1 or max_queued_total < 1:
-            raise ValueError("the bounds on queued requests must be >= 1")
         self.addresses = engine_addresses(bind_address)
         self.metrics = metrics
         self.engine_timeout = engine_timeout
-        self.max_queued_per_engine = max_queued_per_engine
-        self.max_queued_total = max_queued_total
         self.registry = EngineRegistry()
+        self.router = Router(self.registry, max_queued_per_engine, max_queued_total)
+        self._commands = DrafterCommands(self.registry, self._send, _SEND_PATIENCE_S)
         self._curve_keys = curve_keys
-        self._requests: dict[str, RequestStream] = {}
         self._input_codec = EngineInputCodec()
         self._output_codec = EngineOutputCodec()
-        self._tokenizers = TokenizerCache()
-        self._liveness = Liveness(engine_timeout)
-        self._hello_requested: dict[bytes, float] = {}  # engine identity -> monotonic time of the last ask
+        self._handshake = Handshake(self.registry, self._send)
+        self._warnings = LogRateLimiter()
+        self._watch = LivenessWatch(
+            self.registry, Liveness(engine_timeout), metrics, self._warnings, self._mark_down
+        )
         self._sockets: EngineSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._resends: set[asyncio.Task[None]] = set()
-        self._last_warning: dict[str, float] = {}  # kind -> monotonic time of the last such warning
 
     # ---- lifecycle ----
 
@@ -123,8 +98,8 @@ class EngineClient:
         self._tasks = [
             asyncio.create_task(self._receive_loop(), name="engine-client-receive"),
             asyncio.create_task(self._stray_loop(), name="engine-client-strays"),
-            asyncio.create_task(self._event_loop(), name="engine-client-events"),
-            asyncio.create_task(self._liveness_loop(), name="engine-client-liveness"),
+            asyncio.create_task(self._watch.watch_events(self._sockets), name="engine-client-events"),
+            asyncio.create_task(self._watch.run(), name="engine-client-liveness"),
         ]
         curve = ", CurveZMQ" if self._curve_keys is not None else ""
         logger.info("engine sockets bound: requests %s, outputs %s%s", *self.addresses, curve)
@@ -136,11 +111,12 @@ class EngineClient:
         await asyncio.gather(*self._tasks, *self._resends, return_exceptions=True)
         self._tasks = []
         for record in self.registry.records():
-            if record.in_flight:
-                await self._send(record.identity, AbortRequests(list(record.in_flight)))
-            for stream in list(record.in_flight.values()):
-                self._finish(record, stream, "the frontend is shutting down")
-            self._end_commands(record, "the frontend is shutting down")
+            in_flight = self.router.on_engine(record)
+            if in_flight:
+                await self._send(record.identity, AbortRequests(list(in_flight)))
+            for stream in in_flight.values():
+                self.router.fail(stream, "the frontend is shutting down")
+            DrafterCommands.end(record, "the frontend is shutting down")
         if self._sockets is not None:
             self._sockets.close()
             self._sockets = None
@@ -154,7 +130,7 @@ class EngineClient:
     @property
     def num_queued(self) -> int:
         """Unfinished requests of this frontend, on all engines."""
-        return len(self._requests)
+        return len(self.router)
 
     def served_models(self) -> list[ServedModel]:
         """Models served by live engines, in order of their lowest engine index."""
@@ -170,61 +146,28 @@ class EngineClient:
         queued requests. The stream always ends with an output carrying ``finish``: the engine's, or an
         error made here when the engine dies or cannot be reached.
         """
-        if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already in flight")
-        if len(self._requests) >= self.max_queued_total:
-            raise EngineOverloadedError(
-                f"the server holds {len(self._requests)} unfinished requests, its limit "
-                "(--max-queued-total); retry later"
-            )
-        record = self.registry.pick(model_name, self.max_queued_per_engine)
-        if record is None:
-            if not self.registry.serves(model_name):
-                raise NoEngineError(f"no live engine serves model {model_name!r}")
-            raise EngineOverloadedError(
-                f"every engine serving {model_name!r} holds {self.max_queued_per_engine} unfinished "
-                "requests, its limit (--max-queued-per-engine); retry later"
-            )
-        stream = RequestStream(request.request_id, record.index, model_name, request)
-        self._requests[request.request_id] = stream
-        self._assign(record, stream)
+        record, stream = self.router.admit(request, model_name)
         try:
             await self._deliver(record, stream)
         except asyncio.CancelledError:  # the client left while we waited for the engine to be routable
-            self._finish(record, stream, "cancelled before it reached the engine")
+            self.router.fail(stream, "cancelled before it reached the engine")
             raise
         return stream
 
     async def drafter_command(
         self, engine_index: int, command: LoadDrafter | UnloadDrafter, timeout: float
     ) -> DrafterReply:
-        """Send a drafter command to a live engine and wait for its :class:`DrafterReply` (any ``ok``).
-
-        Raises :class:`NoEngineError` for an unknown or down index, :class:`EngineCommandError` when the
-        command cannot be sent or the engine restarts first, ``TimeoutError`` after ``timeout`` seconds.
-        """
-        record = self.registry.get(engine_index)
-        if record is None or not record.up:
-            known = ", ".join(str(r.index) for r in self.registry.live()) or "none"
-            raise NoEngineError(f"engine {engine_index} is not connected (engines up: {known})")
-        reply: asyncio.Future[DrafterReply] = asyncio.get_running_loop().create_future()
-        record.commands[command.command_id] = reply
-        try:
-            if not await self._send(record.identity, command, patience=_SEND_PATIENCE_S):
-                raise EngineCommandError(f"{record.describe()} is not connected to the request socket")
-            async with asyncio.timeout(timeout):
-                return await reply
-        finally:
-            record.commands.pop(command.command_id, None)
+        """See :meth:`DrafterCommands.run <openinfer.frontend.engines.drafter_commands.DrafterCommands.run>`."""
+        return await self._commands.run(engine_index, command, timeout)
 
     async def abort(self, request_id: str) -> None:
         """Stop a request on its engine (the client went away); unknown or finished ids are ignored."""
-        stream = self._requests.pop(request_id, None)
+        stream = self.router.remove(request_id)
         if stream is None:
             return
         stream.put(EngineCoreOutput(request_id, [], FinishReason("abort", message="aborted by the frontend")))
         record = self.registry.get(stream.engine_index)
-        if record is not None and record.in_flight.pop(request_id, None) is not None:
+        if record is not None and record.incarnation == stream.incarnation:
             await self._send(record.identity, AbortRequests([request_id]))
 
     # ---- receiving ----
@@ -247,7 +190,7 @@ class EngineClient:
         while True:
             frames = await self._sockets.receive_stray()
             self.metrics.count_protocol_error("unexpected")
-            if self._log_allowed("unexpected"):
+            if self._warnings.allow("unexpected"):
                 peer = bytes(frames[0][:40]) if frames else b""
                 logger.warning(
                     "dropped a message from %r on the request socket, where engines never send", peer
@@ -259,41 +202,22 @@ class EngineClient:
         try:
             message = self._output_codec.decode(frames[0])
         except ProtocolError:
-            foreign = foreign_hello(frames[0])
-            if foreign is not None:
-                version, index, incarnation = foreign
-                refusal = version_refusal(version, f" from engine {index}" if index is not None else "")
-                if index is not None and incarnation is not None:
-                    await self._refuse(engine_identity(index, incarnation), refusal)
-                raise ProtocolError("version", refusal) from None
+            await self._handshake.refuse_foreign(frames[0])
             raise
         if isinstance(message, EngineHello):
             await self._on_hello(message, fd)
         elif isinstance(message, EngineCoreOutputs):
             await self._on_outputs(message, fd)
         else:
-            await self._on_drafter_reply(message, fd)
-
-    async def _refuse(self, identity: bytes, refusal: str) -> None:
-        """Tell a refused engine why, so that its log says so too (DESIGN.md: a clear line on both sides)."""
-        await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
+            record = await self._sender(message, fd)
+            if record is not None:
+                DrafterCommands.on_reply(record, message)
 
     async def _on_hello(self, hello: EngineHello, fd: int | None) -> None:
-        index, incarnation = hello.engine_index, hello.incarnation
-        self._hello_requested.pop(engine_identity(index, incarnation), None)
-        if self.registry.is_retired(index, incarnation):
+        tokenizer = await self._handshake.accept(hello)
+        if tokenizer is None:
             return
-        if hello.protocol_version != PROTOCOL_VERSION:
-            self.registry.retire(index, incarnation)
-            refusal = version_refusal(hello.protocol_version, f" from engine {index}")
-            await self._refuse(engine_identity(index, incarnation), refusal)
-            raise ProtocolError("version", refusal)
-        try:
-            tokenizer = self._tokenizers.get(hello.tokenizer_json, hello.tokenizer_config_json)
-        except ValueError as e:
-            self.registry.retire(index, incarnation)
-            raise ProtocolError("tokenizer", f"refused engine {index}: {e}") from None
-
+        index, incarnation = hello.engine_index, hello.incarnation
         record = self.registry.current(index, incarnation)
         if record is not None:  # a hello we asked for again, or a repeat
             if hello.seq <= record.last_seq:
@@ -305,13 +229,7 @@ class EngineClient:
             self._heard_from(record, hello.load, fd)
             return
         record = EngineRecord(
-            hello,
-            tokenizer,
-            time.monotonic(),
-            hello.seq,
-            hello.load,
-            num_spec_tokens=hello.num_spec_tokens,
-            fd=fd,
+            hello, tokenizer, time.monotonic(), hello.seq, hello.load, hello.num_spec_tokens, fd=fd
         )
         previous = self.registry.install(record)
         self.metrics.engine_joined(index, incarnation)
@@ -324,29 +242,16 @@ class EngineClient:
             logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
             if previous.model_name != record.model_name:
                 self.metrics.forget_load(index, previous.model_name)
-            self._end_commands(previous, f"{previous.describe()} restarted before it answered")
+            DrafterCommands.end(previous, f"{previous.describe()} restarted before it answered")
             self._end_requests(previous, f"{previous.describe()} restarted")
 
     async def _on_outputs(self, message: EngineCoreOutputs, fd: int | None) -> None:
         record = await self._sender(message, fd)
         if record is None:
             return
-        strays = [output.request_id for output in message.outputs if not self._route(record, output)]
+        strays = [output.request_id for output in message.outputs if not self.router.route(record, output)]
         if strays:
             await self._abort_strays(record, strays)
-
-    async def _on_drafter_reply(self, reply: DrafterReply, fd: int | None) -> None:
-        record = await self._sender(reply, fd)
-        if record is None:
-            return
-        record.num_spec_tokens = reply.num_spec_tokens
-        waiter = record.commands.pop(reply.command_id, None)
-        if waiter is None or waiter.done():
-            logger.info(
-                "%s answered command %s, which no one awaits now", record.describe(), reply.command_id
-            )
-            return
-        waiter.set_result(reply)
 
     async def _sender(self, message: EngineCoreOutputs | DrafterReply, fd: int | None) -> EngineRecord | None:
         """The current record of a message's sender, with its load taken; None (dropped) if there is none."""
@@ -354,7 +259,7 @@ class EngineClient:
         record = self.registry.current(index, incarnation)
         if record is None:
             if not self.registry.is_retired(index, incarnation):
-                await self._ask_for_hello(index, incarnation)
+                await self._handshake.ask_for_hello(index, incarnation)
             return None
         if message.seq <= record.last_seq:
             raise ProtocolError("seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}")
@@ -376,79 +281,18 @@ class EngineClient:
             self.metrics.set_engine_up(record.index, True)
         self.metrics.observe_load(record.index, record.incarnation, record.model_name, record.load)
 
-    def _route(self, record: EngineRecord, output: EngineCoreOutput) -> bool:
-        """Hand an output to its request's stream; False when the request is not in flight on ``record``."""
-        stream = record.in_flight.get(output.request_id)
-        if stream is None:
-            return output.finish is not None  # a finished one needs no abort
-        if output.finish is not None:
-            del record.in_flight[output.request_id]
-            self._requests.pop(output.request_id, None)
-        stream.put(output)
-        return True
-
     async def _abort_strays(self, record: EngineRecord, request_ids: list[str]) -> None:
         """An engine sends outputs for requests that ended here (it was paused past the timeout, or an
         earlier frontend sent them): abort them there, once each."""
-        new = [request_id for request_id in request_ids if request_id not in record.aborted]
+        new = record.note_aborted(request_ids)
         if not new:
             return
-        if len(record.aborted) + len(new) > _MAX_ABORTED_IDS:
-            record.aborted.clear()
-        record.aborted.update(new)
         logger.info(
             "%s sent outputs for %d requests that ended here; aborting them", record.describe(), len(new)
         )
         await self._send(record.identity, AbortRequests(new))
 
-    async def _ask_for_hello(self, engine_index: int, incarnation: int) -> None:
-        """An incarnation we have no hello from (we started after it): ask it to say hello again."""
-        identity = engine_identity(engine_index, incarnation)
-        identity_parts = (engine_index, incarnation)
-        now = time.monotonic()
-        if now - self._hello_requested.get(identity, -_HELLO_REQUEST_INTERVAL_S) < _HELLO_REQUEST_INTERVAL_S:
-            return
-        self._hello_requested[identity] = now
-        if len(self._hello_requested) > _MAX_HELLO_REQUESTS:  # strangers can name any number of them
-            self._hello_requested = {
-                key: asked
-                for key, asked in self._hello_requested.items()
-                if now - asked < _HELLO_REQUEST_INTERVAL_S
-            }
-        logger.info("engine %d incarnation %016x sent outputs but no hello; asking for one", *identity_parts)
-        await self._send(identity, HelloRequest())
-
     # ---- liveness ----
-
-    async def _event_loop(self) -> None:
-        assert self._sockets is not None
-        async for event in self._sockets.events():
-            self._on_socket_event(event)
-
-    def _on_socket_event(self, event: SocketEvent) -> None:
-        if not event.disconnected:
-            self.metrics.count_protocol_error("handshake")
-            if self._log_allowed("handshake"):
-                logger.warning(
-                    "a peer failed the handshake on the %s socket (errno %d): a wrong or missing CurveZMQ "
-                    "key, or not a ZeroMQ peer",
-                    event.socket,
-                    event.value,
-                )
-            return
-        if event.socket != "outputs":
-            return  # requests connections say nothing of who they were; the outputs one is enough
-        for record in self._liveness.connection_closed(self.registry.live(), event.value, time.monotonic()):
-            logger.info("%s: its output connection closed", record.describe())
-
-    async def _liveness_loop(self) -> None:
-        while True:
-            await asyncio.sleep(LIVENESS_TICK_S)
-            now = time.monotonic()
-            for record in self.registry.live():
-                verdict = self._liveness.verdict(record, now)
-                if verdict is not None:
-                    await self._mark_down(record, *verdict)
 
     async def _mark_down(self, record: EngineRecord, why: str, connected: bool) -> None:
         """Down, its requests moved or ended; a still ``connected`` one is told to drop them (if it comes
@@ -458,65 +302,40 @@ class EngineClient:
         record.disconnected_at = None
         self.metrics.set_engine_up(record.index, False)
         self.metrics.forget_load(record.index, record.model_name)
-        if record.in_flight and connected:
-            record.aborted.update(record.in_flight)
-            await self._send(record.identity, AbortRequests(list(record.in_flight)))
+        in_flight = self.router.on_engine(record)
+        if in_flight and connected:
+            record.note_aborted(list(in_flight))
+            await self._send(record.identity, AbortRequests(list(in_flight)))
         self._end_requests(record, f"{record.describe()} stopped responding: {why}")
         # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
 
-    # ---- helpers ----
-
-    def _log_allowed(self, kind: str) -> bool:
-        """At most one warning a second per kind of noise a stranger can make (it is counted anyway)."""
-        now = time.monotonic()
-        if now - self._last_warning.get(kind, -1.0) < 1.0:
-            return False
-        self._last_warning[kind] = now
-        return True
+    # ---- sending ----
 
     def _end_requests(self, record: EngineRecord, reason: str) -> None:
         """Move its requests that got no output yet to another engine; end the others with an error."""
-        for stream in list(record.in_flight.values()):
-            del record.in_flight[stream.request_id]
+        for stream in self.router.on_engine(record).values():
+            self.router.remove(stream.request_id)
             target = None
             if not stream.started and stream.num_sends < _MAX_SENDS:
-                target = self.registry.pick(stream.model_name, self.max_queued_per_engine)
+                target = self.router.pick(stream.model_name)
             if target is None:
-                self._finish(record, stream, reason)
+                stream.fail(reason)
                 continue
             logger.info(
                 "request %s moves from engine %d to engine %d", stream.request_id, record.index, target.index
             )
-            self._assign(target, stream)
+            self.router.assign(target, stream)
             task = asyncio.create_task(self._deliver(target, stream, reason))
             self._resends.add(task)
             task.add_done_callback(self._resends.discard)
 
-    def _assign(self, record: EngineRecord, stream: RequestStream) -> None:
-        """Put ``stream`` in flight on ``record`` (at once, so that the bounds see it)."""
-        stream.engine_index = record.index
-        stream.num_sends += 1
-        record.in_flight[stream.request_id] = stream
-        record.sent_since_snapshot += 1
-
     async def _deliver(self, record: EngineRecord, stream: RequestStream, why_moved: str = "") -> None:
         """Send an assigned request; it ends with an error if that fails (unless it moved on meanwhile)."""
         assert stream.request is not None
-        sent = await self._send(record.identity, stream.request, patience=_SEND_PATIENCE_S)
-        if not sent and record.in_flight.get(stream.request_id) is stream:
+        sent = await self._send(record.identity, stream.request, _SEND_PATIENCE_S)
+        if not sent and self.router.on(record, stream.request_id) is stream:
             reason = f"{record.describe()} is not connected to the request socket"
-            self._finish(record, stream, f"{why_moved}; then {reason}" if why_moved else reason)
-
-    def _end_commands(self, record: EngineRecord, reason: str) -> None:
-        for waiter in record.commands.values():
-            if not waiter.done():
-                waiter.set_exception(EngineCommandError(reason))
-        record.commands.clear()
-
-    def _finish(self, record: EngineRecord, stream: RequestStream, message: str) -> None:
-        record.in_flight.pop(stream.request_id, None)
-        self._requests.pop(stream.request_id, None)
-        stream.fail(message)
+            self.router.fail(stream, f"{why_moved}; then {reason}" if why_moved else reason)
 
     async def _send(self, identity: bytes, message: EngineInput, patience: float = 0.0) -> bool:
         """Send to one engine, retrying for ``patience`` seconds while it is unroutable; True once sent."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import DrafterReply, EngineHello, LoadSnapshot, engine_identity
+
+# Request ids remembered per engine as aborted there (late outputs of requests that ended here).
+_MAX_ABORTED_IDS = 4096
 
 
 @dataclass
@@ -22,7 +25,6 @@ class EngineRecord:
     num_spec_tokens: int | None  # K of its drafter (None: no speculation), from the hello and drafter replies
     up: bool = True
     sent_since_snapshot: int = 0  # requests sent to it after its latest load snapshot
-    in_flight: dict[str, RequestStream] = field(default_factory=dict)
     commands: dict[str, asyncio.Future[DrafterReply]] = field(default_factory=dict)  # by command_id
     fd: int | None = None  # the frontend's fd of the connection its latest output came over
     # time.monotonic() when that connection closed; it must be heard from again soon after, or it is dead
@@ -49,6 +51,14 @@ class EngineRecord:
     def load_score(self) -> int:
         """Requests it holds or will soon hold: the routing key (lower is better)."""
         return self.load.num_running_reqs + self.load.num_waiting_reqs + self.sent_since_snapshot
+
+    def note_aborted(self, request_ids: list[str]) -> list[str]:
+        """Remember these ids as aborted on this engine; returns those not remembered before."""
+        new = [request_id for request_id in request_ids if request_id not in self.aborted]
+        if len(self.aborted) + len(new) > _MAX_ABORTED_IDS:
+            self.aborted.clear()
+        self.aborted.update(new)
+        return new
 
     def describe(self) -> str:
         """A short human description for log lines and error messages."""
@@ -109,15 +119,10 @@ class EngineRegistry:
     def is_retired(self, engine_index: int, incarnation: int) -> bool:
         return (engine_index, incarnation) in self._retired
 
-    def pick(self, model_name: str, max_in_flight: int | None = None) -> EngineRecord | None:
-        """The least-loaded live engine serving ``model_name`` (the lowest index on a tie) that holds fewer
-        than ``max_in_flight`` unfinished requests of this frontend."""
-        candidates = [
-            record
-            for record in self.live()
-            if record.model_name == model_name
-            and (max_in_flight is None or len(record.in_flight) < max_in_flight)
-        ]
+    def pick(self, model_name: str, has_room: Callable[[EngineRecord], bool]) -> EngineRecord | None:
+        """The least-loaded live engine serving ``model_name`` (the lowest index on a tie) that ``has_room``
+        for another request."""
+        candidates = [r for r in self.live() if r.model_name == model_name and has_room(r)]
         return min(candidates, key=lambda record: record.load_score, default=None)
 
     def serves(self, model_name: str) -> bool:

@@ -13,7 +13,7 @@ class RequestStream:
     The :class:`EngineClient` feeds it; ``done`` turns true once nothing more will come (a finishing output
     was queued, or the request was aborted). A consumer that stops early must call ``EngineClient.abort``.
     Until an output arrives (``started`` false) the client may move the request to another engine, which
-    changes ``engine_index``; ``request`` is what it re-sends.
+    changes ``engine_index`` and ``incarnation``; ``request`` is what it re-sends.
     """
 
     def __init__(
@@ -21,6 +21,7 @@ class RequestStream:
     ) -> None:
         self.request_id = request_id
         self.engine_index = engine_index
+        self.incarnation: int | None = None  # of the engine it is in flight on (None: not assigned yet)
         self.model_name = model_name
         self.request = request
         self.done = False

@@ -14,7 +14,7 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import zmq
 import zmq.asyncio
@@ -33,10 +33,14 @@ _HANDSHAKE_FAILURES = (
 _MONITORED = zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILURES
 
 
-class SocketEvent(NamedTuple):
-    """A monitor event: which socket ("requests" or "outputs"), what happened, and the event's value."""
+# The two sockets the frontend binds: the ROUTER requests leave by, the PULL outputs arrive on.
+SocketName = Literal["requests", "outputs"]
 
-    socket: str
+
+class SocketEvent(NamedTuple):
+    """A monitor event: which socket, what happened, and the event's value."""
+
+    socket: SocketName
     disconnected: bool  # True: a connection closed (value: its fd); False: a handshake failed (value: errno)
     value: int
 
@@ -58,7 +62,7 @@ class EngineSockets:
         for socket in (self.router, self.pull):
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.MAXMSGSIZE, 256 * 2**20)  # the largest hello (a tokenizer) fits easily
-        self._monitors = [
+        self._monitors: list[tuple[SocketName, zmq.asyncio.Socket]] = [
             ("requests", self.router.get_monitor_socket(_MONITORED)),
             ("outputs", self.pull.get_monitor_socket(_MONITORED)),
         ]
@@ -103,7 +107,7 @@ class EngineSockets:
         """Disconnections and failed handshakes on either socket, as they come."""
         queue: asyncio.Queue[SocketEvent] = asyncio.Queue()
 
-        async def watch(name: str, monitor: zmq.asyncio.Socket) -> None:
+        async def watch(name: SocketName, monitor: zmq.asyncio.Socket) -> None:
             while True:
                 frames = await monitor.recv_multipart()
                 if len(frames) != 2 or len(frames[0]) != 6:

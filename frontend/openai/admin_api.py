@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from openinfer.frontend.engines.client import EngineClient, EngineCommandError, NoEngineError
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.protocol import MAX_SPEC_TOKENS, LoadDrafter, LoadSnapshot, UnloadDrafter

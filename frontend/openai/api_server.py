@@ -18,7 +18,8 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from openinfer.frontend.engines.client import EngineClient, EngineOverloadedError, NoEngineError
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.errors import EngineOverloadedError, NoEngineError
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics

@@ -227,7 +227,7 @@ async def test_client_disconnect_mid_stream_aborts_on_the_engine(
             response.close()
     [request_id] = peer.requests
     await wait_until(lambda: request_id in peer.aborted)
-    await wait_until(lambda: frontend.client.registry.get(0).in_flight == {})  # type: ignore[union-attr]
+    await wait_until(lambda: frontend.client.router.on_engine(frontend.client.registry.get(0)) == {})  # type: ignore[arg-type]
 
 
 async def test_client_disconnect_while_waiting_aborts_on_the_engine(

@@ -6,7 +6,8 @@ import msgspec
 import pytest
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.engines.client import EngineClient, NoEngineError
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, free_port_pair, wait_until
@@ -36,7 +37,7 @@ async def test_outputs_stream_in_order_and_end_with_finish(frontend: Frontend, p
     outputs = [output async for output in stream]
     assert [o.new_token_ids for o in outputs] == [[50], [60], [70]]
     assert outputs[-1].finish is not None and outputs[-1].finish.kind == "length"
-    assert frontend.client.registry.get(0).in_flight == {}  # type: ignore[union-attr]
+    assert frontend.client.router.on_engine(frontend.client.registry.get(0)) == {}  # type: ignore[arg-type]
 
 
 async def test_garbage_frames_are_counted_and_dropped(frontend: Frontend, peer: EnginePeer) -> None:

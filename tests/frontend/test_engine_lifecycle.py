@@ -10,7 +10,7 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-from openinfer.frontend.engines.client import EngineOverloadedError
+from openinfer.frontend.engines.errors import EngineOverloadedError
 from openinfer.protocol import (
     AbortRequests,
     EngineCoreOutput,
