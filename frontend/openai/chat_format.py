@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from openinfer.frontend.openai.generation import CompletionDelta
-from openinfer.frontend.openai.response_format import ResponseIds, clamp_logprob, joined_logprobs
+from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
+from openinfer.frontend.openai.response_format import (
+    ResponseExtras,
+    ResponseIds,
+    clamp_logprob,
+    joined_logprobs,
+)
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import TokenLogprobs
 
@@ -19,15 +24,21 @@ class ChatFormat:
     """
 
     def __init__(
-        self, ids: ResponseIds, tokenizer: Tokenizer, prompt_token_ids: list[int], return_token_ids: bool
+        self,
+        ids: ResponseIds,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        return_token_ids: bool,
+        extras: ResponseExtras,
     ) -> None:
         self._ids = ids
+        self._extras = extras
         self._tokenizer = tokenizer
         self._prompt_token_ids = prompt_token_ids
         self._return_token_ids = return_token_ids  # vLLM extension: prompt and output token ids
         self._first = True
 
-    def response(self, deltas: list[CompletionDelta]) -> dict[str, Any]:
+    def response(self, deltas: list[CompletionDelta], usage: Usage) -> dict[str, Any]:
         last = deltas[-1]
         logprobs = joined_logprobs(deltas)
         token_ids = [t for d in deltas for t in d.token_ids]
@@ -36,7 +47,7 @@ class ChatFormat:
         body = self._ids.envelope("chat.completion", [choice])
         if self._return_token_ids:
             body["prompt_token_ids"] = self._prompt_token_ids
-        return body
+        return self._extras.finish_body(body, last, usage)
 
     def chunks(self, delta: CompletionDelta) -> list[dict[str, Any]]:
         chunks = []
@@ -60,10 +71,10 @@ class ChatFormat:
             content = {"content": delta.text} if delta.text else {}
             choice = self._choice("delta", content, delta.token_ids, delta.logprobs, delta)
             chunks.append(self._ids.envelope("chat.completion.chunk", [choice]))
-        return chunks
+        return self._extras.finish_chunks(chunks, delta)
 
-    def usage_chunk(self) -> dict[str, Any]:
-        return self._ids.envelope("chat.completion.chunk", [])
+    def usage_chunk(self, usage: Usage) -> dict[str, Any] | None:
+        return self._extras.usage_chunk(self._ids.envelope("chat.completion.chunk", []), usage)
 
     def _choice(
         self,

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from openinfer.frontend.openai.generation import CompletionDelta
-from openinfer.frontend.openai.response_format import ResponseIds, clamp_logprob, joined_logprobs
+from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
+from openinfer.frontend.openai.response_format import (
+    ResponseExtras,
+    ResponseIds,
+    clamp_logprob,
+    joined_logprobs,
+)
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import TokenLogprobs
 
@@ -16,23 +21,29 @@ class CompletionFormat:
     """The :class:`ResponseFormat` of /v1/completions."""
 
     def __init__(
-        self, ids: ResponseIds, tokenizer: Tokenizer, prompt_token_ids: list[int], return_token_ids: bool
+        self,
+        ids: ResponseIds,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        return_token_ids: bool,
+        extras: ResponseExtras,
     ) -> None:
         self._ids = ids
+        self._extras = extras
         self._tokenizer = tokenizer
         self._prompt_token_ids = prompt_token_ids
         self._return_token_ids = return_token_ids  # vLLM extension: prompt and output token ids
         self._text_offset = 0  # where the next token's text starts, counted in token texts
         self._first = True
 
-    def response(self, deltas: list[CompletionDelta]) -> dict[str, Any]:
+    def response(self, deltas: list[CompletionDelta], usage: Usage) -> dict[str, Any]:
         last = deltas[-1]
         token_ids = [t for d in deltas for t in d.token_ids]
         logprobs = joined_logprobs(deltas)
         choice = self._choice("".join(d.text for d in deltas), token_ids, logprobs, last)
         if self._return_token_ids:
             choice["prompt_token_ids"] = self._prompt_token_ids
-        return self._ids.envelope(_OBJECT, [choice])
+        return self._extras.finish_body(self._ids.envelope(_OBJECT, [choice]), last, usage)
 
     def chunks(self, delta: CompletionDelta) -> list[dict[str, Any]]:
         if not (
@@ -46,10 +57,10 @@ class CompletionFormat:
         if self._return_token_ids and self._first:
             choice["prompt_token_ids"] = self._prompt_token_ids
         self._first = False
-        return [self._ids.envelope(_OBJECT, [choice])]
+        return self._extras.finish_chunks([self._ids.envelope(_OBJECT, [choice])], delta)
 
-    def usage_chunk(self) -> dict[str, Any]:
-        return self._ids.envelope(_OBJECT, [])
+    def usage_chunk(self, usage: Usage) -> dict[str, Any] | None:
+        return self._extras.usage_chunk(self._ids.envelope(_OBJECT, []), usage)
 
     def _choice(
         self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None, delta: CompletionDelta

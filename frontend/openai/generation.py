@@ -4,44 +4,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, get_args
 
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.openai.completion_delta import CompletionDelta, FinishKind, Usage
+from openinfer.frontend.openai.response_format import ResponseFormat
 from openinfer.frontend.openai.sampling_options import SamplingOptions
 from openinfer.frontend.openai.stop_strings import StopStringMatcher
 from openinfer.frontend.tokenizer import IncrementalDetokenizer
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, RequestSpecStats, TokenLogprobs
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest
 
 # Finish kinds that end a request normally; any other ("error", "abort", unknown) is an engine error.
-_NORMAL_FINISHES = ("stop", "length")
+_NORMAL_FINISHES: dict[str, FinishKind] = {kind: kind for kind in get_args(FinishKind)}
 
 
 class EngineRequestError(Exception):
     """The engine ended the request with an error, or died while running it; the message says which."""
 
 
-@dataclass(frozen=True)
-class CompletionDelta:
-    """What one engine output adds to a completion.
-
-    ``token_ids`` are the tokens it adds, up to the one that completed a stop string; ``text`` is the text
-    released with them (text that may start a stop string waits for the next delta).
-    """
-
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs] | None  # one per token id, when the request asked for logprobs
-    finish_reason: str | None  # "stop" or "length" on the last delta, else None
-    stop_reason: int | str | None  # the stop token id (from stop_token_ids) or stop string that ended it
-    spec_stats: RequestSpecStats | None = None  # on the last delta, when the engine had a drafter
-
-
 class Generation:
-    """Sends one request, turns its outputs into :class:`CompletionDelta` s and observes its metrics.
+    """One request from admission to its last chunk: sends it, turns its outputs into
+    :class:`CompletionDelta` s, hands them to its endpoint's format and observes its metrics.
 
     Use as ``async with``: entering sends the request (``NoEngineError`` if no engine takes it); leaving
     before the last delta (the client went away, the handler was cancelled) aborts it on the engine. A stop
@@ -56,8 +43,10 @@ class Generation:
         request: EngineCoreRequest,
         options: SamplingOptions,
         arrival: float,
+        response_format: ResponseFormat,
     ) -> None:
         self._client = client
+        self._format = response_format
         self._metrics = metrics
         self._model = model
         self._request = request
@@ -81,6 +70,25 @@ class Generation:
     @property
     def prompt_token_ids(self) -> list[int]:
         return self._request.prompt_token_ids
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.num_prompt_tokens, self.num_output_tokens)
+
+    async def response(self) -> dict[str, Any]:
+        """The whole response body (non-streamed); raises :class:`EngineRequestError` as :meth:`deltas`."""
+        deltas = [delta async for delta in self.deltas()]
+        assert deltas and deltas[-1].finish_reason is not None
+        return self._format.response(deltas, self.usage)
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """The stream's chunks, finished (usage and metrics included), the usage chunk last if asked."""
+        async for delta in self.deltas():
+            for chunk in self._format.chunks(delta):
+                yield chunk
+        usage_chunk = self._format.usage_chunk(self.usage)
+        if usage_chunk is not None:
+            yield usage_chunk
 
     async def __aenter__(self) -> Generation:
         self._stream = await self._client.add_request(self._request, self._model.name)
@@ -141,7 +149,9 @@ class Generation:
             return CompletionDelta(text, ids, logprobs, None, None)
         stop_ids = self._request.sampling_params.stop_token_ids
         stop_reason = finish.stop_token_id if finish.stop_token_id in stop_ids else None
-        return CompletionDelta(text, ids, logprobs, finish.kind, stop_reason, output.spec_stats)
+        return CompletionDelta(
+            text, ids, logprobs, _NORMAL_FINISHES[finish.kind], stop_reason, output.spec_stats
+        )
 
     def _release(self, token_ids: list[int]) -> tuple[str, int]:
         """The text ``token_ids`` release, and how many of them are kept: all, or up to the one whose text
