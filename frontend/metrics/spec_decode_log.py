@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
 from openinfer.protocol import SpecDecodeCounters
 
 # The name its lines have always carried (README, users' log filters), kept across the move into metrics/.
@@ -24,30 +25,21 @@ class SpecDecodeLogger:
         self._reset()
 
     def _reset(self) -> None:
-        self.num_drafts = 0
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
-        self.accepted_per_pos: list[int] = []  # drafts whose position i was accepted
+        self.tally = AcceptanceTally()  # the interval's published deltas, summed over engines
         self.drafts_per_pos: list[int] = []  # drafts that had a position i (their K > i)
 
     def add(self, delta: SpecDecodeCounters) -> None:
         """Count one published delta (one engine, one interval between snapshots)."""
-        self.num_drafts += delta.num_drafts
-        self.num_draft_tokens += delta.num_draft_tokens
-        self.num_accepted_tokens += delta.num_accepted_tokens
-        missing = delta.num_spec_tokens - len(self.accepted_per_pos)
-        if missing > 0:
-            self.accepted_per_pos.extend([0] * missing)
-            self.drafts_per_pos.extend([0] * missing)
-        for i, accepted in enumerate(delta.num_accepted_tokens_per_pos):
-            self.accepted_per_pos[i] += accepted
+        self.tally.add_counters(delta)
+        self.drafts_per_pos.extend([0] * (delta.num_spec_tokens - len(self.drafts_per_pos)))
+        for i in range(delta.num_spec_tokens):
             self.drafts_per_pos[i] += delta.num_drafts
 
     def log(self, now: float | None = None) -> None:
         """Log the interval since the last call (if it had drafts) and start a new one."""
         now = time.monotonic() if now is None else now
         elapsed, self._last_log = now - self._last_log, now
-        if self.num_drafts > 0:
+        if self.tally.num_drafts > 0:
             self._log_line(elapsed)
         self._reset()
 
@@ -58,10 +50,9 @@ class SpecDecodeLogger:
             self.log()
 
     def _log_line(self, elapsed: float) -> None:
-        accepted, drafted = self.num_accepted_tokens, self.num_draft_tokens
-        rates = ", ".join(
-            f"{a / d:.3f}" for a, d in zip(self.accepted_per_pos, self.drafts_per_pos, strict=True)
-        )
+        tally = self.tally
+        accepted, drafted = tally.num_accepted_tokens, tally.num_draft_tokens
+        rates = ", ".join(f"{a / d:.3f}" for a, d in zip(tally.per_pos, self.drafts_per_pos, strict=True))
         logger.info(
             "SpecDecoding metrics: "
             "Mean acceptance length: %.2f, "
@@ -71,11 +62,11 @@ class SpecDecodeLogger:
             "Drafted: %d tokens, "
             "Per-position acceptance rate: %s, "
             "Avg Draft acceptance rate: %.1f%%",
-            1 + accepted / self.num_drafts,  # mean acceptance length counts the bonus token
+            tally.mean_acceptance_length,  # counts the bonus token
             accepted / elapsed if elapsed > 0 else 0.0,
             drafted / elapsed if elapsed > 0 else 0.0,
             accepted,
             drafted,
             rates,
-            100 * accepted / drafted,  # every draft has at least one token, so drafted > 0
+            100 * tally.acceptance_rate,  # every draft has at least one token, so drafted > 0
         )
