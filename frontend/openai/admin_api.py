@@ -13,7 +13,7 @@ when the engine restarts or cannot be reached, 504 when it does not answer in ti
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgspec
 from aiohttp import web
@@ -25,21 +25,23 @@ from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.protocol import MAX_SPEC_TOKENS, LoadDrafter, LoadSnapshot, UnloadDrafter
 
 # Methods the engine knows (DESIGN.md, models and drafters); "draft_model" is DFlash's checkpoint folder.
-_METHODS = ("ngram", "dflash")
+DrafterMethod = Literal["ngram", "dflash"]
+_METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
+# Where a DFlash block's position 0 is, when the checkpoint's config does not say.
+DFlashAnchor = Literal["mask_slots", "anchor_slot"]
+_ANCHORS: tuple[DFlashAnchor, ...] = get_args(DFlashAnchor)
 
 
 class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
     """The JSON body of ``POST /admin/engines/{index}/drafter``."""
 
-    method: str
+    method: str  # a DrafterMethod; checked after decoding, so that a wrong one gets its own message
     num_spec_tokens: int
     draft_model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     path: str | None = None  # another name for draft_model
-    dflash_anchor: str | None = (
-        None  # "mask_slots" or "anchor_slot" when the checkpoint's config does not say
-    )
+    dflash_anchor: str | None = None  # a DFlashAnchor, checked after decoding
 
 
 def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
@@ -59,7 +61,7 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
                 "give the DFlash folder as `draft_model` or `path`, not two different ones", "path"
             )
         drafter.draft_model = drafter.path
-    if drafter.dflash_anchor not in (None, "mask_slots", "anchor_slot"):
+    if drafter.dflash_anchor is not None and drafter.dflash_anchor not in _ANCHORS:
         raise invalid_request("`dflash_anchor` must be mask_slots or anchor_slot", "dflash_anchor")
     if drafter.method not in _METHODS:
         raise invalid_request(f"`method` must be one of {list(_METHODS)}, got {drafter.method!r}", "method")

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
 from openinfer.frontend.tokenizer import Tokenizer
 
-BUILTIN = Path(__file__).parents[2] / "engine_core" / "builtin"
+BUILTIN = Path(__file__).parents[3] / "engine_core" / "builtin"
 
 # A Qwen3-style template written for this test: a namespace scan for the last user turn, thinking stripped
 # from earlier assistant turns, a system check with raise_exception, tojson on extra fields, whitespace
