@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.drafter_commands import DrafterCommands
 from openinfer.frontend.engines.handshake import Handshake
@@ -17,22 +18,6 @@ from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
 from openinfer.frontend.engines.sockets import EngineSockets
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.protocol import (
-    AbortRequests,
-    DrafterReply,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    EngineHello,
-    EngineInput,
-    EngineInputCodec,
-    EngineOutputCodec,
-    FinishReason,
-    LoadDrafter,
-    LoadSnapshot,
-    ProtocolError,
-    UnloadDrafter,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +63,8 @@ class EngineClient:
         self.router = Router(self.registry, max_queued_per_engine, max_queued_total)
         self._commands = DrafterCommands(self.registry, self._send, _SEND_PATIENCE_S)
         self._curve_keys = curve_keys
-        self._input_codec = EngineInputCodec()
-        self._output_codec = EngineOutputCodec()
+        self._input_codec = protocol.EngineInputCodec()
+        self._output_codec = protocol.EngineOutputCodec()
         self._handshake = Handshake(self.registry, self._send)
         self._warnings = LogRateLimiter()
         self._watch = LivenessWatch(
@@ -113,7 +98,7 @@ class EngineClient:
         for record in self.registry.records():
             in_flight = self.router.on_engine(record)
             if in_flight:
-                await self._send(record.identity, AbortRequests(list(in_flight)))
+                await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
             for stream in in_flight.values():
                 self.router.fail(stream, "the frontend is shutting down")
             DrafterCommands.end(record, "the frontend is shutting down")
@@ -139,7 +124,7 @@ class EngineClient:
     def served_model(self, name: str) -> ServedModel | None:
         return next((model for model in self.served_models() if model.name == name), None)
 
-    async def add_request(self, request: EngineCoreRequest, model_name: str) -> RequestStream:
+    async def add_request(self, request: protocol.EngineCoreRequest, model_name: str) -> RequestStream:
         """Send ``request`` to the least-loaded live engine serving ``model_name``.
 
         Raises :class:`NoEngineError` if none serves it, :class:`EngineOverloadedError` past the bounds on
@@ -155,8 +140,8 @@ class EngineClient:
         return stream
 
     async def drafter_command(
-        self, engine_index: int, command: LoadDrafter | UnloadDrafter, timeout: float
-    ) -> DrafterReply:
+        self, engine_index: int, command: protocol.LoadDrafter | protocol.UnloadDrafter, timeout: float
+    ) -> protocol.DrafterReply:
         """See :meth:`DrafterCommands.run <openinfer.frontend.engines.drafter_commands.DrafterCommands.run>`."""
         return await self._commands.run(engine_index, command, timeout)
 
@@ -165,10 +150,14 @@ class EngineClient:
         stream = self.router.remove(request_id)
         if stream is None:
             return
-        stream.put(EngineCoreOutput(request_id, [], FinishReason("abort", message="aborted by the frontend")))
+        stream.put(
+            protocol.EngineCoreOutput(
+                request_id, [], protocol.FinishReason("abort", message="aborted by the frontend")
+            )
+        )
         record = self.registry.get(stream.engine_index)
         if record is not None and record.incarnation == stream.incarnation:
-            await self._send(record.identity, AbortRequests([request_id]))
+            await self._send(record.identity, protocol.AbortRequests([request_id]))
 
     # ---- receiving ----
 
@@ -178,7 +167,7 @@ class EngineClient:
             frames, fd = await self._sockets.receive_output()
             try:
                 await self._handle_frames([frame.buffer for frame in frames], fd)
-            except ProtocolError as e:
+            except protocol.ProtocolError as e:
                 self.metrics.count_protocol_error(e.kind)
                 logger.warning("dropped a bad frame from an engine: %s", e)
             except Exception:  # noqa: BLE001 - one bad message must never stop the frontend
@@ -198,22 +187,22 @@ class EngineClient:
 
     async def _handle_frames(self, frames: list[memoryview], fd: int | None) -> None:
         if len(frames) != 1:
-            raise ProtocolError("frames", f"expected one frame per message, got {len(frames)}")
+            raise protocol.ProtocolError("frames", f"expected one frame per message, got {len(frames)}")
         try:
             message = self._output_codec.decode(frames[0])
-        except ProtocolError:
+        except protocol.ProtocolError:
             await self._handshake.refuse_foreign(frames[0])
             raise
-        if isinstance(message, EngineHello):
+        if isinstance(message, protocol.EngineHello):
             await self._on_hello(message, fd)
-        elif isinstance(message, EngineCoreOutputs):
+        elif isinstance(message, protocol.EngineCoreOutputs):
             await self._on_outputs(message, fd)
         else:
             record = await self._sender(message, fd)
             if record is not None:
                 DrafterCommands.on_reply(record, message)
 
-    async def _on_hello(self, hello: EngineHello, fd: int | None) -> None:
+    async def _on_hello(self, hello: protocol.EngineHello, fd: int | None) -> None:
         tokenizer = await self._handshake.accept(hello)
         if tokenizer is None:
             return
@@ -221,7 +210,7 @@ class EngineClient:
         record = self.registry.current(index, incarnation)
         if record is not None:  # a hello we asked for again, or a repeat
             if hello.seq <= record.last_seq:
-                raise ProtocolError(
+                raise protocol.ProtocolError(
                     "seq", f"engine {index} sent a hello of seq {hello.seq} after {record.last_seq}"
                 )
             record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
@@ -245,7 +234,7 @@ class EngineClient:
             DrafterCommands.end(previous, f"{previous.describe()} restarted before it answered")
             self._end_requests(previous, f"{previous.describe()} restarted")
 
-    async def _on_outputs(self, message: EngineCoreOutputs, fd: int | None) -> None:
+    async def _on_outputs(self, message: protocol.EngineCoreOutputs, fd: int | None) -> None:
         record = await self._sender(message, fd)
         if record is None:
             return
@@ -253,7 +242,9 @@ class EngineClient:
         if strays:
             await self._abort_strays(record, strays)
 
-    async def _sender(self, message: EngineCoreOutputs | DrafterReply, fd: int | None) -> EngineRecord | None:
+    async def _sender(
+        self, message: protocol.EngineCoreOutputs | protocol.DrafterReply, fd: int | None
+    ) -> EngineRecord | None:
         """The current record of a message's sender, with its load taken; None (dropped) if there is none."""
         index, incarnation = message.engine_index, message.incarnation
         record = self.registry.current(index, incarnation)
@@ -262,12 +253,14 @@ class EngineClient:
                 await self._handshake.ask_for_hello(index, incarnation)
             return None
         if message.seq <= record.last_seq:
-            raise ProtocolError("seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}")
+            raise protocol.ProtocolError(
+                "seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}"
+            )
         record.last_seq = message.seq
         self._heard_from(record, message.load, fd)
         return record
 
-    def _heard_from(self, record: EngineRecord, load: LoadSnapshot, fd: int | None) -> None:
+    def _heard_from(self, record: EngineRecord, load: protocol.LoadSnapshot, fd: int | None) -> None:
         """Any message of a current incarnation: it is alive, and this is its load now."""
         record.last_seen = time.monotonic()
         record.load = load
@@ -290,7 +283,7 @@ class EngineClient:
         logger.info(
             "%s sent outputs for %d requests that ended here; aborting them", record.describe(), len(new)
         )
-        await self._send(record.identity, AbortRequests(new))
+        await self._send(record.identity, protocol.AbortRequests(new))
 
     # ---- liveness ----
 
@@ -305,7 +298,7 @@ class EngineClient:
         in_flight = self.router.on_engine(record)
         if in_flight and connected:
             record.note_aborted(list(in_flight))
-            await self._send(record.identity, AbortRequests(list(in_flight)))
+            await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
         self._end_requests(record, f"{record.describe()} stopped responding: {why}")
         # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
 
@@ -337,7 +330,7 @@ class EngineClient:
             reason = f"{record.describe()} is not connected to the request socket"
             self.router.fail(stream, f"{why_moved}; then {reason}" if why_moved else reason)
 
-    async def _send(self, identity: bytes, message: EngineInput, patience: float = 0.0) -> bool:
+    async def _send(self, identity: bytes, message: protocol.EngineInput, patience: float = 0.0) -> bool:
         """Send to one engine, retrying for ``patience`` seconds while it is unroutable; True once sent."""
         if self._sockets is None:
             return False

@@ -49,12 +49,16 @@ class AcceptanceTally:
 
     def add_counters(self, counters: SpecDecodeCounters) -> None:
         """Add counters of one K (an engine's delta over an interval, or one draft)."""
-        self.num_spec_tokens = max(self.num_spec_tokens, counters.num_spec_tokens)
-        self.num_drafts += counters.num_drafts
-        self.num_draft_tokens += counters.num_draft_tokens
-        self.num_accepted_tokens += counters.num_accepted_tokens
-        _add_bins(self.per_pos, counters.num_accepted_tokens_per_pos)
-        _add_bins(self.hist, counters.accepted_length_hist)
+        self.add(
+            AcceptanceTally(
+                counters.num_drafts,
+                counters.num_draft_tokens,
+                counters.num_accepted_tokens,
+                counters.num_accepted_tokens_per_pos,
+                counters.accepted_length_hist,
+                counters.num_spec_tokens,
+            )
+        )
 
     def grow(self, num_pos: int = 0, num_hist: int = 0) -> None:
         """At least ``num_pos`` position bins and ``num_hist`` histogram bins (new ones 0)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -22,9 +22,9 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.openai.admin_api import add_admin_routes
 from openinfer.frontend.openai.chat_format import ChatFormat
-from openinfer.frontend.openai.chat_request import parse_chat_request
+from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.completion_format import CompletionFormat
-from openinfer.frontend.openai.completion_request import parse_completion_request
+from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
 from openinfer.frontend.openai.errors import ApiError, engine_failed, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError, Generation
 from openinfer.frontend.openai.middleware import (
@@ -35,8 +35,12 @@ from openinfer.frontend.openai.middleware import (
     error_middleware,
     request_id_middleware,
 )
-from openinfer.frontend.openai.response_format import ResponseExtras, ResponseIds
-from openinfer.frontend.openai.sampling_options import SamplingOptions
+from openinfer.frontend.openai.response_format import (
+    FormatContext,
+    ResponseExtras,
+    ResponseFormat,
+    ResponseIds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -139,42 +143,41 @@ class _OpenAIApi:
         """OpenAI's completions endpoint, streaming (SSE) or not."""
         arrival = time.monotonic()
         completion = parse_completion_request(await request.read())
-        model = self._model(completion.model)
-        ids = _response_ids(request, "cmpl", model)
-        engine_request = completion.to_engine_request(model, _engine_request_id(request, ids))
-        fmt = CompletionFormat(
-            ids,
-            model.tokenizer,
-            engine_request.prompt_token_ids,
-            completion.options.return_token_ids,
-            self._extras(completion.options),
-        )
-        generation = Generation(
-            self._client, self._metrics, model, engine_request, completion.options, arrival, fmt
-        )
-        return await self._respond(request, generation, completion.options)
+        return await self._generate(request, completion, "cmpl", CompletionFormat, arrival)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's chat completions endpoint: the messages through the model's chat template."""
         arrival = time.monotonic()
         chat = parse_chat_request(await request.read())
-        model = self._model(chat.model)
-        ids = _response_ids(request, "chatcmpl", model)
-        engine_request = chat.to_engine_request(model, _engine_request_id(request, ids))
-        fmt = ChatFormat(
-            ids,
-            model.tokenizer,
-            engine_request.prompt_token_ids,
-            chat.options.return_token_ids,
-            self._extras(chat.options),
+        return await self._generate(request, chat, "chatcmpl", ChatFormat, arrival)
+
+    async def _generate(
+        self,
+        request: web.Request,
+        parsed: CompletionRequest | ChatRequest,
+        prefix: str,
+        make_format: Callable[[FormatContext], ResponseFormat],
+        arrival: float,
+    ) -> web.StreamResponse:
+        """Run a parsed request on its model; ``prefix`` starts its response id (vLLM's "cmpl-")."""
+        model = self._model(parsed.model)
+        ids = _response_ids(request, prefix, model)
+        engine_request = parsed.to_engine_request(model, _engine_request_id(request, ids))
+        options = parsed.options
+        extras = ResponseExtras(options.include_usage, self._spec_metrics)
+        context = FormatContext(
+            ids, model.tokenizer, engine_request.prompt_token_ids, options.return_token_ids, extras
         )
         generation = Generation(
-            self._client, self._metrics, model, engine_request, chat.options, arrival, fmt
+            self._client, self._metrics, model, engine_request, options, arrival, make_format(context)
         )
-        return await self._respond(request, generation, chat.options)
-
-    def _extras(self, options: SamplingOptions) -> ResponseExtras:
-        return ResponseExtras(options.stream and options.include_usage, self._spec_metrics)
+        try:
+            async with generation:
+                if options.stream:
+                    return await self._stream(request, generation)
+                return await self._complete(generation)
+        except NoEngineError as e:
+            raise no_engine(str(e)) from None
 
     def _model(self, name: str | None) -> ServedModel:
         """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""
@@ -187,17 +190,6 @@ class _OpenAIApi:
             message = f"The model `{name}` does not exist; this server serves: {served_names}."
             raise ApiError(404, message, param="model", code="model_not_found")
         return model
-
-    async def _respond(
-        self, request: web.Request, generation: Generation, options: SamplingOptions
-    ) -> web.StreamResponse:
-        try:
-            async with generation:
-                if options.stream:
-                    return await self._stream(request, generation)
-                return await self._complete(generation)
-        except NoEngineError as e:
-            raise no_engine(str(e)) from None
 
     async def _complete(self, generation: Generation) -> web.Response:
         try:

@@ -5,13 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
-from openinfer.frontend.openai.response_format import (
-    ResponseExtras,
-    ResponseIds,
-    clamp_logprob,
-    joined_logprobs,
-)
-from openinfer.frontend.tokenizer import Tokenizer
+from openinfer.frontend.openai.response_format import FormatContext, clamp_logprob, joined_logprobs
 from openinfer.protocol import TokenLogprobs
 
 
@@ -23,19 +17,8 @@ class ChatFormat:
     carries ``finish_reason``.
     """
 
-    def __init__(
-        self,
-        ids: ResponseIds,
-        tokenizer: Tokenizer,
-        prompt_token_ids: list[int],
-        return_token_ids: bool,
-        extras: ResponseExtras,
-    ) -> None:
-        self._ids = ids
-        self._extras = extras
-        self._tokenizer = tokenizer
-        self._prompt_token_ids = prompt_token_ids
-        self._return_token_ids = return_token_ids  # vLLM extension: prompt and output token ids
+    def __init__(self, context: FormatContext) -> None:
+        self._context = context
         self._first = True
 
     def response(self, deltas: list[CompletionDelta], usage: Usage) -> dict[str, Any]:
@@ -44,10 +27,10 @@ class ChatFormat:
         token_ids = [t for d in deltas for t in d.token_ids]
         message = {"role": "assistant", "content": "".join(d.text for d in deltas)}
         choice = self._choice("message", message, token_ids, logprobs, last)
-        body = self._ids.envelope("chat.completion", [choice])
-        if self._return_token_ids:
-            body["prompt_token_ids"] = self._prompt_token_ids
-        return self._extras.finish_body(body, last, usage)
+        body = self._context.ids.envelope("chat.completion", [choice])
+        if self._context.return_token_ids:
+            body["prompt_token_ids"] = self._context.prompt_token_ids
+        return self._context.extras.finish_body(body, last, usage)
 
     def chunks(self, delta: CompletionDelta) -> list[dict[str, Any]]:
         chunks = []
@@ -59,22 +42,24 @@ class ChatFormat:
                 "logprobs": None,
                 "finish_reason": None,
             }
-            chunks.append(self._ids.envelope("chat.completion.chunk", [role]))
-            if self._return_token_ids:
-                chunks[0]["prompt_token_ids"] = self._prompt_token_ids
+            chunks.append(self._context.ids.envelope("chat.completion.chunk", [role]))
+            if self._context.return_token_ids:
+                chunks[0]["prompt_token_ids"] = self._context.prompt_token_ids
         if (
             delta.text
             or delta.finish_reason
             or delta.logprobs
-            or (self._return_token_ids and delta.token_ids)
+            or (self._context.return_token_ids and delta.token_ids)
         ):
             content = {"content": delta.text} if delta.text else {}
             choice = self._choice("delta", content, delta.token_ids, delta.logprobs, delta)
-            chunks.append(self._ids.envelope("chat.completion.chunk", [choice]))
-        return self._extras.finish_chunks(chunks, delta)
+            chunks.append(self._context.ids.envelope("chat.completion.chunk", [choice]))
+        return self._context.extras.finish_chunks(chunks, delta)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any] | None:
-        return self._extras.usage_chunk(self._ids.envelope("chat.completion.chunk", []), usage)
+        return self._context.extras.usage_chunk(
+            self._context.ids.envelope("chat.completion.chunk", []), usage
+        )
 
     def _choice(
         self,
@@ -91,7 +76,7 @@ class ChatFormat:
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
         }
-        if self._return_token_ids:
+        if self._context.return_token_ids:
             choice["token_ids"] = token_ids
         return choice
 
@@ -110,7 +95,7 @@ class ChatFormat:
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
         return {
-            "token": self._tokenizer.token_text(token_id),
+            "token": self._context.tokenizer.token_text(token_id),
             "logprob": clamp_logprob(logprob),
-            "bytes": list(self._tokenizer.token_bytes(token_id)),
+            "bytes": list(self._context.tokenizer.token_bytes(token_id)),
         }

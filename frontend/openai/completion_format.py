@@ -5,13 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
-from openinfer.frontend.openai.response_format import (
-    ResponseExtras,
-    ResponseIds,
-    clamp_logprob,
-    joined_logprobs,
-)
-from openinfer.frontend.tokenizer import Tokenizer
+from openinfer.frontend.openai.response_format import FormatContext, clamp_logprob, joined_logprobs
 from openinfer.protocol import TokenLogprobs
 
 _OBJECT = "text_completion"
@@ -20,19 +14,8 @@ _OBJECT = "text_completion"
 class CompletionFormat:
     """The :class:`ResponseFormat` of /v1/completions."""
 
-    def __init__(
-        self,
-        ids: ResponseIds,
-        tokenizer: Tokenizer,
-        prompt_token_ids: list[int],
-        return_token_ids: bool,
-        extras: ResponseExtras,
-    ) -> None:
-        self._ids = ids
-        self._extras = extras
-        self._tokenizer = tokenizer
-        self._prompt_token_ids = prompt_token_ids
-        self._return_token_ids = return_token_ids  # vLLM extension: prompt and output token ids
+    def __init__(self, context: FormatContext) -> None:
+        self._context = context
         self._text_offset = 0  # where the next token's text starts, counted in token texts
         self._first = True
 
@@ -41,26 +24,26 @@ class CompletionFormat:
         token_ids = [t for d in deltas for t in d.token_ids]
         logprobs = joined_logprobs(deltas)
         choice = self._choice("".join(d.text for d in deltas), token_ids, logprobs, last)
-        if self._return_token_ids:
-            choice["prompt_token_ids"] = self._prompt_token_ids
-        return self._extras.finish_body(self._ids.envelope(_OBJECT, [choice]), last, usage)
+        if self._context.return_token_ids:
+            choice["prompt_token_ids"] = self._context.prompt_token_ids
+        return self._context.extras.finish_body(self._context.ids.envelope(_OBJECT, [choice]), last, usage)
 
     def chunks(self, delta: CompletionDelta) -> list[dict[str, Any]]:
         if not (
             delta.text
             or delta.finish_reason
             or delta.logprobs
-            or (self._return_token_ids and delta.token_ids)
+            or (self._context.return_token_ids and delta.token_ids)
         ):
             return []  # text held back until a character (or a possible stop string) completes
         choice = self._choice(delta.text, delta.token_ids, delta.logprobs, delta)
-        if self._return_token_ids and self._first:
-            choice["prompt_token_ids"] = self._prompt_token_ids
+        if self._context.return_token_ids and self._first:
+            choice["prompt_token_ids"] = self._context.prompt_token_ids
         self._first = False
-        return self._extras.finish_chunks([self._ids.envelope(_OBJECT, [choice])], delta)
+        return self._context.extras.finish_chunks([self._context.ids.envelope(_OBJECT, [choice])], delta)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any] | None:
-        return self._extras.usage_chunk(self._ids.envelope(_OBJECT, []), usage)
+        return self._context.extras.usage_chunk(self._context.ids.envelope(_OBJECT, []), usage)
 
     def _choice(
         self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None, delta: CompletionDelta
@@ -72,14 +55,14 @@ class CompletionFormat:
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
         }
-        if self._return_token_ids:
+        if self._context.return_token_ids:
             choice["token_ids"] = token_ids
         return choice
 
     def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs]) -> dict[str, Any]:
         """OpenAI's legacy logprobs: per token its text, logprob, offset, and a dict of the top alternatives
         (token text -> logprob) that also holds the sampled token (so up to k + 1 entries, as vLLM)."""
-        tokens = [self._tokenizer.token_text(t) for t in token_ids]
+        tokens = [self._context.tokenizer.token_text(t) for t in token_ids]
         offsets = []
         for token in tokens:
             offsets.append(self._text_offset)
@@ -88,7 +71,7 @@ class CompletionFormat:
         for token, entry in zip(tokens, logprobs, strict=True):
             alternatives: dict[str, float] = {}
             for token_id, logprob in zip(entry.top_token_ids, entry.top_logprobs, strict=True):
-                alternatives.setdefault(self._tokenizer.token_text(token_id), clamp_logprob(logprob))
+                alternatives.setdefault(self._context.tokenizer.token_text(token_id), clamp_logprob(logprob))
             alternatives.setdefault(token, clamp_logprob(entry.logprob))
             top.append(alternatives)
         return {

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
+from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import TokenLogprobs
 
 # JSON has no -inf: a token the model rules out entirely is reported with this logprob (as vLLM does).
@@ -84,6 +85,17 @@ class ResponseIds:
             "model": self.model,
             "choices": choices,
         }
+
+
+@dataclass(frozen=True)
+class FormatContext:
+    """What a format needs of its request besides the deltas."""
+
+    ids: ResponseIds
+    tokenizer: Tokenizer
+    prompt_token_ids: list[int]
+    return_token_ids: bool  # vLLM extension: prompt and output token ids in the choices
+    extras: ResponseExtras
 
 
 def clamp_logprob(logprob: float) -> float:
