@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.frontend.spec_tally import (
+from openinfer.tools.spec_tally import (
     AcceptanceTally,
     SpecLogTally,
     read_spec_logs,
@@ -20,7 +20,7 @@ from openinfer.frontend.spec_tally import (
     tally_metrics,
     total,
 )
-from openinfer.frontend.verify_log import ALL, Difference, acceptance_rows, compare
+from openinfer.tools.verify_log import ALL, Difference, acceptance_rows, compare
 
 # Longer than an engine's heartbeat (1 s): a draft not yet on /metrics at one scrape is there at the next, so
 # two equal scrapes this far apart hold every draft made before the first of them.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.frontend.spec_tally import AcceptanceTally
+from openinfer.tools.spec_tally import AcceptanceTally
 
 
 @dataclass(frozen=True)

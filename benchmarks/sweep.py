@@ -42,7 +42,7 @@ from openinfer.benchmarks.local_server import Drafter, LocalServer, parse_drafte
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
 from openinfer.benchmarks.request_client import SamplingConfig
 from openinfer.benchmarks.vocabulary import load_tokenizer
-from openinfer.frontend.spec_tally import AcceptanceTally, total
+from openinfer.tools.spec_tally import AcceptanceTally, total
 
 BUILTIN_MODEL_NAME = "openinfer-tiny-qwen3"  # what openinfer-serve serves the built-in model as
 NO_VALUE = "-"

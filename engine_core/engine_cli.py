@@ -37,7 +37,7 @@ FAKE_MODEL_NAME = "openinfer-fake"
 def curve_client_keys(folder: Path, engine_index: int) -> CurveClientKeys:
     """(engine public key, engine secret key, frontend public key) from an ``openinfer-keys`` folder.
 
-    The layout (see :mod:`openinfer.frontend.curve_keys`): ``DIR/frontend.key`` and
+    The layout (see :mod:`openinfer.tools.curve_keys`): ``DIR/frontend.key`` and
     ``DIR/engines/engine-<index>.key_secret``.
     """
     frontend_key = folder / "frontend.key"

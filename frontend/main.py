@@ -13,12 +13,12 @@ from pathlib import Path
 import zmq
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.api_server import build_app, serve
-from openinfer.frontend.curve_keys import load_server_keys
-from openinfer.frontend.engine_client import EngineClient
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
-from openinfer.frontend.state_dir import StateDir, StateError
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.server_keys import load_server_keys
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.state_dir import StateDir, StateError
+from openinfer.frontend.openai.api_server import build_app, serve
 
 logger = logging.getLogger("openinfer.frontend")
 

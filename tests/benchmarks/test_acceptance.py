@@ -10,7 +10,7 @@ import pytest
 
 from openinfer.benchmarks import acceptance
 from openinfer.benchmarks.acceptance import AcceptanceReport, MetricsSnapshot, check_spec_logs, scrape_settled
-from openinfer.frontend.spec_tally import AcceptanceTally, tally_metrics
+from openinfer.tools.spec_tally import AcceptanceTally, tally_metrics
 
 
 def exposition(engine: str, drafts: int, per_pos: list[int], hist: list[int] | None) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from openinfer.benchmarks.acceptance import AcceptanceReport, MetricsSnapshot
-from openinfer.frontend.spec_tally import read_spec_logs, total
+from openinfer.tools.spec_tally import read_spec_logs, total
 from tests.e2e.processes import Cluster
 
 K = 7

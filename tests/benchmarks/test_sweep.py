@@ -14,7 +14,7 @@ from openinfer.benchmarks.local_server import Drafter, parse_drafter
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
 from openinfer.benchmarks.request_client import RequestOutcome
 from openinfer.benchmarks.sweep import SweepCell, markdown_table, parse_args, plot_series
-from openinfer.frontend.spec_tally import AcceptanceTally
+from openinfer.tools.spec_tally import AcceptanceTally
 
 
 def test_drafter_specs() -> None:

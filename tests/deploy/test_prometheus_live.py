@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from openinfer.frontend.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics, total
+from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics, total
 from tests.deploy.stack import (
     DEPLOY,
     Frontend,

@@ -14,7 +14,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
-from openinfer.frontend.spec_tally import read_spec_logs, tally_metrics
+from openinfer.tools.spec_tally import read_spec_logs, tally_metrics
 from tests.e2e.processes import Cluster
 
 K = BUILTIN_NUM_SPEC_TOKENS

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.frontend.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics
 from openinfer.protocol.spec_log import parse_spec_log_line
+from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics
 from tests.e2e.load import Load, Scraper
 from tests.e2e.processes import Cluster
 

@@ -35,7 +35,7 @@ def curve_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cl
     logs = tmp_path_factory.mktemp("curve")
     keys = logs / "keys"
     made = subprocess.run(
-        [sys.executable, "-m", "openinfer.frontend.curve_keys", str(keys), "--engines", "2"],
+        [sys.executable, "-m", "openinfer.tools.curve_keys", str(keys), "--engines", "2"],
         capture_output=True,
         text=True,
         timeout=60,

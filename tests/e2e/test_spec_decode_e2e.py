@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from openinfer.frontend.spec_tally import read_spec_logs, tally_metrics, total
+from openinfer.tools.spec_tally import read_spec_logs, tally_metrics, total
 from tests.e2e.processes import Cluster
 
 K = 7
@@ -114,7 +114,7 @@ async def test_metrics_equal_spec_logs(spec_cluster: Cluster) -> None:
         [
             sys.executable,
             "-m",
-            "openinfer.frontend.verify_log",
+            "openinfer.tools.verify_log",
             "--metrics-url",
             f"{spec_cluster.url}/metrics",
             "--spec-log",

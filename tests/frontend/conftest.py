@@ -11,11 +11,11 @@ import pytest
 from aiohttp import web
 
 from openinfer.engine_core.local_cluster import free_port_pair
-from openinfer.frontend.api_server import build_app, serve
-from openinfer.frontend.engine_client import EngineClient
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.frontend.request_spec_metrics import PerRequestSpecMetrics
-from openinfer.frontend.state_dir import StateDir
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.state_dir import StateDir
+from openinfer.frontend.openai.api_server import build_app, serve
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 __all__ = ["free_port_pair", "wait_until"]

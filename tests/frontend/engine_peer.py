@@ -17,28 +17,8 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.protocol import (
-    PROTOCOL_VERSION,
-    AbortRequests,
-    DrafterReply,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    EngineHello,
-    EngineInputCodec,
-    EngineOutputCodec,
-    FinishReason,
-    HelloRefused,
-    HelloRequest,
-    LoadDrafter,
-    LoadSnapshot,
-    RequestSpecStats,
-    SpecDecodeCounters,
-    TokenLogprobs,
-    UnloadDrafter,
-    engine_identity,
-)
 from tests.frontend import tiny_tokenizer
 
 
@@ -53,11 +33,13 @@ class PeerConfig:
     token_delay_s: float = 0.0  # pause before each output token
     eos_token_ids: list[int] = field(default_factory=lambda: [tiny_tokenizer.EOS_TOKEN_ID])
     vocab_size: int = 300  # the model's (its hello's); above the tiny tokenizer's 300 ids: padding rows
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = protocol.PROTOCOL_VERSION
     fail_with: str | None = None  # end every request with this error message after its first token
     silent_on_request: bool = False  # stop sending anything once a request arrives (a hung engine)
-    spec: SpecDecodeCounters | None = None  # the counters its hello carries (copied; None: no drafter)
-    spec_stats: RequestSpecStats | None = None  # put on every request's last output
+    spec: protocol.SpecDecodeCounters | None = (
+        None  # the counters its hello carries (copied; None: no drafter)
+    )
+    spec_stats: protocol.RequestSpecStats | None = None  # put on every request's last output
     tokenizer_config_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command
@@ -71,15 +53,15 @@ class EnginePeer:
         self.config = config or PeerConfig()
         self.incarnation = random.getrandbits(64)
         self.silent = False  # True: send nothing, as a hung engine
-        self.requests: dict[str, EngineCoreRequest] = {}
+        self.requests: dict[str, protocol.EngineCoreRequest] = {}
         self.aborted: list[str] = []
-        self.refusals: list[str] = []  # messages of HelloRefused the frontend sent this peer
+        self.refusals: list[str] = []  # messages of protocol.HelloRefused the frontend sent this peer
         self.hello_requests = 0
         self.spec = None if self.config.spec is None else self.config.spec.copy()
-        self.drafter_commands: list[LoadDrafter | UnloadDrafter] = []
+        self.drafter_commands: list[protocol.LoadDrafter | protocol.UnloadDrafter] = []
         self._seq = 0
-        self._in_codec = EngineInputCodec()
-        self._out_codec = EngineOutputCodec()
+        self._in_codec = protocol.EngineInputCodec()
+        self._out_codec = protocol.EngineOutputCodec()
         self._context = zmq.asyncio.Context()
         self._dealer: zmq.asyncio.Socket | None = None
         self._push: zmq.asyncio.Socket | None = None
@@ -89,7 +71,9 @@ class EnginePeer:
     async def start(self) -> None:
         """Connect both sockets and say hello (seq 0)."""
         self._dealer = self._context.socket(zmq.DEALER)
-        self._dealer.setsockopt(zmq.IDENTITY, engine_identity(self.config.engine_index, self.incarnation))
+        self._dealer.setsockopt(
+            zmq.IDENTITY, protocol.engine_identity(self.config.engine_index, self.incarnation)
+        )
         self._dealer.setsockopt(zmq.LINGER, 0)
         self._dealer.connect(self.addresses.requests)
         self._push = self._context.socket(zmq.PUSH)
@@ -125,9 +109,9 @@ class EnginePeer:
         assert self._push is not None
         await self._push.send_multipart(frames)
 
-    def hello(self, seq: int) -> EngineHello:
+    def hello(self, seq: int) -> protocol.EngineHello:
         c = self.config
-        return EngineHello(
+        return protocol.EngineHello(
             protocol_version=c.protocol_version,
             engine_index=c.engine_index,
             incarnation=self.incarnation,
@@ -144,8 +128,8 @@ class EnginePeer:
             load=self._load(),
         )
 
-    def _load(self) -> LoadSnapshot:
-        return LoadSnapshot(
+    def _load(self) -> protocol.LoadSnapshot:
+        return protocol.LoadSnapshot(
             kv_used_blocks=len(self._running), kv_total_blocks=64, num_running_reqs=len(self._running),
             num_waiting_reqs=0, spec_decode=self.spec,
         )  # fmt: skip
@@ -155,13 +139,15 @@ class EnginePeer:
         seq, self._seq = self._seq, self._seq + 1
         await self._push.send(self._out_codec.encode(self.hello(seq)))
 
-    async def _send_outputs(self, outputs: list[EngineCoreOutput]) -> None:
+    async def _send_outputs(self, outputs: list[protocol.EngineCoreOutput]) -> None:
         if self.silent:
             return
         assert self._push is not None
         c = self.config
         seq, self._seq = self._seq, self._seq + 1
-        message = EngineCoreOutputs(c.engine_index, self.incarnation, seq, time.time(), outputs, self._load())
+        message = protocol.EngineCoreOutputs(
+            c.engine_index, self.incarnation, seq, time.time(), outputs, self._load()
+        )
         await self._push.send(self._out_codec.encode(message))
 
     async def _heartbeat_loop(self) -> None:
@@ -173,73 +159,81 @@ class EnginePeer:
         assert self._dealer is not None
         while True:
             message = self._in_codec.decode(await self._dealer.recv())
-            if isinstance(message, EngineCoreRequest):
+            if isinstance(message, protocol.EngineCoreRequest):
                 self.requests[message.request_id] = message
                 if self.config.silent_on_request:
                     self.silent = True
                 self._running[message.request_id] = asyncio.create_task(self._generate(message))
-            elif isinstance(message, AbortRequests):
+            elif isinstance(message, protocol.AbortRequests):
                 for request_id in message.request_ids:
                     self.aborted.append(request_id)
                     task = self._running.pop(request_id, None)
                     if task is not None:
                         task.cancel()
-            elif isinstance(message, HelloRequest):
+            elif isinstance(message, protocol.HelloRequest):
                 self.hello_requests += 1
                 await self._send_hello()
-            elif isinstance(message, HelloRefused):
+            elif isinstance(message, protocol.HelloRefused):
                 self.refusals.append(message.message)
-            elif isinstance(message, LoadDrafter | UnloadDrafter):
+            elif isinstance(message, protocol.LoadDrafter | protocol.UnloadDrafter):
                 self.drafter_commands.append(message)
                 if not self.config.ignore_drafter_commands:
                     await self._answer_drafter_command(message)
 
-    async def _answer_drafter_command(self, command: LoadDrafter | UnloadDrafter) -> None:
+    async def _answer_drafter_command(self, command: protocol.LoadDrafter | protocol.UnloadDrafter) -> None:
         assert self._push is not None
         ok, message = self.config.refuse_drafter is None, self.config.refuse_drafter or ""
-        if ok and isinstance(command, LoadDrafter):
+        if ok and isinstance(command, protocol.LoadDrafter):
             if self.spec is None or self.spec.num_spec_tokens != command.num_spec_tokens:
-                self.spec = SpecDecodeCounters.zero(command.num_spec_tokens)  # same K: counting goes on
+                self.spec = protocol.SpecDecodeCounters.zero(
+                    command.num_spec_tokens
+                )  # same K: counting goes on
             message = f"loaded the {command.method} drafter with K={command.num_spec_tokens}"
         elif ok:
             self.spec, message = None, "speculative decoding is off"
         seq, self._seq = self._seq, self._seq + 1
         k = None if self.spec is None else self.spec.num_spec_tokens
-        reply = DrafterReply(
+        reply = protocol.DrafterReply(
             self.config.engine_index, self.incarnation, seq, command.command_id, ok, message, k, self._load()
         )
         await self._push.send(self._out_codec.encode(reply))
 
-    async def _generate(self, request: EngineCoreRequest) -> None:
+    async def _generate(self, request: protocol.EngineCoreRequest) -> None:
         params = request.sampling_params
         prompt = request.prompt_token_ids
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
         for i in range(params.max_tokens):
             await asyncio.sleep(self.config.token_delay_s)
             if self.config.fail_with is not None and i == 1:
-                await self._finish(request, [], FinishReason("error", message=self.config.fail_with))
+                await self._finish(request, [], protocol.FinishReason("error", message=self.config.fail_with))
                 return
             token = prompt[i % len(prompt)]
             if token in stops:
-                await self._finish(request, [token], FinishReason("stop", stop_token_id=token))
+                await self._finish(request, [token], protocol.FinishReason("stop", stop_token_id=token))
                 return
             if i + 1 == params.max_tokens:
-                await self._finish(request, [token], FinishReason("length"))
+                await self._finish(request, [token], protocol.FinishReason("length"))
                 return
             logprobs = None if params.logprobs is None else [peer_logprobs(token, params.logprobs)]
-            await self._send_outputs([EngineCoreOutput(request.request_id, [token], logprobs=logprobs)])
+            await self._send_outputs(
+                [protocol.EngineCoreOutput(request.request_id, [token], logprobs=logprobs)]
+            )
 
-    async def _finish(self, request: EngineCoreRequest, tokens: list[int], finish: FinishReason) -> None:
+    async def _finish(
+        self, request: protocol.EngineCoreRequest, tokens: list[int], finish: protocol.FinishReason
+    ) -> None:
         self._running.pop(request.request_id, None)
         stats = self.config.spec_stats
         k = request.sampling_params.logprobs
         logprobs = None if k is None else [peer_logprobs(token, k) for token in tokens]
-        output = EngineCoreOutput(request.request_id, tokens, finish, spec_stats=stats, logprobs=logprobs)
+        output = protocol.EngineCoreOutput(
+            request.request_id, tokens, finish, spec_stats=stats, logprobs=logprobs
+        )
         await self._send_outputs([output])
 
 
-def peer_logprobs(token: int, k: int) -> TokenLogprobs:
+def peer_logprobs(token: int, k: int) -> protocol.TokenLogprobs:
     """The peer's made-up logprobs for an echoed token: -0.5 for it, and k alternatives, itself first, then
     the next token ids at -1.5, -2.5, ..."""
     top_ids = [token] + [(token + i) % 300 for i in range(1, k)]
-    return TokenLogprobs(-0.5, top_ids[:k], [-0.5 - i for i in range(k)])
+    return protocol.TokenLogprobs(-0.5, top_ids[:k], [-0.5 - i for i in range(k)])

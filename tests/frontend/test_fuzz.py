@@ -18,52 +18,45 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.api_server import build_app, serve
-from openinfer.frontend.engine_client import EngineClient
-from openinfer.frontend.metrics import FrontendMetrics
-from openinfer.protocol import (
-    PROTOCOL_VERSION,
-    AbortRequests,
-    DrafterReply,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    EngineHello,
-    EngineInputCodec,
-    EngineOutputCodec,
-    FinishReason,
-    LoadSnapshot,
-    ProtocolError,
-    SamplingParams,
-    SpecDecodeCounters,
-)
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.openai.api_server import build_app, serve
 from tests.frontend.conftest import free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def _spec() -> SpecDecodeCounters:
-    c = SpecDecodeCounters.zero(3)
+def _spec() -> protocol.SpecDecodeCounters:
+    c = protocol.SpecDecodeCounters.zero(3)
     c.observe_draft(3, 2)
     return c
 
 
-_LOAD = LoadSnapshot(1, 64, 1, 0, _spec())
+_LOAD = protocol.LoadSnapshot(1, 64, 1, 0, _spec())
 # Valid messages of both directions to mutate; none is for the live peer (index 0, random incarnation), and
 # hellos carry no usable tokenizer, so even a mutation that still decodes cannot pose as a real engine.
 _BASES = [
-    EngineOutputCodec().encode(
-        EngineHello(PROTOCOL_VERSION, 7, 12345, 0, "tiny", 64, 16, 64, 3, 300, [0], b"{}", b"{}", _LOAD)
+    protocol.EngineOutputCodec().encode(
+        protocol.EngineHello(
+            protocol.PROTOCOL_VERSION, 7, 12345, 0, "tiny", 64, 16, 64, 3, 300, [0], b"{}", b"{}", _LOAD
+        )
     ),
-    EngineOutputCodec().encode(
-        EngineCoreOutputs(7, 12345, 1, 1.0, [EngineCoreOutput("x", [5], FinishReason("stop", 5))], _LOAD)
+    protocol.EngineOutputCodec().encode(
+        protocol.EngineCoreOutputs(
+            7, 12345, 1, 1.0, [protocol.EngineCoreOutput("x", [5], protocol.FinishReason("stop", 5))], _LOAD
+        )
     ),
-    EngineOutputCodec().encode(EngineCoreOutputs(0, 999, 4, 1.0, [EngineCoreOutput("y", [1, 2])], _LOAD)),
-    EngineOutputCodec().encode(DrafterReply(7, 12345, 2, "c", True, "ok", 3, _LOAD)),
-    EngineInputCodec().encode(EngineCoreRequest("r", [1, 2, 3], SamplingParams(max_tokens=4))),
-    EngineInputCodec().encode(AbortRequests(["r"])),
+    protocol.EngineOutputCodec().encode(
+        protocol.EngineCoreOutputs(0, 999, 4, 1.0, [protocol.EngineCoreOutput("y", [1, 2])], _LOAD)
+    ),
+    protocol.EngineOutputCodec().encode(protocol.DrafterReply(7, 12345, 2, "c", True, "ok", 3, _LOAD)),
+    protocol.EngineInputCodec().encode(
+        protocol.EngineCoreRequest("r", [1, 2, 3], protocol.SamplingParams(max_tokens=4))
+    ),
+    protocol.EngineInputCodec().encode(protocol.AbortRequests(["r"])),
 ]
 
 
@@ -83,19 +76,19 @@ def frames(draw: st.DrawFn) -> bytes:
 
 def _decodes(frame: bytes) -> object | None:
     try:
-        return EngineOutputCodec().decode(frame)
-    except ProtocolError:
+        return protocol.EngineOutputCodec().decode(frame)
+    except protocol.ProtocolError:
         return None
 
 
 @given(frame=frames())
 @FUZZ
 def test_decoders_raise_only_protocol_errors(frame: bytes) -> None:
-    """Either direction's decoder returns a message or raises ProtocolError with a kind, nothing else."""
-    for codec in (EngineOutputCodec(), EngineInputCodec()):
+    """Either direction's decoder returns a message or raises protocol.ProtocolError with a kind, nothing else."""
+    for codec in (protocol.EngineOutputCodec(), protocol.EngineInputCodec()):
         try:
             codec.decode(frame)
-        except ProtocolError as e:
+        except protocol.ProtocolError as e:
             assert e.kind in ("undecodable", "invalid", "counters")
 
 
@@ -185,7 +178,9 @@ def test_engine_socket_survives_fuzzed_frames(harness: Harness) -> None:
     @FUZZ
     def send(message: list[bytes]) -> None:
         decoded = _decodes(message[0]) if len(message) == 1 else None
-        assume(not (isinstance(decoded, EngineHello) and decoded.engine_index == 0))  # a real restart
+        assume(
+            not (isinstance(decoded, protocol.EngineHello) and decoded.engine_index == 0)
+        )  # a real restart
         push.send_multipart(message)
         harness.run(asyncio.sleep(0.002))  # the frontend takes it
         sent["messages"] += 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from openinfer.engine_core.local_cluster import free_port, free_port_pair
-from openinfer.frontend.state_dir import STATE_FILE, StateDir
+from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from tests.frontend.engine_peer import EnginePeer
 
 
@@ -97,7 +97,7 @@ async def test_engine_port_in_use_exits_1_with_a_clear_message() -> None:
 async def test_frontend_imports_neither_torch_nor_transformers() -> None:
     """Importing every frontend module loads no torch or transformers (the frontend image has neither)."""
     code = (
-        "import sys, openinfer.frontend.main, openinfer.frontend.generation, openinfer.frontend.verify_log;"
+        "import sys, openinfer.frontend.main, openinfer.frontend.openai.generation, openinfer.tools.verify_log;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
     )
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)

@@ -1,0 +1,1 @@
+"""The engine boundary: sockets, handshake, registry, routing, liveness and drafter commands."""

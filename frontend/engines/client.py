@@ -1,0 +1,340 @@
+"""The frontend's side of the engine boundary: the engine sockets and registry, routing, liveness, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from openinfer import protocol
+from openinfer.frontend.addresses import engine_addresses
+from openinfer.frontend.engines.drafter_commands import DrafterCommands
+from openinfer.frontend.engines.handshake import Handshake
+from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
+from openinfer.frontend.engines.log_limit import LogRateLimiter
+from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel
+from openinfer.frontend.engines.request_stream import RequestStream
+from openinfer.frontend.engines.router import Router
+from openinfer.frontend.engines.server_keys import CurveServerKeys
+from openinfer.frontend.engines.sockets import EngineSockets
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+
+logger = logging.getLogger(__name__)
+
+# How long a new request waits for its engine's DEALER to be routable: the hello comes over the PUSH socket
+# and can beat the DEALER's connection to the ROUTER.
+_SEND_PATIENCE_S = 2.0
+# A request that no engine streamed anything for yet moves to another engine when its engine dies, at most
+# this many times in all.
+_MAX_SENDS = 3
+
+
+class EngineClient:
+    """Owns the engine sockets and registry, routes requests and streams their outputs back.
+
+    ``bind_address`` is ``tcp://HOST:PORT``: requests leave through a ROUTER bound on PORT, outputs arrive on
+    a PULL bound on PORT+1 (see :mod:`openinfer.frontend.addresses`).
+
+    Liveness (DESIGN.md): an engine is marked down when it is silent for ``engine_timeout`` seconds, or
+    when the connection its outputs came over closes and it is not heard from again within about a second
+    (a killed process); its in-flight requests that got no output yet move to another live engine of the
+    model, the others end with an error saying why. A new incarnation of an index ends the old one's the
+    same way. One that comes back with the same incarnation (it was paused) is taken back; outputs it sends
+    for requests that already ended here are dropped and those requests aborted on it.
+
+    Bounds: at most ``max_queued_total`` unfinished requests in all and ``max_queued_per_engine`` per
+    engine; past them :meth:`add_request` raises :class:`EngineOverloadedError` at once. In-flight requests
+    live in one map, :attr:`router` (:class:`~openinfer.frontend.engines.router.Router`).
+    """
+
+    def __init__(
+        self,
+        bind_address: str,
+        metrics: FrontendMetrics,
+        engine_timeout: float = 5.0,
+        max_queued_per_engine: int = 256,
+        max_queued_total: int = 1024,
+        curve_keys: CurveServerKeys | None = None,
+    ) -> None:
+        self.addresses = engine_addresses(bind_address)
+        self.metrics = metrics
+        self.engine_timeout = engine_timeout
+        self.registry = EngineRegistry()
+        self.router = Router(self.registry, max_queued_per_engine, max_queued_total)
+        self._commands = DrafterCommands(self.registry, self._send, _SEND_PATIENCE_S)
+        self._curve_keys = curve_keys
+        self._input_codec = protocol.EngineInputCodec()
+        self._output_codec = protocol.EngineOutputCodec()
+        self._handshake = Handshake(self.registry, self._send)
+        self._warnings = LogRateLimiter()
+        self._watch = LivenessWatch(
+            self.registry, Liveness(engine_timeout), metrics, self._warnings, self._mark_down
+        )
+        self._sockets: EngineSockets | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._resends: set[asyncio.Task[None]] = set()
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        """Bind both sockets and start receiving; raises ``zmq.ZMQError`` if a port is taken."""
+        self._sockets = EngineSockets(self.addresses, self._curve_keys)
+        self._sockets.bind()
+        self._tasks = [
+            asyncio.create_task(self._receive_loop(), name="engine-client-receive"),
+            asyncio.create_task(self._stray_loop(), name="engine-client-strays"),
+            asyncio.create_task(self._watch.watch_events(self._sockets), name="engine-client-events"),
+            asyncio.create_task(self._watch.run(), name="engine-client-liveness"),
+        ]
+        curve = ", CurveZMQ" if self._curve_keys is not None else ""
+        logger.info("engine sockets bound: requests %s, outputs %s%s", *self.addresses, curve)
+
+    async def close(self) -> None:
+        """Abort every in-flight request on its engine, end it with an error, close the sockets."""
+        for task in [*self._tasks, *self._resends]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._resends, return_exceptions=True)
+        self._tasks = []
+        for record in self.registry.records():
+            in_flight = self.router.on_engine(record)
+            if in_flight:
+                await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
+            for stream in in_flight.values():
+                self.router.fail(stream, "the frontend is shutting down")
+            DrafterCommands.end(record, "the frontend is shutting down")
+        if self._sockets is not None:
+            self._sockets.close()
+            self._sockets = None
+
+    # ---- what the API asks ----
+
+    @property
+    def num_engines_up(self) -> int:
+        return len(self.registry.live())
+
+    @property
+    def num_queued(self) -> int:
+        """Unfinished requests of this frontend, on all engines."""
+        return len(self.router)
+
+    def served_models(self) -> list[ServedModel]:
+        """Models served by live engines, in order of their lowest engine index."""
+        return self.registry.served_models()
+
+    def served_model(self, name: str) -> ServedModel | None:
+        return next((model for model in self.served_models() if model.name == name), None)
+
+    async def add_request(self, request: protocol.EngineCoreRequest, model_name: str) -> RequestStream:
+        """Send ``request`` to the least-loaded live engine serving ``model_name``.
+
+        Raises :class:`NoEngineError` if none serves it, :class:`EngineOverloadedError` past the bounds on
+        queued requests. The stream always ends with an output carrying ``finish``: the engine's, or an
+        error made here when the engine dies or cannot be reached.
+        """
+        record, stream = self.router.admit(request, model_name)
+        try:
+            await self._deliver(record, stream)
+        except asyncio.CancelledError:  # the client left while we waited for the engine to be routable
+            self.router.fail(stream, "cancelled before it reached the engine")
+            raise
+        return stream
+
+    async def drafter_command(
+        self, engine_index: int, command: protocol.LoadDrafter | protocol.UnloadDrafter, timeout: float
+    ) -> protocol.DrafterReply:
+        """See :meth:`DrafterCommands.run <openinfer.frontend.engines.drafter_commands.DrafterCommands.run>`."""
+        return await self._commands.run(engine_index, command, timeout)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request on its engine (the client went away); unknown or finished ids are ignored."""
+        stream = self.router.remove(request_id)
+        if stream is None:
+            return
+        stream.put(
+            protocol.EngineCoreOutput(
+                request_id, [], protocol.FinishReason("abort", message="aborted by the frontend")
+            )
+        )
+        record = self.registry.get(stream.engine_index)
+        if record is not None and record.incarnation == stream.incarnation:
+            await self._send(record.identity, protocol.AbortRequests([request_id]))
+
+    # ---- receiving ----
+
+    async def _receive_loop(self) -> None:
+        assert self._sockets is not None
+        while True:
+            frames, fd = await self._sockets.receive_output()
+            try:
+                await self._handle_frames([frame.buffer for frame in frames], fd)
+            except protocol.ProtocolError as e:
+                self.metrics.count_protocol_error(e.kind)
+                logger.warning("dropped a bad frame from an engine: %s", e)
+            except Exception:  # noqa: BLE001 - one bad message must never stop the frontend
+                logger.exception("error while handling an engine message; it was dropped")
+
+    async def _stray_loop(self) -> None:
+        """Engines never send on the request socket: anything arriving there is counted and dropped."""
+        assert self._sockets is not None
+        while True:
+            frames = await self._sockets.receive_stray()
+            self.metrics.count_protocol_error("unexpected")
+            if self._warnings.allow("unexpected"):
+                peer = bytes(frames[0][:40]) if frames else b""
+                logger.warning(
+                    "dropped a message from %r on the request socket, where engines never send", peer
+                )
+
+    async def _handle_frames(self, frames: list[memoryview], fd: int | None) -> None:
+        if len(frames) != 1:
+            raise protocol.ProtocolError("frames", f"expected one frame per message, got {len(frames)}")
+        try:
+            message = self._output_codec.decode(frames[0])
+        except protocol.ProtocolError:
+            await self._handshake.refuse_foreign(frames[0])
+            raise
+        if isinstance(message, protocol.EngineHello):
+            await self._on_hello(message, fd)
+        elif isinstance(message, protocol.EngineCoreOutputs):
+            await self._on_outputs(message, fd)
+        else:
+            record = await self._sender(message, fd)
+            if record is not None:
+                DrafterCommands.on_reply(record, message)
+
+    async def _on_hello(self, hello: protocol.EngineHello, fd: int | None) -> None:
+        tokenizer = await self._handshake.accept(hello)
+        if tokenizer is None:
+            return
+        index, incarnation = hello.engine_index, hello.incarnation
+        record = self.registry.current(index, incarnation)
+        if record is not None:  # a hello we asked for again, or a repeat
+            if hello.seq <= record.last_seq:
+                raise protocol.ProtocolError(
+                    "seq", f"engine {index} sent a hello of seq {hello.seq} after {record.last_seq}"
+                )
+            record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
+            record.num_spec_tokens = hello.num_spec_tokens
+            self._heard_from(record, hello.load, fd)
+            return
+        record = EngineRecord(
+            hello, tokenizer, time.monotonic(), hello.seq, hello.load, hello.num_spec_tokens, fd=fd
+        )
+        previous = self.registry.install(record)
+        self.metrics.engine_joined(index, incarnation)
+        kv = f"{hello.kv_num_blocks} KV blocks of {hello.kv_block_size} tokens"
+        spec = f"{hello.num_spec_tokens} spec tokens" if hello.num_spec_tokens else "no speculation"
+        logger.info("%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec)
+        self.metrics.set_engine_up(index, True)
+        self.metrics.observe_load(index, incarnation, record.model_name, hello.load)
+        if previous is not None:
+            logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
+            if previous.model_name != record.model_name:
+                self.metrics.forget_load(index, previous.model_name)
+            DrafterCommands.end(previous, f"{previous.describe()} restarted before it answered")
+            self._end_requests(previous, f"{previous.describe()} restarted")
+
+    async def _on_outputs(self, message: protocol.EngineCoreOutputs, fd: int | None) -> None:
+        record = await self._sender(message, fd)
+        if record is None:
+            return
+        strays = [output.request_id for output in message.outputs if not self.router.route(record, output)]
+        if strays:
+            await self._abort_strays(record, strays)
+
+    async def _sender(
+        self, message: protocol.EngineCoreOutputs | protocol.DrafterReply, fd: int | None
+    ) -> EngineRecord | None:
+        """The current record of a message's sender, with its load taken; None (dropped) if there is none."""
+        index, incarnation = message.engine_index, message.incarnation
+        record = self.registry.current(index, incarnation)
+        if record is None:
+            if not self.registry.is_retired(index, incarnation):
+                await self._handshake.ask_for_hello(index, incarnation)
+            return None
+        if message.seq <= record.last_seq:
+            raise protocol.ProtocolError(
+                "seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}"
+            )
+        record.last_seq = message.seq
+        self._heard_from(record, message.load, fd)
+        return record
+
+    def _heard_from(self, record: EngineRecord, load: protocol.LoadSnapshot, fd: int | None) -> None:
+        """Any message of a current incarnation: it is alive, and this is its load now."""
+        record.last_seen = time.monotonic()
+        record.load = load
+        record.sent_since_snapshot = 0
+        if fd is not None:
+            record.fd = fd
+        if not record.up:
+            record.up = True
+            record.disconnected_at = None
+            logger.info("%s is back", record.describe())
+            self.metrics.set_engine_up(record.index, True)
+        self.metrics.observe_load(record.index, record.incarnation, record.model_name, record.load)
+
+    async def _abort_strays(self, record: EngineRecord, request_ids: list[str]) -> None:
+        """An engine sends outputs for requests that ended here (it was paused past the timeout, or an
+        earlier frontend sent them): abort them there, once each."""
+        new = record.note_aborted(request_ids)
+        if not new:
+            return
+        logger.info(
+            "%s sent outputs for %d requests that ended here; aborting them", record.describe(), len(new)
+        )
+        await self._send(record.identity, protocol.AbortRequests(new))
+
+    # ---- liveness ----
+
+    async def _mark_down(self, record: EngineRecord, why: str, connected: bool) -> None:
+        """Down, its requests moved or ended; a still ``connected`` one is told to drop them (if it comes
+        back, say from SIGSTOP, it must not go on with them; a disconnected one is aborted on its outputs)."""
+        logger.warning("%s is down: %s", record.describe(), why)
+        record.up = False
+        record.disconnected_at = None
+        self.metrics.set_engine_up(record.index, False)
+        self.metrics.forget_load(record.index, record.model_name)
+        in_flight = self.router.on_engine(record)
+        if in_flight and connected:
+            record.note_aborted(list(in_flight))
+            await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
+        self._end_requests(record, f"{record.describe()} stopped responding: {why}")
+        # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
+
+    # ---- sending ----
+
+    def _end_requests(self, record: EngineRecord, reason: str) -> None:
+        """Move its requests that got no output yet to another engine; end the others with an error."""
+        for stream in self.router.on_engine(record).values():
+            self.router.remove(stream.request_id)
+            target = None
+            if not stream.started and stream.num_sends < _MAX_SENDS:
+                target = self.router.pick(stream.model_name)
+            if target is None:
+                stream.fail(reason)
+                continue
+            logger.info(
+                "request %s moves from engine %d to engine %d", stream.request_id, record.index, target.index
+            )
+            self.router.assign(target, stream)
+            task = asyncio.create_task(self._deliver(target, stream, reason))
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+
+    async def _deliver(self, record: EngineRecord, stream: RequestStream, why_moved: str = "") -> None:
+        """Send an assigned request; it ends with an error if that fails (unless it moved on meanwhile)."""
+        assert stream.request is not None
+        sent = await self._send(record.identity, stream.request, _SEND_PATIENCE_S)
+        if not sent and self.router.on(record, stream.request_id) is stream:
+            reason = f"{record.describe()} is not connected to the request socket"
+            self.router.fail(stream, f"{why_moved}; then {reason}" if why_moved else reason)
+
+    async def _send(self, identity: bytes, message: protocol.EngineInput, patience: float = 0.0) -> bool:
+        """Send to one engine, retrying for ``patience`` seconds while it is unroutable; True once sent."""
+        if self._sockets is None:
+            return False
+        error = await self._sockets.send(identity, self._input_codec.encode(message), patience)
+        if error is not None:
+            logger.warning("could not send %s to %s: %s", type(message).__name__, identity.decode(), error)
+        return error is None

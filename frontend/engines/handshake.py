@@ -1,0 +1,154 @@
+"""The handshake: checks on an engine's hello (its protocol version, its tokenizer, built once per distinct
+one), refusals sent back, and hello requests to incarnations heard from before their hello."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from openinfer.frontend.engines.registry import EngineRegistry
+from openinfer.frontend.tokenizer import Tokenizer
+from openinfer.protocol import (
+    PROTOCOL_VERSION,
+    EngineHello,
+    EngineInput,
+    HelloRefused,
+    HelloRequest,
+    ProtocolError,
+    engine_identity,
+)
+
+logger = logging.getLogger(__name__)
+
+_MAX_TOKENIZERS = 16  # kept, most recently used; strangers could send any number of them
+
+
+class TokenizerCache:
+    """One :class:`Tokenizer` per distinct pair of tokenizer files: building one from a big tokenizer.json
+    takes a while, and every engine of a model sends the same."""
+
+    def __init__(self) -> None:
+        self._tokenizers: dict[bytes, Tokenizer] = {}  # by digest, the most recently used last
+
+    def get(self, tokenizer_json: bytes, tokenizer_config_json: bytes) -> Tokenizer:
+        """The tokenizer of these files; ``ValueError`` when they do not make one."""
+        digest = hashlib.blake2b(tokenizer_json + b"\0" + tokenizer_config_json, digest_size=16).digest()
+        tokenizer = self._tokenizers.pop(digest, None) or Tokenizer(tokenizer_json, tokenizer_config_json)
+        self._tokenizers[digest] = tokenizer
+        if len(self._tokenizers) > _MAX_TOKENIZERS:
+            del self._tokenizers[next(iter(self._tokenizers))]
+        return tokenizer
+
+
+def foreign_hello_version(frame: bytes | memoryview) -> int | None:
+    """The protocol version of a hello from another protocol version that our codec cannot decode."""
+    foreign = foreign_hello(frame)
+    return foreign[0] if foreign is not None else None
+
+
+def foreign_hello(frame: bytes | memoryview) -> tuple[int, int | None, int | None] | None:
+    """(version, engine_index, incarnation) of a hello of another protocol version (index and incarnation
+    None when that version does not put them where ours does)."""
+    try:
+        raw = msgspec.msgpack.decode(frame)
+    except Exception:  # noqa: BLE001 - any frame at all may come here; it is then simply not a hello
+        return None
+    # A hello is encoded as ["hello", protocol_version, ...] in every version (tag first, then the version).
+    if not (isinstance(raw, list) and len(raw) >= 2 and raw[0] == "hello" and isinstance(raw[1], int)):
+        return None
+    if raw[1] == PROTOCOL_VERSION:
+        return None
+    index = raw[2] if len(raw) > 3 and isinstance(raw[2], int) and raw[2] >= 0 else None
+    incarnation = raw[3] if index is not None and isinstance(raw[3], int) and 0 <= raw[3] < 2**64 else None
+    return raw[1], index, incarnation
+
+
+def version_refusal(version: int, source: str) -> str:
+    """What is logged (and counted as kind "version") when a hello speaks another protocol version."""
+    return (
+        f"refused a hello{source} speaking protocol version {version}; this frontend speaks version "
+        f"{PROTOCOL_VERSION}: run the engine and the frontend from the same openinfer release"
+    )
+
+
+_HELLO_REQUEST_INTERVAL_S = 1.0  # at most one HelloRequest a second per incarnation we have no hello from
+_MAX_HELLO_REQUESTS = 1024  # times remembered (strangers can name any number of incarnations)
+
+
+class HelloAsks:
+    """When to ask an incarnation we have no hello from (we started after it) to say hello again."""
+
+    def __init__(self) -> None:
+        self._asked: dict[bytes, float] = {}  # engine identity -> time.monotonic() of the last ask
+
+    def should_ask(self, identity: bytes, now: float) -> bool:
+        """True at most once per interval per identity (and then the ask counts as made)."""
+        if now - self._asked.get(identity, -_HELLO_REQUEST_INTERVAL_S) < _HELLO_REQUEST_INTERVAL_S:
+            return False
+        self._asked[identity] = now
+        if len(self._asked) > _MAX_HELLO_REQUESTS:
+            self._asked = {key: t for key, t in self._asked.items() if now - t < _HELLO_REQUEST_INTERVAL_S}
+        return True
+
+    def answered(self, identity: bytes) -> None:
+        """Its hello came."""
+        self._asked.pop(identity, None)
+
+
+# Sends one message to one engine identity; True once sent.
+Send = Callable[[bytes, EngineInput], Awaitable[bool]]
+
+
+class Handshake:
+    """The frontend's side of the hello: refusals (with the reason sent back), tokenizers, hello requests."""
+
+    def __init__(self, registry: EngineRegistry, send: Send) -> None:
+        self._registry = registry
+        self._send = send
+        self._tokenizers = TokenizerCache()
+        self._asks = HelloAsks()
+
+    async def refuse_foreign(self, frame: bytes | memoryview) -> None:
+        """A frame our codec cannot decode: if it is another version's hello, refuse it (both sides log why)
+        and raise ``ProtocolError("version")``; otherwise return, and the caller re-raises its error."""
+        foreign = foreign_hello(frame)
+        if foreign is None:
+            return
+        version, index, incarnation = foreign
+        refusal = version_refusal(version, f" from engine {index}" if index is not None else "")
+        if index is not None and incarnation is not None:
+            await self._send(engine_identity(index, incarnation), HelloRefused(PROTOCOL_VERSION, refusal))
+        raise ProtocolError("version", refusal)
+
+    async def accept(self, hello: EngineHello) -> Tokenizer | None:
+        """The tokenizer of an acceptable hello; None for a retired incarnation (ignored). A hello of another
+        version or with a broken tokenizer retires its incarnation and raises ``ProtocolError``."""
+        index, incarnation = hello.engine_index, hello.incarnation
+        identity = engine_identity(index, incarnation)
+        self._asks.answered(identity)
+        if self._registry.is_retired(index, incarnation):
+            return None
+        if hello.protocol_version != PROTOCOL_VERSION:
+            self._registry.retire(index, incarnation)
+            refusal = version_refusal(hello.protocol_version, f" from engine {index}")
+            await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
+            raise ProtocolError("version", refusal)
+        try:
+            return self._tokenizers.get(hello.tokenizer_json, hello.tokenizer_config_json)
+        except ValueError as e:
+            self._registry.retire(index, incarnation)
+            raise ProtocolError("tokenizer", f"refused engine {index}: {e}") from None
+
+    async def ask_for_hello(self, engine_index: int, incarnation: int) -> None:
+        """An incarnation we have no hello from (we started after it): ask it to say hello again."""
+        identity = engine_identity(engine_index, incarnation)
+        if not self._asks.should_ask(identity, time.monotonic()):
+            return
+        logger.info(
+            "engine %d incarnation %016x sent outputs but no hello; asking for one", engine_index, incarnation
+        )
+        await self._send(identity, HelloRequest())

@@ -1,0 +1,149 @@
+"""What the frontend knows about its engines: one current incarnation per engine index."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from openinfer.frontend.tokenizer import Tokenizer
+from openinfer.protocol import DrafterReply, EngineHello, LoadSnapshot, engine_identity
+
+# Request ids remembered per engine as aborted there (late outputs of requests that ended here).
+_MAX_ABORTED_IDS = 4096
+
+
+@dataclass
+class EngineRecord:
+    """One engine incarnation, from its hello until it is replaced; ``up`` is false while it is silent."""
+
+    hello: EngineHello
+    tokenizer: Tokenizer
+    last_seen: float  # time.monotonic() of its latest message
+    last_seq: int  # seq of its latest message; outputs must go strictly up
+    load: LoadSnapshot  # from its latest message
+    num_spec_tokens: int | None  # K of its drafter (None: no speculation), from the hello and drafter replies
+    up: bool = True
+    sent_since_snapshot: int = 0  # requests sent to it after its latest load snapshot
+    commands: dict[str, asyncio.Future[DrafterReply]] = field(default_factory=dict)  # by command_id
+    fd: int | None = None  # the frontend's fd of the connection its latest output came over
+    # time.monotonic() when that connection closed; it must be heard from again soon after, or it is dead
+    disconnected_at: float | None = None
+    aborted: set[str] = field(default_factory=set)  # ids it sent outputs for after they ended here
+
+    @property
+    def index(self) -> int:
+        return self.hello.engine_index
+
+    @property
+    def incarnation(self) -> int:
+        return self.hello.incarnation
+
+    @property
+    def identity(self) -> bytes:
+        return engine_identity(self.hello.engine_index, self.hello.incarnation)
+
+    @property
+    def model_name(self) -> str:
+        return self.hello.model_name
+
+    @property
+    def load_score(self) -> int:
+        """Requests it holds or will soon hold: the routing key (lower is better)."""
+        return self.load.num_running_reqs + self.load.num_waiting_reqs + self.sent_since_snapshot
+
+    def note_aborted(self, request_ids: list[str]) -> list[str]:
+        """Remember these ids as aborted on this engine; returns those not remembered before."""
+        new = [request_id for request_id in request_ids if request_id not in self.aborted]
+        if len(self.aborted) + len(new) > _MAX_ABORTED_IDS:
+            self.aborted.clear()
+        self.aborted.update(new)
+        return new
+
+    def describe(self) -> str:
+        """A short human description for log lines and error messages."""
+        return f"engine {self.index} (incarnation {self.incarnation:016x}, model {self.model_name!r})"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model name some live engine serves, with what the API needs to prepare requests for it."""
+
+    name: str
+    tokenizer: Tokenizer
+    max_model_len: int  # the smallest over the live engines serving it
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
+_MAX_RETIRED = 4096  # an incarnation forgotten after this many newer ones: its outputs get a HelloRequest
+
+
+class EngineRegistry:
+    """Engine records by index, and the incarnations that are over (restarted or refused)."""
+
+    def __init__(self) -> None:
+        self._records: dict[int, EngineRecord] = {}
+        # (index, incarnation) whose messages are ignored, oldest first; bounded, as strangers can make many
+        self._retired: dict[tuple[int, int], None] = {}
+
+    def get(self, engine_index: int) -> EngineRecord | None:
+        return self._records.get(engine_index)
+
+    def current(self, engine_index: int, incarnation: int) -> EngineRecord | None:
+        """The record of exactly this incarnation, if it is the current one."""
+        record = self._records.get(engine_index)
+        return record if record is not None and record.incarnation == incarnation else None
+
+    def records(self) -> list[EngineRecord]:
+        return [self._records[index] for index in sorted(self._records)]
+
+    def live(self) -> list[EngineRecord]:
+        return [record for record in self.records() if record.up]
+
+    def install(self, record: EngineRecord) -> EngineRecord | None:
+        """Make ``record`` its index's current incarnation; return the previous one, now retired."""
+        previous = self._records.get(record.index)
+        self._records[record.index] = record
+        if previous is not None and previous.incarnation != record.incarnation:
+            self.retire(previous.index, previous.incarnation)
+            return previous
+        return None
+
+    def retire(self, engine_index: int, incarnation: int) -> None:
+        """Ignore this incarnation from now on (it was refused, or it was replaced)."""
+        self._retired[(engine_index, incarnation)] = None
+        if len(self._retired) > _MAX_RETIRED:
+            del self._retired[next(iter(self._retired))]
+
+    def is_retired(self, engine_index: int, incarnation: int) -> bool:
+        return (engine_index, incarnation) in self._retired
+
+    def pick(self, model_name: str, has_room: Callable[[EngineRecord], bool]) -> EngineRecord | None:
+        """The least-loaded live engine serving ``model_name`` (the lowest index on a tie) that ``has_room``
+        for another request."""
+        candidates = [r for r in self.live() if r.model_name == model_name and has_room(r)]
+        return min(candidates, key=lambda record: record.load_score, default=None)
+
+    def serves(self, model_name: str) -> bool:
+        """Whether a live engine serves ``model_name``."""
+        return any(record.model_name == model_name for record in self.live())
+
+    def served_models(self) -> list[ServedModel]:
+        """Models served by live engines, in order of their lowest engine index."""
+        by_name: dict[str, list[EngineRecord]] = {}
+        for record in self.live():
+            by_name.setdefault(record.model_name, []).append(record)
+        models = []
+        for name, records in by_name.items():
+            first = records[0].hello
+            models.append(
+                ServedModel(
+                    name=name,
+                    tokenizer=records[0].tokenizer,
+                    max_model_len=min(record.hello.max_model_len for record in records),
+                    vocab_size=first.vocab_size,
+                    eos_token_ids=tuple(first.eos_token_ids),
+                )
+            )
+        return models

@@ -1,0 +1,38 @@
+"""Per-request speculative-decoding metrics in responses (vLLM's ``--per-request-spec-decode-metrics``)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
+from openinfer.protocol import RequestSpecStats
+
+
+class PerRequestSpecMetrics(enum.Enum):
+    """How much of a request's spec-decode stats its final response carries under ``"metrics"``."""
+
+    OFF = "off"
+    SUMMARY = "summary"  # counts, mean acceptance length, acceptance rate, histogram
+    DETAILED = "detailed"  # the summary plus per-position acceptance counts
+
+    def response_metrics(self, stats: RequestSpecStats | None) -> dict[str, Any] | None:
+        """The top-level ``"metrics"`` object of a final response, or None when there is none to add."""
+        if self is PerRequestSpecMetrics.OFF or stats is None:
+            return None
+        tally = AcceptanceTally.of_request(stats)
+        steps, drafted, accepted = tally.num_drafts, tally.num_draft_tokens, tally.num_accepted_tokens
+        speculative: dict[str, Any] = {
+            "num_spec_tokens": stats.num_spec_tokens,
+            "num_spec_steps": steps,
+            "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "mean_acceptance_length": tally.mean_acceptance_length
+            if steps
+            else 1.0,  # counts the bonus token
+            "draft_acceptance_rate": tally.acceptance_rate if drafted else 0.0,
+            "acceptance_histogram": list(tally.hist),
+        }
+        if self is PerRequestSpecMetrics.DETAILED:
+            speculative["acceptance_per_position"] = list(tally.per_pos)
+        return {"speculative_decoding": speculative}

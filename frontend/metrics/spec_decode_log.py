@@ -1,0 +1,72 @@
+"""The periodic "SpecDecoding metrics" log line, in vLLM's form, over the deltas published in an interval."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
+from openinfer.protocol import SpecDecodeCounters
+
+# The name its lines have always carried (README, users' log filters), kept across the move into metrics/.
+logger = logging.getLogger("openinfer.frontend.spec_decode_log")
+
+
+class SpecDecodeLogger:
+    """Sums the published spec-decode deltas of all engines and logs them once per interval.
+
+    Per-position rates divide by the drafts that had the position: with engines of different K, position i
+    counts only the drafts of engines whose K > i. Nothing is logged for an interval without drafts.
+    """
+
+    def __init__(self) -> None:
+        self._last_log = time.monotonic()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tally = AcceptanceTally()  # the interval's published deltas, summed over engines
+        self.drafts_per_pos: list[int] = []  # drafts that had a position i (their K > i)
+
+    def add(self, delta: SpecDecodeCounters) -> None:
+        """Count one published delta (one engine, one interval between snapshots)."""
+        self.tally.add_counters(delta)
+        self.drafts_per_pos.extend([0] * (delta.num_spec_tokens - len(self.drafts_per_pos)))
+        for i in range(delta.num_spec_tokens):
+            self.drafts_per_pos[i] += delta.num_drafts
+
+    def log(self, now: float | None = None) -> None:
+        """Log the interval since the last call (if it had drafts) and start a new one."""
+        now = time.monotonic() if now is None else now
+        elapsed, self._last_log = now - self._last_log, now
+        if self.tally.num_drafts > 0:
+            self._log_line(elapsed)
+        self._reset()
+
+    async def run(self, interval_s: float) -> None:
+        """Log every ``interval_s`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.log()
+
+    def _log_line(self, elapsed: float) -> None:
+        tally = self.tally
+        accepted, drafted = tally.num_accepted_tokens, tally.num_draft_tokens
+        rates = ", ".join(f"{a / d:.3f}" for a, d in zip(tally.per_pos, self.drafts_per_pos, strict=True))
+        logger.info(
+            "SpecDecoding metrics: "
+            "Mean acceptance length: %.2f, "
+            "Accepted throughput: %.2f tokens/s, "
+            "Drafted throughput: %.2f tokens/s, "
+            "Accepted: %d tokens, "
+            "Drafted: %d tokens, "
+            "Per-position acceptance rate: %s, "
+            "Avg Draft acceptance rate: %.1f%%",
+            tally.mean_acceptance_length,  # counts the bonus token
+            accepted / elapsed if elapsed > 0 else 0.0,
+            drafted / elapsed if elapsed > 0 else 0.0,
+            accepted,
+            drafted,
+            rates,
+            100 * tally.acceptance_rate,  # every draft has at least one token, so drafted > 0
+        )

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP app: routes, request parsing, generation, response shapes, errors."""

@@ -1,0 +1,167 @@
+"""Admin routes: list the engines, load or unload an engine's drafter at run time.
+
+- ``GET /admin/engines``: every engine this frontend knows, live or not, with its load.
+- ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash", "num_spec_tokens": K,
+  "draft_model": PATH (dflash only), "prompt_lookup_min": 1, "prompt_lookup_max": 4}``: load (or replace)
+  the drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done.
+- ``DELETE /admin/engines/{index}/drafter``: speculative decoding off on that engine.
+
+Errors: 400 for a bad body or the engine's refusal (its message), 404 for an unknown or down engine, 503
+when the engine restarts or cannot be reached, 504 when it does not answer in time. They need the API key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, get_args
+
+import msgspec
+from aiohttp import web
+
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
+from openinfer.frontend.engines.registry import EngineRecord
+from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.protocol import MAX_SPEC_TOKENS, LoadDrafter, LoadSnapshot, UnloadDrafter
+
+# Methods the engine knows (DESIGN.md, models and drafters); "draft_model" is DFlash's checkpoint folder.
+DrafterMethod = Literal["ngram", "dflash"]
+_METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
+# Where a DFlash block's position 0 is, when the checkpoint's config does not say.
+DFlashAnchor = Literal["mask_slots", "anchor_slot"]
+_ANCHORS: tuple[DFlashAnchor, ...] = get_args(DFlashAnchor)
+
+
+class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
+    """The JSON body of ``POST /admin/engines/{index}/drafter``."""
+
+    method: str  # a DrafterMethod; checked after decoding, so that a wrong one gets its own message
+    num_spec_tokens: int
+    draft_model: str | None = None
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    path: str | None = None  # another name for draft_model
+    dflash_anchor: str | None = None  # a DFlashAnchor, checked after decoding
+
+
+def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
+    """Validate a drafter body into a :class:`LoadDrafter`; :class:`ApiError` 400 naming what is wrong.
+
+    K outside [1, MAX_SPEC_TOKENS] is refused, never clamped (DESIGN.md, counter semantics).
+    """
+    try:
+        drafter = msgspec.json.decode(body, type=DrafterBody)
+    except msgspec.ValidationError as e:
+        raise invalid_request(f"invalid drafter request: {e}") from None
+    except msgspec.DecodeError as e:
+        raise invalid_request(f"the body is not JSON: {e}") from None
+    if drafter.path is not None:
+        if drafter.draft_model is not None and drafter.draft_model != drafter.path:
+            raise invalid_request(
+                "give the DFlash folder as `draft_model` or `path`, not two different ones", "path"
+            )
+        drafter.draft_model = drafter.path
+    if drafter.dflash_anchor is not None and drafter.dflash_anchor not in _ANCHORS:
+        raise invalid_request("`dflash_anchor` must be mask_slots or anchor_slot", "dflash_anchor")
+    if drafter.method not in _METHODS:
+        raise invalid_request(f"`method` must be one of {list(_METHODS)}, got {drafter.method!r}", "method")
+    k = drafter.num_spec_tokens
+    if k > MAX_SPEC_TOKENS:
+        raise invalid_request(
+            f"`num_spec_tokens` {k} exceeds MAX_SPEC_TOKENS = {MAX_SPEC_TOKENS}, the longest proposal the "
+            f"acceptance counters describe; choose K in [1, {MAX_SPEC_TOKENS}]",
+            "num_spec_tokens",
+        )
+    if k < 1:
+        raise invalid_request(f"`num_spec_tokens` must be at least 1, got {k}", "num_spec_tokens")
+    if drafter.method == "dflash" and not drafter.draft_model:
+        raise invalid_request(
+            "method dflash needs `draft_model`: the DFlash checkpoint folder as the engine's host sees it",
+            "draft_model",
+        )
+    if drafter.method == "ngram" and drafter.draft_model is not None:
+        raise invalid_request("`draft_model` is only for method dflash; ngram needs no model", "draft_model")
+    if not 1 <= drafter.prompt_lookup_min <= drafter.prompt_lookup_max:
+        raise invalid_request(
+            "need 1 <= `prompt_lookup_min` <= `prompt_lookup_max`, got "
+            f"{drafter.prompt_lookup_min} and {drafter.prompt_lookup_max}",
+            "prompt_lookup_min",
+        )
+    return LoadDrafter(
+        command_id,
+        drafter.method,
+        k,
+        drafter.draft_model,
+        drafter.prompt_lookup_min,
+        drafter.prompt_lookup_max,
+        drafter.dflash_anchor,
+    )
+
+
+def add_admin_routes(app: web.Application, client: EngineClient, drafter_timeout: float) -> None:
+    """Add the admin routes to ``app``; drafter commands wait ``drafter_timeout`` seconds for the engine."""
+    admin = _AdminApi(client, drafter_timeout)
+    app.router.add_get("/admin/engines", admin.engines)
+    app.router.add_post(r"/admin/engines/{index:\d+}/drafter", admin.load_drafter)
+    app.router.add_delete(r"/admin/engines/{index:\d+}/drafter", admin.unload_drafter)
+
+
+class _AdminApi:
+    def __init__(self, client: EngineClient, drafter_timeout: float) -> None:
+        self._client = client
+        self._timeout = drafter_timeout
+
+    async def engines(self, request: web.Request) -> web.Response:
+        records = self._client.registry.records()
+        return web.json_response({"engines": [_engine_json(record) for record in records]})
+
+    async def load_drafter(self, request: web.Request) -> web.Response:
+        command = parse_load_drafter(await request.read(), uuid.uuid4().hex)
+        return await self._run(int(request.match_info["index"]), command)
+
+    async def unload_drafter(self, request: web.Request) -> web.Response:
+        return await self._run(int(request.match_info["index"]), UnloadDrafter(uuid.uuid4().hex))
+
+    async def _run(self, index: int, command: LoadDrafter | UnloadDrafter) -> web.Response:
+        name = type(command).__name__
+        try:
+            reply = await self._client.drafter_command(index, command, self._timeout)
+        except NoEngineError as e:
+            raise ApiError(404, str(e), code="engine_not_found") from None
+        except EngineCommandError as e:
+            raise ApiError(503, str(e), type_="service_unavailable", code="engine_unavailable") from None
+        except TimeoutError:
+            raise ApiError(
+                504,
+                f"engine {index} did not answer {name} within {self._timeout:g} s; it may still be working: "
+                "GET /admin/engines shows its num_spec_tokens",
+                type_="server_error",
+                code="timeout",
+            ) from None
+        if not reply.ok:
+            raise ApiError(400, reply.message, code="drafter_refused")
+        return web.json_response(
+            {"engine": index, "num_spec_tokens": reply.num_spec_tokens, "message": reply.message}
+        )
+
+
+def _engine_json(record: EngineRecord) -> dict[str, Any]:
+    return {
+        "index": record.index,
+        "incarnation": f"{record.incarnation:016x}",  # as in the engine's spec log and ZMQ identity
+        "up": record.up,
+        "model": record.model_name,
+        "num_spec_tokens": record.num_spec_tokens,
+        "load": _load_json(record.load),
+    }
+
+
+def _load_json(load: LoadSnapshot) -> dict[str, Any]:
+    spec = load.spec_decode
+    return {
+        "kv_used_blocks": load.kv_used_blocks,
+        "kv_total_blocks": load.kv_total_blocks,
+        "num_running_reqs": load.num_running_reqs,
+        "num_waiting_reqs": load.num_waiting_reqs,
+        "spec_decode": None if spec is None else msgspec.structs.asdict(spec),
+    }

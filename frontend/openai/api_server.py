@@ -1,0 +1,245 @@
+"""The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, Prometheus
+/metrics and /admin, behind the middlewares of :mod:`openinfer.frontend.openai.middleware`."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.errors import NoEngineError
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.openai.admin_api import add_admin_routes
+from openinfer.frontend.openai.chat_format import ChatFormat
+from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
+from openinfer.frontend.openai.completion_format import CompletionFormat
+from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
+from openinfer.frontend.openai.errors import ApiError, engine_failed, no_engine
+from openinfer.frontend.openai.generation import EngineRequestError, Generation
+from openinfer.frontend.openai.middleware import (
+    MAX_BODY_BYTES,
+    REQUEST_IDENTITY,
+    auth_middleware,
+    echo_request_id,
+    error_middleware,
+    request_id_middleware,
+)
+from openinfer.frontend.openai.response_format import (
+    FormatContext,
+    ResponseExtras,
+    ResponseFormat,
+    ResponseIds,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(
+    client: EngineClient,
+    metrics: FrontendMetrics,
+    api_key: str | None = None,
+    per_request_spec_metrics: PerRequestSpecMetrics = PerRequestSpecMetrics.SUMMARY,
+    drafter_timeout: float = 120.0,
+) -> web.Application:
+    """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
+
+    ``per_request_spec_metrics`` says what a request's final response tells of its speculative decoding;
+    ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply.
+    """
+    api = _OpenAIApi(client, metrics, per_request_spec_metrics)
+    app = web.Application(
+        middlewares=[error_middleware, request_id_middleware, auth_middleware(api_key)],
+        client_max_size=MAX_BODY_BYTES,
+    )
+    app.on_response_prepare.append(echo_request_id)
+    app.router.add_get("/health", api.health)
+    app.router.add_get("/metrics", api.metrics)
+    app.router.add_get("/v1/models", api.models)
+    app.router.add_post("/v1/completions", api.completions)
+    app.router.add_post("/v1/chat/completions", api.chat_completions)
+    add_admin_routes(app, client, drafter_timeout)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Serve ``app`` (port 0: any free port, see ``runner.addresses``); stop with ``runner.cleanup()``.
+
+    Handlers are cancelled when their client disconnects, which aborts the request on its engine.
+    """
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=5.0, access_log_class=_QuietAccessLogger
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+class _QuietAccessLogger(AbstractAccessLogger):
+    """Access log without the probes: /health and /metrics are polled every few hundred ms."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if request.path in ("/health", "/metrics"):
+            return
+        identity = request.get(REQUEST_IDENTITY)
+        self.logger.info(
+            '%s "%s %s" %d %.3fs request_id=%s',
+            request.remote,
+            request.method,
+            request.path_qs,
+            response.status,
+            time,
+            identity.request_id if identity is not None else "-",
+        )
+
+
+class _OpenAIApi:
+    """The route handlers, sharing the engine client and the metrics."""
+
+    def __init__(
+        self, client: EngineClient, metrics: FrontendMetrics, spec_metrics: PerRequestSpecMetrics
+    ) -> None:
+        self._client = client
+        self._metrics = metrics
+        self._spec_metrics = spec_metrics
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 once at least one engine is up, else 503."""
+        num_up = self._client.num_engines_up
+        if num_up == 0:
+            raise no_engine("no engine is up")
+        return web.json_response({"status": "ok", "engines_up": num_up})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def models(self, request: web.Request) -> web.Response:
+        """OpenAI's model list: every model name a live engine serves."""
+        created = int(time.time())
+        data = [
+            {
+                "id": model.name,
+                "object": "model",
+                "created": created,
+                "owned_by": "openinfer",
+                "root": model.name,
+                "max_model_len": model.max_model_len,
+            }
+            for model in self._client.served_models()
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's completions endpoint, streaming (SSE) or not."""
+        arrival = time.monotonic()
+        completion = parse_completion_request(await request.read())
+        return await self._generate(request, completion, "cmpl", CompletionFormat, arrival)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's chat completions endpoint: the messages through the model's chat template."""
+        arrival = time.monotonic()
+        chat = parse_chat_request(await request.read())
+        return await self._generate(request, chat, "chatcmpl", ChatFormat, arrival)
+
+    async def _generate(
+        self,
+        request: web.Request,
+        parsed: CompletionRequest | ChatRequest,
+        prefix: str,
+        make_format: Callable[[FormatContext], ResponseFormat],
+        arrival: float,
+    ) -> web.StreamResponse:
+        """Run a parsed request on its model; ``prefix`` starts its response id (vLLM's "cmpl-")."""
+        model = self._model(parsed.model)
+        ids = _response_ids(request, prefix, model)
+        engine_request = parsed.to_engine_request(model, _engine_request_id(request, ids))
+        options = parsed.options
+        extras = ResponseExtras(options.include_usage, self._spec_metrics)
+        context = FormatContext(
+            ids, model.tokenizer, engine_request.prompt_token_ids, options.return_token_ids, extras
+        )
+        generation = Generation(
+            self._client, self._metrics, model, engine_request, options, arrival, make_format(context)
+        )
+        try:
+            async with generation:
+                if options.stream:
+                    return await self._stream(request, generation)
+                return await self._complete(generation)
+        except NoEngineError as e:
+            raise no_engine(str(e)) from None
+
+    def _model(self, name: str | None) -> ServedModel:
+        """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""
+        served = self._client.served_models()
+        if not served:
+            raise no_engine("no engine is up; retry when /health answers 200")
+        model = served[0] if name is None else self._client.served_model(name)
+        if model is None:
+            served_names = ", ".join(m.name for m in served)
+            message = f"The model `{name}` does not exist; this server serves: {served_names}."
+            raise ApiError(404, message, param="model", code="model_not_found")
+        return model
+
+    async def _complete(self, generation: Generation) -> web.Response:
+        try:
+            return _json(await generation.response())
+        except EngineRequestError as e:
+            logger.warning("request %s failed on its engine: %s", generation.request_id, e)
+            raise engine_failed(str(e)) from None
+
+    async def _stream(self, request: web.Request, generation: Generation) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        try:
+            async with aclosing(_stream_events(generation)) as events:
+                async for event in events:
+                    await response.write(_sse(event))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:  # the client went away; leaving the generation aborts it on the engine
+            logger.info("the client of request %s disconnected mid-stream", generation.request_id)
+        return response
+
+
+async def _stream_events(generation: Generation) -> AsyncGenerator[dict[str, Any]]:
+    """The generation's chunks; an engine error becomes an error event."""
+    try:
+        async for chunk in generation.chunks():
+            yield chunk
+    except EngineRequestError as e:
+        logger.warning("request %s failed on its engine: %s", generation.request_id, e)
+        yield engine_failed(str(e)).body()
+
+
+def _response_ids(request: web.Request, prefix: str, model: ServedModel) -> ResponseIds:
+    """The response's id is the request id behind the endpoint's prefix (vLLM's "cmpl-" / "chatcmpl-")."""
+    return ResponseIds(f"{prefix}-{request[REQUEST_IDENTITY].request_id}", int(time.time()), model.name)
+
+
+def _engine_request_id(request: web.Request, ids: ResponseIds) -> str:
+    """The id the engine runs the request under: the response id, plus a random suffix when the client
+    chose the request id, since two requests in flight may carry the same one."""
+    if request[REQUEST_IDENTITY].from_client:
+        return f"{ids.id}-{uuid.uuid4().hex[:8]}"
+    return ids.id
+
+
+def _json(body: object) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+def _sse(event: object) -> bytes:
+    return b"data: " + msgspec.json.encode(event) + b"\n\n"

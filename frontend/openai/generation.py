@@ -1,0 +1,184 @@
+"""One request running on an engine, seen as text deltas: detokenized, cut at stop strings, with logprobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, get_args
+
+from openinfer.frontend.engines.client import EngineClient
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.engines.request_stream import RequestStream
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.openai.completion_delta import CompletionDelta, FinishKind, Usage
+from openinfer.frontend.openai.response_format import ResponseFormat
+from openinfer.frontend.openai.sampling_options import SamplingOptions
+from openinfer.frontend.openai.stop_strings import StopStringMatcher
+from openinfer.frontend.tokenizer import IncrementalDetokenizer
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest
+
+# Finish kinds that end a request normally; any other ("error", "abort", unknown) is an engine error.
+_NORMAL_FINISHES: dict[str, FinishKind] = {kind: kind for kind in get_args(FinishKind)}
+
+
+class EngineRequestError(Exception):
+    """The engine ended the request with an error, or died while running it; the message says which."""
+
+
+class Generation:
+    """One request from admission to its last chunk: sends it, turns its outputs into
+    :class:`CompletionDelta` s, hands them to its endpoint's format and observes its metrics.
+
+    Use as ``async with``: entering sends the request (``NoEngineError`` if no engine takes it); leaving
+    before the last delta (the client went away, the handler was cancelled) aborts it on the engine. A stop
+    string aborts it on the engine at once, so that no more tokens are computed for it.
+    """
+
+    def __init__(
+        self,
+        client: EngineClient,
+        metrics: FrontendMetrics,
+        model: ServedModel,
+        request: EngineCoreRequest,
+        options: SamplingOptions,
+        arrival: float,
+        response_format: ResponseFormat,
+    ) -> None:
+        self._client = client
+        self._format = response_format
+        self._metrics = metrics
+        self._model = model
+        self._request = request
+        self._detokenizer = IncrementalDetokenizer(
+            model.tokenizer, request.prompt_token_ids, options.skip_special_tokens
+        )
+        self._stops = StopStringMatcher(options.stop, options.include_stop_str_in_output)
+        self._arrival = arrival  # time.monotonic() when the HTTP request came in
+        self._stream: RequestStream | None = None
+        self._finished = False
+        self.num_output_tokens = 0  # tokens of the completion: up to the one that completed a stop string
+
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self._request.prompt_token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self._request.prompt_token_ids
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.num_prompt_tokens, self.num_output_tokens)
+
+    async def response(self) -> dict[str, Any]:
+        """The whole response body (non-streamed); raises :class:`EngineRequestError` as :meth:`deltas`."""
+        deltas = [delta async for delta in self.deltas()]
+        assert deltas and deltas[-1].finish_reason is not None
+        return self._format.response(deltas, self.usage)
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """The stream's chunks, finished (usage and metrics included), the usage chunk last if asked."""
+        async for delta in self.deltas():
+            for chunk in self._format.chunks(delta):
+                yield chunk
+        usage_chunk = self._format.usage_chunk(self.usage)
+        if usage_chunk is not None:
+            yield usage_chunk
+
+    async def __aenter__(self) -> Generation:
+        self._stream = await self._client.add_request(self._request, self._model.name)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._stream is None or self._finished:
+            return
+        if not self._stream.done:  # still running on the engine
+            await self._client.abort(self._request.request_id)
+            self._metrics.observe_finish(self._model.name, self._stream.engine_index, "abort", None)
+
+    async def deltas(self) -> AsyncIterator[CompletionDelta]:
+        """The completion as it arrives; raises :class:`EngineRequestError` if the engine fails it."""
+        assert self._stream is not None, "use Generation as `async with`"
+        last_output_time: float | None = None
+        async for output in self._stream:
+            now = time.monotonic()
+            if output.new_token_ids:
+                self._observe_tokens(output, now, last_output_time)
+                last_output_time = now
+            finish = output.finish
+            if finish is not None and finish.kind not in _NORMAL_FINISHES:
+                raise EngineRequestError(finish.message or f"the engine ended the request ({finish.kind})")
+            delta = self._delta(output)
+            if delta.finish_reason is None:
+                if delta.text or delta.token_ids:
+                    yield delta
+                continue
+            self._finished = True
+            if finish is None:  # a stop string ended it while the engine is still generating
+                await self._client.abort(self._request.request_id)
+            engine = self._stream.engine_index
+            self._metrics.observe_finish(self._model.name, engine, delta.finish_reason, now - self._arrival)
+            yield delta
+            return
+
+    def _delta(self, output: EngineCoreOutput) -> CompletionDelta:
+        ids = output.new_token_ids
+        num_shown = _num_text_tokens(output)
+        text, num_kept = self._release(ids[:num_shown])
+        if self._stops.match is None:
+            num_kept = len(ids)  # a stop token that ended the request counts, as vLLM's usage does
+        finish = output.finish
+        if finish is not None and self._stops.match is None:
+            text += self._stops.feed(self._detokenizer.finish())  # the tail may still complete a stop string
+            if self._stops.match is None:
+                text += self._stops.flush()
+        self.num_output_tokens += num_kept
+        logprobs = None if output.logprobs is None else output.logprobs[:num_kept]
+        if self._stops.match is not None:
+            return CompletionDelta(
+                text, ids[:num_kept], logprobs, "stop", self._stops.match, output.spec_stats
+            )
+        if finish is None:
+            return CompletionDelta(text, ids, logprobs, None, None)
+        stop_ids = self._request.sampling_params.stop_token_ids
+        stop_reason = finish.stop_token_id if finish.stop_token_id in stop_ids else None
+        return CompletionDelta(
+            text, ids, logprobs, _NORMAL_FINISHES[finish.kind], stop_reason, output.spec_stats
+        )
+
+    def _release(self, token_ids: list[int]) -> tuple[str, int]:
+        """The text ``token_ids`` release, and how many of them are kept: all, or up to the one whose text
+        completes a stop string (detokenized one by one then, to find it)."""
+        if not self._stops.stops:
+            return self._detokenizer.add(token_ids), len(token_ids)
+        texts = []
+        for i, token_id in enumerate(token_ids):
+            texts.append(self._stops.feed(self._detokenizer.add([token_id])))
+            if self._stops.match is not None:
+                return "".join(texts), i + 1
+        return "".join(texts), len(token_ids)
+
+    def _observe_tokens(self, output: EngineCoreOutput, now: float, last_output_time: float | None) -> None:
+        assert self._stream is not None
+        engine = self._stream.engine_index
+        if last_output_time is None:
+            ttft = now - self._arrival
+            self._metrics.observe_first_token(self._model.name, engine, self.num_prompt_tokens, ttft)
+        latency = None if last_output_time is None else now - last_output_time
+        self._metrics.observe_output(self._model.name, engine, len(output.new_token_ids), latency)
+
+
+def _num_text_tokens(output: EngineCoreOutput) -> int:
+    """How many new tokens have text: all but the stop token that ended the request (as vLLM does)."""
+    finish = output.finish
+    ids = output.new_token_ids
+    if finish is not None and finish.kind == "stop" and ids and ids[-1] == finish.stop_token_id:
+        return len(ids) - 1
+    return len(ids)

@@ -1,0 +1,163 @@
+"""--state-dir: totals and baselines saved together and atomically; a restarted frontend continues exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from prometheus_client import generate_latest
+
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir, StateError
+from openinfer.frontend.metrics.totals import MetricTotals
+from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
+from tests.frontend.conftest import FrontendFactory, PeerFactory, wait_until
+from tests.frontend.engine_peer import PeerConfig
+
+
+def counters(k: int, *drafts: tuple[int, int]) -> SpecDecodeCounters:
+    c = SpecDecodeCounters.zero(k)
+    for num_draft_tokens, num_accepted in drafts:
+        c.observe_draft(num_draft_tokens, num_accepted)
+    return c
+
+
+def load(spec: SpecDecodeCounters | None) -> LoadSnapshot:
+    return LoadSnapshot(0, 10, 0, 0, spec)
+
+
+def value(metrics: FrontendMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def drafts(metrics: FrontendMetrics, engine: str) -> float:
+    return value(metrics, "vllm:spec_decode_num_drafts_total", model_name="m", engine=engine)
+
+
+def test_totals_round_trip_to_the_same_exposition() -> None:
+    """Counters and histograms restored from their state expose exactly the same text."""
+    first = MetricTotals()
+    requests = first.counter("requests", "Requests.", ("model",))
+    latency = first.histogram("latency_seconds", "Latency.", ("model",), (0.1, 1.0))
+    requests.inc(("a",), 3)
+    requests.inc(("b",), 0)
+    for seconds in (0.05, 0.1, 0.5, 7.0):  # 0.1 is in the le="0.1" bucket: upper bounds are inclusive
+        latency.observe(("a",), seconds)
+    state = msgspec.json.decode(msgspec.json.encode(first.state()), type=type(first.state()))
+
+    second = MetricTotals()
+    second.counter("requests", "Requests.", ("model",))
+    second.histogram("latency_seconds", "Latency.", ("model",), (0.1, 1.0))
+    second.restore(state)
+    assert list(second.collect()) == list(first.collect())
+    samples = {(s.name, tuple(s.labels.items())): s.value for m in second.collect() for s in m.samples}
+    assert samples[("latency_seconds_bucket", (("model", "a"), ("le", "0.1")))] == 2
+    assert samples[("latency_seconds_bucket", (("model", "a"), ("le", "+Inf")))] == 4
+    assert samples[("latency_seconds_sum", (("model", "a"),))] == pytest.approx(7.65)
+    with pytest.raises(ValueError, match="only go up"):
+        requests.inc(("a",), -1)
+
+
+def test_state_dir_saves_atomically_and_only_changes(tmp_path: Path) -> None:
+    """A save writes the file by rename (no temp file left); an unchanged state is not written again."""
+    state_dir = StateDir(tmp_path / "state")
+    metrics = FrontendMetrics(state_dir)
+    metrics.save()
+    metrics.render()  # nothing changed since
+    assert state_dir.num_saves == 1
+    metrics.observe_first_token("m", 0, 7, 0.01)
+    metrics.render()
+    assert state_dir.num_saves == 2
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["frontend-state.json", "frontend.lock"]
+    state_dir.close()
+
+
+def test_state_dir_is_locked_and_checked(tmp_path: Path) -> None:
+    """A second frontend on the same folder, a corrupt file and a foreign version are refused clearly."""
+    first = StateDir(tmp_path)
+    with pytest.raises(StateError, match="in use by another frontend"):
+        StateDir(tmp_path)
+    first.close()
+    (tmp_path / STATE_FILE).write_bytes(b'{"version": 1, "tot')
+    with pytest.raises(StateError, match="move it away"):
+        StateDir(tmp_path).load()
+    (tmp_path / STATE_FILE).write_bytes(
+        b'{"version": 99, "totals": {}, "spec_baselines": {}, "incarnations": {}}'
+    )
+    with pytest.raises(StateError, match="version 99"):
+        FrontendMetrics(StateDir(tmp_path))
+
+
+def test_restarted_frontend_continues_every_series(tmp_path: Path) -> None:
+    """After a restart: a known incarnation is diffed against its saved baseline, a new incarnation counts
+    from zero (a restart), an engine never seen takes its snapshot as baseline; serving counters and
+    histograms go on from their totals."""
+    first_dir = StateDir(tmp_path)
+    first = FrontendMetrics(first_dir)
+    first.engine_joined(0, 111)
+    first.engine_joined(1, 222)
+    first.observe_load(0, 111, "m", load(counters(3, (3, 1))))  # first seen: the baseline
+    first.observe_load(0, 111, "m", load(counters(3, (3, 1), (3, 3))))  # +1 draft
+    first.observe_load(1, 222, "m", load(counters(3, (2, 0))))
+    first.observe_load(1, 222, "m", load(counters(3, (2, 0), (1, 1), (1, 0))))  # +2 drafts
+    first.observe_first_token("m", 0, 5, 0.02)
+    first.observe_finish("m", 0, "stop", 0.4)
+    first.render()  # a scrape: saved first
+    first.observe_load(0, 111, "m", load(counters(3, (3, 1), (3, 3), (3, 2))))  # +1, never saved
+    first_dir.close()  # as a SIGKILL would (the lock goes with the process)
+
+    second = FrontendMetrics(StateDir(tmp_path))
+    assert drafts(second, "0") == 1 and drafts(second, "1") == 2
+    second.engine_joined(0, 111)  # the same incarnation: no restart
+    second.engine_joined(1, 333)  # a new one
+    second.engine_joined(2, 444)  # never seen
+    second.observe_load(0, 111, "m", load(counters(3, (3, 1), (3, 3), (3, 2))))
+    second.observe_load(1, 333, "m", load(counters(3, (1, 1))))
+    second.observe_load(2, 444, "m", load(counters(3, (1, 0), (1, 0))))
+    assert drafts(second, "0") == 2  # the unsaved draft is counted once, from the saved baseline
+    assert drafts(second, "1") == 3  # 2 + everything the new incarnation holds
+    assert drafts(second, "2") == 0  # its snapshot is the baseline
+    assert value(second, "openinfer:engine_restarts_total", engine="0") == 0
+    assert value(second, "openinfer:engine_restarts_total", engine="1") == 1
+    assert value(second, "vllm:prompt_tokens_total", model_name="m", engine="0") == 5
+    assert (
+        value(second, "vllm:request_success_total", model_name="m", engine="0", finished_reason="stop") == 1
+    )
+    assert value(second, "vllm:e2e_request_latency_seconds_count", model_name="m") == 1
+    assert b"vllm:time_to_first_token_seconds_bucket" in generate_latest(second.registry)
+
+
+async def test_frontend_restart_over_real_sockets(
+    tmp_path: Path, start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """A new frontend on the same address and state folder: the engine reconnects by itself, says hello
+    when asked, and its counters continue from the saved baseline."""
+    first = await start_frontend(state_dir=StateDir(tmp_path))
+    peer = await start_peer(first, PeerConfig(spec=counters(2, (2, 1))))
+    assert peer.spec is not None
+    peer.spec.observe_draft(2, 2)
+    await peer.send_snapshot()
+    get = first.metrics.registry.get_sample_value
+    await wait_until(
+        lambda: get("vllm:spec_decode_num_drafts_total", {"model_name": "tiny", "engine": "0"}) == 1
+    )
+    first.metrics.render()
+    await first.runner.cleanup()
+    await first.client.close()
+    first.metrics._state_dir.close()  # type: ignore[union-attr]
+    peer.spec.observe_draft(2, 0)  # while no frontend listens
+
+    second = await start_frontend(state_dir=StateDir(tmp_path), engine_address=first.engine_address)
+    await wait_until(lambda: second.client.num_engines_up == 1)
+    get = second.metrics.registry.get_sample_value
+    assert get("vllm:spec_decode_num_drafts_total", {"model_name": "tiny", "engine": "0"}) == 2
+    hist = [
+        get(
+            "openinfer:spec_decode_accepted_length_total",
+            {"model_name": "tiny", "engine": "0", "accepted": a},
+        )
+        for a in "012"
+    ]
+    assert hist == [1, 0, 1]  # the hello's (2,1) was the first baseline; (2,2) and (2,0) came after
+    assert peer.hello_requests >= 1

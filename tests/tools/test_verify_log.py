@@ -1,0 +1,174 @@
+"""openinfer-verify-log: /metrics against spec logs, bin by bin, per engine and summed."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
+from openinfer.tools.spec_tally import AcceptanceTally, SpecLogTally
+from openinfer.tools.verify_log import main
+
+# (engine, K, num_draft_tokens, num_accepted) per draft: engine 0 with K=3, engine 1 with K=2.
+DRAFTS = [(0, 3, 3, 3), (0, 3, 3, 0), (0, 3, 2, 1), (0, 3, 3, 1), (1, 2, 2, 2), (1, 2, 1, 0)]
+
+
+def metrics_text() -> str:
+    """The /metrics of a frontend that saw each engine's hello (zero counters), then all of DRAFTS."""
+    metrics = FrontendMetrics()
+    for engine, k in ((0, 3), (1, 2)):
+        counters = SpecDecodeCounters.zero(k)
+        metrics.observe_load(engine, 1, "tiny", LoadSnapshot(0, 8, 0, 0, counters.copy()))
+        for e, _, num_draft_tokens, num_accepted in DRAFTS:
+            if e == engine:
+                counters.observe_draft(num_draft_tokens, num_accepted)
+        metrics.observe_load(engine, 1, "tiny", LoadSnapshot(0, 8, 0, 0, counters))
+    return metrics.render().decode()
+
+
+def log_line(i: int, engine: int, k: int, num_draft_tokens: int, num_accepted: int) -> str:
+    """One engine spec-log line, as ``openinfer-engine --spec-log`` writes it."""
+    return json.dumps({
+        "time": 1.0 + i, "engine_index": engine, "incarnation": "00000000000000ab", "request_id": f"r{i}",
+        "num_spec_tokens": k, "num_draft_tokens": num_draft_tokens, "num_accepted": num_accepted,
+    })  # fmt: skip
+
+
+def spec_log(path: Path, extra: str = "") -> Path:
+    lines = [log_line(i, *draft) for i, draft in enumerate(DRAFTS)]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+class _Served:
+    """A /metrics text served over HTTP from a thread, changeable between requests."""
+
+    text = ""
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[_Served, str]]:
+    served = _Served()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = served.text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield served, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+    server.server_close()
+
+
+def run(*args: str) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return int(exit_info.value.code or 0)
+
+
+def test_equal_exits_0_and_prints_the_table(
+    served: tuple[_Served, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The frontend's exact deltas equal the logs: exit 0, one column per table, the JSON report written."""
+    server, url = served
+    server.text = metrics_text()
+    report = tmp_path / "report.json"
+    assert (
+        run("--metrics-url", url, "--spec-log", str(spec_log(tmp_path / "e.jsonl")), "--json", str(report))
+        == 0
+    )
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[0].splitlines()  # engine 0: 4 drafts, 11 draft tokens, 5 accepted
+    assert table[:9] == [
+        "engine 0                metrics = logs",
+        "rounds (drafts)         4",
+        "draft tokens            11",
+        "accepted tokens         5",
+        "mean accepted draft     1.250",
+        "mean acceptance length  2.250",
+        "acceptance rate         45.5%",
+        "zero-accept             25.0%",
+        "full-K (K=3)            25.0%",
+    ]
+    assert table[9:] == [
+        "hist[0]                 1",
+        "hist[1]                 2",
+        "hist[2]                 0",
+        "hist[3]                 1",
+        "per-position rate[0]    0.750 (3)",
+        "per-position rate[1]    0.250 (1)",
+        "per-position rate[2]    0.250 (1)",
+    ]
+    assert "engine 1" in out and "all engines" in out
+    assert "OK: /metrics equals the spec logs bin by bin (6 drafts, 2 engine(s))" in out
+    written = json.loads(report.read_text())
+    assert written["equal"] is True and written["sections"]["all"]["logs"]["num_drafts"] == 6
+
+
+def test_one_bin_difference_exits_1_naming_it(
+    served: tuple[_Served, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One histogram bin off by one in /metrics: exit 1, that bin named per engine and summed, rows marked."""
+    server, url = served
+    bin_1 = 'openinfer:spec_decode_accepted_length_total{accepted="1",engine="0",model_name="tiny"} 2.0'
+    assert bin_1 in metrics_text()
+    server.text = metrics_text().replace(bin_1, bin_1.replace("2.0", "3.0"))
+    assert run("--metrics-url", url, "--spec-log", str(spec_log(tmp_path / "e.jsonl"))) == 1
+    out = capsys.readouterr().out
+    differs = [line for line in out.splitlines() if line.startswith("differs:")]
+    assert differs == [
+        "differs: engine 0: hist[1]: metrics 3, logs 2",
+        "differs: all engines: hist[1]: metrics 3, logs 2",
+    ]
+    assert "engine 0                metrics         logs" in out
+    assert "hist[1]                 3               2   <-- differs" in out
+
+
+def test_malformed_log_lines_fail(
+    served: tuple[_Served, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lines that are not JSON, miss a field or describe an impossible draft are reported; exit 1."""
+    server, url = served
+    server.text = metrics_text()
+    bad = 'not json\n{"engine_index": 0}\n[1, 2]\n' + log_line(9, 0, 3, 2, 3) + "\n"  # 3 accepted of 2
+    log = spec_log(tmp_path / "e.jsonl", extra=bad)
+    assert run("--metrics-url", url, "--spec-log", str(log)) == 1
+    reported = [line for line in capsys.readouterr().out.splitlines() if line.startswith("not a draft:")]
+    assert [line.split(": ")[1] for line in reported] == [f"{log}:{n}" for n in (7, 8, 9, 10)]
+    assert "missing required field `time`" in reported[1] and "3 accepted of 2" in reported[3]
+
+
+def test_io_and_usage_errors_exit_2(served: tuple[_Served, str], tmp_path: Path) -> None:
+    """A missing log file, an unreachable /metrics, or no --spec-log at all: exit 2."""
+    server, url = served
+    server.text = metrics_text()
+    assert run("--metrics-url", url, "--spec-log", str(tmp_path / "missing.jsonl")) == 2
+    log = str(spec_log(tmp_path / "e.jsonl"))
+    assert run("--metrics-url", "http://127.0.0.1:1/metrics", "--spec-log", log) == 2
+    assert run("--metrics-url", url) == 2
+
+
+def test_tallies_add_and_subtract_bin_by_bin() -> None:
+    """Log tallies count prefix per-position and histogram bins; minus() gives the counts between scrapes."""
+    logs = SpecLogTally()
+    for i, draft in enumerate(DRAFTS):
+        logs.add_line(log_line(i, *draft), f"line {i + 1}")
+    assert logs.engines[1] == AcceptanceTally(2, 3, 2, [1, 1], [1, 0, 1], 2)
+    later = AcceptanceTally(5, 14, 8, [4, 2, 2], [1, 2, 0, 2], 3)
+    assert later.minus(logs.engines[0]) == AcceptanceTally(1, 3, 3, [1, 1, 1], [0, 0, 0, 1], 3)

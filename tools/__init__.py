@@ -1,0 +1,2 @@
+"""Offline tools (openinfer-verify-log, openinfer-keys) and the training scripts, run as
+``python tools/train_*.py``."""

@@ -1,0 +1,123 @@
+"""Acceptance tallies from the two sources the verification compares: engine spec logs and ``/metrics``.
+
+Importable on their own (the benchmark reuses them): :func:`read_spec_logs` / :func:`tally_spec_log`,
+:func:`scrape_metrics` / :func:`tally_metrics`, and :class:`AcceptanceTally` with its bins and derived rates.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally, total
+from openinfer.protocol.spec_log import parse_spec_log_line
+
+# AcceptanceTally and total are this module's API too (the benchmarks and the checkers import them here).
+__all__ = ["AcceptanceTally", "SpecLogTally", "read_spec_logs", "scrape_metrics", "tally_metrics", "total"]
+
+# Sample names as exposed, with the ``_total`` suffix. Matching sample names (not family names) reads the
+# same whether or not the exposition declares the type: the parser strips ``_total`` from a counter
+# family's name, never from its samples'; the ``_created`` samples prometheus_client adds are skipped.
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+ACCEPTED_LENGTH = "openinfer:spec_decode_accepted_length_total"
+
+
+# ---- the engines' spec logs ----
+
+
+@dataclass
+class SpecLogTally:
+    """Spec-log lines tallied per engine index, and the lines that could not be read."""
+
+    engines: dict[int, AcceptanceTally] = field(default_factory=dict)
+    malformed: list[str] = field(default_factory=list)  # "FILE:LINE: why"
+
+    def add_line(
+        self, line: str | bytes, where: str, since: float | None = None, until: float | None = None
+    ) -> None:
+        """Count one line (blank lines are skipped, and drafts outside unix times [since, until] when given).
+
+        A line that is not a possible draft is recorded in ``malformed``, with ``where`` it was.
+        """
+        if not line.strip():
+            return
+        try:
+            draft = parse_spec_log_line(line)
+        except ValueError as e:
+            self.malformed.append(f"{where}: {e}")
+            return
+        if (since is not None and draft.time < since) or (until is not None and draft.time > until):
+            return
+        tally = self.engines.setdefault(draft.engine_index, AcceptanceTally())
+        tally.add_draft(draft.num_spec_tokens, draft.num_draft_tokens, draft.num_accepted)
+
+
+def read_spec_logs(
+    paths: Iterable[Path], since: float | None = None, until: float | None = None
+) -> SpecLogTally:
+    """Tally every line of these files (only drafts timed within unix times [since, until] when given).
+
+    Raises ``OSError`` when a file cannot be read.
+    """
+    result = SpecLogTally()
+    for path in paths:
+        with path.open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                result.add_line(line, f"{path}:{number}", since, until)
+    return result
+
+
+# ---- /metrics ----
+
+
+def scrape_metrics(url: str, timeout: float = 10.0) -> str:
+    """GET a Prometheus text exposition; raises ``OSError`` (``URLError``) when it cannot."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def tally_metrics(text: str) -> dict[int, AcceptanceTally]:
+    """The spec-decode counters of a ``/metrics`` text, per engine label (summed over model names).
+
+    Raises ``ValueError`` when the text does not parse or an engine label is not an index.
+    """
+    engines: dict[int, AcceptanceTally] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name not in (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, ACCEPTED_PER_POS, ACCEPTED_LENGTH):
+                continue
+            engine_label = sample.labels.get("engine", "")
+            if not engine_label.isdigit():
+                raise ValueError(f"{sample.name} has engine label {engine_label!r}, not an engine index")
+            tally = engines.setdefault(int(engine_label), AcceptanceTally())
+            value = round(sample.value)
+            if sample.name == DRAFTS:
+                tally.num_drafts += value
+            elif sample.name == DRAFT_TOKENS:
+                tally.num_draft_tokens += value
+            elif sample.name == ACCEPTED_TOKENS:
+                tally.num_accepted_tokens += value
+            elif sample.name == ACCEPTED_PER_POS:
+                position = _index_label(sample.name, sample.labels, "position")
+                tally.grow(num_pos=position + 1)
+                tally.per_pos[position] += value
+                tally.num_spec_tokens = max(tally.num_spec_tokens, position + 1)
+            else:
+                accepted = _index_label(sample.name, sample.labels, "accepted")
+                tally.grow(num_hist=accepted + 1)
+                tally.hist[accepted] += value
+    return engines
+
+
+def _index_label(name: str, labels: dict[str, str], label: str) -> int:
+    value = labels.get(label, "")
+    if not value.isdigit():
+        raise ValueError(f"{name} has {label} label {value!r}, not a non-negative integer")
+    return int(value)
