@@ -18,6 +18,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,16 +40,25 @@ class Run:
     final_rounds: int = 0  # reference only: single-token-left rounds, left out of `rounds`
 
 
+def load_reference(target_folder: Path, draft_folder: Path) -> tuple[Any, Any]:
+    """(transformers' Qwen3ForCausalLM, z-lab's DFlashDraftModel), float32, with z-lab's stats timer made
+    CPU-safe (it calls torch.cuda.synchronize())."""
+    import dflash.model as zlab
+    from transformers import Qwen3ForCausalLM
+
+    zlab._cuda_time = time.perf_counter
+    target = Qwen3ForCausalLM.from_pretrained(target_folder, dtype=torch.float32).eval()
+    draft = zlab.DFlashDraftModel.from_pretrained(draft_folder, dtype=torch.float32).eval()
+    return target, draft
+
+
 def reference_runs(
     target_folder: Path, draft_folder: Path, k: int, prompts: list[list[int]], max_tokens: list[int]
 ) -> list[Run]:
     """z-lab's dflash_generate (block_size K + 1, no stop tokens) per prompt, float32 on the CPU."""
     import dflash.model as zlab
-    from transformers import Qwen3ForCausalLM
 
-    zlab._cuda_time = time.perf_counter  # its stats timer calls torch.cuda.synchronize()
-    target = Qwen3ForCausalLM.from_pretrained(target_folder, dtype=torch.float32).eval()
-    draft = zlab.DFlashDraftModel.from_pretrained(draft_folder, dtype=torch.float32).eval()
+    target, draft = load_reference(target_folder, draft_folder)
     runs = []
     for prompt, n in zip(prompts, max_tokens, strict=True):
         result = zlab.dflash_generate(

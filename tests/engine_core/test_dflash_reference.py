@@ -6,14 +6,12 @@ The harness, and the one documented difference (no draft for a request's last to
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import dflash.model as zlab
 import pytest
 import torch
 from tokenizers import Tokenizer
-from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.model_runner import ModelRunner
@@ -21,7 +19,7 @@ from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from openinfer.engine_core.testing.zlab_reference import openinfer_runs, reference_runs
+from openinfer.engine_core.testing.zlab_reference import load_reference, openinfer_runs, reference_runs
 from openinfer.kernels.attention import AttentionMetadata
 
 # 6 target layers, z-lab's shape in small: the drafter reads layers 1, 2 and 5 (5 is the last: transformers'
@@ -79,13 +77,6 @@ def assert_same_rounds(
         assert mine.rounds == ref.rounds, f"prompt {i}: accepted per round differ"
         assert mine.draft_lengths == ref.draft_lengths, f"prompt {i}: draft lengths differ"
     return [a for run in ours for a in run.rounds]
-
-
-def load_reference(target_folder: Path, draft_folder: Path) -> tuple[Qwen3ForCausalLM, zlab.DFlashDraftModel]:
-    zlab._cuda_time = time.perf_counter  # type: ignore[attr-defined]  # it syncs CUDA otherwise
-    target = Qwen3ForCausalLM.from_pretrained(target_folder, dtype=torch.float32).eval()
-    draft = zlab.DFlashDraftModel.from_pretrained(draft_folder, dtype=torch.float32).eval()
-    return target, draft
 
 
 @pytest.mark.parametrize("k", [7, 3], ids=["K=block-1", "K<block-1"])
