@@ -9,7 +9,6 @@ import torch
 
 from openinfer.protocol import (
     FinishReason,
-    RequestSpecStats,
     SamplingParams,
     SpecDecodeCounters,
     TokenLogprobs,
@@ -79,15 +78,9 @@ class Request:
         return self.sampling_params.top_k
 
     @property
-    def spec_stats(self) -> RequestSpecStats | None:
+    def spec_stats(self) -> SpecDecodeCounters | None:
         """This request's speculative counts as the frontend receives them (None before its first draft)."""
-        c = self.spec_counters
-        if c is None:
-            return None
-        hist = list(c.accepted_length_hist)
-        return RequestSpecStats(
-            c.num_spec_tokens, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, hist
-        )
+        return None if self.spec_counters is None else self.spec_counters.copy()
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -7,14 +7,12 @@ from typing import Generic, TypeVar
 import msgspec
 
 from openinfer.protocol.messages import (
-    MAX_SPEC_TOKENS,
     DrafterReply,
     EngineCoreOutputs,
     EngineHello,
     EngineInput,
     EngineOutput,
     LoadSnapshot,
-    RequestSpecStats,
     TokenLogprobs,
 )
 
@@ -58,8 +56,11 @@ def _check(message: object) -> None:
         _check_load(message.load)
     if isinstance(message, EngineCoreOutputs):
         for output in message.outputs:
-            if output.spec_stats is not None and not _spec_stats_ok(output.spec_stats):
-                raise ProtocolError("invalid", f"impossible spec stats for request {output.request_id}")
+            violation = output.spec_stats.violation() if output.spec_stats is not None else None
+            if violation is not None:
+                raise ProtocolError(
+                    "invalid", f"impossible spec stats for request {output.request_id}: {violation}"
+                )
             if output.logprobs is not None and not _logprobs_ok(output.logprobs, len(output.new_token_ids)):
                 raise ProtocolError("invalid", f"logprobs that do not fit the tokens of {output.request_id}")
     if isinstance(message, EngineHello) and (message.kv_block_size <= 0 or message.max_model_len <= 0):
@@ -75,18 +76,6 @@ def _check_load(load: LoadSnapshot) -> None:
         violation = load.spec_decode.violation()
         if violation is not None:
             raise ProtocolError("counters", violation)
-
-
-def _spec_stats_ok(stats: RequestSpecStats) -> bool:
-    k, hist = stats.num_spec_tokens, stats.accepted_length_hist
-    return (
-        1 <= k <= MAX_SPEC_TOKENS
-        and len(hist) == k + 1
-        and min(hist) >= 0
-        and sum(hist) == stats.num_drafts
-        and sum(n * h for n, h in enumerate(hist)) == stats.num_accepted_tokens
-        and stats.num_accepted_tokens <= stats.num_draft_tokens <= k * stats.num_drafts
-    )
 
 
 def _logprobs_ok(logprobs: list[TokenLogprobs], num_tokens: int) -> bool:

@@ -12,6 +12,8 @@ so field order is part of the protocol. Add fields only at the end, with default
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from openinfer.protocol.counters import MAX_SPEC_TOKENS, SpecDecodeCounters
@@ -19,7 +21,7 @@ from openinfer.protocol.counters import MAX_SPEC_TOKENS, SpecDecodeCounters
 __all__ = ["MAX_SPEC_TOKENS", "SpecDecodeCounters"]  # re-exported: messages carry them
 
 # Bumped on any incompatible change to a message below; the hello carries it.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -95,25 +97,15 @@ class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
     spec_decode: SpecDecodeCounters | None = None
 
 
+FinishKind = Literal["stop", "length", "abort", "error"]
+
+
 class FinishReason(msgspec.Struct, array_like=True, frozen=True):
     """Why a request ended: "stop" (EOS or a stop token), "length", "abort" or "error", with a message."""
 
-    kind: str
+    kind: FinishKind
     stop_token_id: int | None = None
     message: str | None = None
-
-
-class RequestSpecStats(msgspec.Struct, array_like=True, gc=False):
-    """One request's speculative-decoding counts (vLLM's per-request spec-decode metrics).
-
-    Summed over all requests of a run they equal the engine counters' deltas.
-    """
-
-    num_spec_tokens: int  # K of the drafter that made the drafts
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_length_hist: list[int] = []  # K + 1 bins: drafts that had 0..K tokens accepted
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
@@ -133,7 +125,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     new_token_ids: list[int]
     finish: FinishReason | None = None
     num_cached_tokens: int = 0
-    spec_stats: RequestSpecStats | None = None  # on the last output, when a drafter was loaded
+    # on the last output, when a drafter was loaded: this request's own counters (summed over requests they
+    # equal the engine counters' deltas)
+    spec_stats: SpecDecodeCounters | None = None
     logprobs: list[TokenLogprobs] | None = None  # one per new token, when the request asked for logprobs
 
 

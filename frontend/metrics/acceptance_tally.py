@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from openinfer.protocol import RequestSpecStats, SpecDecodeCounters
+from openinfer.protocol import SpecDecodeCounters
 
 
 @dataclass
@@ -36,16 +36,6 @@ class AcceptanceTally:
         draft = SpecDecodeCounters.zero(num_spec_tokens)
         draft.observe_draft(num_draft_tokens, num_accepted)
         self.add_counters(draft)
-
-    @classmethod
-    def of_request(cls, stats: RequestSpecStats) -> AcceptanceTally:
-        """One request's counts; its per-position bins from its histogram (a draft with n tokens accepted
-        counts at positions 0..n-1, as ``observe_draft`` counts it)."""
-        k, hist = stats.num_spec_tokens, stats.accepted_length_hist  # K + 1 bins
-        per_pos = [sum(hist[i + 1 :]) for i in range(k)]
-        return cls(
-            stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, per_pos, list(hist), k
-        )
 
     def add_counters(self, counters: SpecDecodeCounters) -> None:
         """Add counters of one K (an engine's delta over an interval, or one draft)."""

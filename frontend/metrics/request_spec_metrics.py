@@ -6,7 +6,7 @@ import enum
 from typing import Any
 
 from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
-from openinfer.protocol import RequestSpecStats
+from openinfer.protocol import SpecDecodeCounters
 
 
 class PerRequestSpecMetrics(enum.Enum):
@@ -16,11 +16,12 @@ class PerRequestSpecMetrics(enum.Enum):
     SUMMARY = "summary"  # counts, mean acceptance length, acceptance rate, histogram
     DETAILED = "detailed"  # the summary plus per-position acceptance counts
 
-    def response_metrics(self, stats: RequestSpecStats | None) -> dict[str, Any] | None:
+    def response_metrics(self, stats: SpecDecodeCounters | None) -> dict[str, Any] | None:
         """The top-level ``"metrics"`` object of a final response, or None when there is none to add."""
         if self is PerRequestSpecMetrics.OFF or stats is None:
             return None
-        tally = AcceptanceTally.of_request(stats)
+        tally = AcceptanceTally()
+        tally.add_counters(stats)
         steps, drafted, accepted = tally.num_drafts, tally.num_draft_tokens, tally.num_accepted_tokens
         speculative: dict[str, Any] = {
             "num_spec_tokens": stats.num_spec_tokens,

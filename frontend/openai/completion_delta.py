@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from openinfer.protocol import RequestSpecStats, TokenLogprobs
+from openinfer.protocol import SpecDecodeCounters, TokenLogprobs
 
 # How a completion ended normally (OpenAI's finish_reason); any other engine finish is an error.
 FinishKind = Literal["stop", "length"]
@@ -24,7 +24,7 @@ class CompletionDelta:
     logprobs: list[TokenLogprobs] | None  # one per token id, when the request asked for logprobs
     finish_reason: FinishKind | None  # on the last delta, else None
     stop_reason: int | str | None  # the stop token id (from stop_token_ids) or stop string that ended it
-    spec_stats: RequestSpecStats | None = None  # on the last delta, when the engine had a drafter
+    spec_stats: SpecDecodeCounters | None = None  # on the last delta, when the engine had a drafter
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class PeerConfig:
     spec: protocol.SpecDecodeCounters | None = (
         None  # the counters its hello carries (copied; None: no drafter)
     )
-    spec_stats: protocol.RequestSpecStats | None = None  # put on every request's last output
+    spec_stats: protocol.SpecDecodeCounters | None = None  # put on every request's last output
     tokenizer_config_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command

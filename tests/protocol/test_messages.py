@@ -23,7 +23,6 @@ from openinfer.protocol import (
     LoadDrafter,
     LoadSnapshot,
     ProtocolError,
-    RequestSpecStats,
     SamplingParams,
     SpecDecodeCounters,
     TokenLogprobs,
@@ -79,7 +78,10 @@ OUTPUTS = [
         3.0,
         [
             EngineCoreOutput(
-                "r4", [1, 2, 3], FinishReason("length"), spec_stats=RequestSpecStats(3, 2, 5, 3, [0, 1, 1, 0])
+                "r4",
+                [1, 2, 3],
+                FinishReason("length"),
+                spec_stats=SpecDecodeCounters(3, 2, 5, 3, [2, 1, 0], [0, 1, 1, 0]),
             ),
         ],
         make_load(),
@@ -214,7 +216,7 @@ def test_impossible_request_stats_are_protocol_errors() -> None:
     """Per-request spec stats that do not add up are rejected."""
     codec = EngineOutputCodec()
     bad = EngineCoreOutput(
-        "r", [1], FinishReason("length"), spec_stats=RequestSpecStats(3, 1, 3, 2, [1, 0, 0, 0])
+        "r", [1], FinishReason("length"), spec_stats=SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [1, 0, 0, 0])
     )
     with pytest.raises(ProtocolError):
         codec.decode(codec.encode(EngineCoreOutputs(0, 1, 1, 1.0, [bad], make_load())))

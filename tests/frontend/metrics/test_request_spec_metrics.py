@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
-from openinfer.protocol import RequestSpecStats
+from openinfer.protocol import SpecDecodeCounters
 from tests.frontend.conftest import FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import PeerConfig
 from tests.frontend.openai.test_api_server import post, stream
 
 # K=3, 4 drafts with 0, 1, 2 and 3 accepted: 6 of 11 draft tokens accepted.
-STATS = RequestSpecStats(3, num_drafts=4, num_draft_tokens=11, num_accepted_tokens=6,
-                         accepted_length_hist=[1, 1, 1, 1])  # fmt: skip
+STATS = SpecDecodeCounters(3, num_drafts=4, num_draft_tokens=11, num_accepted_tokens=6,
+                           num_accepted_tokens_per_pos=[3, 2, 1], accepted_length_hist=[1, 1, 1, 1])  # fmt: skip
 SUMMARY = {
     "num_spec_tokens": 3,
     "num_spec_steps": 4,
@@ -70,7 +70,7 @@ async def test_no_metrics_when_off_or_without_a_drafter(
 
 def test_no_drafts_mean_length_one_and_rate_zero() -> None:
     """A request that never drafted: mean acceptance length 1.0 and acceptance rate 0.0, not NaN."""
-    stats = RequestSpecStats(2, 0, 0, 0, [0, 0, 0])
+    stats = SpecDecodeCounters.zero(2)
     got = PerRequestSpecMetrics.DETAILED.response_metrics(stats)
     assert got == {"speculative_decoding": {
         "num_spec_tokens": 2, "num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0,

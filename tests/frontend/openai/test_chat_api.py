@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from openinfer.frontend.openai.chat_template import compile_chat_template
-from openinfer.protocol import RequestSpecStats
+from openinfer.protocol import SpecDecodeCounters
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
@@ -126,7 +126,7 @@ async def test_chat_carries_per_request_spec_metrics(
 ) -> None:
     """The chat response has the same per-request spec-decode "metrics" object as completions."""
     frontend = await start_frontend()
-    await start_peer(frontend, PeerConfig(spec_stats=RequestSpecStats(3, 2, 6, 3, [0, 1, 1, 0])))
+    await start_peer(frontend, PeerConfig(spec_stats=SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0])))
     _, body = await chat(frontend, {"messages": MESSAGES, "max_tokens": 2})
     assert body["metrics"]["speculative_decoding"]["num_accepted_draft_tokens"] == 3
     events = await chat_stream(frontend, {"messages": MESSAGES, "max_tokens": 2})
