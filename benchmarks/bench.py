@@ -41,6 +41,7 @@ from openinfer.benchmarks.load_runner import run_load
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
 from openinfer.benchmarks.request_client import ENDPOINTS, SamplingConfig, send_request
 from openinfer.benchmarks.vocabulary import load_tokenizer
+from openinfer.engine_core.config import from_flags
 
 WARMUP_MAX_TOKENS = 16
 # vLLM's --endpoint values, accepted so that scripts carry over.
@@ -197,18 +198,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def dataset_config(args: argparse.Namespace, name: str, path: Path | None) -> DatasetConfig:
-    return DatasetConfig(
-        name=name,
-        path=path,
-        num_prompts=args.num_prompts,
-        seed=args.seed,
-        random_input_len=args.random_input_len,
-        random_output_len=args.random_output_len,
-        random_range_ratio=args.random_range_ratio,
-        text_input_len=args.text_input_len,
-        text_output_len=args.text_output_len,
-        max_tokens=args.max_tokens,
-    )
+    return from_flags(DatasetConfig, args, name=name, path=path)
 
 
 def endpoint_name(parser: argparse.ArgumentParser, value: str) -> str:
@@ -275,17 +265,7 @@ def run(args: argparse.Namespace) -> int:
         model = args.model or asyncio.run(first_model(args.base_url, args.api_key))
         sampling = SamplingConfig(model, args.endpoint, args.temperature, args.ignore_eos)
         print(describe_run(args, model, requests), flush=True)
-        config = RunConfig(
-            base_url=args.base_url,
-            api_key=args.api_key,
-            max_concurrency=args.max_concurrency,
-            request_rate=args.request_rate,
-            seed=args.seed,
-            num_warmups=args.num_warmups,
-            request_timeout=args.request_timeout,
-            spec_logs=args.spec_logs,
-            progress=not args.disable_tqdm,
-        )
+        config = from_flags(RunConfig, args, progress=not args.disable_tqdm)
         result = asyncio.run(run_benchmark(config, requests, sampling))
     except BenchError as e:
         print(f"openinfer-bench: {e}", file=sys.stderr)

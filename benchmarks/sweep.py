@@ -42,6 +42,7 @@ from openinfer.benchmarks.local_server import Drafter, LocalServer, parse_drafte
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
 from openinfer.benchmarks.request_client import SamplingConfig
 from openinfer.benchmarks.vocabulary import load_tokenizer
+from openinfer.engine_core.config import from_flags
 from openinfer.tools.spec_tally import AcceptanceTally, total
 
 BUILTIN_MODEL_NAME = "openinfer-tiny-qwen3"  # what openinfer-serve serves the built-in model as
@@ -268,14 +269,12 @@ def sweep_drafter(
         sampling = SamplingConfig(model, args.endpoint, args.temperature, args.ignore_eos)
         for config, requests in workloads:
             for concurrency in args.max_concurrency:
-                run_config = RunConfig(
+                run_config = from_flags(
+                    RunConfig,
+                    args,
                     base_url=server.url,
                     api_key=None,
                     max_concurrency=concurrency,
-                    request_rate=args.request_rate,
-                    seed=args.seed,
-                    num_warmups=args.num_warmups,
-                    request_timeout=args.request_timeout,
                     spec_logs=server.spec_log_dir if drafter.method else None,
                     progress=not args.disable_tqdm,
                 )

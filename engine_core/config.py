@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from openinfer.protocol import DFlashAnchor, DrafterMethod
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     """What to load: ``--spec-method``, ``--num-spec-tokens`` and the method's options."""
 
-    method: str  # "ngram" or "dflash"
+    method: DrafterMethod
     num_spec_tokens: int  # K, in [1, MAX_SPEC_TOKENS]; refused (never clamped) outside
     draft_model: Path | None = None  # DFlash checkpoint folder
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    dflash_anchor: str | None = None  # None: read from the checkpoint's config
+    dflash_anchor: DFlashAnchor | None = None  # None: read from the checkpoint's config
 
 
 @dataclass(frozen=True)
@@ -83,3 +93,11 @@ def output_address(request_address: str) -> str:
     """``tcp://HOST:PORT`` -> ``tcp://HOST:PORT+1`` (the frontend binds its PULL beside its ROUTER)."""
     host, _, port = request_address.rpartition(":")
     return f"{host}:{int(port) + 1}"
+
+
+def from_flags(config_type: type[C], args: argparse.Namespace, **values: Any) -> C:
+    """A ``config_type`` dataclass from the parsed flags whose ``dest`` is one of its fields; ``values`` are
+    the fields the flags do not give as they are (they win over a flag of the same name)."""
+    names = {field.name for field in dataclasses.fields(config_type)}
+    flags = {name: value for name, value in vars(args).items() if name in names}
+    return config_type(**{**flags, **values})

@@ -12,6 +12,7 @@ import random
 import signal
 import sys
 from pathlib import Path
+from typing import get_args
 
 import torch
 import zmq.auth
@@ -22,12 +23,13 @@ from openinfer.engine_core.builtin_model import (
     builtin_target_folder,
     builtin_tokenizer_folder,
 )
-from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.config import DrafterSpec, EngineConfig, from_flags
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.engine_process import CurveClientKeys, EngineProcess
 from openinfer.engine_core.executor import ModelExecutor, resolve_dtype
 from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.protocol import DFlashAnchor, DrafterMethod
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -64,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--served-model-name", help="the model name clients use (default: --model as given)")
     parser.add_argument(
         "--frontend",
+        dest="frontend_address",
         default="tcp://127.0.0.1:5555",
         help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)",
     )
@@ -88,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch CPU threads (1: best decode latency when engines share the cores)",
     )
     spec = parser.add_argument_group("speculative decoding")
-    spec.add_argument("--spec-method", choices=["ngram", "dflash"], help="drafter (default: none)")
+    spec.add_argument("--spec-method", choices=get_args(DrafterMethod), help="drafter (default: none)")
     spec.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
     spec.add_argument(
         "--draft-model",
@@ -96,12 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     spec.add_argument(
         "--dflash-anchor",
-        choices=["mask_slots", "anchor_slot"],
+        choices=get_args(DFlashAnchor),
         help="which DFlash block slots carry drafts when the checkpoint's config does not say",
     )
     spec.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
     spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram to match")
-    spec.add_argument("--spec-log", help="append one JSON line per draft to this file")
+    spec.add_argument("--spec-log", type=Path, help="append one JSON line per draft to this file")
     parser.add_argument(
         "--fake-model",
         action="store_true",
@@ -113,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--zmq-curve-keys",
+        dest="curve_keys",
+        type=Path,
         metavar="DIR",
         help="encrypt and authenticate the frontend connection with CurveZMQ keys made by openinfer-keys DIR",
     )
@@ -152,26 +157,14 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         device = f"cuda:{args.gpu}"
     else:
         device = "cuda:0" if args.device == "cuda" else "cpu"
-    return EngineConfig(
+    return from_flags(
+        EngineConfig,
+        args,
         model_path=model_path,
         served_model_name=name,
         device=device,
-        dtype=args.dtype,
-        engine_index=args.engine_index,
-        frontend_address=args.frontend,
-        kv_cache_gb=args.kv_cache_gb,
-        num_kv_blocks=args.num_kv_blocks,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
         speculative=speculative,
         default_draft_model=default_draft,
-        spec_log=Path(args.spec_log) if args.spec_log else None,
-        fake_model=args.fake_model,
-        step_sleep=args.step_sleep,
-        curve_keys=Path(args.zmq_curve_keys) if args.zmq_curve_keys else None,
     )
 
 

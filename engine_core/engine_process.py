@@ -10,27 +10,11 @@ from typing import NamedTuple
 
 import zmq
 
+from openinfer import protocol
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.tokenizer_files import read_tokenizer_config
-from openinfer.protocol import (
-    PROTOCOL_VERSION,
-    AbortRequests,
-    DrafterReply,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    EngineHello,
-    EngineInputCodec,
-    EngineOutputCodec,
-    HelloRefused,
-    HelloRequest,
-    LoadDrafter,
-    ProtocolError,
-    UnloadDrafter,
-    engine_identity,
-)
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -59,11 +43,13 @@ class EngineProcess:
         self.incarnation = core.incarnation
         self.seq = 0
         self.num_protocol_errors = 0
-        self.input_codec = EngineInputCodec()
-        self.output_codec = EngineOutputCodec()
+        self.input_codec = protocol.EngineInputCodec()
+        self.output_codec = protocol.EngineOutputCodec()
         self.context = zmq.Context()
         self.requests = self._socket(zmq.DEALER)
-        self.requests.setsockopt(zmq.ROUTING_ID, engine_identity(config.engine_index, self.incarnation))
+        self.requests.setsockopt(
+            zmq.ROUTING_ID, protocol.engine_identity(config.engine_index, self.incarnation)
+        )
         self.requests.setsockopt(zmq.LINGER, 0)
         self.requests.connect(config.frontend_address)
         self.outputs = self._socket(zmq.PUSH)
@@ -72,7 +58,7 @@ class EngineProcess:
         self._stopping = False
         # A drafter being loaded in the background, and the command that asked for it.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-load")
-        self._pending_load: tuple[LoadDrafter, Future[SpecDecoder]] | None = None
+        self._pending_load: tuple[protocol.LoadDrafter, Future[SpecDecoder]] | None = None
 
     def _socket(self, kind: int) -> zmq.Socket:
         """A socket that finds its frontend again by itself: after it restarts, or its host vanishes."""
@@ -123,21 +109,21 @@ class EngineProcess:
                 return
             try:
                 message = self.input_codec.decode(frame)
-            except ProtocolError as e:
+            except protocol.ProtocolError as e:
                 self.num_protocol_errors += 1
                 logger.warning("dropped a bad frame from the frontend (%s)", e)
                 continue
-            if isinstance(message, EngineCoreRequest):
+            if isinstance(message, protocol.EngineCoreRequest):
                 self.core.add_request(message)
-            elif isinstance(message, AbortRequests):
+            elif isinstance(message, protocol.AbortRequests):
                 self.core.abort(message.request_ids)
-            elif isinstance(message, HelloRequest):
+            elif isinstance(message, protocol.HelloRequest):
                 self._send_hello()
-            elif isinstance(message, HelloRefused):
+            elif isinstance(message, protocol.HelloRefused):
                 logger.error(
                     "the frontend refused this engine (it speaks protocol version %d, this engine %d): %s",
                     message.protocol_version,
-                    PROTOCOL_VERSION,
+                    protocol.PROTOCOL_VERSION,
                     message.message,
                 )
             else:
@@ -148,13 +134,13 @@ class EngineProcess:
         """The engine's --dflash-anchor, kept for drafters loaded at run time that name none."""
         return self.config.speculative.dflash_anchor if self.config.speculative is not None else None
 
-    def _change_drafter(self, command: LoadDrafter | UnloadDrafter) -> None:
+    def _change_drafter(self, command: protocol.LoadDrafter | protocol.UnloadDrafter) -> None:
         """Unload now, or start loading in the background (heartbeats go on); answer with a DrafterReply."""
         if self._pending_load is not None:
             self._reply(
                 command, False, "a drafter is still loading on this engine; try again when it is done"
             )
-        elif isinstance(command, UnloadDrafter):
+        elif isinstance(command, protocol.UnloadDrafter):
             self.core.unload_drafter()
             self._reply(command, True, "speculative decoding is off")
         else:
@@ -180,9 +166,9 @@ class EngineProcess:
             logger.warning("drafter load refused: %s", e)
             self._reply(command, False, f"{type(e).__name__}: {e}")
 
-    def _reply(self, command: LoadDrafter | UnloadDrafter, ok: bool, message: str) -> None:
+    def _reply(self, command: protocol.LoadDrafter | protocol.UnloadDrafter, ok: bool, message: str) -> None:
         spec_decoder = self.core.spec
-        reply = DrafterReply(
+        reply = protocol.DrafterReply(
             engine_index=self.config.engine_index,
             incarnation=self.incarnation,
             seq=self._next_seq(),
@@ -197,8 +183,8 @@ class EngineProcess:
     def _send_hello(self) -> None:
         model_path = self.config.model_path
         tokenizer_config = model_path / "tokenizer_config.json"
-        hello = EngineHello(
-            protocol_version=PROTOCOL_VERSION,
+        hello = protocol.EngineHello(
+            protocol_version=protocol.PROTOCOL_VERSION,
             engine_index=self.config.engine_index,
             incarnation=self.incarnation,
             seq=self._next_seq(),
@@ -215,8 +201,8 @@ class EngineProcess:
         )
         self.outputs.send(self.output_codec.encode(hello))
 
-    def _send_outputs(self, outputs: list[EngineCoreOutput]) -> None:
-        message = EngineCoreOutputs(
+    def _send_outputs(self, outputs: list[protocol.EngineCoreOutput]) -> None:
+        message = protocol.EngineCoreOutputs(
             engine_index=self.config.engine_index,
             incarnation=self.incarnation,
             seq=self._next_seq(),

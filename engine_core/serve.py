@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from types import FrameType
+from typing import get_args
 
 from openinfer.engine_core.builtin_model import (
     BUILTIN_MODEL_NAME,
@@ -19,6 +20,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_target_folder,
 )
 from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
+from openinfer.protocol import DrafterMethod
 
 logger = logging.getLogger("openinfer.serve")
 DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on and K is not given
@@ -54,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument(
         "--spec-method",
-        choices=["ngram", "dflash"],
+        choices=get_args(DrafterMethod),
         help="drafter for every engine (default: dflash with the built-in model, none with --model)",
     )
     parser.add_argument(

@@ -30,14 +30,20 @@ class ProtocolError(ValueError):
         self.kind = kind
 
 
-class _Decoder(Generic[T]):
-    def __init__(self, type_: type[T]) -> None:
+class _Codec(Generic[T]):
+    """msgpack for one socket direction's messages (a tagged union, ``T``)."""
+
+    def __init__(self, type_: object) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(type_)
+
+    def encode(self, message: T) -> bytes:
+        return self._encoder.encode(message)
 
     def decode(self, frame: bytes | memoryview) -> T:
         """Decode one frame; raise :class:`ProtocolError` (never anything else) when it is bad."""
         try:
-            message = self._decoder.decode(frame)
+            message: T = self._decoder.decode(frame)
         except msgspec.ValidationError as e:
             raise ProtocolError("invalid", str(e)) from None
         except msgspec.DecodeError as e:
@@ -87,29 +93,15 @@ def _logprobs_ok(logprobs: list[TokenLogprobs], num_tokens: int) -> bool:
     )
 
 
-class EngineInputCodec:
+class EngineInputCodec(_Codec[EngineInput]):
     """Frontend -> engine (ROUTER -> DEALER): requests, aborts, hello requests."""
 
     def __init__(self) -> None:
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder: _Decoder[EngineInput] = _Decoder(EngineInput)  # type: ignore[arg-type]
-
-    def encode(self, message: EngineInput) -> bytes:
-        return self._encoder.encode(message)
-
-    def decode(self, frame: bytes | memoryview) -> EngineInput:
-        return self._decoder.decode(frame)
+        super().__init__(EngineInput)
 
 
-class EngineOutputCodec:
+class EngineOutputCodec(_Codec[EngineOutput]):
     """Engine -> frontend (PUSH -> PULL): the hello, outputs and heartbeats."""
 
     def __init__(self) -> None:
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder: _Decoder[EngineOutput] = _Decoder(EngineOutput)  # type: ignore[arg-type]
-
-    def encode(self, message: EngineOutput) -> bytes:
-        return self._encoder.encode(message)
-
-    def decode(self, frame: bytes | memoryview) -> EngineOutput:
-        return self._decoder.decode(frame)
+        super().__init__(EngineOutput)

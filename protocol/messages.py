@@ -60,12 +60,12 @@ class LoadDrafter(msgspec.Struct, tag="load_drafter", array_like=True):
     """Load (or replace) the engine's drafter; the engine answers with a :class:`DrafterReply`."""
 
     command_id: str
-    method: str  # "ngram" or "dflash"
+    method: DrafterMethod
     num_spec_tokens: int
     draft_model: str | None = None  # the DFlash checkpoint folder, as the engine's host sees it
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    dflash_anchor: str | None = None  # None: read from the checkpoint's config
+    dflash_anchor: DFlashAnchor | None = None  # None: read from the checkpoint's config
 
 
 class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):
@@ -97,6 +97,8 @@ class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
     spec_decode: SpecDecodeCounters | None = None
 
 
+DrafterMethod = Literal["ngram", "dflash"]  # the drafters an engine can load (DESIGN.md)
+DFlashAnchor = Literal["mask_slots", "anchor_slot"]  # where a DFlash block's position 0 is
 FinishKind = Literal["stop", "length", "abort", "error"]
 
 

@@ -57,6 +57,7 @@ from training import (
     DEFAULT_DATASET,
     REPO_ROOT,
     adamw,
+    add_training_flags,
     builtin_tokenizer,
     format_minutes,
     load_split,
@@ -93,19 +94,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     parser.add_argument("--anchors", type=int, default=32, help="draft blocks per sequence per step")
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--loss-decay", type=float, default=4.0, help="slot k's weight is exp(-(k-1)/this)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--checkpoint-every", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument(
-        "--no-autocast",
-        action="store_true",
-        help="train in float32 (faster on CPUs without bf16 instructions)",
-    )
+    add_training_flags(parser, lr=2e-3, warmup=50, weight_decay=0.01, eval_every=250, checkpoint_every=100)
     args = parser.parse_args()
     args.anchor = AnchorLayout(args.anchor)
     return args

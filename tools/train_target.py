@@ -29,6 +29,7 @@ from training import (
     REPO_ROOT,
     TokenSplit,
     adamw,
+    add_training_flags,
     builtin_tokenizer,
     command_line,
     copy_tokenizer,
@@ -55,18 +56,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=700)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--checkpoint-every", type=int, default=50)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument(
-        "--no-autocast",
-        action="store_true",
-        help="train in float32 (faster on CPUs without bf16 instructions)",
-    )
+    add_training_flags(parser, lr=3e-3, warmup=30, weight_decay=0.1, eval_every=100, checkpoint_every=50)
     return parser.parse_args()
 
 

@@ -62,16 +62,9 @@ def build_tokenizer(text: str) -> Tokenizer:
 
 def tokenizer_config(tokenizer: Tokenizer) -> dict[str, object]:
     """The Hugging Face `tokenizer_config.json` matching `tokenizer`."""
+    flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
     added_tokens_decoder = {
-        str(tokenizer.token_to_id(token)): {
-            "content": token,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for token in SPECIAL_TOKENS
+        str(tokenizer.token_to_id(token)): {"content": token, **flags} for token in SPECIAL_TOKENS
     }
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",

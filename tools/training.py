@@ -7,6 +7,7 @@ Not part of the serving package: `tools/train_target.py` and `tools/train_dflash
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import shlex
@@ -61,6 +62,29 @@ def copy_tokenizer(folder: Path) -> None:
     """Put the built-in tokenizer files into a model folder (a Hugging Face folder carries its tokenizer)."""
     for name in TOKENIZER_FILES:
         (folder / name).write_bytes((files("openinfer.engine_core") / "builtin" / name).read_bytes())
+
+
+def add_training_flags(
+    parser: argparse.ArgumentParser,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    eval_every: int,
+    checkpoint_every: int,
+) -> None:
+    """The flags every training script takes, with its own defaults."""
+    parser.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--weight-decay", type=float, default=weight_decay)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=eval_every)
+    parser.add_argument("--checkpoint-every", type=int, default=checkpoint_every)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--no-autocast",
+        action="store_true",
+        help="train in float32 (faster on CPUs without bf16 instructions)",
+    )
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:

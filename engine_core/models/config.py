@@ -54,6 +54,21 @@ class ModelConfig:
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("model config: rope_theta and rms_norm_eps must be > 0")
 
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection's output: all query heads."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the key (and of the value) projection's output."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale, 1 / sqrt(head_dim)."""
+        return self.head_dim**-0.5
+
     @classmethod
     def from_folder(cls, folder: Path | str) -> ModelConfig:
         """Read `folder/config.json` and, when present, `folder/generation_config.json`."""

@@ -86,16 +86,13 @@ class DFlashAttention(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
-        bias = config.attention_bias
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_width, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=bias)
-        self.o_proj = nn.Linear(q_width, config.hidden_size, bias=bias)
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.scale = config.head_dim, config.attention_scale
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, config.q_width, bias=bias)
+        self.k_proj = nn.Linear(hidden, config.kv_width, bias=bias)
+        self.v_proj = nn.Linear(hidden, config.kv_width, bias=bias)
+        self.o_proj = nn.Linear(config.q_width, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 

@@ -118,9 +118,9 @@ class Qwen3Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
         bias = config.attention_bias
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q_width, kv_width = config.q_width, config.kv_width
         self.qkv_proj = PackedLinear(
             config.hidden_size, {"q_proj": q_width, "k_proj": kv_width, "v_proj": kv_width}, bias
         )

@@ -169,26 +169,22 @@ class MetricTotals(Collector):
         A saved family this frontend no longer declares, or a series whose labels or buckets no longer fit
         its family, is skipped with a warning: it cannot continue, so it is not exported.
         """
-        for name, saved_counters in state.counters.items():
-            counter = self._counters.get(name)
-            if counter is None:
-                logger.warning("state: counter %s is no longer exported; its saved totals are dropped", name)
-                continue
-            for c in saved_counters:
+        gone = (state.counters.keys() - self._counters.keys()) | (
+            state.histograms.keys() - self._histograms.keys()
+        )
+        for name in sorted(gone):
+            logger.warning("state: %s is no longer exported; its saved series are dropped", name)
+        for name, counter in self._counters.items():
+            for c in state.counters.get(name, []):
                 if len(c.labels) != len(counter.labelnames) or not c.value >= 0:
                     logger.warning("state: dropped a saved %s series that does not fit: %s", name, c)
                     continue
                 counter.values[tuple(c.labels)] = c.value
-        for name, saved_histograms in state.histograms.items():
-            histogram = self._histograms.get(name)
-            if histogram is None:
-                logger.warning("state: histogram %s is no longer exported; its saved data is dropped", name)
-                continue
-            for h in saved_histograms:
-                if len(h.labels) != len(histogram.labelnames) or len(h.bucket_counts) != len(
-                    histogram.upper_bounds
-                ):
+        for name, histogram in self._histograms.items():
+            num_buckets = len(histogram.upper_bounds)
+            for h in state.histograms.get(name, []):
+                if len(h.labels) != len(histogram.labelnames) or len(h.bucket_counts) != num_buckets:
                     logger.warning("state: dropped a saved %s series that does not fit its buckets", name)
                     continue
-                series = histogram.values[tuple(h.labels)] = _Histogram(len(histogram.upper_bounds))
+                series = histogram.values[tuple(h.labels)] = _Histogram(num_buckets)
                 series.bucket_counts, series.sum = list(h.bucket_counts), h.sum

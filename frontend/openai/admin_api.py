@@ -13,7 +13,7 @@ when the engine restarts or cannot be reached, 504 when it does not answer in ti
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import msgspec
 from aiohttp import web
@@ -22,13 +22,18 @@ from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord
 from openinfer.frontend.openai.errors import ApiError, invalid_request
-from openinfer.protocol import MAX_SPEC_TOKENS, LoadDrafter, LoadSnapshot, UnloadDrafter
+from openinfer.protocol import (
+    MAX_SPEC_TOKENS,
+    DFlashAnchor,
+    DrafterMethod,
+    LoadDrafter,
+    LoadSnapshot,
+    UnloadDrafter,
+)
 
 # Methods the engine knows (DESIGN.md, models and drafters); "draft_model" is DFlash's checkpoint folder.
-DrafterMethod = Literal["ngram", "dflash"]
 _METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
 # Where a DFlash block's position 0 is, when the checkpoint's config does not say.
-DFlashAnchor = Literal["mask_slots", "anchor_slot"]
 _ANCHORS: tuple[DFlashAnchor, ...] = get_args(DFlashAnchor)
 
 

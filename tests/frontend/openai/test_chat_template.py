@@ -34,11 +34,8 @@ QWEN_STYLE = """
         {{- '<|im_end|>\\n' }}
     {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\\n\\n</think>\\n\\n' }}
-    {%- endif %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{% endif %}
 {%- endif %}
 {{- eos_token if messages | length > 3 else '' }}
 """
