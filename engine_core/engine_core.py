@@ -19,6 +19,7 @@ from openinfer.engine_core.spec_decode.drafter import ContextUpdate
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.kernels.logprobs import token_logprobs
+from openinfer.kernels.sampling import SamplingBatch
 from openinfer.kernels.verification import verify
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot, TokenLogprobs
 
@@ -195,14 +196,15 @@ class EngineCore:
         """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter."""
         sampling = [s for s in scheduled if s.samples]
         samplers = [s.request for s in sampling]
-        sampled = verify(
-            logits,
-            [list(s.spec_token_ids) for s in sampling],
+        batch = SamplingBatch.build(
             [r.temperature for r in samplers],
             [r.top_k for r in samplers],
             [r.sampling_params.top_p for r in samplers],
             [r.generator or self.generator for r in samplers],
+            vocab_size=logits.shape[1],
+            device=logits.device,
         )
+        sampled = verify(logits, [list(s.spec_token_ids) for s in sampling], batch)
         appended = iter(zip(sampled, self._logprobs(logits, sampling, sampled), strict=True))
         outputs = []
         context: list[ContextUpdate] = []

@@ -1,76 +1,151 @@
-"""Next-token sampling: greedy, temperature, top-k and nucleus (top-p), exact and seedable per request."""
+"""The sampler's distribution (temperature, top-k, top-p) and seedable draws, all on the logits' device.
+
+Nothing here reads a value back to the host: draws use the exponential race (the argmax of p / E with E
+drawn from Exp(1) is distributed as p), so a step needs no host sync until its sampled ids are read.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
-def sample(
-    logits: Tensor,
-    temperatures: list[float],
-    top_ks: list[int | None],
-    top_ps: list[float],
-    generators: list[torch.Generator | None],
-) -> list[int]:
-    """One token per row of `logits` (B, V) float32.
+def host_to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``values`` as a tensor on ``device``, copied without waiting for the device (from pinned memory)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
-    Row b: temperature 0 takes the argmax; otherwise the token is drawn from softmax(logits / temperature)
-    restricted to the top_k most likely tokens (None or 0: all), then to the nucleus, the smallest set of the
-    most likely tokens whose mass reaches top_p (1.0: all; at least one token), renormalised. Draws use
-    generators[b] (a seeded torch.Generator on the logits' device), or the default generator when None.
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """One step's sampling parameters, one entry per sampling request, on the logits' device.
+
+    A temperature below 1e-5 is greedy (the caller maps it to 0). ``top_ks`` holds the vocabulary size where
+    a request sets no top-k, so every row can be filtered alike.
     """
-    num_rows = logits.shape[0]
-    if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators) == num_rows:
-        raise ValueError(f"sample: {num_rows} rows of logits need as many of each sampling parameter")
-    if any(t < 0 for t in temperatures) or any(not 0 < p <= 1 for p in top_ps):
-        raise ValueError("sample: temperatures must be >= 0 and top_ps in (0, 1]")
-    if any(k is not None and k < 0 for k in top_ks):
-        raise ValueError("sample: top_ks must be None or >= 0")
 
-    tokens = logits.argmax(dim=-1).tolist()
-    rows = [b for b, t in enumerate(temperatures) if t > 0]
-    if not rows:
-        return tokens  # all greedy: the argmax is the answer
+    temperatures: Tensor  # (B,) float32; 0: greedy
+    top_ks: Tensor  # (B,) int64 in [1, V]
+    top_ps: Tensor  # (B,) float32 in (0, 1]
+    generators: list[torch.Generator | None]  # per request; None: the device's default generator
+    greedy: list[bool]  # per request, on the host: temperature 0
+    filtered: bool  # whether any request restricts top-k or top-p (else the sort is skipped)
 
-    device = logits.device
-    probs, order = sorted_filtered_probs(
-        logits[rows],
-        torch.tensor([temperatures[b] for b in rows], dtype=torch.float32, device=device),
-        [top_ks[b] for b in rows],
-        torch.tensor([top_ps[b] for b in rows], dtype=torch.float32, device=device),
-    )
-
-    # Rows that share a generator (or the default one) are drawn in one call.
-    groups: dict[int, list[int]] = {}
-    for i, b in enumerate(rows):
-        groups.setdefault(id(generators[b]), []).append(i)
-    picks = torch.empty(len(rows), dtype=torch.long, device=device)  # (R,) index into each sorted row
-    for members in groups.values():
-        generator = generators[rows[members[0]]]
-        picks[members] = torch.multinomial(probs[members], 1, generator=generator).squeeze(1)
-    sampled = order.gather(1, picks[:, None]).squeeze(1).tolist()  # (R,) vocab ids
-    for b, token in zip(rows, sampled, strict=True):
-        tokens[b] = token
-    return tokens
+    @classmethod
+    def build(
+        cls,
+        temperatures: list[float],
+        top_ks: list[int | None],
+        top_ps: list[float],
+        generators: list[torch.Generator | None],
+        vocab_size: int,
+        device: torch.device,
+    ) -> SamplingBatch:
+        """Check the parameters and copy them to ``device`` (top_k None or 0: the whole vocabulary)."""
+        if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators):
+            raise ValueError("sampling: every request needs a temperature, top_k, top_p and generator")
+        if any(t < 0 for t in temperatures) or any(not 0 < p <= 1 for p in top_ps):
+            raise ValueError("sampling: temperatures must be >= 0 and top_ps in (0, 1]")
+        if any(k is not None and k < 0 for k in top_ks):
+            raise ValueError("sampling: top_ks must be None or >= 0")
+        ks = [min(k or vocab_size, vocab_size) for k in top_ks]
+        return cls(
+            temperatures=host_to_device(temperatures, torch.float32, device),
+            top_ks=host_to_device(ks, torch.int64, device),
+            top_ps=host_to_device(top_ps, torch.float32, device),
+            generators=list(generators),
+            greedy=[t == 0 for t in temperatures],
+            filtered=any(k < vocab_size for k in ks) or any(p < 1 for p in top_ps),
+        )
 
 
 def sorted_filtered_probs(
-    logits: Tensor, temperatures: Tensor, top_ks: list[int | None], top_ps: Tensor
+    logits: Tensor, temperatures: Tensor, top_ks: Tensor, top_ps: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The sampler's distribution per row, most likely token first (sampling and verification share it).
 
-    logits (R, V) float32, temperatures (R,) > 0, top_ks (None or 0: all), top_ps (R,) in (0, 1] ->
-    probs (R, V) sorted descending and order (R, V), the vocabulary id of each sorted column: softmax(logits
-    / temperature) restricted to the top_k most likely tokens, then to the nucleus (the smallest set of the
-    most likely tokens whose mass reaches top_p; at least one token). Not renormalised after the nucleus cut:
-    torch.multinomial does that.
+    logits (R, V) float32, temperatures (R,) > 0, top_ks (R,) in [1, V], top_ps (R,) in (0, 1] -> probs
+    (R, V) sorted descending and order (R, V), the vocabulary id of each sorted column: softmax(logits /
+    temperature) restricted to the top_k most likely tokens, then to the nucleus (the smallest set of the
+    most likely tokens whose mass reaches top_p; at least one token). Not renormalised after the nucleus cut.
     """
-    vocab = logits.shape[1]
-    rank = torch.arange(vocab, device=logits.device)  # (V,)
+    rank = torch.arange(logits.shape[1], device=logits.device)  # (V,)
     probs, order = torch.sort(logits / temperatures[:, None], dim=-1, descending=True)  # (R, V), best first
-    ks = torch.tensor([min(k or vocab, vocab) for k in top_ks], device=logits.device)  # top_k >= V: all
-    probs = probs.masked_fill(rank[None, :] >= ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
+    probs = probs.masked_fill(rank[None, :] >= top_ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
     mass_before = probs.cumsum(dim=-1) - probs  # (R, V): mass of the strictly more likely tokens
     # Keep a token while the mass before it is short of top_p; the first token is always kept.
     return probs.masked_fill((mass_before >= top_ps[:, None]) & (rank[None, :] > 0), 0.0), order
+
+
+def processed_probs(
+    logits: Tensor, temperatures: Tensor, top_ks: Tensor, top_ps: Tensor, filtered: bool
+) -> Tensor:
+    """The distribution the sampler draws from, renormalised, in vocabulary order: (R, V) float32.
+
+    ``filtered`` False (no row restricts top-k or top-p) skips the sort: a plain tempered softmax.
+    """
+    if not filtered:
+        return (logits / temperatures[:, None]).softmax(dim=-1)
+    probs, order = sorted_filtered_probs(logits, temperatures, top_ks, top_ps)  # (R, V) each
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.empty_like(probs).scatter_(-1, order, probs)  # back to vocabulary order
+
+
+def draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
+    """One token per row of ``probs`` (R, V), row r drawn with generators[r]: (R,) int64 on the device.
+
+    The exponential race: argmax(p / E), E ~ Exp(1) per entry, picks token v with probability p_v. Rows that
+    share a generator (or the default one) draw their noise in one call.
+    """
+    noise = _exponentials(probs.shape[0], probs.shape[1], generators, probs.device)
+    # An exact 0 from Exp(1) would make 0 / 0 = NaN win the argmax for a token of probability 0.
+    return (probs / noise.clamp_(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
+
+
+def uniforms(
+    widths: list[int], width: int, generators: list[torch.Generator | None], device: torch.device
+) -> Tensor:
+    """(R, width) float32: row r holds widths[r] <= width uniforms in [0, 1) from generators[r], then 1.0.
+
+    A row drawn with a generator of its own takes exactly widths[r] numbers, so a seeded request draws the
+    same whatever else is in its batch.
+    """
+    out = torch.ones(len(widths), width, dtype=torch.float32, device=device)
+    for members, generator in _groups(generators):
+        used = max(widths[r] for r in members)
+        if used:
+            rows = torch.empty(len(members), used, dtype=torch.float32, device=device).uniform_(
+                generator=generator
+            )
+            out[host_to_device(members, torch.int64, device), :used] = rows
+    return out
+
+
+def _exponentials(
+    num_rows: int, width: int, generators: list[torch.Generator | None], device: torch.device
+) -> Tensor:
+    """(num_rows, width) float32 drawn from Exp(1), row r from generators[r]; rows sharing one draw in one call."""
+    groups = _groups(generators)
+    if len(groups) == 1:
+        return torch.empty(num_rows, width, dtype=torch.float32, device=device).exponential_(
+            generator=generators[0]
+        )
+    out = torch.empty(num_rows, width, dtype=torch.float32, device=device)
+    for members, generator in groups:
+        rows = torch.empty(len(members), width, dtype=torch.float32, device=device).exponential_(
+            generator=generator
+        )
+        out[host_to_device(members, torch.int64, device)] = rows
+    return out
+
+
+def _groups(generators: list[torch.Generator | None]) -> list[tuple[list[int], torch.Generator | None]]:
+    """The rows of each distinct generator (None, the default one, is one generator), in first-use order."""
+    groups: dict[int, list[int]] = {}
+    for r, generator in enumerate(generators):
+        groups.setdefault(id(generator), []).append(r)
+    return [(members, generators[members[0]]) for members in groups.values()]

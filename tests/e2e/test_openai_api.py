@@ -3,6 +3,7 @@ speculation: chat and completions, streaming, usage, stop strings, logprobs, err
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,4 +223,8 @@ def test_request_id_is_echoed_and_logged(client: openai.OpenAI, api_cluster: Clu
     )
     assert raw.headers["X-Request-Id"] == "e2e-trace-7"
     assert raw.parse().id == "cmpl-e2e-trace-7"
-    assert "request_id=e2e-trace-7" in (api_cluster.log_dir / "frontend.log").read_text()
+    log = api_cluster.log_dir / "frontend.log"
+    deadline = time.monotonic() + 10  # the line is written as the response ends: allow a busy machine
+    while "request_id=e2e-trace-7" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "request_id=e2e-trace-7" in log.read_text()

@@ -6,7 +6,19 @@ import math
 
 import torch
 
-from openinfer.kernels.sampling import sample
+from openinfer.kernels import verification
+from openinfer.kernels.sampling import SamplingBatch
+
+
+def sample(
+    logits: torch.Tensor,
+    temperatures: list[float],
+    top_ks: list[int | None],
+    top_ps: list[float],
+    generators: list[torch.Generator | None],
+) -> list[int]:
+    batch = SamplingBatch.build(temperatures, top_ks, top_ps, generators, logits.shape[1], logits.device)
+    return verification.sample(logits, batch)
 
 
 def random_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:

@@ -4,7 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from openinfer.kernels.verification import processed_probs, verify, verify_greedy, verify_sampled
+from openinfer.kernels.sampling import SamplingBatch, processed_probs
+from openinfer.kernels.verification import verify
+
+
+def batch_of(
+    n: int, temperature: float, vocab: int, generator: torch.Generator | None = None
+) -> SamplingBatch:
+    """n requests alike: no top-k or top-p, one shared generator."""
+    return SamplingBatch.build(
+        [temperature] * n, [None] * n, [1.0] * n, [generator] * n, vocab, torch.device("cpu")
+    )
+
+
+def one_hot_logits(argmax: list[int], vocab: int = 10) -> torch.Tensor:
+    logits = torch.full((len(argmax), vocab), -5.0)
+    logits[torch.arange(len(argmax)), torch.tensor(argmax)] = 5.0
+    return logits
+
+
+def verify_greedy(argmax: list[int], drafts: list[int]) -> list[int]:
+    return verify(one_hot_logits(argmax), [drafts], batch_of(1, 0.0, 10))[0]
 
 
 def test_greedy_accepts_longest_matching_prefix_plus_one() -> None:
@@ -17,49 +37,77 @@ def test_greedy_accepts_longest_matching_prefix_plus_one() -> None:
 
 def test_verify_batches_requests_with_and_without_drafts() -> None:
     """Rows are consumed per request (len(drafts) + 1 each); greedy rows take the argmax."""
-    vocab = 10
     targets = [[2, 3, 4], [7], [1, 1]]  # argmax per verified row, per request
-    rows = [t for req in targets for t in req]
-    logits = torch.full((len(rows), vocab), -5.0)
-    logits[torch.arange(len(rows)), torch.tensor(rows)] = 5.0
-    out = verify(logits, [[2, 9], [], [1]], [0.0, 0.0, 0.0], [None] * 3, [1.0] * 3, [None] * 3)
+    logits = one_hot_logits([t for req in targets for t in req])
+    out = verify(logits, [[2, 9], [], [1]], batch_of(3, 0.0, 10))
+    assert out == [[2, 3], [7], [1, 1]]
+
+
+def test_greedy_and_sampled_requests_in_one_batch() -> None:
+    """A sampled request beside greedy ones leaves theirs untouched; its draft, certain under p, is kept."""
+    logits = one_hot_logits([2, 3, 4, 7, 1, 1], vocab=10) * 10  # p(argmax) = 1 - 1e-43: drafts accepted
+    batch = SamplingBatch.build([0.0, 1.0, 0.0], [None] * 3, [1.0] * 3, [None] * 3, 10, torch.device("cpu"))
+    out = verify(logits, [[2, 9], [], [1]], batch)
     assert out == [[2, 3], [7], [1, 1]]
 
 
 def test_processed_probs_top_k_top_p() -> None:
     """top_k and top_p restrict the distribution exactly as the sampler does, in vocabulary order."""
     logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
-    assert torch.allclose(processed_probs(logits, 1.0, None, 1.0), torch.tensor([[0.1, 0.6, 0.3]]))
-    assert torch.allclose(processed_probs(logits, 1.0, 2, 1.0), torch.tensor([[0.0, 2 / 3, 1 / 3]]))
-    assert torch.allclose(processed_probs(logits, 1.0, None, 0.5), torch.tensor([[0.0, 1.0, 0.0]]))
+    one = torch.ones(1)
+
+    def probs(top_k: int, top_p: float, filtered: bool = True) -> torch.Tensor:
+        return processed_probs(logits, one, torch.tensor([top_k]), torch.tensor([top_p]), filtered)
+
+    assert torch.allclose(probs(3, 1.0), torch.tensor([[0.1, 0.6, 0.3]]))
+    assert torch.allclose(probs(3, 1.0, filtered=False), torch.tensor([[0.1, 0.6, 0.3]]))
+    assert torch.allclose(probs(2, 1.0), torch.tensor([[0.0, 2 / 3, 1 / 3]]))
+    assert torch.allclose(probs(3, 0.5), torch.tensor([[0.0, 1.0, 0.0]]))
 
 
 def test_rejection_sampling_keeps_the_target_distribution() -> None:
     """Whatever the (deterministic) draft, each output position is distributed as the target's p.
 
-    Empirical check on a 4-token vocabulary: 20,000 rounds, total-variation distance to p below 0.02
-    (the expected TV of 20k samples over 4 outcomes is about 0.006).
+    Empirical check on a 4-token vocabulary: 20,000 requests verified in one batch, total-variation distance
+    to p below 0.02 (the expected TV of 20k samples over 4 outcomes is about 0.006).
     """
+    n = 20_000
     generator = torch.Generator().manual_seed(0)
     p = torch.tensor([[0.5, 0.2, 0.2, 0.1], [0.1, 0.1, 0.4, 0.4]])
+    logits = torch.log(torch.cat([p, p[:1]])).repeat(n, 1)  # 3 verified rows per request
     for draft in ([3, 2], [0, 1], [1, 1]):
-        first = torch.zeros(4)
-        second = torch.zeros(4)
-        num_second = 0
-        for _ in range(20_000):
-            out = verify_sampled(torch.cat([p, p[:1]]), draft, generator)
-            first[out[0]] += 1
-            if len(out) > 1:  # position 1 exists only when position 0 was accepted
-                second[out[1]] += 1
-                num_second += 1
-        assert 0.5 * (first / first.sum() - p[0]).abs().sum() < 0.02
+        out = verify(logits, [draft] * n, batch_of(n, 1.0, 4, generator))
+        first = torch.bincount(torch.tensor([o[0] for o in out]), minlength=4).float()
+        second_tokens = [o[1] for o in out if len(o) > 1]  # position 1 exists only when 0 was accepted
+        second = torch.bincount(torch.tensor(second_tokens), minlength=4).float()
+        assert 0.5 * (first / n - p[0]).abs().sum() < 0.02
         # Given the draft's first token was accepted, position 1 is still distributed as p[1].
-        assert num_second > 1000 and 0.5 * (second / num_second - p[1]).abs().sum() < 0.03
+        assert len(second_tokens) > 1000 and 0.5 * (second / len(second_tokens) - p[1]).abs().sum() < 0.03
 
 
 def test_acceptance_rate_is_p_of_draft() -> None:
-    """A draft token is accepted with probability p(token) (q = 1): 0.2 here, within 0.01 over 20k rounds."""
+    """A draft token is accepted with probability p(token) (q = 1): 0.2 here, within 0.01 over 20k requests."""
+    n = 20_000
     generator = torch.Generator().manual_seed(1)
     probs = torch.tensor([[0.5, 0.2, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
-    accepted = sum(len(verify_sampled(probs, [1], generator)) == 2 for _ in range(20_000))
-    assert abs(accepted / 20_000 - 0.2) < 0.01
+    out = verify(torch.log(probs).repeat(n, 1), [[1]] * n, batch_of(n, 1.0, 4, generator))
+    accepted = sum(len(o) == 2 for o in out)
+    assert abs(accepted / n - 0.2) < 0.01
+
+
+def test_seeded_requests_draw_alike_whatever_their_batch() -> None:
+    """A request with its own seeded generator draws the same tokens alone or beside other requests."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(5)) / 4  # flat: drafts often rejected
+
+    def own(seed: int) -> torch.Generator:
+        return torch.Generator().manual_seed(seed)
+
+    alone = verify(
+        logits[:2], [[7]], SamplingBatch.build([1.0], [None], [1.0], [own(3)], 50, torch.device("cpu"))
+    )
+    mixed = verify(
+        torch.cat([logits[:2], logits]),
+        [[7], [1, 2, 3]],  # a longer draft beside it changes nothing for the seeded request
+        SamplingBatch.build([1.0, 0.8], [None, 5], [1.0, 0.9], [own(3), None], 50, torch.device("cpu")),
+    )
+    assert mixed[0] == alone[0]
