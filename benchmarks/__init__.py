@@ -1,4 +1,5 @@
 """openinfer.benchmarks: ``openinfer-bench`` (load, latency and the seed's acceptance table) and its sweep.
 
-A client of any vLLM-compatible server: it imports no torch (``engine_step.py``, a model-step timer, does).
+A client of any vLLM-compatible server: it imports no torch (``model_step.py`` and ``engine_step.py``, the
+in-process timers, do).
 """

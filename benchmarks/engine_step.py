@@ -1,79 +1,142 @@
-"""Latency of one `ModelRunner.execute` on the built-in model (CPU, or `--device cuda`); not a test.
+"""The engine's host overhead: time per `EngineCore.step` outside the model forward; not a test.
 
-Prints one markdown table, a row per workload and a column per thread count, each cell the median
-milliseconds of `--iters` timed calls after `--warmup` untimed ones:
+    python benchmarks/engine_step.py [--batch-sizes 1 8 64] [--num-spec-tokens 4] [--steps 100] [--profile]
 
-    python benchmarks/engine_step.py --threads 1 2
+B requests of the built-in model (greedy, 32-token prompts, prefilled first) decode in one engine core, in
+this process. "no drafts" rows decode one token per request per step; "K drafts" rows verify K draft tokens
+per request every step, proposed by a cycle drafter that costs nothing itself (its drafts are mostly
+rejected, so every step takes the full verify path). Each cell is the median over ``--steps`` steps, in µs:
 
-Decode rows run one new token for each of B requests whose prompts (64 tokens, less b % 8 for request b,
-so that contexts differ as in serving) were prefilled first; every timed call rewrites the same slots, so
-the contexts stay put. The prefill row runs one 256-token prompt from position 0. `--profile` also prints
-torch.profiler's table of aten ops for one batch-1 decode step (op counts and self CPU time).
+- step: ``EngineCore.step()`` plus encoding its outputs for the frontend (what the engine loop does per step);
+- model: the target's forward and LM head (on CUDA, synchronised at both ends);
+- host = step - model, and its parts: schedule, prepare (the runner's input tensors), update (verification,
+  appending, stop checks, counters, outputs), propose (the drafter call and its bookkeeping), encode.
+
+The parts are timed by wrapping the engine core's own methods on this instance. ``--profile`` prints
+cProfile's top functions (by own time) over the host path at the largest batch with drafts.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.protocol import EngineCoreOutputs, EngineCoreRequest, EngineOutputCodec, SamplingParams
 
-BLOCK_SIZE = 16
-CONTEXT_LEN = 64  # most tokens already cached per decode request
-PREFILL_LEN = 256
-DECODE_BATCHES = (1, 8, 32)
+PROMPT_LEN = 32
+PARTS = ("schedule", "prepare", "model", "update", "propose", "encode")
 
 
-def decode_step(runner: ModelRunner, batch: int) -> Callable[[], object]:
-    """Prefill `batch` prompts of CONTEXT_LEN - b % 8 tokens; return a call decoding one token for each."""
-    blocks_per_request = -(-(CONTEXT_LEN + 1) // BLOCK_SIZE)
-    tables = [list(range(b * blocks_per_request, (b + 1) * blocks_per_request)) for b in range(batch)]
+class CycleDrafter:
+    """Proposes ``max_drafts`` tokens continuing a fixed cycle after the current token, at no cost."""
+
+    aux_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, num_spec_tokens: int, vocab_size: int) -> None:
+        self.num_spec_tokens = num_spec_tokens
+        self._vocab_size = vocab_size
+
+    def extend_context(self, updates: list[ContextUpdate]) -> None:
+        pass
+
+    def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
+        return [[(q.current_token + 1 + i) % self._vocab_size for i in range(q.max_drafts)] for q in queries]
+
+    def describe(self) -> str:
+        return f"cycle K={self.num_spec_tokens}"
+
+
+class PartTimer:
+    """Nanoseconds spent in each wrapped call during the current step."""
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self.current: dict[str, int] = defaultdict(int)
+        self._sync = sync
+
+    def wrap(self, part: str, call: Callable[..., Any], synced: bool = False) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if synced:
+                self._sync()
+            start = time.perf_counter_ns()
+            result = call(*args, **kwargs)
+            if synced:
+                self._sync()
+            self.current[part] += time.perf_counter_ns() - start
+            return result
+
+        return timed
+
+
+def build_core(batch: int, num_spec_tokens: int, device: torch.device, model: Path, steps: int) -> EngineCore:
+    """An engine core with ``batch`` requests prefilled and decoding (drafts from the cycle drafter if K > 0)."""
+    max_tokens = steps + 40
+    blocks_per_request = -(-(PROMPT_LEN + max_tokens + num_spec_tokens + 1) // 16)
+    config = EngineConfig(
+        model_path=model,
+        served_model_name="bench",
+        device=str(device),
+        num_kv_blocks=batch * blocks_per_request,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(batch * PROMPT_LEN, batch * (num_spec_tokens + 1)),
+    )
+    runner = ModelRunner(model, device, config.num_kv_blocks or 0, config.block_size, torch.float32)
+    core = EngineCore(config, runner)
     vocab = runner.model_config.vocab_size
-    prompts = [[(7 * b + 3 * i) % vocab for i in range(CONTEXT_LEN - b % 8)] for b in range(batch)]
-    runner.execute([SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
-    chunks = [SeqChunk([p[-1]], len(p), t) for p, t in zip(prompts, tables, strict=True)]
-    return lambda: runner.execute(chunks)
+    if num_spec_tokens:
+        core.load_drafter(DrafterSpec("ngram", num_spec_tokens))
+        assert core.spec is not None
+        core.spec.drafter = CycleDrafter(num_spec_tokens, vocab)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for b in range(batch):
+        prompt = [(7 * b + 3 * i + 1) % vocab for i in range(PROMPT_LEN)]
+        core.add_request(EngineCoreRequest(f"r{b}", prompt, params))
+    while any(r.num_output_tokens < 2 for r in core.requests.values()):
+        core.step()
+    return core
 
 
-def prefill_step(runner: ModelRunner) -> Callable[[], object]:
-    """One PREFILL_LEN-token prompt from position 0."""
-    table = list(range(-(-PREFILL_LEN // BLOCK_SIZE)))
-    chunk = SeqChunk([(5 * i) % runner.model_config.vocab_size for i in range(PREFILL_LEN)], 0, table)
-    return lambda: runner.execute([chunk])
-
-
-def median_ms(step: Callable[[], object], warmup: int, iters: int) -> float:
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()  # a CUDA step is done when its kernels are, not when Python returns
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def profile(step: Callable[[], object], warmup: int) -> None:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    for _ in range(warmup):
-        step()
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    ops = prof.key_averages()
-    print(f"\naten ops in one batch-1 decode step: {sum(e.count for e in ops if e.key.startswith('aten::'))}")
-    print(ops.table(sort_by="self_cpu_time_total", row_limit=25))
+def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, float]:
+    """Median µs per step of the whole step, the model, host = step - model, and each part."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    timer = PartTimer(sync)
+    runner = core.runner
+    assert isinstance(runner, ModelRunner)
+    core.scheduler.schedule = timer.wrap("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
+    runner._prepare = timer.wrap("prepare", runner._prepare)  # type: ignore[method-assign]
+    runner.model.forward = timer.wrap("model", runner.model.forward, synced=True)  # type: ignore[method-assign]
+    runner.model.compute_logits = timer.wrap("model", runner.model.compute_logits, synced=True)  # type: ignore[method-assign]
+    core._update = timer.wrap("update", core._update)  # type: ignore[method-assign]
+    core._propose = timer.wrap("propose", core._propose)  # type: ignore[method-assign]
+    codec = EngineOutputCodec()
+    samples: dict[str, list[float]] = defaultdict(list)
+    for seq in range(steps):
+        timer.current.clear()
+        start = time.perf_counter_ns()
+        outputs = core.step()
+        encode_start = time.perf_counter_ns()
+        codec.encode(EngineCoreOutputs(0, 0, seq, time.time(), outputs, core.load_snapshot()))
+        end = time.perf_counter_ns()
+        timer.current["encode"] = end - encode_start
+        parts = dict(timer.current)
+        samples["step"].append((end - start) / 1e3)
+        samples["host"].append((end - start - parts.get("model", 0)) / 1e3)
+        for part in PARTS:
+            samples[part].append(parts.get(part, 0) / 1e3)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main() -> None:
@@ -81,36 +144,40 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", type=Path, default=None, help="Qwen3 folder (default: the built-in model)")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch.set_num_threads values")
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--iters", type=int, default=200, help="timed calls per cell (prefill: a tenth)")
-    parser.add_argument("--profile", action="store_true", help="also print the aten ops of one decode step")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--num-spec-tokens", type=int, default=4, help="K of the drafts rows")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per row")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--profile", action="store_true", help="cProfile the host path at the largest batch")
     args = parser.parse_args()
-
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     model = args.model or builtin_target_folder()
-    num_blocks = max(DECODE_BATCHES) * -(-(CONTEXT_LEN + 1) // BLOCK_SIZE) + PREFILL_LEN // BLOCK_SIZE
-    runner = ModelRunner(model, torch.device(args.device), num_blocks, BLOCK_SIZE, getattr(torch, args.dtype))
-    workloads: list[tuple[str, Callable[[], object], int]] = [
-        (f"decode B={b}, ctx ~{CONTEXT_LEN}", decode_step(runner, b), args.iters) for b in DECODE_BATCHES
-    ]
-    workloads.append((f"prefill {PREFILL_LEN}", prefill_step(runner), max(1, args.iters // 10)))
 
-    results: dict[tuple[str, int], float] = {}
-    for threads in args.threads:
-        torch.set_num_threads(threads)
-        for name, step, iters in workloads:
-            results[name, threads] = median_ms(step, args.warmup, iters)
+    columns = ("step", "model", "host", *(p for p in PARTS if p != "model"))
+    print(
+        f"model {model.name} on {device}, float32, {args.threads} thread(s); µs per step, median of {args.steps}\n"
+    )
+    print("| batch | drafts | " + " | ".join(columns) + " |")
+    print("|---:|---|" + "---:|" * len(columns))
+    for batch in args.batch_sizes:
+        for k in (0, args.num_spec_tokens):
+            result = measure(build_core(batch, k, device, model, args.steps), args.steps, device)
+            label = f"K={k}" if k else "none"
+            print(
+                f"| {batch} | {label} | " + " | ".join(f"{result[c]:.0f}" for c in columns) + " |", flush=True
+            )
 
-    print(f"model {model.name} on {args.device} in {args.dtype}, ms per execute (median)\n")
-    print("| workload | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in args.threads) + " |")
-    print("|---|" + "---:|" * len(args.threads))
-    for name, _, _ in workloads:
-        print(f"| {name} | " + " | ".join(f"{results[name, t]:.2f}" for t in args.threads) + " |")
     if args.profile:
-        torch.set_num_threads(args.threads[0])
-        profile(workloads[0][1], args.warmup)
+        core = build_core(max(args.batch_sizes), args.num_spec_tokens, device, model, args.steps)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.steps):
+            core.step()
+        profiler.disable()
+        print()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
