@@ -7,38 +7,55 @@ from typing import Any
 
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
-from openinfer.frontend.openai.completion_request import ONE_CHOICE
 from openinfer.frontend.openai.errors import ApiError, invalid_request
-from openinfer.frontend.openai.request_fields import decode_object, read_bool, refuse_unsupported
+from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
+    TYPE_MESSAGES,
+    UNSUPPORTED,
+    SamplingBody,
     SamplingOptions,
-    parse_sampling_options,
-    read_logprobs_count,
+    check_logprobs_count,
 )
 from openinfer.protocol import EngineCoreRequest
 
 _NO_TOOLS = "tool calling is not supported by openinfer: send no `tools` / `functions`"
+_MESSAGES = "`messages` must be a non-empty list of messages"
 
-# Parameters openinfer does not honour, with the values that mean "not used" and what to say otherwise.
+# Chat's own parameters openinfer does not honour, with the values that mean "not used" and what to say
+# otherwise; those both endpoints refuse are in UNSUPPORTED.
 _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((None, 1), ONE_CHOICE.format("n")),
-    "best_of": ((None, 1), ONE_CHOICE.format("best_of")),
+    **UNSUPPORTED,
     "tools": ((None, []), _NO_TOOLS),
     "functions": ((None, []), _NO_TOOLS),
     "tool_choice": ((None, "none", "auto"), _NO_TOOLS),
     "function_call": ((None, "none", "auto"), _NO_TOOLS),
     "response_format": ((None, {"type": "text"}), "`response_format` other than text is not supported"),
-    "logit_bias": ((None, {}), "`logit_bias` is not supported by openinfer"),
-    "presence_penalty": ((None, 0), "`presence_penalty` is not supported by openinfer"),
-    "frequency_penalty": ((None, 0), "`frequency_penalty` is not supported by openinfer"),
-    "repetition_penalty": ((None, 1), "`repetition_penalty` is not supported by openinfer"),
-    "min_tokens": ((None, 0), "`min_tokens` is not supported by openinfer"),
-    "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
-    "echo": ((None, False), "`echo` is not supported by openinfer"),
     "continue_final_message": ((None, False), "`continue_final_message` is not supported by openinfer"),
     "chat_template": ((None,), "a per-request `chat_template` is not supported: the model's own is used"),
     "modalities": ((None, ["text"]), 'openinfer serves text only: `modalities` must be ["text"]'),
 }
+
+
+class ChatBody(SamplingBody):
+    """The JSON body of ``POST /v1/chat/completions``; null means the default, as absent does."""
+
+    # Each an object with a string "role"; its other keys (content, name, ...) reach the template as given.
+    messages: list[dict[str, Any]] | None = None
+    max_completion_tokens: int | None = None  # OpenAI's current name, wins over max_tokens; default: no bound
+    max_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # needs logprobs: true
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None  # default true
+    # Refused unless neutral (_UNSUPPORTED)
+    tools: Any = None
+    functions: Any = None
+    tool_choice: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    modalities: Any = None
 
 
 @dataclass(frozen=True)
@@ -86,39 +103,35 @@ class ChatRequest:
 
 def parse_chat_request(body: bytes) -> ChatRequest:
     """Decode and validate a request body; raise :class:`ApiError` (400) naming the bad parameter."""
-    fields = decode_object(body)
-    refuse_unsupported(fields, _UNSUPPORTED)
-    logprobs = read_bool(fields, "logprobs", False)
-    top_logprobs = read_logprobs_count(fields, "top_logprobs")
+    chat = decode_body(body, ChatBody, TYPE_MESSAGES)
+    refuse_unsupported(chat, _UNSUPPORTED)
+    logprobs = bool(chat.logprobs)
+    top_logprobs = check_logprobs_count(chat.top_logprobs, "top_logprobs")
     if top_logprobs is not None and not logprobs:
         raise invalid_request("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
-    # max_completion_tokens is OpenAI's current name; max_tokens the deprecated one. Default: no bound.
-    bound = "max_completion_tokens" if fields.get("max_completion_tokens") is not None else "max_tokens"
-    options = parse_sampling_options(
-        fields, bound, default_max_tokens=None, logprobs=(top_logprobs or 0) if logprobs else None
+    if chat.max_completion_tokens is not None:
+        bound, max_tokens = "max_completion_tokens", chat.max_completion_tokens
+    else:
+        bound, max_tokens = "max_tokens", chat.max_tokens
+    options = SamplingOptions.from_body(
+        chat, bound, max_tokens, logprobs=(top_logprobs or 0) if logprobs else None
     )
-    model = fields.get("model")
-    if model is not None and not isinstance(model, str):
-        raise invalid_request("`model` must be a string", param="model")
-    template_kwargs = fields.get("chat_template_kwargs") or {}
-    if not isinstance(template_kwargs, dict):
-        raise invalid_request("`chat_template_kwargs` must be an object", param="chat_template_kwargs")
     return ChatRequest(
-        messages=_messages(fields.get("messages")),
-        model=model,
+        messages=_messages(chat.messages),
+        model=chat.model,
         options=options,
-        add_generation_prompt=read_bool(fields, "add_generation_prompt", True),
-        template_kwargs=template_kwargs,
+        add_generation_prompt=chat.add_generation_prompt is not False,
+        template_kwargs=chat.chat_template_kwargs or {},
     )
 
 
-def _messages(value: object) -> list[dict[str, Any]]:
-    """At least one message, each an object with a string role and text content."""
-    if not isinstance(value, list) or not value:
-        raise invalid_request("`messages` must be a non-empty list of messages", param="messages")
+def _messages(value: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """At least one message, each with a string role and text content."""
+    if not value:
+        raise invalid_request(_MESSAGES, param="messages")
     messages = []
     for i, message in enumerate(value):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        if not isinstance(message.get("role"), str):
             raise invalid_request(f"`messages[{i}]` must be an object with a string `role`", "messages")
         messages.append({**message, "content": _text_content(message.get("content"), i)})
     return messages

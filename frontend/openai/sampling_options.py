@@ -2,17 +2,81 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+import msgspec
 
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.errors import invalid_request
-from openinfer.frontend.openai.request_fields import read_bool, read_int, read_number, read_token_ids
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 MAX_LOGPROBS = 20  # alternatives per token, at most (OpenAI's chat limit, vLLM's default --max-logprobs)
+
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+T = TypeVar("T")
+
+_ONE_CHOICE = (
+    "openinfer returns one choice per request: send `{}` = 1 (or leave it out) and make several requests"
+)
+
+# OpenAI / vLLM parameters of both endpoints that openinfer does not support, with the values that mean
+# "not used" and what to say about any other value: it is refused rather than silently ignored.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((None, 1), _ONE_CHOICE.format("n")),
+    "best_of": ((None, 1), _ONE_CHOICE.format("best_of")),
+    "echo": ((None, False), "`echo` is not supported by openinfer"),
+    "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
+    "logit_bias": ((None, {}), "`logit_bias` is not supported by openinfer"),
+    "presence_penalty": ((None, 0), "`presence_penalty` is not supported by openinfer"),
+    "frequency_penalty": ((None, 0), "`frequency_penalty` is not supported by openinfer"),
+    "repetition_penalty": ((None, 1), "`repetition_penalty` is not supported by openinfer"),
+    "min_tokens": ((None, 0), "`min_tokens` is not supported by openinfer"),
+}
+
+# Messages for fields whose types the generic "`x` must be ..." says badly.
+TYPE_MESSAGES = {
+    "stop": "`stop` must be a string or a list of strings",
+    "stop_token_ids": "`stop_token_ids` must be a list of non-negative integer token ids",
+}
+
+
+class StreamOptions(msgspec.Struct, frozen=True):
+    """``stream_options``; null fields mean the default, as absent ones do."""
+
+    include_usage: bool | None = None  # default false: a final chunk with the usage
+
+
+class SamplingBody(msgspec.Struct, frozen=True):
+    """The body fields both endpoints share. A null field means its default, as an absent one does; flags
+    default to false unless said."""
+
+    model: str | None = None  # None: the first served model
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None  # only with stream: true
+    temperature: float | None = None  # default 1
+    top_p: float | None = None  # default 1
+    top_k: int | None = None  # -1, 0 or None: the whole vocabulary
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None  # default true
+    return_token_ids: bool | None = None
+    # Refused unless neutral (UNSUPPORTED); typed Any so that any value reaches its own message.
+    n: Any = None
+    best_of: Any = None
+    echo: Any = None
+    prompt_logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
 
 
 @dataclass(frozen=True)
@@ -33,6 +97,51 @@ class SamplingOptions:
     return_token_ids: bool  # vLLM extension: token ids in each choice
     stream: bool
     include_usage: bool  # stream_options.include_usage: a final usage chunk
+
+    @classmethod
+    def from_body(
+        cls, body: SamplingBody, max_tokens_field: str, max_tokens: int | None, logprobs: int | None
+    ) -> SamplingOptions:
+        """The shared fields of a decoded body, with their defaults; 400 naming the first bad one.
+
+        ``max_tokens`` is the output bound the endpoint read from ``max_tokens_field`` ("max_tokens", or
+        chat's "max_completion_tokens"); ``logprobs`` is already read, each endpoint spelling it its own way.
+        """
+        stream = _or(body.stream, False)
+        if body.stream_options is not None and not stream:
+            raise invalid_request("`stream_options` needs `stream: true`", param="stream_options")
+        if max_tokens is not None and max_tokens <= 0:
+            raise invalid_request(
+                f"`{max_tokens_field}` must be at least 1, got {max_tokens}", param=max_tokens_field
+            )
+        temperature = _or(body.temperature, 1.0)
+        if temperature < 0:
+            raise invalid_request(f"`temperature` must be >= 0, got {temperature}", param="temperature")
+        top_p = _or(body.top_p, 1.0)
+        if not 0 < top_p <= 1:
+            raise invalid_request(f"`top_p` must be in (0, 1], got {top_p}", param="top_p")
+        top_k = body.top_k
+        if top_k is not None and top_k < -1:
+            raise invalid_request(f"`top_k` must be -1 or 0 (off) or positive, got {top_k}", param="top_k")
+        if body.seed is not None and not -(2**63) <= body.seed < 2**63:
+            raise invalid_request("`seed` must fit in 64 bits", param="seed")
+        include_usage = body.stream_options is not None and _or(body.stream_options.include_usage, False)
+        return cls(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k if top_k is not None and top_k > 0 else None,
+            seed=body.seed,
+            stop=_stop_strings(body.stop),
+            include_stop_str_in_output=_or(body.include_stop_str_in_output, False),
+            stop_token_ids=_or(body.stop_token_ids, []),
+            ignore_eos=_or(body.ignore_eos, False),
+            skip_special_tokens=_or(body.skip_special_tokens, True),
+            logprobs=logprobs,
+            return_token_ids=_or(body.return_token_ids, False),
+            stream=stream,
+            include_usage=include_usage,
+        )
 
     def engine_request(
         self, model: ServedModel, prompt_token_ids: list[int], request_id: str, prompt_param: str = "prompt"
@@ -55,85 +164,27 @@ class SamplingOptions:
                 param=prompt_param,
             )
         max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
-            logprobs=self.logprobs,
-        )
+        # Each of SamplingParams' fields is the option of its name; stop strings and output shaping stay here.
+        bounded = dataclasses.replace(self, max_tokens=max_tokens)
+        params = msgspec.convert(bounded, SamplingParams, from_attributes=True)
         return EngineCoreRequest(request_id, prompt_token_ids, params, arrival_time=time.time())
 
 
-def parse_sampling_options(
-    fields: dict[str, Any], max_tokens_field: str, default_max_tokens: int | None, logprobs: int | None
-) -> SamplingOptions:
-    """The shared fields of a request body; 400 naming the first bad one.
-
-    ``max_tokens_field`` is where the output bound is read ("max_tokens", or chat's
-    "max_completion_tokens"); ``logprobs`` is already read, each endpoint spelling it its own way.
-    """
-    stream = read_bool(fields, "stream", False)
-    stream_options = fields.get("stream_options")
-    if stream_options is not None and not stream:
-        raise invalid_request("`stream_options` needs `stream: true`", param="stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise invalid_request("`stream_options` must be an object", param="stream_options")
-
-    max_tokens = read_int(fields, max_tokens_field, default_max_tokens)
-    if max_tokens is not None and max_tokens <= 0:
-        raise invalid_request(
-            f"`{max_tokens_field}` must be at least 1, got {max_tokens}", param=max_tokens_field
-        )
-    temperature = read_number(fields, "temperature", 1.0)
-    if temperature < 0:
-        raise invalid_request(f"`temperature` must be >= 0, got {temperature}", param="temperature")
-    top_p = read_number(fields, "top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise invalid_request(f"`top_p` must be in (0, 1], got {top_p}", param="top_p")
-    top_k = read_int(fields, "top_k", -1)
-    if top_k is not None and top_k < -1:
-        raise invalid_request(f"`top_k` must be -1 or 0 (off) or positive, got {top_k}", param="top_k")
-    seed = read_int(fields, "seed", None)
-    if seed is not None and not -(2**63) <= seed < 2**63:
-        raise invalid_request("`seed` must fit in 64 bits", param="seed")
-
-    return SamplingOptions(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k if top_k is not None and top_k > 0 else None,
-        seed=seed,
-        stop=_stop_strings(fields.get("stop")),
-        include_stop_str_in_output=read_bool(fields, "include_stop_str_in_output", False),
-        stop_token_ids=read_token_ids(fields.get("stop_token_ids") or [], "stop_token_ids"),
-        ignore_eos=read_bool(fields, "ignore_eos", False),
-        skip_special_tokens=read_bool(fields, "skip_special_tokens", True),
-        logprobs=logprobs,
-        return_token_ids=read_bool(fields, "return_token_ids", False),
-        stream=stream,
-        include_usage=read_bool(stream_options or {}, "include_usage", False),
-    )
-
-
-def read_logprobs_count(fields: dict[str, Any], name: str) -> int | None:
-    """An integer number of alternatives in [0, MAX_LOGPROBS], or None when absent or null."""
-    value = read_int(fields, name, None)
+def check_logprobs_count(value: int | None, name: str) -> int | None:
+    """``value`` when it is a number of alternatives in [0, MAX_LOGPROBS] or None (not asked); else 400."""
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
         raise invalid_request(f"`{name}` must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
     return value
 
 
-def _stop_strings(value: object) -> tuple[str, ...]:
+def _or(value: T | None, default: T) -> T:
+    """``value``, or ``default`` where the body has null or nothing."""
+    return default if value is None else value
+
+
+def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     """`stop`: null, a string, or a list of at most 4 strings; empty strings stop nothing and are dropped."""
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid_request("`stop` must be a string or a list of strings", param="stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid_request(
             f"`stop` takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}; for token ids use "

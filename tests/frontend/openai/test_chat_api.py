@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from openinfer.frontend.openai.chat_request import parse_chat_request
 from openinfer.frontend.openai.chat_template import compile_chat_template
 from openinfer.protocol import SpecDecodeCounters
 from tests.frontend import tiny_tokenizer
@@ -152,6 +153,17 @@ async def test_chat_carries_per_request_spec_metrics(
         ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
         ({"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
         ({"messages": MESSAGES, "chat_template_kwargs": [1]}, "chat_template_kwargs", "object"),
+        # wrong JSON types, blamed on their top-level field
+        ({"messages": ["hi"]}, "messages", "`messages[0]` must be an object"),
+        ({"messages": MESSAGES, "logprobs": 1}, "logprobs", "`logprobs` must be true or false"),
+        ({"messages": MESSAGES, "max_completion_tokens": 2.0}, "max_completion_tokens", "must be an integer"),
+        ({"messages": MESSAGES, "stop": [None]}, "stop", "a string or a list of strings"),
+        ({"messages": MESSAGES, "add_generation_prompt": "no"}, "add_generation_prompt", "true or false"),
+        (
+            {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+            "response_format",
+            "other than text",
+        ),
     ],
 )
 async def test_bad_chat_requests_are_400(
@@ -162,6 +174,19 @@ async def test_bad_chat_requests_are_400(
     assert status == 400, answer
     assert answer["error"]["param"] == param and words in answer["error"]["message"]
     assert not peer.requests
+
+
+def test_null_chat_fields_mean_their_defaults() -> None:
+    """null is as good as absent: the generation prompt on, no logprobs, no template kwargs, no bound; a
+    message's other keys reach the template as given."""
+    names = ["add_generation_prompt", "logprobs", "top_logprobs", "chat_template_kwargs",
+             "max_completion_tokens", "max_tokens", "tools", "tool_choice", "response_format"]  # fmt: skip
+    nulls = dict.fromkeys(names)
+    messages = [{"role": "user", "content": None, "name": "bob"}]
+    chat = parse_chat_request(json.dumps({"messages": messages, **nulls}).encode())
+    assert (chat.add_generation_prompt, chat.template_kwargs) == (True, {})
+    assert (chat.options.logprobs, chat.options.max_tokens) == (None, None)
+    assert chat.messages == [{"role": "user", "content": "", "name": "bob"}]  # null content is ""
 
 
 async def test_model_without_a_chat_template_is_400(

@@ -79,6 +79,89 @@ def test_bad_fields_are_400_naming_the_param(fields: dict[str, object], param: s
     )
 
 
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"max_tokens": 1.0}, "max_tokens", "`max_tokens` must be an integer"),  # a float, even a whole one
+        ({"max_tokens": True}, "max_tokens", "`max_tokens` must be an integer"),  # a bool is no integer
+        ({"temperature": "0.5"}, "temperature", "`temperature` must be a number"),
+        ({"top_k": 2.5}, "top_k", "`top_k` must be an integer"),
+        ({"seed": "7"}, "seed", "`seed` must be an integer"),
+        ({"ignore_eos": 1}, "ignore_eos", "`ignore_eos` must be true or false"),
+        ({"model": ["tiny"]}, "model", "`model` must be a string"),
+        # nested values are blamed on their top-level field
+        ({"stream": True, "stream_options": 1}, "stream_options", "`stream_options` must be an object"),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options",
+            "`stream_options.include_usage` must be true or false",
+        ),
+        ({"stop": ["x", 3]}, "stop", "`stop` must be a string or a list of strings"),
+        ({"stop_token_ids": [1, -1]}, "stop_token_ids", "a list of non-negative integer token ids"),
+        ({"stop_token_ids": [1, "2"]}, "stop_token_ids", "a list of non-negative integer token ids"),
+        ({"logprobs": "3"}, "logprobs", "the number of alternatives per token, in [0, 20]"),
+    ],
+)
+def test_wrong_types_are_400_naming_the_field(fields: dict[str, object], param: str, message: str) -> None:
+    """A value of the wrong JSON type is a 400 whose param is the top-level field and whose message says
+    what the field must be."""
+    with pytest.raises(ApiError) as raised:
+        parse(prompt="a", **fields)
+    assert (raised.value.status, raised.value.type, raised.value.param) == (
+        400,
+        "invalid_request_error",
+        param,
+    )
+    assert message in raised.value.message
+
+
+@pytest.mark.parametrize("prompt", [[[1, -1]], [[1, "a"]], [1, "a"], [1, [2]], [1.5], {"text": "a"}, 3])
+def test_malformed_prompts_say_what_a_prompt_is(prompt: object) -> None:
+    """A prompt that is none of its forms (nested or mixed) is a 400 listing the forms."""
+    with pytest.raises(ApiError) as raised:
+        parse(prompt=prompt)
+    assert (
+        raised.value.param == "prompt" and "a list of non-negative integer token ids" in raised.value.message
+    )
+
+
+def test_null_fields_mean_their_defaults() -> None:
+    """null is as good as absent for every field with a default; max_tokens null lifts the 16-token default
+    (as many as the model length leaves), as it does in vLLM."""
+    nulls = dict.fromkeys(
+        ["temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
+         "ignore_eos", "skip_special_tokens", "return_token_ids", "logprobs", "stream", "stream_options",
+         "model", "n", "echo", "suffix"]
+    )  # fmt: skip
+    request = parse(prompt="a", **nulls)
+    assert request.model is None
+    assert request.options == parse(prompt="a").options
+    unbounded = parse(prompt=[5], max_tokens=None).to_engine_request(make_model(), "cmpl-1")
+    assert unbounded.sampling_params.max_tokens == 15  # max_model_len 16 - 1 prompt token
+
+
+def test_integers_are_numbers() -> None:
+    """A JSON integer is a number: temperature 0 and top_p 1 are floats 0.0 and 1.0."""
+    options = parse(prompt="a", temperature=0, top_p=1).options
+    assert (options.temperature, options.top_p) == (0.0, 1.0) and isinstance(options.temperature, float)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"prompt": "a", "max_tokens": "x", ', "not valid JSON"),  # truncated after a wrong type
+        (b'{"prompt": "a", "temperature": 1e400}', "not valid JSON"),  # past a float's range
+        (b'["a"]', "must be a JSON object"),
+    ],
+)
+def test_body_errors_keep_their_messages(body: bytes, message: str) -> None:
+    """A body that is not JSON says so even where a wrong type comes before the syntax error; a body that is
+    not an object says that."""
+    with pytest.raises(ApiError) as raised:
+        parse_completion_request(body)
+    assert (raised.value.status, raised.value.param) == (400, None) and message in raised.value.message
+
+
 def test_neutral_values_of_unsupported_params_are_accepted() -> None:
     """What clients such as vLLM's benchmark send by default (n=1, logprobs null, penalty 1) passes; `user`
     and fields openinfer does not know are ignored."""
