@@ -202,7 +202,6 @@ class EngineCore:
             [r.sampling_params.top_p for r in samplers],
             [r.generator or self.generator for r in samplers],
             vocab_size=logits.shape[1],
-            device=logits.device,
         )
         sampled = verify(logits, [list(s.spec_token_ids) for s in sampling], batch)
         appended = iter(zip(sampled, self._logprobs(logits, sampling, sampled), strict=True))

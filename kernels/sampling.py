@@ -1,7 +1,7 @@
 """The sampler's distribution (temperature, top-k, top-p) and seedable draws, all on the logits' device.
 
-Nothing here reads a value back to the host: draws use the exponential race (the argmax of p / E with E
-drawn from Exp(1) is distributed as p), so a step needs no host sync until its sampled ids are read.
+Nothing here reads a value back to the host (draws are inverse-CDF lookups on the device), so a step needs
+no host sync until its sampled ids are read.
 """
 
 from __future__ import annotations
@@ -22,18 +22,16 @@ def host_to_device(values: list[int] | list[float], dtype: torch.dtype, device: 
 
 @dataclass(frozen=True)
 class SamplingBatch:
-    """One step's sampling parameters, one entry per sampling request, on the logits' device.
+    """One step's sampling parameters, one entry per sampling request, checked once (host lists).
 
     A temperature below 1e-5 is greedy (the caller maps it to 0). ``top_ks`` holds the vocabulary size where
     a request sets no top-k, so every row can be filtered alike.
     """
 
-    temperatures: Tensor  # (B,) float32; 0: greedy
-    top_ks: Tensor  # (B,) int64 in [1, V]
-    top_ps: Tensor  # (B,) float32 in (0, 1]
+    temperatures: list[float]  # 0: greedy
+    top_ks: list[int]  # in [1, V]
+    top_ps: list[float]  # in (0, 1]
     generators: list[torch.Generator | None]  # per request; None: the device's default generator
-    greedy: list[bool]  # per request, on the host: temperature 0
-    filtered: bool  # whether any request restricts top-k or top-p (else the sort is skipped)
 
     @classmethod
     def build(
@@ -43,9 +41,8 @@ class SamplingBatch:
         top_ps: list[float],
         generators: list[torch.Generator | None],
         vocab_size: int,
-        device: torch.device,
     ) -> SamplingBatch:
-        """Check the parameters and copy them to ``device`` (top_k None or 0: the whole vocabulary)."""
+        """Check the parameters (top_k None or 0: the whole vocabulary)."""
         if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators):
             raise ValueError("sampling: every request needs a temperature, top_k, top_p and generator")
         if any(t < 0 for t in temperatures) or any(not 0 < p <= 1 for p in top_ps):
@@ -53,13 +50,25 @@ class SamplingBatch:
         if any(k is not None and k < 0 for k in top_ks):
             raise ValueError("sampling: top_ks must be None or >= 0")
         ks = [min(k or vocab_size, vocab_size) for k in top_ks]
-        return cls(
-            temperatures=host_to_device(temperatures, torch.float32, device),
-            top_ks=host_to_device(ks, torch.int64, device),
-            top_ps=host_to_device(top_ps, torch.float32, device),
-            generators=list(generators),
-            greedy=[t == 0 for t in temperatures],
-            filtered=any(k < vocab_size for k in ks) or any(p < 1 for p in top_ps),
+        return cls(list(temperatures), ks, list(top_ps), list(generators))
+
+    def sampled(self) -> list[int]:
+        """The requests that draw (temperature > 0)."""
+        return [b for b, t in enumerate(self.temperatures) if t > 0]
+
+    def probs(self, logits: Tensor, requests: list[int], repeats: int, vocab_size: int) -> Tensor:
+        """``processed_probs`` of ``logits`` (len(requests) * repeats, V), ``repeats`` rows per request."""
+        device = logits.device
+        temperatures = [self.temperatures[b] for b in requests for _ in range(repeats)]
+        top_ks = [self.top_ks[b] for b in requests for _ in range(repeats)]
+        top_ps = [self.top_ps[b] for b in requests for _ in range(repeats)]
+        filtered = any(k < vocab_size for k in top_ks) or any(p < 1 for p in top_ps)
+        return processed_probs(
+            logits,
+            host_to_device(temperatures, torch.float32, device),
+            host_to_device(top_ks, torch.int64, device),
+            host_to_device(top_ps, torch.float32, device),
+            filtered,
         )
 
 
@@ -96,14 +105,18 @@ def processed_probs(
 
 
 def draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
-    """One token per row of ``probs`` (R, V), row r drawn with generators[r]: (R,) int64 on the device.
+    """One token per row of ``probs`` (R, V), unnormalised, row r drawn with generators[r]: (R,) int64.
 
-    The exponential race: argmax(p / E), E ~ Exp(1) per entry, picks token v with probability p_v. Rows that
-    share a generator (or the default one) draw their noise in one call.
+    Inverse-CDF sampling: one uniform u per row and the first token whose cumulative mass exceeds u times the
+    row's total, found on the device (tokens of probability 0 are never drawn).
     """
-    noise = _exponentials(probs.shape[0], probs.shape[1], generators, probs.device)
-    # An exact 0 from Exp(1) would make 0 / 0 = NaN win the argmax for a token of probability 0.
-    return (probs / noise.clamp_(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
+    cdf = probs.cumsum(dim=-1)  # (R, V)
+    u = uniforms([1] * probs.shape[0], 1, generators, probs.device)  # (R, 1)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)  # (R,)
+    # u * total rounding up to the total would point past the last token of non-zero probability.
+    vocab = torch.arange(probs.shape[1], device=probs.device)
+    last = torch.where(probs > 0, vocab, 0).amax(dim=-1)  # (R,)
+    return torch.minimum(tokens, last)
 
 
 def uniforms(
@@ -122,24 +135,6 @@ def uniforms(
                 generator=generator
             )
             out[host_to_device(members, torch.int64, device), :used] = rows
-    return out
-
-
-def _exponentials(
-    num_rows: int, width: int, generators: list[torch.Generator | None], device: torch.device
-) -> Tensor:
-    """(num_rows, width) float32 drawn from Exp(1), row r from generators[r]; rows sharing one draw in one call."""
-    groups = _groups(generators)
-    if len(groups) == 1:
-        return torch.empty(num_rows, width, dtype=torch.float32, device=device).exponential_(
-            generator=generators[0]
-        )
-    out = torch.empty(num_rows, width, dtype=torch.float32, device=device)
-    for members, generator in groups:
-        rows = torch.empty(len(members), width, dtype=torch.float32, device=device).exponential_(
-            generator=generator
-        )
-        out[host_to_device(members, torch.int64, device)] = rows
     return out
 
 

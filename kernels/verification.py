@@ -9,7 +9,7 @@ from itertools import accumulate
 import torch
 from torch import Tensor
 
-from openinfer.kernels.sampling import SamplingBatch, draw, host_to_device, processed_probs, uniforms
+from openinfer.kernels.sampling import SamplingBatch, draw, host_to_device, uniforms
 
 
 def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int:
@@ -30,60 +30,88 @@ def verify(logits: Tensor, drafts: list[list[int]], batch: SamplingBatch) -> lis
 
     logits (sum(len(d) + 1 for d in drafts), V) float32: request b's len(drafts[b]) + 1 verified positions,
     back to back. A request without drafts is plain sampling (its list is one token long). Greedy requests
-    accept the longest prefix of drafts equal to the target's argmax. The others use rejection sampling for
-    a deterministic draft (q = 1): draft token d_i is accepted with probability p_i(d_i); on the first
-    rejection the correction is drawn from the residual max(0, p_i - q_i), i.e. p_i without d_i, renormalised;
-    when every draft token is accepted a bonus token is drawn from the last row. Every output position is
-    then distributed exactly as p_i (Leviathan et al., 2023, with a one-hot q).
+    accept the longest prefix of drafts equal to the target's argmax (walked on the host over the argmax).
+    The others use rejection sampling on the device (see ``_rejection_sample``). One host sync in all.
+    """
+    starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+    argmax = logits.argmax(dim=-1)  # (N,)
+    sampled = batch.sampled()
+    if not sampled:
+        targets = argmax.tolist()  # the one host sync
+        return [
+            _greedy(d, targets[start : start + len(d) + 1]) for d, start in zip(drafts, starts, strict=True)
+        ]
+    counts, tokens = _rejection_sample(logits, drafts, starts, batch, sampled)
+    values = torch.cat((argmax, counts, tokens.flatten())).tolist()  # the one host sync
+    num_rows, num_sampled, width = logits.shape[0], len(sampled), tokens.shape[1]
+    targets, num_accepted, drawn = (
+        values[:num_rows],
+        values[num_rows : num_rows + num_sampled],
+        values[num_rows + num_sampled :],
+    )
+    out = [_greedy(d, targets[start : start + len(d) + 1]) for d, start in zip(drafts, starts, strict=True)]
+    for i, b in enumerate(sampled):
+        out[b] = drawn[i * width : i * width + num_accepted[i] + 1]
+    return out
+
+
+def _greedy(drafts: list[int], targets: list[int]) -> list[int]:
+    """The longest prefix of ``drafts`` equal to the target's argmax, plus the target's next token."""
+    if not drafts:
+        return targets[:1]
+    accepted = accepted_prefix_length(drafts, targets)
+    return drafts[:accepted] + [targets[accepted]]
+
+
+def _rejection_sample(
+    logits: Tensor,
+    all_drafts: list[list[int]],
+    all_starts: list[int],
+    batch: SamplingBatch,
+    requests: list[int],
+) -> tuple[Tensor, Tensor]:
+    """Rejection sampling of ``requests`` (R of the batch), batched: (R,) accepted counts, (R, K + 1) tokens.
+
+    Draft token d_i is accepted with probability p_i(d_i); on the first rejection the correction is drawn
+    from the residual max(0, p_i - q_i), i.e. p_i without d_i, renormalised; when every draft token is
+    accepted a bonus token is drawn from the last row. Every output position is then distributed exactly as
+    p_i (Leviathan et al., 2023, with a one-hot q). Row i of the tokens holds the accepted drafts, then the
+    drawn token, then padding.
     """
     device = logits.device
-    num_reqs = len(drafts)
+    drafts, starts = [all_drafts[b] for b in requests], [all_starts[b] for b in requests]
+    generators = [batch.generators[b] for b in requests]
+    num_reqs, vocab = len(requests), logits.shape[1]
     lens = [len(d) for d in drafts]
-    k = max(lens, default=0)
-    pos = torch.arange(k + 1, device=device)  # (K + 1,)
-    num_drafts = host_to_device(lens, torch.int64, device)  # (B,)
-    starts = host_to_device(list(accumulate((n + 1 for n in lens[:-1]), initial=0)), torch.int64, device)
-    # Row of request b's position j; past its drafts the last row repeats (those positions are never used).
-    rows = starts[:, None] + torch.minimum(pos[None, :], num_drafts[:, None])  # (B, K + 1)
+    k = max(lens)
+    if k == 0:  # plain sampling: one draw from each request's distribution
+        probs = batch.probs(logits[host_to_device(starts, torch.int64, device)], requests, 1, vocab)
+        return torch.zeros(num_reqs, dtype=torch.int64, device=device), draw(probs, generators)[:, None]
+    width = k + 1
+    pos = torch.arange(width, device=device)  # (K + 1,)
+    num_drafts = host_to_device(lens, torch.int64, device)  # (R,)
+    # Row of request r's position j; past its drafts the last row repeats (those positions are never used).
+    rows = host_to_device(starts, torch.int64, device)[:, None] + torch.minimum(
+        pos[None, :], num_drafts[:, None]
+    )
     # Drafts padded to K + 1 columns (the extra one is never accepted), so position j = #accepted indexes.
-    padded = host_to_device([t for d in drafts for t in d + [0] * (k + 1 - len(d))], torch.int64, device)
-    draft_ids = padded.view(num_reqs, k + 1)  # (B, K + 1)
-    in_draft = pos[None, :] < num_drafts[:, None]  # (B, K + 1)
-
-    target = logits.argmax(dim=-1)[rows]  # (B, K + 1): the greedy token at every position
-    accepted = draft_ids == target  # greedy acceptance; sampled requests overwrite theirs below
-    sampled = [b for b, greedy in enumerate(batch.greedy) if not greedy]
-    if sampled:
-        index = host_to_device(sampled, torch.int64, device)  # (R,)
-        width = k + 1
-        probs = processed_probs(
-            logits[rows[index].flatten()],  # (R * (K + 1), V)
-            batch.temperatures[index].repeat_interleave(width),
-            batch.top_ks[index].repeat_interleave(width),
-            batch.top_ps[index].repeat_interleave(width),
-            batch.filtered,
-        ).view(len(sampled), width, -1)  # (R, K + 1, V)
-        own = probs.gather(2, draft_ids[index][:, :, None]).squeeze(2)  # (R, K + 1): p_j(d_j)
-        generators = [batch.generators[b] for b in sampled]
-        accepted[index] = uniforms([lens[b] for b in sampled], width, generators, device) < own
-    num_accepted = (accepted & in_draft).cumprod(dim=1).sum(dim=1)  # (B,) the accepted run's length
-
-    final = target.gather(1, num_accepted[:, None]).squeeze(1)  # (B,) the token after the run, greedy
-    if sampled:
-        run = num_accepted[index]  # (R,)
-        last = probs[
-            torch.arange(len(sampled), device=device), run
-        ]  # (R, V) p at the first unaccepted position
-        rejected = draft_ids[index].gather(1, run[:, None])  # (R, 1): the draft token there (padding if none)
-        residual = torch.where(
-            (run < num_drafts[index])[:, None], last.scatter(1, rejected, 0.0), last
-        )  # (R, V): p without the rejected token, or the bonus row as it is
-        final[index] = draw(residual, generators)  # draw renormalises
-    out = torch.where(pos[None, :] < num_accepted[:, None], draft_ids, final[:, None])  # (B, K + 1)
-
-    values = torch.cat((num_accepted, out.flatten())).tolist()  # the one host sync
-    counts, tokens = values[:num_reqs], values[num_reqs:]
-    return [tokens[b * (k + 1) : b * (k + 1) + counts[b] + 1] for b in range(num_reqs)]
+    padded = host_to_device([t for d in drafts for t in d + [0] * (width - len(d))], torch.int64, device)
+    draft_ids = padded.view(num_reqs, width)  # (R, K + 1)
+    probs = batch.probs(logits[rows.flatten()], requests, width, vocab).view(
+        num_reqs, width, vocab
+    )  # (R, K + 1, V)
+    own = probs.gather(2, draft_ids[:, :, None]).squeeze(2)  # (R, K + 1): p_j(d_j)
+    accepted = (uniforms(lens, width, generators, device) < own) & (pos[None, :] < num_drafts[:, None])
+    num_accepted = accepted.cumprod(dim=1).sum(dim=1)  # (R,) the accepted run's length
+    last = probs[
+        torch.arange(num_reqs, device=device), num_accepted
+    ]  # (R, V): p at the first unaccepted position
+    rejected = draft_ids.gather(1, num_accepted[:, None])  # (R, 1): the draft token there (padding if none)
+    residual = torch.where(
+        (num_accepted < num_drafts)[:, None], last.scatter(1, rejected, 0.0), last
+    )  # (R, V): p without the rejected token, or the bonus row as it is
+    final = draw(residual, generators)  # (R,); draw renormalises
+    return num_accepted, torch.where(pos[None, :] < num_accepted[:, None], draft_ids, final[:, None])
 
 
 def sample(logits: Tensor, batch: SamplingBatch) -> list[int]:

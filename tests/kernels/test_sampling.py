@@ -17,7 +17,7 @@ def sample(
     top_ps: list[float],
     generators: list[torch.Generator | None],
 ) -> list[int]:
-    batch = SamplingBatch.build(temperatures, top_ks, top_ps, generators, logits.shape[1], logits.device)
+    batch = SamplingBatch.build(temperatures, top_ks, top_ps, generators, logits.shape[1])
     return verification.sample(logits, batch)
 
 

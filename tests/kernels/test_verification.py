@@ -12,9 +12,7 @@ def batch_of(
     n: int, temperature: float, vocab: int, generator: torch.Generator | None = None
 ) -> SamplingBatch:
     """n requests alike: no top-k or top-p, one shared generator."""
-    return SamplingBatch.build(
-        [temperature] * n, [None] * n, [1.0] * n, [generator] * n, vocab, torch.device("cpu")
-    )
+    return SamplingBatch.build([temperature] * n, [None] * n, [1.0] * n, [generator] * n, vocab)
 
 
 def one_hot_logits(argmax: list[int], vocab: int = 10) -> torch.Tensor:
@@ -46,7 +44,7 @@ def test_verify_batches_requests_with_and_without_drafts() -> None:
 def test_greedy_and_sampled_requests_in_one_batch() -> None:
     """A sampled request beside greedy ones leaves theirs untouched; its draft, certain under p, is kept."""
     logits = one_hot_logits([2, 3, 4, 7, 1, 1], vocab=10) * 10  # p(argmax) = 1 - 1e-43: drafts accepted
-    batch = SamplingBatch.build([0.0, 1.0, 0.0], [None] * 3, [1.0] * 3, [None] * 3, 10, torch.device("cpu"))
+    batch = SamplingBatch.build([0.0, 1.0, 0.0], [None] * 3, [1.0] * 3, [None] * 3, 10)
     out = verify(logits, [[2, 9], [], [1]], batch)
     assert out == [[2, 3], [7], [1, 1]]
 
@@ -102,12 +100,10 @@ def test_seeded_requests_draw_alike_whatever_their_batch() -> None:
     def own(seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
 
-    alone = verify(
-        logits[:2], [[7]], SamplingBatch.build([1.0], [None], [1.0], [own(3)], 50, torch.device("cpu"))
-    )
+    alone = verify(logits[:2], [[7]], SamplingBatch.build([1.0], [None], [1.0], [own(3)], 50))
     mixed = verify(
         torch.cat([logits[:2], logits]),
         [[7], [1, 2, 3]],  # a longer draft beside it changes nothing for the seeded request
-        SamplingBatch.build([1.0, 0.8], [None, 5], [1.0, 0.9], [own(3), None], 50, torch.device("cpu")),
+        SamplingBatch.build([1.0, 0.8], [None, 5], [1.0, 0.9], [own(3), None], 50),
     )
     assert mixed[0] == alone[0]
