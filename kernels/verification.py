@@ -33,6 +33,8 @@ def verify(logits: Tensor, drafts: list[list[int]], batch: SamplingBatch) -> lis
     accept the longest prefix of drafts equal to the target's argmax (walked on the host over the argmax).
     The others use rejection sampling on the device (see ``_rejection_sample``). One host sync in all.
     """
+    if not drafts:
+        return []
     starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
     argmax = logits.argmax(dim=-1)  # (N,)
     sampled = batch.sampled()

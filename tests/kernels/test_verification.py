@@ -107,3 +107,8 @@ def test_seeded_requests_draw_alike_whatever_their_batch() -> None:
         SamplingBatch.build([1.0, 0.8], [None, 5], [1.0, 0.9], [own(3), None], 50),
     )
     assert mixed[0] == alone[0]
+
+
+def test_a_step_without_sampling_requests_verifies_nothing() -> None:
+    """A step of prefill chunks only (no request samples) has no rows: nothing to verify."""
+    assert verify(torch.empty(0, 10), [], batch_of(0, 0.0, 10)) == []

