@@ -112,6 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "measuring the frontend; works with --spec-method ngram",
     )
     parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no CUDA graphs for decode and verify steps (vLLM's flag)",
+    )
+    parser.add_argument(
         "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
     )
     parser.add_argument(
@@ -186,7 +191,15 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     )
     if config.fake_model:
         return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
-    return ModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
+    return ModelRunner(
+        config.model_path,
+        device,
+        num_blocks,
+        config.block_size,
+        dtype,
+        config.enforce_eager,
+        config.max_num_seqs,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

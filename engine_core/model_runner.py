@@ -12,6 +12,7 @@ from torch import Tensor
 from openinfer.engine_core.executor import SeqChunk, check_chunk, check_kv_geometry, resolve_dtype
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, select_backend
 
 
@@ -25,7 +26,12 @@ class _StepInputs:
 
 class ModelRunner:
     """Loads a Qwen3 folder onto `device` and runs batched steps over a paged KV cache of
-    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here)."""
+    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch block
+    past them for padding).
+
+    Decode and verify steps run as padded fixed shapes from CUDA graphs on CUDA when the attention backend
+    allows it, unless ``enforce_eager`` (see :mod:`step_graphs`); everything else runs eagerly.
+    """
 
     def __init__(
         self,
@@ -34,6 +40,8 @@ class ModelRunner:
         num_kv_blocks: int,
         block_size: int = 16,
         dtype: torch.dtype | None = None,
+        enforce_eager: bool = False,
+        max_num_seqs: int = 256,
     ) -> None:
         check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
@@ -47,9 +55,17 @@ class ModelRunner:
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
         # (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer.
-        cache_shape = (2, num_kv_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        # Block num_kv_blocks is the scratch block padded steps write into.
+        cache_shape = (2, num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
         caches = torch.zeros((config.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
         self.kv_caches: list[Tensor] = list(caches.unbind(0))
+        capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
+        self.step_graphs: StepGraphs | None = None
+        if capture:
+            self.step_graphs = StepGraphs(
+                self.model, self.kv_caches, block_size, num_kv_blocks, config.max_position_embeddings,
+                max_num_seqs, capture=True,
+            )  # fmt: skip
 
     @staticmethod
     def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -64,6 +80,11 @@ class ModelRunner:
         Returns logits as ``execute`` does and aux (num_tokens, len(aux_layer_ids) * hidden), the chosen
         layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
         """
+        padded = self._padded(chunks)
+        if self.step_graphs is not None and padded is not None:
+            logits, padded_aux = self.step_graphs.run(chunks, *padded, aux_layer_ids)
+            assert padded_aux is not None
+            return logits, padded_aux
         inputs = self._prepare(chunks)
         hidden, aux = self.model.forward_with_aux(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, aux_layer_ids=list(aux_layer_ids)
@@ -77,11 +98,20 @@ class ModelRunner:
         Returns (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits tokens,
         in chunk order.
         """
-        if not chunks:
-            raise ValueError("execute needs at least one chunk")
+        padded = self._padded(chunks)
+        if self.step_graphs is not None and padded is not None:
+            return self.step_graphs.run(chunks, *padded)[0]
         inputs = self._prepare(chunks)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
         return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def _padded(self, chunks: list[SeqChunk]) -> tuple[int, int] | None:
+        """Check every chunk; (bucket, q) when the step runs padded through ``step_graphs``."""
+        if not chunks:
+            raise ValueError("execute needs at least one chunk")
+        for chunk in chunks:
+            check_chunk(chunk, self)
+        return self.step_graphs.fits(chunks) if self.step_graphs is not None else None
 
     def _prepare(self, chunks: list[SeqChunk]) -> _StepInputs:
         """Pack the chunks into flat Python lists, then one tensor per field."""
@@ -89,7 +119,6 @@ class ModelRunner:
         positions: list[int] = []
         logits_indices: list[int] = []
         for chunk in chunks:
-            check_chunk(chunk, self)
             input_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids)))
             logits_indices.extend(range(len(input_ids) - chunk.num_logits, len(input_ids)))

@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--draft-model", help="DFlash checkpoint folder (default with the built-in model: its drafter)"
     )
     parser.add_argument("--no-spec", action="store_true", help="no speculative decoding")
+    parser.add_argument("--enforce-eager", action="store_true", help="engines run without CUDA graphs")
     parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
     parser.add_argument(
@@ -131,6 +132,8 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
         command += ["--num-spec-tokens", str(args.num_spec_tokens)]
     if args.draft_model:
         command += ["--draft-model", args.draft_model]
+    if args.enforce_eager:
+        command.append("--enforce-eager")
     if args.spec_log_dir:
         command += ["--spec-log", f"{args.spec_log_dir}/spec-engine{index}.jsonl"]
     return command

@@ -150,6 +150,8 @@ class AttentionBackend(Protocol):
     (num_tokens, num_heads, head_dim) in q's dtype.
     """
 
+    cuda_graphs: bool  # whether a forward may be captured in a CUDA graph and replayed with new inputs
+
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
     ) -> Tensor: ...
@@ -170,6 +172,8 @@ class TorchAttentionBackend:
     Per-step index tensors and the mask come from the metadata's cached properties, so each layer pays for
     one gather of its keys and values, and for no padding at all when the queries are uniform.
     """
+
+    cuda_graphs = False  # per-step index tensors are built from host lists: not capturable
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float

@@ -17,6 +17,8 @@ class FlashAttentionBackend:
     Raises ImportError when flash-attn is not installed.
     """
 
+    cuda_graphs = False  # per-step index tensors are built from host lists: not capturable
+
     def __init__(self) -> None:
         from flash_attn import flash_attn_varlen_func
 

@@ -72,3 +72,14 @@ def test_unknown_dtype_is_refused() -> None:
     """Only auto, float32, bfloat16 and float16 are dtypes."""
     with pytest.raises(SystemExit):
         parse_args(["--dtype", "int8"])
+
+
+def test_enforce_eager_reaches_every_engine_and_its_config() -> None:
+    """--enforce-eager (vLLM's flag) goes to each engine, whose config then turns CUDA graphs off."""
+    from openinfer.engine_core.engine_cli import config_from_args
+    from openinfer.engine_core.engine_cli import parse_args as engine_args
+
+    command = engine_flags("--enforce-eager")
+    assert "--enforce-eager" in command and "--enforce-eager" not in engine_flags()
+    assert config_from_args(engine_args(command[command.index("--model") :])).enforce_eager
+    assert not config_from_args(engine_args([])).enforce_eager
