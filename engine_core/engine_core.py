@@ -114,12 +114,16 @@ class EngineCore:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        stop_ids = set(params.stop_token_ids) | (
+            set() if params.ignore_eos else set(self.facts.eos_token_ids)
+        )
         request = Request(
             message.request_id,
             list(message.prompt_token_ids),
             params,
             message.arrival_time or time.time(),
             generator=generator,
+            stop_ids=frozenset(stop_ids),
         )
         self.requests[request.request_id] = request
         self.scheduler.add(request)
@@ -273,13 +277,23 @@ class EngineCore:
         return out
 
     def _append(self, request: Request, tokens: list[int]) -> int:
-        """Append tokens until one stops the request; return how many were appended."""
+        """Append tokens until one stops the request (a stop token, then max_tokens or the model length,
+        checked in that order after each token); return how many were appended."""
+        params = request.sampling_params
+        room = min(
+            params.max_tokens - request.num_output_tokens, self.facts.max_model_len - request.num_tokens
+        )
         for i, token in enumerate(tokens):
-            request.all_token_ids.append(token)
-            status = self._stop_status(request)
-            if status is not None:
-                self._finish(request, status)
+            stopped = token in request.stop_ids
+            if stopped or i + 1 >= room:
+                request.all_token_ids.extend(tokens[: i + 1])
+                if stopped:
+                    request.finish = FinishReason("stop", stop_token_id=token)
+                self._finish(
+                    request, RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_LENGTH
+                )
                 return i + 1
+        request.all_token_ids.extend(tokens)
         return len(tokens)
 
     def _propose(self, scheduled: list[ScheduledRequest]) -> None:
@@ -297,16 +311,6 @@ class EngineCore:
         if queries:
             for request, drafts in zip(requests, self.spec.drafter.propose(queries), strict=True):
                 request.spec_token_ids = drafts
-
-    def _stop_status(self, request: Request) -> RequestStatus | None:
-        params = request.sampling_params
-        token = request.all_token_ids[-1]
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.facts.eos_token_ids):
-            request.finish = FinishReason("stop", stop_token_id=token)
-            return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.facts.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         self.scheduler.finish(request, status)

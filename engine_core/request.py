@@ -60,6 +60,8 @@ class Request:
     drafter_generation: int | None = None
     # logprobs of the output tokens not yet sent, one per token (None: the request did not ask for them)
     unsent_logprobs: list[TokenLogprobs] | None = None
+    # tokens that end it when sampled: its stop_token_ids, and the model's EOS ids unless ignore_eos
+    stop_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
