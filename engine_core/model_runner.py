@@ -25,7 +25,8 @@ class _StepInputs:
 
 class ModelRunner:
     """Loads a Qwen3 folder onto `device` and runs batched steps over a paged KV cache of
-    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here)."""
+    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here), attending through the
+    `attention_backend` that `select_backend` names (auto: Triton on CUDA, torch on the CPU)."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class ModelRunner:
         num_kv_blocks: int,
         block_size: int = 16,
         dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
     ) -> None:
         check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
@@ -41,7 +43,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
-        self.attn_backend = select_backend(self.device)
+        self.attn_backend = select_backend(self.device, attention_backend, block_size)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
             model = Qwen3ForCausalLM(config, self.attn_backend)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()

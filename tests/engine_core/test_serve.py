@@ -72,3 +72,11 @@ def test_unknown_dtype_is_refused() -> None:
     """Only auto, float32, bfloat16 and float16 are dtypes."""
     with pytest.raises(SystemExit):
         parse_args(["--dtype", "int8"])
+
+
+@pytest.mark.parametrize(("argv", "backend"), [([], "auto"), (["--attention-backend", "triton"], "triton")])
+def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -> None:
+    """--attention-backend (openinfer-engine's choices) is passed to each engine; auto by default."""
+    args = parse_args(["--model", "/m", "--engines", "2", *argv])
+    resolve_builtin(args)
+    assert [flag(engine_command(args, i), "--attention-backend") for i in range(2)] == [backend, backend]
