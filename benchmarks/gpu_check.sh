@@ -20,9 +20,14 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_availa
 echo "== gpu-marked tests"
 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.log" | tail -n 15
 
-echo "== model step, built-in model, bfloat16"
-timeout 120 python3 benchmarks/engine_step.py --device cuda --dtype bfloat16 --threads 1 --iters 100 --warmup 10 \
-  | tee "$out/step_builtin.md"
+echo "== Triton attention kernels, compiled, against the torch backend"
+timeout 300 python3 -m pytest -q -k triton -p no:cacheprovider tests/kernels 2>&1 | tee "$out/triton_tests.log" | tail -n 15
+
+for backend in triton torch; do
+  echo "== model step, built-in model, bfloat16, $backend attention"
+  timeout 120 python3 benchmarks/engine_step.py --device cuda --dtype bfloat16 --threads 1 --iters 100 --warmup 10 \
+    --attention-backend "$backend" | tee "$out/step_builtin_$backend.md"
+done
 python3 - <<'PY'
 from pathlib import Path
 from openinfer.engine_core.tiny_model import make_tiny_checkpoint

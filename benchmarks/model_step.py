@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
+from openinfer.engine_core.config import ATTENTION_BACKENDS
 from openinfer.engine_core.executor import SeqChunk
 from openinfer.engine_core.model_runner import ModelRunner
 
@@ -87,11 +88,16 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print the aten ops of one decode step")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for the decode rows")
     args = parser.parse_args()
 
     model = args.model or builtin_target_folder()
     num_blocks = max(DECODE_BATCHES) * -(-(CONTEXT_LEN + 1) // BLOCK_SIZE) + PREFILL_LEN // BLOCK_SIZE
-    runner = ModelRunner(model, torch.device(args.device), num_blocks, BLOCK_SIZE, getattr(torch, args.dtype))
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    runner = ModelRunner(
+        model, device, num_blocks, BLOCK_SIZE, dtype, args.attention_backend, args.enforce_eager
+    )
     workloads: list[tuple[str, Callable[[], object], int]] = [
         (f"decode B={b}, ctx ~{CONTEXT_LEN}", decode_step(runner, b), args.iters) for b in DECODE_BATCHES
     ]
@@ -103,7 +109,8 @@ def main() -> None:
         for name, step, iters in workloads:
             results[name, threads] = median_ms(step, args.warmup, iters)
 
-    print(f"model {model.name} on {args.device} in {args.dtype}, ms per execute (median)\n")
+    backend = type(runner.attn_backend).__name__ + (", CUDA graphs" if runner.step_graphs else "")
+    print(f"model {model.name} on {args.device} in {args.dtype} ({backend}), ms per execute (median)\n")
     print("| workload | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in args.threads) + " |")
     print("|---|" + "---:|" * len(args.threads))
     for name, _, _ in workloads:

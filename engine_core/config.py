@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 C = TypeVar("C", bound="DataclassInstance")
+# --attention-backend choices; kernels/attention.py select_backend builds them
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class EngineConfig:
     kv_cache_gb: float = 1.0  # KV cache memory; ignored when num_kv_blocks is set
     num_kv_blocks: int | None = None  # exact KV block count (tests use it to force preemption)
     block_size: int = 16  # tokens per KV block
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch on the CPU), torch, triton or flash_attn
     max_num_seqs: int = 64  # most requests running at once
     max_num_batched_tokens: int = 512  # token budget per step (chunked prefill above it)
     max_model_len: int | None = None  # prompt + output limit; None: the model's max_position_embeddings
@@ -75,6 +78,10 @@ class EngineConfig:
             raise ValueError("the heartbeat interval must be in (0, 1] seconds")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda:N', got {self.device!r}")
         if not self.step_sleep >= 0:

@@ -23,7 +23,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_target_folder,
     builtin_tokenizer_folder,
 )
-from openinfer.engine_core.config import DrafterSpec, EngineConfig, from_flags
+from openinfer.engine_core.config import ATTENTION_BACKENDS, DrafterSpec, EngineConfig, from_flags
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.engine_process import CurveClientKeys, EngineProcess
 from openinfer.engine_core.executor import ModelExecutor, resolve_dtype
@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache memory in GiB")
     parser.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gb)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=ATTENTION_BACKENDS,
+        help="auto: triton on CUDA, torch on the CPU; flash_attn needs flash-attn and a --block-size multiple of 256",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     parser.add_argument("--max-model-len", type=int)
@@ -197,6 +203,7 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
         num_blocks,
         config.block_size,
         dtype,
+        config.attention_backend,
         config.enforce_eager,
         config.max_num_seqs,
     )
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         keys = curve_client_keys(config.curve_keys, config.engine_index) if config.curve_keys else None
         core = EngineCore(config, load_runner(config), incarnation=random.getrandbits(64))
         process = EngineProcess(config, core, keys)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
         logger.error("%s", e)
         sys.exit(2)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -27,7 +27,8 @@ class _StepInputs:
 class ModelRunner:
     """Loads a Qwen3 folder onto `device` and runs batched steps over a paged KV cache of
     `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch block
-    past them for padding).
+    past them for padding), attending through the `attention_backend` that `select_backend` names (auto:
+    Triton on CUDA, torch on the CPU).
 
     Decode and verify steps run as padded fixed shapes from CUDA graphs on CUDA when the attention backend
     allows it, unless ``enforce_eager`` (see :mod:`step_graphs`); everything else runs eagerly.
@@ -40,6 +41,7 @@ class ModelRunner:
         num_kv_blocks: int,
         block_size: int = 16,
         dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
         enforce_eager: bool = False,
         max_num_seqs: int = 256,
     ) -> None:
@@ -49,7 +51,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
-        self.attn_backend = select_backend(self.device)
+        self.attn_backend = select_backend(self.device, attention_backend, block_size)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
             model = Qwen3ForCausalLM(config, self.attn_backend)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()

@@ -19,6 +19,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
+from openinfer.engine_core.config import ATTENTION_BACKENDS
 from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
 from openinfer.protocol import DrafterMethod
 
@@ -42,6 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="weights and KV cache of every engine (auto: float32 on the CPU, bfloat16 on CUDA)",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=ATTENTION_BACKENDS,
+        help="every engine's attention (auto: triton on CUDA, torch on the CPU)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -118,6 +125,8 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
         str(args.kv_cache_gb),
         "--dtype",
         args.dtype,
+        "--attention-backend",
+        args.attention_backend,
         "--log-level",
         args.log_level,
     )

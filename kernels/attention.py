@@ -1,4 +1,5 @@
-"""Paged attention: the per-step metadata, the backend protocol and the torch backend.
+"""Paged attention: the per-step metadata, the backend protocol, the torch backend (the CPU path and the
+reference) and the choice of backend (`select_backend`; Triton kernels in triton_attention.py).
 
 KV cache layout, one tensor per layer: (2, num_blocks, block_size, num_kv_heads, head_dim), index 0 keys and
 1 values. Token position p of a request lives in slot block_table[p // block_size] * block_size
@@ -8,7 +9,7 @@ there would still poison the weighted sum).
 
 from __future__ import annotations
 
-import logging
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -16,8 +17,6 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -128,18 +127,6 @@ class AttentionMetadata:
         """(B + 1,) int32: request b's keys are [cu_seqlens_k[b], cu_seqlens_k[b+1]) when packed."""
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
 
-    @cached_property
-    def packed_key_slots(self) -> Tensor:
-        """(sum of seq_lens,) int64: cache slot of every context token, request after request."""
-        device = self.seq_lens.device
-        num_keys = sum(self.context_lens) + self.num_tokens
-        batch = torch.repeat_interleave(
-            torch.arange(len(self.query_lens), device=device), self.seq_lens, output_size=num_keys
-        )  # (num_keys,) request of each key
-        pos = torch.arange(num_keys, device=device) - self.cu_seqlens_k[batch]  # position in its request
-        blocks = self.block_tables[batch, pos // self.block_size].long()
-        return blocks * self.block_size + pos % self.block_size
-
 
 class AttentionBackend(Protocol):
     """Paged causal attention for one layer.
@@ -208,13 +195,25 @@ class TorchAttentionBackend:
         return out  # (num_tokens, num_heads, head_dim)
 
 
-def select_backend(device: torch.device) -> AttentionBackend:
-    """flash-attn on CUDA when it is installed, the torch backend otherwise."""
-    if device.type == "cuda":
-        try:
-            from openinfer.kernels.flash_attention import FlashAttentionBackend
+def select_backend(device: torch.device, name: str = "auto", block_size: int = 16) -> AttentionBackend:
+    """The attention backend `name` (``--attention-backend``) for `device` and caches of `block_size`.
 
-            return FlashAttentionBackend()
-        except ImportError:
-            logger.info("flash_attn is not installed; using the torch attention backend on %s", device)
-    return TorchAttentionBackend()
+    auto: the Triton kernels on CUDA, the torch backend on the CPU; torch; triton; flash_attn. triton and
+    flash_attn need CUDA (triton also runs on the CPU under TRITON_INTERPRET=1, for tests); their modules are
+    imported only here, so the CPU path never imports triton.
+    """
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    if name not in ("triton", "flash_attn"):
+        raise ValueError(f"--attention-backend must be auto, torch, triton or flash_attn, got {name!r}")
+    if device.type != "cuda" and not (name == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
+        raise ValueError(f"--attention-backend {name} needs a CUDA device; on {device} use torch (or auto)")
+    if name == "triton":
+        from openinfer.kernels.triton_attention import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    from openinfer.kernels.flash_attention import FlashAttentionBackend
+
+    return FlashAttentionBackend(block_size)

@@ -83,3 +83,11 @@ def test_enforce_eager_reaches_every_engine_and_its_config() -> None:
     assert "--enforce-eager" in command and "--enforce-eager" not in engine_flags()
     assert config_from_args(engine_args(command[command.index("--model") :])).enforce_eager
     assert not config_from_args(engine_args([])).enforce_eager
+
+
+@pytest.mark.parametrize(("argv", "backend"), [([], "auto"), (["--attention-backend", "triton"], "triton")])
+def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -> None:
+    """--attention-backend (openinfer-engine's choices) is passed to each engine; auto by default."""
+    args = parse_args(["--model", "/m", "--engines", "2", *argv])
+    resolve_builtin(args)
+    assert [flag(engine_command(args, i), "--attention-backend") for i in range(2)] == [backend, backend]

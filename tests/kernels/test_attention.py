@@ -12,6 +12,7 @@ from openinfer.kernels.attention import (
     select_backend,
     write_kv_cache,
 )
+from openinfer.kernels.flash_attention import FlashAttentionBackend
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
@@ -110,7 +111,6 @@ def test_metadata_build() -> None:
     assert (meta.max_query_len, meta.max_seq_len, meta.num_tokens) == (2, 5, 3)
     assert meta.padded_query_index.tolist() == [0, 1, 2]  # rows (0, 0), (0, 1), (1, 0) of a (2, 2) grid
     assert meta.cu_seqlens_k.tolist() == [0, 5, 6]
-    assert meta.packed_key_slots.tolist() == [20, 21, 22, 23, 8, 28]
     # (2, 5) grid of keys; request 1's rows past its 1 key read block 7, then padding block 0 (masked)
     assert meta.padded_key_slots.tolist() == [20, 21, 22, 23, 8, 28, 29, 30, 31, 0]
     assert meta.queries_are_padded  # 3 tokens in a (2, 2) grid
@@ -129,5 +129,18 @@ def test_metadata_shortcuts() -> None:
 
 
 def test_select_backend_on_cpu_is_torch() -> None:
-    """The CPU always gets the torch backend."""
-    assert isinstance(select_backend(torch.device("cpu")), TorchAttentionBackend)
+    """auto and torch give the torch backend on the CPU; an unknown name and flash_attn there are refused."""
+    cpu = torch.device("cpu")
+    assert isinstance(select_backend(cpu), TorchAttentionBackend)
+    assert isinstance(select_backend(cpu, "torch"), TorchAttentionBackend)
+    with pytest.raises(ValueError, match="must be auto, torch, triton or flash_attn"):
+        select_backend(cpu, "xformers")
+    with pytest.raises(ValueError, match="flash_attn needs a CUDA device"):
+        select_backend(cpu, "flash_attn", 256)
+
+
+def test_flash_attn_refuses_small_blocks() -> None:
+    """flash-attn's paged KV needs blocks of a multiple of 256 tokens: 16 is refused naming --block-size
+    (checked before flash-attn is imported, so this runs anywhere)."""
+    with pytest.raises(ValueError, match="--block-size a multiple of 256"):
+        FlashAttentionBackend(16)

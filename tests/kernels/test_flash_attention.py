@@ -17,18 +17,19 @@ pytestmark = [
     ),
 ]
 
-BLOCK_SIZE = 16
-NUM_BLOCKS = 64
+BLOCK_SIZE = 256  # flash-attn's paged KV needs a multiple of 256
+NUM_BLOCKS = 8
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 2, 128
-REQUESTS = [(0, 37), (50, 1), (100, 20), (15, 1), (0, 1)]  # (context_len, query_len)
+# (context_len, query_len): a prefill, decodes, a chunk after a context, a request over 2 blocks of 256
+REQUESTS = [(0, 37), (50, 1), (100, 20), (15, 1), (0, 1), (300, 8)]
 
 
 def test_flash_matches_torch_backend() -> None:
-    """Same paged cache, same mixed batch: flash-attn's output equals the torch backend's (bf16 tolerance)
-    and both leave the same cache behind."""
+    """Same paged cache, same mixed batch: flash-attn, reading the cache through the block table, gives the
+    torch backend's output (bf16 tolerance), and both leave the same cache behind."""
     from openinfer.kernels.flash_attention import FlashAttentionBackend
 
-    assert isinstance(select_backend(torch.device("cuda")), FlashAttentionBackend)
+    assert isinstance(select_backend(torch.device("cuda"), "flash_attn", BLOCK_SIZE), FlashAttentionBackend)
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
     pool = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(1)).tolist()
@@ -49,6 +50,6 @@ def test_flash_matches_torch_backend() -> None:
 
     torch_cache, flash_cache = cache.clone(), cache.clone()
     expected = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, HEAD_DIM**-0.5)
-    out = FlashAttentionBackend().forward(q, k, v, flash_cache, meta, HEAD_DIM**-0.5)
+    out = FlashAttentionBackend(BLOCK_SIZE).forward(q, k, v, flash_cache, meta, HEAD_DIM**-0.5)
     torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
     assert torch.equal(torch_cache, flash_cache)

@@ -1,0 +1,290 @@
+"""Paged attention in Triton: keys and values are read from the paged KV cache through the block table in
+place (never gathered into a packed copy). CUDA; on the CPU under ``TRITON_INTERPRET=1`` (tests).
+
+Three kernels, launched by :class:`TritonAttentionBackend`:
+
+- ``_write_kv_kernel``, grid (num_tokens, num_kv_heads): copies each new token's key and value into its slot.
+- ``_paged_attention_kernel``, grid (B, num_kv_heads, num_query_tiles * NUM_SPLITS): one program holds a
+  tile of one request's queries times the query heads of one KV head (GQA: each K/V tile it loads serves every
+  head of the group), as BLOCK_R rows. It walks keys in tiles of BLOCK_N positions, finds each position's block
+  in the request's block-table row, and keeps an online softmax in float32. Causal at the end of the context:
+  query i of a request with query_len queries and seq_len keys sees keys 0..seq_len - query_len + i.
+  With NUM_SPLITS > 1 (flash-decoding) the keys a tile may see are cut into NUM_SPLITS equal ranges, one per
+  program, each writing a partial output and its log-sum-exp;
+- ``_combine_splits_kernel``, grid (num_tokens, num_heads), merges those partials.
+
+CUDA-graph friendly: the kernels read seq_lens, query_start_loc, block_tables and slot_mapping from device
+tensors and nothing is read back to the host. The grids use B, num_tokens, the head counts, NUM_SPLITS (fixed
+per backend) and, for the varlen launch only, ``meta.max_query_len``; the split ranges are computed in the
+kernel from seq_lens, so the decode grid does not depend on ``max_seq_len``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from openinfer.kernels.attention import AttentionMetadata
+
+LOG2_E = 1.4426950408889634  # scores are kept in log2 units so that the kernel can use exp2
+DECODE_ROWS, VARLEN_ROWS = 16, 64  # BLOCK_R of the decode and varlen launches; tl.dot wants >= 16 rows
+# BLOCK_N by cache element size: 64 keys of 16-bit, 32 of float32 (K and V tiles of 16 KiB at head_dim 128,
+# so that the pipelined loop's shared memory stays well under an A100's 164 KiB).
+KEYS_PER_TILE = {2: 64, 4: 32}
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr,  # (num_tokens, num_kv_heads, head_dim)
+    v_ptr,
+    cache_ptr,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+    slot_ptr,  # (num_tokens,) int64
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    slot = tl.load(slot_ptr + token)
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    key = tl.load(k_ptr + token * stride_kt + head * stride_kh + d, mask=d_ok)
+    value = tl.load(v_ptr + token * stride_vt + head * stride_vh + d, mask=d_ok)
+    dst = cache_ptr + (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_slot
+    dst += head * stride_head + d
+    tl.store(dst, key.to(cache_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(dst + stride_kv, value.to(cache_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # (num_tokens, num_heads, head_dim) in q's dtype; float32 partials with NUM_SPLITS > 1
+    lse_ptr,  # (num_tokens, num_heads, NUM_SPLITS) float32, log2 units; unused with NUM_SPLITS == 1
+    q_ptr,  # (num_tokens, num_heads, head_dim)
+    cache_ptr,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+    block_tables_ptr,  # (B, max_blocks) int32
+    seq_lens_ptr,  # (B,) int32
+    query_start_loc_ptr,  # (B + 1,) int32
+    scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    stride_table,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_P2: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # rows per program: BLOCK_R // GROUP_P2 queries x GROUP_P2 heads
+    BLOCK_N: tl.constexpr,  # key positions per tile
+    BLOCK_SIZE: tl.constexpr,  # tokens per KV block
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # the cache dtype; float32 for bfloat16 under the interpreter (see _dot_dtype)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 (no TF32 rounding), "tf32" (unused) for 16-bit
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    tile = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
+    QUERIES: tl.constexpr = BLOCK_R // GROUP_P2
+    q_start = tl.load(query_start_loc_ptr + req)
+    query_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + req)
+    context_len = seq_len - query_len
+    if tile * QUERIES >= query_len:  # a request shorter than max_query_len: nothing left for this tile
+        return
+
+    rows = tl.arange(0, BLOCK_R)
+    query = tile * QUERIES + rows // GROUP_P2  # (R,) query index within the request
+    head = kv_head * GROUP + rows % GROUP_P2  # (R,) query head
+    row_ok = (rows % GROUP_P2 < GROUP) & (query < query_len)
+    token = (q_start + query).to(tl.int64)  # (R,) packed token index
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    q_ptrs = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)  # (R, D)
+    query_pos = context_len + query  # (R,) each row's position: it sees keys 0..query_pos
+
+    # Keys any row of this tile sees: [0, kv_end); this split's share: [kv_lo, kv_hi), whole key tiles.
+    kv_end = tl.minimum(seq_len, context_len + (tile + 1) * QUERIES)
+    split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = split * split_len
+    kv_hi = tl.minimum(kv_end, kv_lo + split_len)
+
+    m_i = tl.full([BLOCK_R], -1e30, tl.float32)  # running max (finite: a fully masked row stays NaN-free)
+    l_i = tl.zeros([BLOCK_R], tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_R, HEAD_DIM_P2], tl.float32)
+    table_row = block_tables_ptr + req * stride_table
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)  # (N,) key positions
+        in_range = pos < kv_hi
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)  # (N,)
+        kv_offset = block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+        kv_ptrs = cache_ptr + kv_offset[:, None] + d[None, :]  # (N, D)
+        kv_mask = in_range[:, None] & d_ok[None, :]
+        k = tl.load(kv_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        v = tl.load(kv_ptrs + stride_kv, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (R, N)
+        visible = in_range[None, :] & (pos[None, :] <= query_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # (R, N), 0 where masked
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    num_heads = GROUP * tl.num_programs(1)
+    out_row = token * num_heads + head  # (R,) row of (num_tokens * num_heads)
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:  # every valid row saw key 0 at least: l_i > 0
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + out_row[:, None] * HEAD_DIM + d[None, :], out.to(out_ptr.dtype.element_ty), out_mask
+        )
+    else:  # an empty split leaves l_i == 0: output 0 with log-sum-exp -inf, i.e. no weight in the combine
+        safe_l = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / safe_l[:, None]
+        lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
+        partial_row = out_row * NUM_SPLITS + split
+        tl.store(out_ptr + partial_row[:, None] * HEAD_DIM + d[None, :], out, out_mask)
+        tl.store(lse_ptr + partial_row, lse, row_ok)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    out_ptr,  # (num_tokens, num_heads, head_dim)
+    partial_ptr,  # (num_tokens, num_heads, NUM_SPLITS, head_dim) float32
+    lse_ptr,  # (num_tokens, num_heads, NUM_SPLITS) float32, log2 units
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # token * num_heads + head
+    splits = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    lse = tl.load(lse_ptr + row * NUM_SPLITS + splits)  # (S,); split 0 always holds key 0, so max is finite
+    weight = tl.exp2(lse - tl.max(lse, 0))  # (S,)
+    partial_ptrs = partial_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + d[None, :]
+    partial = tl.load(partial_ptrs, mask=d_ok[None, :], other=0.0)  # (S, D)
+    out = tl.sum(partial * weight[:, None], 0) / tl.sum(weight, 0)
+    tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+    """The dtype of tl.dot's operands: the cache's, except bfloat16 under the interpreter, whose tl.dot
+    multiplies bfloat16 bit patterns (triton-lang/triton#11584) and so gets float32 operands instead."""
+    if dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
+        return tl.float32
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+
+
+def write_kv_cache_triton(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """`attention.write_kv_cache` as one kernel: k/v (num_tokens, num_kv_heads, head_dim) into their slots."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise ValueError("k, v and the KV cache need a contiguous head_dim")
+    _write_kv_kernel[(num_tokens, num_kv_heads)](
+        k,
+        v,
+        kv_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *kv_cache.stride()[:4],
+        BLOCK_SIZE=kv_cache.shape[2],
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=_head_dim_p2(head_dim),
+    )
+
+
+def _head_dim_p2(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+class TritonAttentionBackend:
+    """The AttentionBackend on CUDA: Triton kernels over the paged cache, no per-layer gather.
+
+    Decode steps (``max_query_len == 1``) split every request's keys into ``num_kv_splits`` ranges
+    (flash-decoding: long contexts keep the GPU busy at small batch); other steps (prefill chunks, drafts'
+    verification) run one program per query tile. Any block size, block-table order and context length;
+    GQA with num_heads a multiple of num_kv_heads; float32, float16 and bfloat16 caches, float32 softmax.
+    """
+
+    cuda_graphs = True  # reads the step's tensors on the device; grids use only batch-shaped ints
+
+    def __init__(self, num_kv_splits: int = 8) -> None:
+        if num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1):
+            raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits}")
+        self.num_kv_splits = num_kv_splits
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
+    ) -> Tensor:
+        num_tokens, num_heads, head_dim = q.shape
+        _, _, block_size, num_kv_heads, _ = kv_cache.shape
+        if num_heads % num_kv_heads:
+            raise ValueError(f"need num_heads ({num_heads}) a multiple of num_kv_heads ({num_kv_heads})")
+        if q.stride(-1) != 1:
+            raise ValueError("q needs a contiguous head_dim")
+        write_kv_cache_triton(kv_cache, k, v, meta.slot_mapping)
+        group = num_heads // num_kv_heads
+        group_p2 = triton.next_power_of_2(group)
+        decode = meta.max_query_len == 1
+        splits = self.num_kv_splits if decode else 1
+        rows = max(DECODE_ROWS if decode else VARLEN_ROWS, group_p2)
+        num_query_tiles = math.ceil(meta.max_query_len / (rows // group_p2))
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (num_tokens, num_heads, head_dim)
+        if splits > 1:
+            partial = q.new_empty((num_tokens, num_heads, splits, head_dim), dtype=torch.float32)
+            lse = q.new_empty((num_tokens, num_heads, splits), dtype=torch.float32)
+        else:
+            partial, lse = out, out  # the kernel writes the output itself; lse is not touched
+        _paged_attention_kernel[(len(meta.query_lens), num_kv_heads, num_query_tiles * splits)](
+            partial,
+            lse,
+            q,
+            kv_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            scale * LOG2_E,
+            q.stride(0),
+            q.stride(1),
+            *kv_cache.stride()[:4],
+            meta.block_tables.stride(0),
+            GROUP=group,
+            GROUP_P2=group_p2,
+            BLOCK_R=rows,
+            BLOCK_N=KEYS_PER_TILE[kv_cache.element_size()],
+            BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_P2=_head_dim_p2(head_dim),
+            NUM_SPLITS=splits,
+            DOT_DTYPE=_dot_dtype(kv_cache.dtype),
+            DOT_PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
+        )
+        if splits > 1:
+            _combine_splits_kernel[(num_tokens, num_heads)](
+                out, partial, lse, NUM_SPLITS=splits, HEAD_DIM=head_dim, HEAD_DIM_P2=_head_dim_p2(head_dim)
+            )
+        return out
