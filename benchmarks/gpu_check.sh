@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Everything GPU-related in one run on a CUDA machine: the gpu-marked tests, model-step timings and serving
-# throughput on the GPU. Logs and tables go to $OUT (default /tmp/gpu_check). Packages the machine lacks
-# (msgspec, pyzmq, pytest-asyncio) may travel as wheels in .whl/; the project goes on the path under its
-# openinfer.* names without being installed, so nothing is fetched.
+# Everything GPU-related in one run of at most ~8 minutes on one CUDA device, printing tables:
+#   1. the gpu-marked tests and the Triton kernel tests, compiled;
+#   2. the Triton kernels' largest error against the torch backend (benchmarks/attention_check.py);
+#   3. decode-step time of a random Qwen3-4B-shaped bfloat16 model at batch 1, 8, 64 against the HBM floor,
+#      eager and from CUDA graphs (benchmarks/gpu_step.py);
+#   4. the built-in pair's output tok/s at concurrency 1 and 8: no drafter, n-gram, DFlash.
+# Logs go to $OUT (default /tmp/gpu_check). Packages the machine lacks (msgspec, pyzmq, pytest-asyncio, ...)
+# may travel as wheels in .whl/; the project goes on the path under its openinfer.* names without being
+# installed, so nothing is fetched. Without CUDA it stops at once with exit status 2.
 #   bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,33 +17,25 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 fi
 mkdir -p /tmp/ns/openinfer
-for d in protocol engine_core kernels frontend benchmarks; do ln -sfn "$PWD/$d" "/tmp/ns/openinfer/$d"; done
+for d in protocol engine_core kernels frontend benchmarks tools; do ln -sfn "$PWD/$d" "/tmp/ns/openinfer/$d"; done
 export PYTHONPATH=/tmp/site:/tmp/ns:$PWD PYTHONUNBUFFERED=1
+if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check.sh: no CUDA device (torch.cuda.is_available() is false); nothing to check here" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
-echo "== gpu-marked tests"
-timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.log" | tail -n 15
+echo "== 1. gpu-marked tests and the Triton kernel tests, compiled"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -n 5
+timeout 150 python3 -m pytest -q -p no:cacheprovider -k triton tests/kernels tests/engine_core/test_step_graphs.py \
+  2>&1 | tee "$out/triton_tests.log" | tail -n 5
 
-echo "== Triton attention kernels, compiled, against the torch backend"
-timeout 300 python3 -m pytest -q -k triton -p no:cacheprovider tests/kernels 2>&1 | tee "$out/triton_tests.log" | tail -n 15
+echo "== 2. Triton attention against the torch backend"
+timeout 60 python3 benchmarks/attention_check.py | tee "$out/attention_check.md"
 
-for backend in triton torch; do
-  echo "== model step, built-in model, bfloat16, $backend attention"
-  timeout 120 python3 benchmarks/engine_step.py --device cuda --dtype bfloat16 --threads 1 --iters 100 --warmup 10 \
-    --attention-backend "$backend" | tee "$out/step_builtin_$backend.md"
-done
-python3 - <<'PY'
-from pathlib import Path
-from openinfer.engine_core.tiny_model import make_tiny_checkpoint
-# ~170M parameters: big enough that the GPU, not Python, sets the pace of a large batch.
-make_tiny_checkpoint(Path("/tmp/medium"), seed=0, init_std=0.02, overrides={
-    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 512, "max_position_embeddings": 4096})
-PY
-echo "== model step, ~170M random model, bfloat16"
-timeout 120 python3 benchmarks/engine_step.py --model /tmp/medium --device cuda --dtype bfloat16 --threads 1 \
-  --iters 100 --warmup 10 | tee "$out/step_medium.md"
+echo "== 3. decode step, random Qwen3-4B shape, bfloat16"
+timeout 240 python3 benchmarks/gpu_step.py --qwen3-4b /tmp/qwen3-4b --batch-sizes 1 8 64 | tee "$out/gpu_step.md"
 
 serve_bench() {  # $1: label, rest: openinfer-serve flags
   local label=$1
@@ -49,17 +46,20 @@ serve_bench() {  # $1: label, rest: openinfer-serve flags
     curl -sf http://127.0.0.1:8100/health >/dev/null 2>&1 && break
     sleep 0.2
   done
-  echo "== serving: $label"
-  for c in 1 8 32; do
-    timeout 60 python3 -m openinfer.benchmarks.bench --base-url http://127.0.0.1:8100 --max-concurrency "$c" \
-      --num-prompts 32 --random-input-len 64 --random-output-len 128 --ignore-eos --disable-tqdm \
+  for c in 1 8; do
+    timeout 45 python3 -m openinfer.benchmarks.bench --base-url http://127.0.0.1:8100 --max-concurrency "$c" \
+      --num-prompts $((c * 4)) --random-input-len 64 --random-output-len 128 --ignore-eos --disable-tqdm \
       --json "$out/bench_${label}_c$c.json" >"$out/bench_${label}_c$c.txt"
-    grep -E '^(Maximum request|Output token|Median TPOT|rounds|acceptance rate)' "$out/bench_${label}_c$c.txt"
+    local tps
+    tps=$(grep -E '^Output token throughput' "$out/bench_${label}_c$c.txt" | grep -oE '[0-9.]+' | head -n 1)
+    echo "| $label | $c | ${tps:-failed} |"
   done
   kill -TERM "$pid"
   wait "$pid"
 }
-serve_bench builtin --no-spec
-serve_bench builtin_dflash  # the default: the built-in DFlash drafter, K=7
-serve_bench builtin_ngram --spec-method ngram --num-spec-tokens 7
-serve_bench medium --model /tmp/medium
+echo "== 4. serving the built-in pair on the GPU (output tok/s)"
+echo "| drafter | concurrency | output tok/s |"
+echo "|---|---:|---:|"
+serve_bench none --no-spec
+serve_bench ngram --spec-method ngram --num-spec-tokens 7
+serve_bench dflash  # the default: the built-in DFlash drafter, K=7

@@ -1,0 +1,122 @@
+"""Decode-step time on CUDA against the HBM floor, eager and from CUDA graphs; not a test.
+
+    python benchmarks/gpu_step.py [--model DIR | --qwen3-4b DIR] [--batch-sizes 1 8 64] [--context 512]
+
+``--qwen3-4b DIR`` writes (once) a random bfloat16 checkpoint shaped like Qwen3-4B (36 layers, hidden 2560,
+32 query and 8 KV heads of 128, MLP 9728, vocabulary 151,936) and times it. Each row: B requests with
+``--context`` tokens cached decode one token each. The floor is the bytes one step must read from HBM (every
+weight once, the LM head included, and each request's keys and values) divided by the copy bandwidth
+measured first (bytes read + written per second by a large device-to-device copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.model_runner import ModelRunner
+
+QWEN3_4B = {
+    "vocab_size": 151936,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+BLOCK_SIZE = 16
+
+
+def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
+    """Bytes read + written per second by a device-to-device copy of ``num_bytes``."""
+    source = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    for _ in range(3):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    return 2 * num_bytes * 10 / (time.perf_counter() - start)
+
+
+def decode_ms(runner: ModelRunner, batch: int, context: int, iters: int) -> float:
+    """Median ms of one decode step of ``batch`` requests with ``context`` cached tokens each."""
+    per_request = -(-(context + 1) // BLOCK_SIZE)
+    tables = [list(range(b * per_request, (b + 1) * per_request)) for b in range(batch)]
+    vocab = runner.model_config.vocab_size
+    prompts = [[(7 * b + 3 * i) % vocab for i in range(context)] for b in range(batch)]
+    for b in range(batch):  # prefill one request at a time: bounded activation memory
+        runner.execute([SeqChunk(prompts[b], 0, tables[b])])
+    chunks = [SeqChunk([p[-1]], context, t) for p, t in zip(prompts, tables, strict=True)]
+    for _ in range(5):
+        runner.execute(chunks)  # the first graph replay of this shape captures it
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        runner.execute(chunks)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model", type=Path, help="a Qwen3 folder")
+    where.add_argument("--qwen3-4b", type=Path, metavar="DIR", help="make (once) and time a random Qwen3-4B")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--context", type=int, default=512, help="cached tokens per request")
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_step.py: no CUDA device", file=sys.stderr)
+        return 2
+    folder = args.model
+    if args.qwen3_4b is not None:
+        folder = args.qwen3_4b
+        if not (folder / "config.json").is_file():
+            from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+
+            make_tiny_checkpoint(folder, init_std=0.02, overrides=QWEN3_4B, dtype=torch.bfloat16)
+    device = torch.device("cuda")
+    bandwidth = copy_bandwidth(device)
+    num_blocks = max(args.batch_sizes) * -(-(args.context + 1) // BLOCK_SIZE)
+    rows: dict[tuple[int, bool], float] = {}
+    for eager in (True, False):
+        runner = ModelRunner(folder, device, num_blocks, BLOCK_SIZE, torch.bfloat16, enforce_eager=eager)
+        for batch in args.batch_sizes:
+            rows[batch, eager] = decode_ms(runner, batch, args.context, args.iters)
+        config = runner.model_config
+        weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+        del runner
+        torch.cuda.empty_cache()
+    kv_bytes_per_token = 2 * config.num_hidden_layers * config.kv_width * 2  # keys and values, bfloat16
+    print(
+        f"{folder.name}: {weight_bytes / 1e9:.2f} GB of weights, copy bandwidth {bandwidth / 1e12:.2f} TB/s\n"
+    )
+    print("| batch | HBM floor (ms) | eager (ms) | CUDA graphs (ms) | graphs / floor |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch in args.batch_sizes:
+        floor = (weight_bytes + batch * (args.context + 1) * kv_bytes_per_token) / bandwidth * 1e3
+        graphs = rows[batch, False]
+        print(f"| {batch} | {floor:.2f} | {rows[batch, True]:.2f} | {graphs:.2f} | {graphs / floor:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
