@@ -13,7 +13,7 @@ from openinfer.engine_core.executor import SeqChunk, check_chunk, check_kv_geome
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.step_graphs import StepGraphs
-from openinfer.kernels.attention import AttentionMetadata, select_backend
+from openinfer.kernels.attention import AttentionMetadata, host_to_device, select_backend
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ class ModelRunner:
         return self.step_graphs.fits(chunks) if self.step_graphs is not None else None
 
     def _prepare(self, chunks: list[SeqChunk]) -> _StepInputs:
-        """Pack the chunks into flat Python lists, then one tensor per field."""
+        """Pack the chunks into flat Python lists, then into tensors: one host-to-device copy per dtype here
+        and in the attention metadata."""
         input_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
@@ -131,9 +132,11 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
         )
+        num_tokens = len(input_ids)
+        packed = host_to_device(input_ids + positions + logits_indices, torch.int64, self.device)  # one copy
         return _StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
+            input_ids=packed[:num_tokens],
+            positions=packed[num_tokens : 2 * num_tokens],
             attn=attn,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
+            logits_indices=packed[2 * num_tokens :],
         )

@@ -19,6 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def host_to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``values`` as a tensor on ``device``, copied without waiting for the device (from pinned memory)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class AttentionMetadata:
     """Where one step's new tokens go in the paged KV cache and what each of them attends to.
@@ -47,7 +55,7 @@ class AttentionMetadata:
         device: torch.device,
     ) -> AttentionMetadata:
         """Metadata for requests that each hold context_lens[b] cached tokens and add query_lens[b] new
-        ones; block_tables[b] must cover their sum. One tensor construction per field."""
+        ones; block_tables[b] must cover their sum. Two host-to-device copies (from pinned memory on CUDA)."""
         seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
         slots = [
             table[p // block_size] * block_size + p % block_size
@@ -58,12 +66,18 @@ class AttentionMetadata:
         for q in query_lens:
             query_start_loc.append(query_start_loc[-1] + q)
         width = max(len(table) for table in block_tables)
-        padded_tables = [table + [0] * (width - len(table)) for table in block_tables]
+        num_reqs = len(query_lens)
+        # The int32 fields in one host-to-device copy: query_start_loc, seq_lens, then the padded tables.
+        packed = query_start_loc + seq_lens
+        for table in block_tables:
+            packed += table
+            packed += [0] * (width - len(table))
+        int32 = host_to_device(packed, torch.int32, device)
         return cls(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded_tables, dtype=torch.int32, device=device),
+            slot_mapping=host_to_device(slots, torch.int64, device),
+            query_start_loc=int32[: num_reqs + 1],
+            seq_lens=int32[num_reqs + 1 : 2 * num_reqs + 1],
+            block_tables=int32[2 * num_reqs + 1 :].view(num_reqs, width),
             query_lens=list(query_lens),
             context_lens=list(context_lens),
             max_query_len=max(query_lens),

@@ -11,13 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
-def host_to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``values`` as a tensor on ``device``, copied without waiting for the device (from pinned memory)."""
-    tensor = torch.tensor(values, dtype=dtype)
-    if device.type == "cpu":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
+from openinfer.kernels.attention import host_to_device
 
 
 @dataclass(frozen=True)

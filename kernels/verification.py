@@ -9,7 +9,8 @@ from itertools import accumulate
 import torch
 from torch import Tensor
 
-from openinfer.kernels.sampling import SamplingBatch, draw, host_to_device, uniforms
+from openinfer.kernels.attention import host_to_device
+from openinfer.kernels.sampling import SamplingBatch, draw, uniforms
 
 
 def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int:
