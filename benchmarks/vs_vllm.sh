@@ -223,33 +223,32 @@ bench() {
 
 say "vLLM $VLLM_VERSION from $VLLM_VENV; results in $OUT_DIR"
 
-# ---- vLLM ----
-VLLM_URL=http://127.0.0.1:$VLLM_PORT
-# No prefix caching: openinfer has none, and the warm-ups and every concurrency resend the same prompts.
-# shellcheck disable=SC2086  # VLLM_EXTRA_ARGS is a list of flags
-start_server vLLM "$OUT_DIR/vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
+# One server after the other: start it, wait for /health, check one greedy completion, bench, stop.
+serve_and_bench() {  # $1 label, $2 url, $3 log, then the server's command line; sets STARTUP_<label>
+    local label=$1 url=$2 log=$3
+    shift 3
+    start_server "$label" "$log" "$@"
+    wait_health "$url" "$log" || exit 1
+    printf -v "STARTUP_$label" '%s' "$STARTUP_S"
+    say "$label healthy after ${STARTUP_S}s"
+    greedy_probe "$url" "$OUT_DIR/$label-greedy.txt" || { say "$label: /v1/completions failed"; exit 1; }
+    bench "$label" "$url" || exit 1
+    stop_server
+}
+
+# No prefix caching for vLLM: openinfer has none, and the warm-ups and every concurrency resend the same
+# prompts.
+# shellcheck disable=SC2086  # the *_EXTRA_ARGS are lists of flags
+serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
     --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
-wait_health "$VLLM_URL" "$OUT_DIR/vllm.log" || exit 1
-VLLM_STARTUP=$STARTUP_S
-say "vLLM healthy after ${VLLM_STARTUP}s"
-greedy_probe "$VLLM_URL" "$OUT_DIR/vllm-greedy.txt" || { say "vLLM: /v1/completions failed"; exit 1; }
-bench vllm "$VLLM_URL" || exit 1
-stop_server
-
-# ---- openinfer ----
-OPENINFER_URL=http://127.0.0.1:$OPENINFER_PORT
 # shellcheck disable=SC2086
-start_server openinfer "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.serve \
+serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.serve \
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec \
     --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
     --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
-wait_health "$OPENINFER_URL" "$OUT_DIR/openinfer.log" || exit 1
-OPENINFER_STARTUP=$STARTUP_S
-say "openinfer healthy after ${OPENINFER_STARTUP}s"
-greedy_probe "$OPENINFER_URL" "$OUT_DIR/openinfer-greedy.txt" || { say "openinfer: /v1/completions failed"; exit 1; }
-bench openinfer "$OPENINFER_URL" || exit 1
-stop_server
+VLLM_STARTUP=$STARTUP_vllm
+OPENINFER_STARTUP=$STARTUP_openinfer
 
 # ---- the table ----
 "$PY" - "$OUT_DIR" "$CONCURRENCIES" "$VLLM_VERSION" "$VLLM_STARTUP" "$OPENINFER_STARTUP" <<'EOF' | tee "$OUT_DIR/table.md"

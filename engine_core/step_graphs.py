@@ -103,14 +103,11 @@ class StepGraphs:
         max_batch: int,
         capture: bool,
     ) -> None:
-        self.model = model
-        self.kv_caches = kv_caches
-        self.block_size = block_size
-        self.scratch_block = scratch_block
+        self.model, self.kv_caches, self.device = model, kv_caches, kv_caches[0].device
+        self.block_size, self.scratch_block = block_size, scratch_block
         self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(max_batch, 1))
         self.width = -(-(max_model_len + MAX_QUERY_LEN) // block_size)  # block-table columns
-        self.capture = capture
-        self.device = kv_caches[0].device
+        self.capture = capture  # False: the padded step runs eagerly (the CPU tests' path)
         self._graphs: dict[tuple[int, int, tuple[int, ...]], _Graph] = {}
         self.num_runs = 0  # padded steps run (graph replays when capturing)
         self._pool = torch.cuda.graph_pool_handle() if capture else None
