@@ -29,8 +29,15 @@ def token_logprobs(logits: Tensor, rows: list[int], token_ids: list[int], num_to
     device = logits.device
     logprobs = torch.log_softmax(logits[torch.tensor(rows, device=device)].float(), dim=-1)  # (R, V)
     picked = torch.tensor(token_ids, dtype=torch.int64, device=device)[:, None]  # (R, 1)
-    sampled = logprobs.gather(1, picked).squeeze(1).tolist()  # (R,)
+    sampled = logprobs.gather(1, picked)  # (R, 1)
     if num_top == 0:
-        return RowLogprobs(sampled, [[] for _ in rows], [[] for _ in rows])
+        return RowLogprobs(sampled.squeeze(1).tolist(), [[] for _ in rows], [[] for _ in rows])
     top = logprobs.topk(num_top, dim=-1)  # values, indices: (R, num_top), sorted descending
-    return RowLogprobs(sampled, top.indices.tolist(), top.values.tolist())
+    # One read-back: float64 holds every token id and every float32 logprob exactly.
+    parts = (sampled.double(), top.values.double(), top.indices.double())
+    table = torch.cat(parts, dim=1).tolist()  # (R, 1 + 2 * num_top)
+    return RowLogprobs(
+        [row[0] for row in table],
+        [[int(t) for t in row[1 + num_top :]] for row in table],
+        [row[1 : 1 + num_top] for row in table],
+    )
