@@ -47,6 +47,8 @@ class ModelRunner:
     ) -> None:
         check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
+        if self.device.type == "cuda":  # Triton launches and graph capture use the current device
+            torch.cuda.set_device(self.device.index or 0)
         self.dtype = dtype or resolve_dtype("auto", self.device)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks

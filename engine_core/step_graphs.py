@@ -24,11 +24,12 @@ from torch import Tensor
 
 from openinfer.engine_core.executor import SeqChunk
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
-from openinfer.kernels.attention import AttentionMetadata
+from openinfer.kernels.attention import AttentionMetadata, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 MAX_QUERY_LEN = MAX_SPEC_TOKENS + 1  # the longest verification: K drafts and the current token
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+QUERY_BUCKETS = (1, 2, 4, 8, 16, MAX_QUERY_LEN)  # q is padded up to one of these: few shapes to capture
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,12 @@ class PaddedStep:
 
 
 def uniform_query_len(chunks: Sequence[SeqChunk]) -> int | None:
-    """q when every chunk is a decode or verification (logits for all its tokens, at most MAX_QUERY_LEN)."""
+    """q, the query bucket of the longest chunk, when every chunk is a decode or verification (logits for all
+    its tokens, at most MAX_QUERY_LEN)."""
     if any(c.num_logits != len(c.token_ids) or len(c.token_ids) > MAX_QUERY_LEN for c in chunks):
         return None
-    return max(len(c.token_ids) for c in chunks)
+    longest = max(len(c.token_ids) for c in chunks)
+    return next(q for q in QUERY_BUCKETS if longest <= q)
 
 
 def bucket_for(num_reqs: int, max_batch: int) -> int | None:
@@ -62,9 +65,11 @@ def bucket_for(num_reqs: int, max_batch: int) -> int | None:
 
 
 def pad_step(
-    chunks: Sequence[SeqChunk], batch: int, query_len: int, block_size: int, scratch_block: int, width: int
+    chunks: Sequence[SeqChunk], batch: int, query_len: int, block_size: int, scratch_block: int
 ) -> PaddedStep:
-    """Pad ``chunks`` to ``batch`` requests of ``query_len`` tokens; block tables to ``width`` columns."""
+    """Pad ``chunks`` to ``batch`` requests of ``query_len`` tokens; block tables to the columns this step
+    reads (the kernels never read a column past a request's seq_len; the buffer's later ones stay stale)."""
+    width = max(-(-(c.start_pos + query_len) // block_size) for c in chunks)
     scratch_slot = scratch_block * block_size
     input_ids: list[int] = []
     positions: list[int] = []
@@ -79,7 +84,7 @@ def pad_step(
         slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
         slots += [scratch_slot] * (query_len - n)
         seq_lens.append(start + query_len)  # the padding tokens come last: real queries never see them
-        tables.append(table + [0] * (width - len(table)))
+        tables.append((table + [0] * width)[:width])  # a table may hold more blocks than this step reads
         rows += range(b * query_len, b * query_len + n)
     for _ in range(len(chunks), batch):  # padding requests: query_len tokens in the scratch block
         input_ids += [0] * query_len
@@ -111,6 +116,7 @@ class StepGraphs:
         self._graphs: dict[tuple[int, int, tuple[int, ...]], _Graph] = {}
         self.num_runs = 0  # padded steps run (graph replays when capturing)
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._warmup_stream = torch.cuda.Stream() if capture else None
         max_tokens = self.max_batch * MAX_QUERY_LEN
         # Static inputs: every replay reads these; a copy of the step's values refreshes them.
         self._tokens = torch.zeros((3, max_tokens), dtype=torch.int64, device=self.device)  # ids, pos, slots
@@ -132,7 +138,7 @@ class StepGraphs:
         self, chunks: Sequence[SeqChunk], batch: int, query_len: int, aux_layer_ids: Sequence[int] = ()
     ) -> tuple[Tensor, Tensor | None]:
         """Logits of the chunks' tokens (chunk order) and, with ``aux_layer_ids``, their aux hidden states."""
-        step = pad_step(chunks, batch, query_len, self.block_size, self.scratch_block, self.width)
+        step = pad_step(chunks, batch, query_len, self.block_size, self.scratch_block)
         self._load(step)
         self.num_runs += 1
         key = (batch, query_len, tuple(aux_layer_ids))
@@ -144,7 +150,7 @@ class StepGraphs:
             hidden, aux = graph.hidden, graph.aux
         else:
             hidden, aux = self._forward(batch, query_len, tuple(aux_layer_ids))
-        rows = torch.tensor(step.logits_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        rows = host_to_device(step.logits_rows, torch.int64, self.device)
         logits = self.model.compute_logits(hidden[rows])
         return logits, (aux[rows] if aux is not None else None)
 
@@ -154,7 +160,9 @@ class StepGraphs:
         tokens = torch.tensor([step.input_ids, step.positions, step.slot_mapping], dtype=torch.int64)
         self._tokens[:, :n].copy_(_pinned(tokens), non_blocking=True)
         self._seq_lens[:b].copy_(_pinned(torch.tensor(step.seq_lens, dtype=torch.int32)), non_blocking=True)
-        self._tables[:b].copy_(_pinned(torch.tensor(step.block_tables, dtype=torch.int32)), non_blocking=True)
+        width = len(step.block_tables[0])
+        tables = _pinned(torch.tensor(step.block_tables, dtype=torch.int32))
+        self._tables[:b, :width].copy_(tables, non_blocking=True)
         starts = torch.arange(0, (b + 1) * step.query_len, step.query_len, dtype=torch.int32)
         self._query_start[: b + 1].copy_(_pinned(starts), non_blocking=True)
 
@@ -197,14 +205,16 @@ class StepGraphs:
         The buffers then hold this step's inputs, whose padding writes only the scratch block; the real
         requests' KV is rewritten with the same values (the same tokens at the same positions).
         """
-        stream = torch.cuda.Stream()
+        stream = self._warmup_stream
+        assert stream is not None
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._forward(batch, query_len, aux_layer_ids)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a drafter loading in a background thread may allocate while this captures.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             hidden, aux = self._forward(batch, query_len, aux_layer_ids)
         return _Graph(graph, hidden, aux)
 

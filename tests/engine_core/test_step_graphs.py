@@ -41,9 +41,10 @@ def padded(runner: ModelRunner) -> ModelRunner:
 
 
 def test_shapes_and_buckets() -> None:
-    """Decodes and verifications are uniform (q = the longest); a prefill chunk is not; buckets round up."""
+    """Decodes and verifications are uniform (q = the longest, up to its query bucket); a prefill chunk is
+    not; batch buckets round up too."""
     decode, verify = SeqChunk([5], 7, [0, 1]), SeqChunk([5, 6, 7], 3, [2], num_logits=3)
-    assert uniform_query_len([decode, verify]) == 3
+    assert uniform_query_len([decode, verify]) == 4  # 3 tokens: the bucket of 4
     assert uniform_query_len([SeqChunk([5, 6], 0, [3], num_logits=1)]) is None
     assert [bucket_for(n, 64) for n in (1, 3, 5, 9, 64, 65)] == [1, 4, 8, 16, 64, None]
 
@@ -51,11 +52,11 @@ def test_shapes_and_buckets() -> None:
 def test_padding_writes_only_the_scratch_block() -> None:
     """A 1-token request padded to q = 3 writes its own slot, then two scratch slots; a padding request
     writes scratch slots only; real queries' contexts end where they did (seq_len = start + q, causal)."""
-    step = pad_step([SeqChunk([9], 5, [2, 7])], batch=2, query_len=3, block_size=4, scratch_block=10, width=3)
+    step = pad_step([SeqChunk([9], 5, [2, 7])], batch=2, query_len=3, block_size=4, scratch_block=10)
     assert step.slot_mapping == [7 * 4 + 1, 40, 40, 40, 41, 42]  # position 5 is block 7, offset 1
     assert step.positions == [5, 5, 5, 0, 1, 2]
     assert step.seq_lens == [8, 3] and step.logits_rows == [0]
-    assert step.block_tables == [[2, 7, 0], [10, 10, 10]]
+    assert step.block_tables == [[2, 7], [10, 10]]  # the 2 columns positions 0..7 need
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -140,8 +141,10 @@ def test_cuda_graph_replay_gives_eager_tokens(target: Path) -> None:
     device = torch.device("cuda")
     for spec in (None, DrafterSpec("ngram", 3)):
         eager = run_core(
-            target, ModelRunner(target, device, NUM_BLOCKS, BLOCK_SIZE, enforce_eager=True), spec
+            target,
+            ModelRunner(target, device, NUM_BLOCKS, BLOCK_SIZE, torch.float32, enforce_eager=True),
+            spec,
         )
-        runner = ModelRunner(target, device, NUM_BLOCKS, BLOCK_SIZE)
+        runner = ModelRunner(target, device, NUM_BLOCKS, BLOCK_SIZE, torch.float32)  # no bf16 near-ties
         assert runner.step_graphs is not None and runner.step_graphs.capture
         assert run_core(target, runner, spec) == eager
