@@ -17,7 +17,7 @@ tests: padding must not change a token).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -158,13 +158,15 @@ class StepGraphs:
         """Copy the step's inputs into the static buffers (host lists -> one pinned tensor per buffer)."""
         n, b = step.num_tokens, step.batch
         tokens = torch.tensor([step.input_ids, step.positions, step.slot_mapping], dtype=torch.int64)
-        self._tokens[:, :n].copy_(_pinned(tokens), non_blocking=True)
-        self._seq_lens[:b].copy_(_pinned(torch.tensor(step.seq_lens, dtype=torch.int32)), non_blocking=True)
         width = len(step.block_tables[0])
-        tables = _pinned(torch.tensor(step.block_tables, dtype=torch.int32))
-        self._tables[:b, :width].copy_(tables, non_blocking=True)
         starts = torch.arange(0, (b + 1) * step.query_len, step.query_len, dtype=torch.int32)
-        self._query_start[: b + 1].copy_(_pinned(starts), non_blocking=True)
+        for target, values in (
+            (self._tokens[:, :n], tokens),
+            (self._seq_lens[:b], torch.tensor(step.seq_lens, dtype=torch.int32)),
+            (self._tables[:b, :width], torch.tensor(step.block_tables, dtype=torch.int32)),
+            (self._query_start[: b + 1], starts),
+        ):
+            target.copy_(values.pin_memory() if self.capture else values, non_blocking=True)
 
     def _metadata(self, batch: int, query_len: int) -> AttentionMetadata:
         n = batch * query_len
@@ -189,10 +191,7 @@ class StepGraphs:
         attn = self._metadata(batch, query_len)
         if not self.capture:  # eager: the torch backend needs the real context lengths for its mask
             seq_lens = self._seq_lens[:batch].tolist()
-            attn = AttentionMetadata(
-                attn.slot_mapping, attn.query_start_loc, attn.seq_lens, attn.block_tables, attn.query_lens,
-                [s - query_len for s in seq_lens], query_len, max(seq_lens), self.block_size,
-            )  # fmt: skip
+            attn = replace(attn, context_lens=[s - query_len for s in seq_lens], max_seq_len=max(seq_lens))
         ids, positions = self._tokens[0, :n], self._tokens[1, :n]
         if not aux_layer_ids:
             return self.model(ids, positions, self.kv_caches, attn), None
@@ -224,7 +223,3 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     hidden: Tensor  # static output: (batch * q, hidden_size)
     aux: Tensor | None  # static output: (batch * q, len(aux_layer_ids) * hidden_size)
-
-
-def _pinned(tensor: Tensor) -> Tensor:
-    return tensor.pin_memory() if torch.cuda.is_available() else tensor

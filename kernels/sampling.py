@@ -50,9 +50,9 @@ class SamplingBatch:
         """The requests that draw (temperature > 0)."""
         return [b for b, t in enumerate(self.temperatures) if t > 0]
 
-    def probs(self, logits: Tensor, requests: list[int], repeats: int, vocab_size: int) -> Tensor:
+    def probs(self, logits: Tensor, requests: list[int], repeats: int) -> Tensor:
         """``processed_probs`` of ``logits`` (len(requests) * repeats, V), ``repeats`` rows per request."""
-        device = logits.device
+        device, vocab_size = logits.device, logits.shape[1]
         temperatures = [self.temperatures[b] for b in requests for _ in range(repeats)]
         top_ks = [self.top_ks[b] for b in requests for _ in range(repeats)]
         top_ps = [self.top_ps[b] for b in requests for _ in range(repeats)]

@@ -39,19 +39,15 @@ def verify(logits: Tensor, drafts: list[list[int]], batch: SamplingBatch) -> lis
     starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
     argmax = logits.argmax(dim=-1)  # (N,)
     sampled = batch.sampled()
-    if not sampled:
-        targets = argmax.tolist()  # the one host sync
-        return [
-            _greedy(d, targets[start : start + len(d) + 1]) for d, start in zip(drafts, starts, strict=True)
-        ]
-    counts, tokens = _rejection_sample(logits, drafts, starts, batch, sampled)
-    values = torch.cat((argmax, counts, tokens.flatten())).tolist()  # the one host sync
-    num_rows, num_sampled, width = logits.shape[0], len(sampled), tokens.shape[1]
-    targets, num_accepted, drawn = (
-        values[:num_rows],
-        values[num_rows : num_rows + num_sampled],
-        values[num_rows + num_sampled :],
-    )
+    width = 0  # columns of the sampled requests' token rows
+    read_back = argmax
+    if sampled:
+        counts, tokens = _rejection_sample(logits, drafts, starts, batch, sampled)
+        read_back, width = torch.cat((argmax, counts, tokens.flatten())), tokens.shape[1]
+    values = read_back.tolist()  # the one host sync
+    num_rows, num_sampled = logits.shape[0], len(sampled)
+    targets, num_accepted = values[:num_rows], values[num_rows : num_rows + num_sampled]
+    drawn = values[num_rows + num_sampled :]
     out = [_greedy(d, targets[start : start + len(d) + 1]) for d, start in zip(drafts, starts, strict=True)]
     for i, b in enumerate(sampled):
         out[b] = drawn[i * width : i * width + num_accepted[i] + 1]
@@ -88,7 +84,7 @@ def _rejection_sample(
     lens = [len(d) for d in drafts]
     k = max(lens)
     if k == 0:  # plain sampling: one draw from each request's distribution
-        probs = batch.probs(logits[host_to_device(starts, torch.int64, device)], requests, 1, vocab)
+        probs = batch.probs(logits[host_to_device(starts, torch.int64, device)], requests, 1)
         return torch.zeros(num_reqs, dtype=torch.int64, device=device), draw(probs, generators)[:, None]
     width = k + 1
     pos = torch.arange(width, device=device)  # (K + 1,)
@@ -100,9 +96,7 @@ def _rejection_sample(
     # Drafts padded to K + 1 columns (the extra one is never accepted), so position j = #accepted indexes.
     padded = host_to_device([t for d in drafts for t in d + [0] * (width - len(d))], torch.int64, device)
     draft_ids = padded.view(num_reqs, width)  # (R, K + 1)
-    probs = batch.probs(logits[rows.flatten()], requests, width, vocab).view(
-        num_reqs, width, vocab
-    )  # (R, K + 1, V)
+    probs = batch.probs(logits[rows.flatten()], requests, width).view(num_reqs, width, vocab)  # (R, K + 1, V)
     own = probs.gather(2, draft_ids[:, :, None]).squeeze(2)  # (R, K + 1): p_j(d_j)
     accepted = (uniforms(lens, width, generators, device) < own) & (pos[None, :] < num_drafts[:, None])
     num_accepted = accepted.cumprod(dim=1).sum(dim=1)  # (R,) the accepted run's length

@@ -4,6 +4,7 @@ architecture of the built-in model, which is trained (tools/train_target.py; see
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +30,10 @@ TINY_QWEN3_CONFIG: MappingProxyType[str, Any] = MappingProxyType(
         "pad_token_id": 0,
     }
 )
+# Overrides for a test model smaller than the built-in one (its 4 query over 2 KV heads, GQA, kept).
+SMALL_QWEN3: MappingProxyType[str, Any] = MappingProxyType(
+    {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16, "intermediate_size": 128}
+)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -38,7 +43,7 @@ def make_tiny_checkpoint(
     seed: int = 0,
     tie_word_embeddings: bool = True,
     init_std: float = 0.2,
-    overrides: dict[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
     dtype: torch.dtype = torch.float32,
     num_shards: int = 1,
 ) -> Path:

@@ -19,18 +19,12 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfi
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.kernels.attention import AttentionMetadata
 
 # 3 target layers so that layers 0 and 1 can both feed the drafter (the last one may not); 4 query heads
 # over 2 KV heads (GQA) come from TINY_QWEN3_CONFIG.
-SMALL = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 3,
-    "head_dim": 16,
-    "intermediate_size": 128,
-}
+SMALL = {**SMALL_QWEN3, "num_hidden_layers": 3}
 LAYER_IDS = (0, 1)
 WIDTH = len(LAYER_IDS) * 64  # aux hidden width
 BLOCK = 6  # draft block size

@@ -12,17 +12,11 @@ import transformers
 
 from openinfer.engine_core.executor import SeqChunk
 from openinfer.engine_core.model_runner import ModelRunner
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.kernels.attention import AttentionMetadata
 
 # Smaller than the built-in model; 4 query heads over 2 KV heads (GQA) come from TINY_QWEN3_CONFIG.
-SMALL = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "head_dim": 16,
-    "intermediate_size": 128,
-}
+SMALL = SMALL_QWEN3
 BLOCK_SIZE = 4  # small, so that every prompt spans several blocks
 NUM_BLOCKS = 64
 PROMPTS = [[3], [17, 4, 99, 250, 8], list(range(40, 53)), [(7 * i) % 256 for i in range(30)]]

@@ -13,16 +13,10 @@ from openinfer.engine_core.executor import SeqChunk
 from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.step_graphs import StepGraphs, bucket_for, pad_step, uniform_query_len
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
-SMALL = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "head_dim": 16,
-    "intermediate_size": 128,
-}
+SMALL = SMALL_QWEN3
 BLOCK_SIZE = 4
 NUM_BLOCKS = 48
 

@@ -7,15 +7,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 
-SMALL = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "head_dim": 16,
-    "intermediate_size": 128,
-}
+SMALL = SMALL_QWEN3
 
 
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
