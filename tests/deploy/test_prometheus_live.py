@@ -35,6 +35,7 @@ import yaml
 
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics, total
+from tests.deploy.recorded_checks import REL, check_host_ratios, check_totals
 from tests.deploy.stack import (
     DEPLOY,
     Frontend,
@@ -61,7 +62,6 @@ SMALL = {
 }
 HOSTS = {"a": (7, 3), "b": (5,)}  # host label -> K of each engine
 WINDOW = 60.0  # the rules' rate window, seconds
-REL = 1e-12  # float rounding only (see the module docstring)
 
 # deploy/README.md's fleet-wide queries, run on the global Prometheus.
 FLEET_ACCEPTANCE_RATE = (
@@ -221,67 +221,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(hosts, fleet, t_fleet, processes)
     finally:
         processes.stop()
-
-
-def rel(value: float) -> float:
-    return abs(value) * REL
-
-
-def check_host_ratios(prometheus: Prometheus, at: float, logs: dict[int, AcceptanceTally], ks: tuple) -> None:
-    """The host-level recorded ratios at ``at`` equal the spec logs' (up to float rounding)."""
-    everything = total(logs.values())
-    assert everything.num_drafts > 0 and 0 < everything.num_accepted_tokens < everything.num_draft_tokens
-
-    (rate,) = prometheus.vector("model_name:spec_decode_acceptance_rate:ratio_rate1m", at).values()
-    expected = everything.num_accepted_tokens / everything.num_draft_tokens
-    assert rate == pytest.approx(expected, rel=REL, abs=0)
-
-    (length,) = prometheus.vector("model_name:spec_decode_mean_acceptance_length:ratio_rate1m", at).values()
-    assert length == pytest.approx(1 + everything.num_accepted_tokens / everything.num_drafts, rel=REL, abs=0)
-
-    # Position i over the drafts of engines with K > i.
-    per_pos = prometheus.vector("model_name:spec_decode_per_pos_acceptance_rate:ratio_rate1m", at, "position")
-    expected_pos = {}
-    for i in range(max(ks)):
-        drafts = sum(logs[e].num_drafts for e, k in enumerate(ks) if k > i)
-        if drafts:
-            accepted = sum(logs[e].per_pos[i] for e, k in enumerate(ks) if k > i)
-            expected_pos[(str(i),)] = accepted / drafts
-    assert per_pos.keys() == expected_pos.keys()
-    for key, value in expected_pos.items():
-        assert per_pos[key] == pytest.approx(value, rel=REL, abs=1e-15), key
-
-    shares = prometheus.vector("model_name:spec_decode_accepted_length_share:ratio_rate1m", at, "accepted")
-    hist = everything.hist + [0] * (max(ks) + 1 - len(everything.hist))
-    assert shares.keys() == {(str(n),) for n in range(max(ks) + 1)}
-    for n, count in enumerate(hist):
-        assert shares[(str(n),)] == pytest.approx(count / everything.num_drafts, rel=REL, abs=1e-15), n
-
-    per_engine = prometheus.vector("engine:spec_decode_acceptance_rate:ratio_rate1m", at, "engine")
-    for e, tally in logs.items():
-        if tally.num_draft_tokens:
-            expected = tally.num_accepted_tokens / tally.num_draft_tokens
-            assert per_engine[(str(e),)] == pytest.approx(expected, rel=REL, abs=1e-15), e
-        else:
-            assert (str(e),) not in per_engine  # the `> 0` guard: no draft tokens, no ratio
-
-
-def check_totals(prometheus: Prometheus, at: float | None, tally: AcceptanceTally, k_max: int) -> None:
-    """The recorded totals, summed over every series the server has (hosts too), equal ``tally``."""
-
-    def one(expr: str) -> float:
-        (value,) = prometheus.vector(f"sum({expr})", at).values()
-        return value
-
-    assert one("model_name:spec_decode_num_drafts:sum") == tally.num_drafts
-    assert one("model_name:spec_decode_num_draft_tokens:sum") == tally.num_draft_tokens
-    assert one("model_name:spec_decode_num_accepted_tokens:sum") == tally.num_accepted_tokens
-    per_pos = prometheus.vector(
-        "sum by (position) (model_name:spec_decode_num_accepted_tokens_per_pos:sum)", at, "position"
-    )
-    assert per_pos == {(str(i),): tally.bins(k_max)[f"per_pos[{i}]"] for i in range(k_max)}
-    hist = prometheus.vector("sum by (accepted) (model_name:spec_decode_accepted_length:sum)", at, "accepted")
-    assert hist == {(str(n),): tally.bins(0, k_max + 1)[f"hist[{n}]"] for n in range(k_max + 1)}
 
 
 def test_recorded_acceptance_equals_spec_logs(stack: Stack) -> None:
