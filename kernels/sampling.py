@@ -36,13 +36,10 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         vocab_size: int,
     ) -> SamplingBatch:
-        """Check the parameters (top_k None or 0: the whole vocabulary)."""
+        """The batch of one step (top_k None or 0: the whole vocabulary). The values were checked when each
+        request was admitted (``EngineCore.add_request``), not again here on every step."""
         if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators):
             raise ValueError("sampling: every request needs a temperature, top_k, top_p and generator")
-        if any(t < 0 for t in temperatures) or any(not 0 < p <= 1 for p in top_ps):
-            raise ValueError("sampling: temperatures must be >= 0 and top_ps in (0, 1]")
-        if any(k is not None and k < 0 for k in top_ks):
-            raise ValueError("sampling: top_ks must be None or >= 0")
         ks = [min(k or vocab_size, vocab_size) for k in top_ks]
         return cls(list(temperatures), ks, list(top_ps), list(generators))
 
