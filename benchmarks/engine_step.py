@@ -9,8 +9,9 @@ rejected, so every step takes the full verify path). Each cell is the median ove
 
 - step: ``EngineCore.step()`` plus encoding its outputs for the frontend (what the engine loop does per step);
 - model: the target's forward and LM head (on CUDA, synchronised at both ends);
-- host = step - model, and its parts: schedule, prepare (the runner's input tensors), update (verification,
-  appending, stop checks, counters, outputs), propose (the drafter call and its bookkeeping), encode.
+- host = step - model, and its parts: schedule, prepare (the step's inputs, from the input batch's arrays to
+  the runner's tensors: the rest of the execute call), update (verification, appending, stop checks,
+  counters, outputs), propose (the drafter call and its bookkeeping), encode.
 
 The parts are timed by wrapping the engine core's own methods on this instance. ``--profile`` prints
 cProfile's top functions (by own time) over the host path at the largest batch with drafts.
@@ -116,7 +117,7 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
     runner = core.runner
     assert isinstance(runner, ModelRunner)
     core.scheduler.schedule = timer.wrap("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
-    runner._prepare = timer.wrap("prepare", runner._prepare)  # type: ignore[method-assign]
+    core._execute = timer.wrap("execute", core._execute)  # type: ignore[method-assign]
     runner.model.forward = timer.wrap("model", runner.model.forward, synced=True)  # type: ignore[method-assign]
     runner.model.compute_logits = timer.wrap("model", runner.model.compute_logits, synced=True)  # type: ignore[method-assign]
     core._update = timer.wrap("update", core._update)  # type: ignore[method-assign]
@@ -132,6 +133,7 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
         end = time.perf_counter_ns()
         timer.current["encode"] = end - encode_start
         parts = dict(timer.current)
+        parts["prepare"] = parts.pop("execute", 0) - parts.get("model", 0)
         samples["step"].append((end - start) / 1e3)
         samples["host"].append((end - start - parts.get("model", 0)) / 1e3)
         for part in PARTS:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from itertools import accumulate
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
-from openinfer.engine_core.executor import ModelExecutor, SeqChunk
+from openinfer.engine_core.executor import ModelExecutor
+from openinfer.engine_core.input_batch import InputBatch
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.request import Request, RequestStatus
 from openinfer.engine_core.runtime_facts import RuntimeFacts
@@ -44,6 +47,9 @@ class EngineCore:
         self.facts = RuntimeFacts.found(config, runner)
         self.kv_cache = KVCacheManager(self.facts.num_kv_blocks, self.facts.block_size)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
+        self.input_batch = InputBatch(
+            config.max_num_seqs, self.facts.max_model_len + 1, self.facts.block_size
+        )
         self.requests: dict[str, Request] = {}
         self._ended: list[EngineCoreOutput] = []  # outputs of requests ended outside a step
         # Requests without a seed of their own draw from this one (no global RNG state).
@@ -173,7 +179,10 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Run one model step over the scheduled requests and return what changed for the frontend."""
         outputs, self._ended = self._ended, []
-        scheduled = self.scheduler.schedule().scheduled
+        decided = self.scheduler.schedule()
+        for request in decided.preempted:
+            self.input_batch.remove(request)
+        scheduled = decided.scheduled
         if scheduled:
             logits, aux = self._execute(scheduled)
             outputs.extend(self._update(scheduled, logits, aux))
@@ -185,10 +194,29 @@ class EngineCore:
     def _execute(self, scheduled: list[ScheduledRequest]) -> tuple[Tensor, Tensor | None]:
         """Run the model: logits at each sampling request's last token and its draft tokens; aux hidden
         states at every token when the drafter reads them."""
-        chunks = [
-            SeqChunk(s.token_ids, s.start, s.request.block_ids, 1 + s.num_spec_tokens if s.samples else 0)
-            for s in scheduled
-        ]
+        batch = self.input_batch
+        for s in scheduled:
+            if s.request.row < 0:
+                batch.add(s.request)
+            if s.spec_token_ids:
+                batch.write_drafts(s.request)
+        # One pass over the step's requests; the rest is vectorised over their rows.
+        facts = np.array(
+            [
+                (
+                    s.request.row,
+                    s.start,
+                    s.num_new_tokens + len(s.spec_token_ids),
+                    1 + len(s.spec_token_ids) if s.samples else 0,
+                    len(s.request.block_ids),
+                )
+                for s in scheduled
+            ],
+            dtype=np.int64,
+        ).reshape(len(scheduled), 5)
+        rows, starts, query_lens, num_logits, num_blocks = facts.T
+        batch.sync_tables([s.request for s in scheduled], rows, num_blocks)
+        chunks = batch.step_batch(rows, starts, query_lens, num_logits)
         aux_layer_ids = self.spec.drafter.aux_layer_ids if self.spec is not None else ()
         if aux_layer_ids:
             return self.runner.execute_with_aux(chunks, aux_layer_ids)
@@ -197,104 +225,119 @@ class EngineCore:
     def _update(
         self, scheduled: list[ScheduledRequest], logits: Tensor, aux: Tensor | None
     ) -> list[EngineCoreOutput]:
-        """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter."""
+        """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter:
+        one pass over the step's requests."""
         sampling = [s for s in scheduled if s.samples]
-        samplers = [s.request for s in sampling]
-        batch = SamplingBatch.build(
-            [r.temperature for r in samplers],
-            [r.top_k for r in samplers],
-            [r.sampling_params.top_p for r in samplers],
-            [r.generator or self.generator for r in samplers],
-            vocab_size=logits.shape[1],
-        )
-        sampled = verify(logits, [list(s.spec_token_ids) for s in sampling], batch)
-        appended = iter(zip(sampled, self._logprobs(logits, sampling, sampled), strict=True))
+        sampled = verify(logits, [s.spec_token_ids for s in sampling], self._sampling_batch(sampling, logits))
+        logprobs = self._logprobs(logits, sampling, sampled)
+        appended = iter(sampled)
+        spec, max_model_len = self.spec, self.facts.max_model_len
+        new_rows: list[int] = []  # the last token of each request that goes on, for the input batch
+        new_positions: list[int] = []
+        new_tokens: list[int] = []
         outputs = []
         context: list[ContextUpdate] = []
         row = 0  # first row of this request's tokens in aux
         for s in scheduled:
             request, start = s.request, s.start
-            if start == 0 and self.spec is not None:
-                request.drafter_generation = self.spec.generation  # its whole context goes to this drafter
+            if start == 0 and spec is not None:
+                request.drafter_generation = spec.generation  # its whole context goes to this drafter
             num_valid = s.num_new_tokens  # tokens whose KV is now valid
             if s.samples:
-                tokens, logprobs = next(appended)
+                tokens = next(appended)
                 num_accepted = len(tokens) - 1
                 num_valid += num_accepted
-                num_kept = self._append(request, tokens)
-                if request.unsent_logprobs is not None and logprobs is not None:
-                    request.unsent_logprobs.extend(logprobs[:num_kept])
-                if s.num_spec_tokens and self.spec is not None:
-                    # An accepted run cut by EOS or a stop token counts up to and including it.
-                    self.spec.observe(request, s.num_spec_tokens, min(num_kept, num_accepted))
-                request.spec_token_ids = []
+                num_kept = self._append(request, tokens, max_model_len)
+                if request.row >= 0:
+                    new_rows.append(request.row)
+                    new_positions.append(len(request.all_token_ids) - 1)
+                    new_tokens.append(tokens[-1])
+                if logprobs is not None and request.unsent_logprobs is not None:
+                    request.unsent_logprobs.extend(logprobs[id(s)][:num_kept])
+                if s.spec_token_ids:
+                    request.spec_token_ids = []
+                    if spec is not None:
+                        # An accepted run cut by EOS or a stop token counts up to and including it.
+                        spec.observe(request, len(s.spec_token_ids), min(num_kept, num_accepted))
                 outputs.append(self._output(request))
-            self.scheduler.commit(s, num_valid)  # the scheduler's KV manager frees rejected drafts' slots
-            if not request.status.is_finished and aux is not None and self.spec is not None:
-                if self.spec.can_draft(request):
+            if self.scheduler.commit(s, num_valid):  # the KV manager freed rejected drafts' blocks
+                self.input_batch.trimmed(request)
+            if aux is not None and spec is not None:
+                if not request.status.is_finished and spec.can_draft(request):
                     context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
-            row += s.num_scheduled_tokens
-        if context and self.spec is not None:
-            self.spec.drafter.extend_context(context)
+                row += s.num_new_tokens + len(s.spec_token_ids)
+        if context and spec is not None:
+            spec.drafter.extend_context(context)
+        self.input_batch.append(new_rows, new_positions, new_tokens)
         return outputs
+
+    def _sampling_batch(self, sampling: list[ScheduledRequest], logits: Tensor) -> SamplingBatch:
+        """The sampling parameters of the requests that sample this step (one list when all are greedy)."""
+        temperatures = [s.request.temperature for s in sampling]
+        if not any(temperatures):
+            return SamplingBatch.greedy(len(sampling))
+        requests = [s.request for s in sampling]
+        return SamplingBatch.build(
+            temperatures,
+            [r.sampling_params.top_k for r in requests],
+            [r.sampling_params.top_p for r in requests],
+            [r.generator or self.generator for r in requests],
+            vocab_size=logits.shape[1],
+        )
 
     @staticmethod
     def _logprobs(
         logits: Tensor, sampling: list[ScheduledRequest], sampled: list[list[int]]
-    ) -> list[list[TokenLogprobs] | None]:
-        """Per sampling request, the logprobs of the tokens it sampled (None where it did not ask for them).
+    ) -> dict[int, list[TokenLogprobs]] | None:
+        """The logprobs of the tokens each sampling request sampled, keyed by ``id`` of its scheduled entry, for
+        the requests that asked for them; None when none did.
 
         Request i's logits rows are its len(drafts) + 1 verified positions (see ``verify``): its j-th
         sampled token, an accepted draft token or the target's own, comes from its row j.
         """
-        rows: list[int] = []
-        token_ids: list[int] = []
-        start = 0
-        for s, tokens in zip(sampling, sampled, strict=True):
-            if s.request.sampling_params.logprobs is not None:
-                rows.extend(range(start, start + len(tokens)))
-                token_ids.extend(tokens)
-            start += s.num_spec_tokens + 1
-        if not rows:
-            return [None] * len(sampling)
-        num_top = max(s.request.sampling_params.logprobs or 0 for s in sampling)
+        asked = [i for i, s in enumerate(sampling) if s.request.sampling_params.logprobs is not None]
+        if not asked:
+            return None
+        starts = _row_starts(sampling)
+        wanted = [(sampling[i], sampled[i], starts[i]) for i in asked]
+        rows = [r for _, tokens, start in wanted for r in range(start, start + len(tokens))]
+        token_ids = [t for _, tokens, _ in wanted for t in tokens]
+        num_top = max(s.request.sampling_params.logprobs or 0 for s, _, _ in wanted)
         computed = token_logprobs(logits, rows, token_ids, num_top)
-        out: list[list[TokenLogprobs] | None] = []
+        out: dict[int, list[TokenLogprobs]] = {}
         i = 0  # index into computed
-        for s, tokens in zip(sampling, sampled, strict=True):
-            k = s.request.sampling_params.logprobs
-            if k is None:
-                out.append(None)
-                continue
-            entries = [
+        for s, tokens, _ in wanted:
+            k = s.request.sampling_params.logprobs or 0
+            out[id(s)] = [
                 TokenLogprobs(
                     computed.sampled[j], computed.top_token_ids[j][:k], computed.top_logprobs[j][:k]
                 )
                 for j in range(i, i + len(tokens))
             ]
-            out.append(entries)
             i += len(tokens)
         return out
 
-    def _append(self, request: Request, tokens: list[int]) -> int:
+    def _append(self, request: Request, tokens: list[int], max_model_len: int) -> int:
         """Append tokens until one stops the request (a stop token, then max_tokens or the model length,
         checked in that order after each token); return how many were appended."""
-        params = request.sampling_params
-        room = min(
-            params.max_tokens - request.num_output_tokens, self.facts.max_model_len - request.num_tokens
+        room = min(request.sampling_params.max_tokens + len(request.prompt_token_ids), max_model_len) - len(
+            request.all_token_ids
         )
+        stop_ids = request.stop_ids
+        if len(tokens) < room and stop_ids.isdisjoint(tokens):
+            request.all_token_ids += tokens
+            return len(tokens)
         for i, token in enumerate(tokens):
-            stopped = token in request.stop_ids
+            stopped = token in stop_ids
             if stopped or i + 1 >= room:
-                request.all_token_ids.extend(tokens[: i + 1])
+                request.all_token_ids += tokens[: i + 1]
                 if stopped:
                     request.finish = FinishReason("stop", stop_token_id=token)
                 self._finish(
                     request, RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_LENGTH
                 )
                 return i + 1
-        request.all_token_ids.extend(tokens)
-        return len(tokens)
+        raise AssertionError("unreachable: a token stops the request or it has room for all of them")
 
     def _propose(self, scheduled: list[ScheduledRequest]) -> None:
         """Draft for every request that just sampled and goes on: one drafter call for the batch."""
@@ -314,14 +357,19 @@ class EngineCore:
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         self.scheduler.finish(request, status)
+        self.input_batch.remove(request)
         if request.finish is None:
             request.finish = FinishReason(_FINISH_KIND[status])
         del self.requests[request.request_id]
 
     @staticmethod
     def _output(request: Request) -> EngineCoreOutput:
-        new_token_ids, logprobs = request.take_new_output_ids(), request.take_new_logprobs()
-        if not request.status.is_finished:
+        """The request's output tokens (and logprobs) not yet sent; its finish and stats when it ended."""
+        start = len(request.prompt_token_ids) + request.num_sent_tokens
+        new_token_ids = request.all_token_ids[start:]
+        request.num_sent_tokens += len(new_token_ids)
+        logprobs = request.take_new_logprobs()
+        if request.status < RequestStatus.FINISHED_STOPPED:
             return EngineCoreOutput(request.request_id, new_token_ids, logprobs=logprobs)
         return EngineCoreOutput(
             request.request_id,
@@ -339,3 +387,10 @@ class EngineCore:
             num_waiting_reqs=len(self.scheduler.waiting),
             spec_decode=self.spec.counters if self.spec is not None else None,
         )
+
+
+def _row_starts(sampling: list[ScheduledRequest]) -> list[int]:
+    """The first logits row of each sampling request: each has len(drafts) + 1 rows, back to back."""
+    if not sampling:
+        return []
+    return list(accumulate((len(s.spec_token_ids) + 1 for s in sampling[:-1]), initial=0))

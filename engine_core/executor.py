@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from openinfer.engine_core.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from openinfer.engine_core.step_batch import StepBatch
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,13 @@ class ModelExecutor(Protocol):
     num_kv_blocks: int  # KV blocks the runner holds (block ids are in [0, num_kv_blocks))
     model_config: ModelConfig  # the target's architecture (vocabulary, EOS ids, max positions)
 
-    def execute(self, chunks: list[SeqChunk]) -> Tensor:
+    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
         """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in chunk order."""
         ...
 
-    def execute_with_aux(self, chunks: list[SeqChunk], aux_layer_ids: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def execute_with_aux(
+        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`execute`, plus (num_tokens, len(aux_layer_ids) * hidden) hidden states at every token."""
         ...
 
@@ -49,22 +54,6 @@ def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
     """Refuse a KV cache without a block, or blocks without a slot."""
     if num_kv_blocks < 1 or block_size < 1:
         raise ValueError(f"need num_kv_blocks >= 1 and block_size >= 1, got {num_kv_blocks}, {block_size}")
-
-
-def check_chunk(chunk: SeqChunk, runner: ModelExecutor) -> None:
-    """Refuse a chunk the runner cannot run: no tokens, logits it lacks, positions or blocks out of range."""
-    end = chunk.start_pos + len(chunk.token_ids)
-    max_positions = runner.model_config.max_position_embeddings
-    if not chunk.token_ids or chunk.start_pos < 0:
-        raise ValueError(f"a chunk needs at least one token and start_pos >= 0, got {chunk}")
-    if not 0 <= chunk.num_logits <= len(chunk.token_ids):
-        raise ValueError(f"num_logits {chunk.num_logits} is outside [0, {len(chunk.token_ids)}]")
-    if end > max_positions:
-        raise ValueError(f"position {end - 1} is past the model's {max_positions}")
-    if len(chunk.block_ids) * runner.block_size < end:
-        raise ValueError(f"{len(chunk.block_ids)} blocks of {runner.block_size} cannot hold {end} tokens")
-    if min(chunk.block_ids) < 0 or max(chunk.block_ids) >= runner.num_kv_blocks:
-        raise ValueError(f"block ids must be in [0, {runner.num_kv_blocks}), got {chunk.block_ids}")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

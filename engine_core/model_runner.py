@@ -6,14 +6,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.executor import SeqChunk, check_chunk, check_kv_geometry, resolve_dtype
+from openinfer.engine_core.executor import SeqChunk, check_kv_geometry, resolve_dtype
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.step_batch import StepBatch
 from openinfer.engine_core.step_graphs import StepGraphs
-from openinfer.kernels.attention import AttentionMetadata, host_to_device, select_backend
+from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,9 @@ class _StepInputs:
     input_ids: Tensor  # (num_tokens,) int64
     positions: Tensor  # (num_tokens,) int64
     attn: AttentionMetadata
-    logits_indices: Tensor  # (sum of num_logits,) int64: rows of the hidden states to turn into logits
+    logits_indices: (
+        Tensor | None
+    )  # (sum of num_logits,) int64: the hidden rows to turn into logits; None: all
 
 
 class ModelRunner:
@@ -78,67 +82,68 @@ class ModelRunner:
         return per_token * block_size * dtype.itemsize
 
     @torch.inference_mode()
-    def execute_with_aux(self, chunks: list[SeqChunk], aux_layer_ids: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def execute_with_aux(
+        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`execute`, plus the outputs of decoder layers ``aux_layer_ids`` at every token.
 
         Returns logits as ``execute`` does and aux (num_tokens, len(aux_layer_ids) * hidden), the chosen
         layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
         """
-        padded = self._padded(chunks)
+        step = self._step_batch(chunks)
+        padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
-            logits, padded_aux = self.step_graphs.run(chunks, *padded, aux_layer_ids)
+            logits, padded_aux = self.step_graphs.run(step, *padded, aux_layer_ids)
             assert padded_aux is not None
             return logits, padded_aux
-        inputs = self._prepare(chunks)
+        inputs = self._prepare(step)
         hidden, aux = self.model.forward_with_aux(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, aux_layer_ids=list(aux_layer_ids)
         )
-        return self.model.compute_logits(hidden[inputs.logits_indices]), torch.cat(aux, dim=-1)
+        rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
+        return self.model.compute_logits(rows), torch.cat(aux, dim=-1)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk]) -> Tensor:
+    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
         """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache.
 
         Returns (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits tokens,
         in chunk order.
         """
-        padded = self._padded(chunks)
+        step = self._step_batch(chunks)
+        padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
-            return self.step_graphs.run(chunks, *padded)[0]
-        inputs = self._prepare(chunks)
+            return self.step_graphs.run(step, *padded)[0]
+        inputs = self._prepare(step)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
+        if inputs.logits_indices is None:
+            return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
-    def _padded(self, chunks: list[SeqChunk]) -> tuple[int, int] | None:
-        """Check every chunk; (bucket, q) when the step runs padded through ``step_graphs``."""
-        if not chunks:
-            raise ValueError("execute needs at least one chunk")
-        for chunk in chunks:
-            check_chunk(chunk, self)
-        return self.step_graphs.fits(chunks) if self.step_graphs is not None else None
+    def _step_batch(self, chunks: list[SeqChunk] | StepBatch) -> StepBatch:
+        """The chunks as arrays, checked against this runner's model length and KV blocks."""
+        step = StepBatch.of(chunks, self.block_size)
+        step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
+        return step
 
-    def _prepare(self, chunks: list[SeqChunk]) -> _StepInputs:
-        """Pack the chunks into flat Python lists, then into tensors: one host-to-device copy per dtype here
-        and in the attention metadata."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        logits_indices: list[int] = []
-        for chunk in chunks:
-            input_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids)))
-            logits_indices.extend(range(len(input_ids) - chunk.num_logits, len(input_ids)))
-        attn = AttentionMetadata.build(
-            context_lens=[c.start_pos for c in chunks],
-            query_lens=[len(c.token_ids) for c in chunks],
-            block_tables=[c.block_ids for c in chunks],
-            block_size=self.block_size,
-            device=self.device,
+    def _prepare(self, step: StepBatch) -> _StepInputs:
+        """The step's input tensors: the int64 ones in one host-to-device copy, the attention metadata's
+        int32 ones in another."""
+        n = step.num_tokens
+        every_row = step.logits_for_every_token
+        num_logits = 0 if every_row else len(step.logits_indices)
+        packed = np.empty(3 * n + num_logits, dtype=np.int64)
+        packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n] = (
+            step.token_ids,
+            step.positions,
+            step.slot_mapping,
         )
-        num_tokens = len(input_ids)
-        packed = host_to_device(input_ids + positions + logits_indices, torch.int64, self.device)  # one copy
-        return _StepInputs(
-            input_ids=packed[:num_tokens],
-            positions=packed[num_tokens : 2 * num_tokens],
-            attn=attn,
-            logits_indices=packed[2 * num_tokens :],
+        if not every_row:
+            packed[3 * n :] = step.logits_indices
+        input_ids, positions, slots, *logits_indices = host_to_device_parts(
+            packed, [n, n, n] + ([] if every_row else [num_logits]), self.device
         )
+        attn = AttentionMetadata.from_arrays(
+            step.context_lens, step.query_lens, step.block_tables, slots, self.block_size
+        )
+        return _StepInputs(input_ids, positions, attn, logits_indices[0] if logits_indices else None)

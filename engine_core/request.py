@@ -33,7 +33,7 @@ class RequestStatus(enum.IntEnum):
         return self >= RequestStatus.FINISHED_STOPPED
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One request's tokens, progress through the model, KV blocks and sampler state."""
 
@@ -52,7 +52,8 @@ class Request:
     generator: torch.Generator | None = None
     # output tokens not yet sent to the frontend
     num_sent_tokens: int = 0
-    # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids)
+    # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids);
+    # replaced, never changed in place (the step's ScheduledRequest holds the list it verifies)
     spec_token_ids: list[int] = field(default_factory=list)
     # this request's speculative counts, from its first draft on (moved only by observe_draft)
     spec_counters: SpecDecodeCounters | None = None
@@ -62,6 +63,8 @@ class Request:
     unsent_logprobs: list[TokenLogprobs] | None = None
     # tokens that end it when sampled: its stop_token_ids, and the model's EOS ids unless ignore_eos
     stop_ids: frozenset[int] = frozenset()
+    # the request's row in the engine's InputBatch while it runs; -1 otherwise
+    row: int = -1
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -104,15 +107,8 @@ class Request:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
-    def take_new_output_ids(self) -> list[int]:
-        """Output tokens generated since the last call (what the next message must carry)."""
-        start = self.num_prompt_tokens + self.num_sent_tokens
-        new = self.all_token_ids[start:]
-        self.num_sent_tokens += len(new)
-        return new
-
     def take_new_logprobs(self) -> list[TokenLogprobs] | None:
-        """Logprobs of the tokens :meth:`take_new_output_ids` returns (call both together), or None."""
+        """Logprobs of the output tokens not yet sent (``EngineCore._output`` takes both together), or None."""
         if self.unsent_logprobs is None:
             return None
         new, self.unsent_logprobs = self.unsent_logprobs, []

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.request import Request, RequestStatus
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
     """What the scheduler decided for one request this step, fixed when it was decided.
 
     The step reads these facts, never the request's counters: by the time drafts are proposed, the update
@@ -21,14 +21,14 @@ class ScheduledRequest:
     request: Request
     start: int  # request.num_computed_tokens when scheduled: the position of the first token run
     num_new_tokens: int  # tokens of request.all_token_ids run from `start` on
-    spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
+    spec_token_ids: list[int]  # draft tokens verified after the new tokens (only when `samples`); not mutated
     samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
 
     @classmethod
     def of(cls, request: Request, num_new_tokens: int) -> ScheduledRequest:
         """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
         samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
-        drafts = tuple(request.spec_token_ids) if samples else ()
+        drafts = request.spec_token_ids if samples else []
         return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples)
 
     @property
@@ -37,13 +37,12 @@ class ScheduledRequest:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return self.num_new_tokens + self.num_spec_tokens
+        return self.num_new_tokens + len(self.spec_token_ids)
 
     @property
     def token_ids(self) -> list[int]:
         """The tokens run this step: the new ones, then the drafts."""
-        new = self.request.all_token_ids[self.start : self.start + self.num_new_tokens]
-        return new + list(self.spec_token_ids)
+        return self.request.all_token_ids[self.start : self.start + self.num_new_tokens] + self.spec_token_ids
 
 
 @dataclass(frozen=True)
@@ -82,18 +81,26 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
 
+        block_size = self.kv_cache.block_size
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_uncomputed_tokens, budget)
-            if num_new < request.num_uncomputed_tokens:
-                request.spec_token_ids.clear()
-            # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
-            del request.spec_token_ids[budget - num_new :]
-            num_spec = len(request.spec_token_ids)
-            if self._allocate_or_preempt(request, num_new + num_spec, preempted):
-                scheduled.append(ScheduledRequest.of(request, num_new))
-                budget -= num_new + num_spec
+            start = request.num_computed_tokens
+            num_new = len(request.all_token_ids) - start
+            drafts = request.spec_token_ids
+            if num_new > budget:
+                num_new = budget
+                drafts = request.spec_token_ids = []
+            elif len(drafts) > budget - num_new:
+                # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
+                drafts = request.spec_token_ids = drafts[: budget - num_new]
+            end = start + num_new + len(drafts)
+            if end <= len(request.block_ids) * block_size or self._allocate_or_preempt(
+                request, end, preempted
+            ):
+                samples = start + num_new == len(request.all_token_ids)
+                scheduled.append(ScheduledRequest(request, start, num_new, drafts, samples))
+                budget -= end - start
                 i += 1
             # else: request itself was preempted and was the last running one
 
@@ -110,9 +117,10 @@ class Scheduler:
             budget -= num_new
         return SchedulerOutput(scheduled, preempted)
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
-        """Allocate ``num_new`` more slots, preempting the latest-admitted requests until they fit."""
-        while not self.kv_cache.allocate(request.block_ids, request.num_computed_tokens + num_new):
+    def _allocate_or_preempt(self, request: Request, num_slots: int, preempted: list[Request]) -> bool:
+        """Grow the request's blocks to ``num_slots`` slots, preempting the latest-admitted requests until
+        they fit."""
+        while not self.kv_cache.allocate(request.block_ids, num_slots):
             victim = self.running.pop()
             self._preempt(victim)
             preempted.append(victim)
@@ -124,17 +132,21 @@ class Scheduler:
         # Recompute: drop the KV, keep the tokens; the request re-enters at the head of the queue.
         self.kv_cache.free(request.block_ids)
         request.num_computed_tokens = 0
-        request.spec_token_ids.clear()  # never verified, so never counted
+        request.spec_token_ids = []  # never verified, so never counted
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
-    def commit(self, scheduled: ScheduledRequest, num_valid: int) -> None:
+    def commit(self, scheduled: ScheduledRequest, num_valid: int) -> bool:
         """After the step: the `num_valid` tokens from ``scheduled.start`` on hold verified KV (the new tokens
-        and the accepted drafts); the KV manager frees the blocks past them (rejected drafts' slots)."""
+        and the accepted drafts); the KV manager frees the blocks past them (rejected drafts' slots). True
+        when it freed any."""
         request = scheduled.request
-        request.num_computed_tokens = scheduled.start + num_valid
-        if not request.status.is_finished:
-            self.kv_cache.trim(request.block_ids, request.num_computed_tokens)
+        request.num_computed_tokens = num_computed = scheduled.start + num_valid
+        block_size = self.kv_cache.block_size
+        if request.status.is_finished or len(request.block_ids) * block_size < num_computed + block_size:
+            return False
+        self.kv_cache.trim(request.block_ids, num_computed)
+        return True
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take an ended request out of the queues and free its blocks."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.executor import SeqChunk
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.step_batch import Int64s, StepBatch
 from openinfer.kernels.attention import AttentionMetadata, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
 
@@ -34,28 +35,28 @@ QUERY_BUCKETS = (1, 2, 4, 8, 16, MAX_QUERY_LEN)  # q is padded up to one of thes
 
 @dataclass(frozen=True)
 class PaddedStep:
-    """A uniform step padded to ``batch`` requests of ``query_len`` tokens (host lists, ready to copy)."""
+    """A uniform step padded to ``batch`` requests of ``query_len`` tokens (int64 arrays, ready to copy)."""
 
     batch: int
     query_len: int
-    input_ids: list[int]  # (batch * query_len,)
-    positions: list[int]
-    slot_mapping: list[int]
-    seq_lens: list[int]  # (batch,)
-    block_tables: list[list[int]]  # (batch, width)
-    logits_rows: list[int]  # rows of the padded hidden states whose logits the step returns, in order
+    input_ids: Int64s  # (batch, query_len)
+    positions: Int64s  # (batch, query_len)
+    slot_mapping: Int64s  # (batch, query_len)
+    seq_lens: Int64s  # (batch,)
+    block_tables: Int64s  # (batch, width)
+    logits_rows: Int64s  # rows of the padded hidden states whose logits the step returns, in order
 
     @property
     def num_tokens(self) -> int:
         return self.batch * self.query_len
 
 
-def uniform_query_len(chunks: Sequence[SeqChunk]) -> int | None:
+def uniform_query_len(step: StepBatch) -> int | None:
     """q, the query bucket of the longest chunk, when every chunk is a decode or verification (logits for all
     its tokens, at most MAX_QUERY_LEN)."""
-    if any(c.num_logits != len(c.token_ids) or len(c.token_ids) > MAX_QUERY_LEN for c in chunks):
+    longest = int(step.query_lens.max())
+    if longest > MAX_QUERY_LEN or np.any(step.num_logits != step.query_lens):
         return None
-    longest = max(len(c.token_ids) for c in chunks)
     return next(q for q in QUERY_BUCKETS if longest <= q)
 
 
@@ -64,35 +65,32 @@ def bucket_for(num_reqs: int, max_batch: int) -> int | None:
     return next((b for b in BATCH_BUCKETS if num_reqs <= b <= max_batch), None)
 
 
-def pad_step(
-    chunks: Sequence[SeqChunk], batch: int, query_len: int, block_size: int, scratch_block: int
-) -> PaddedStep:
-    """Pad ``chunks`` to ``batch`` requests of ``query_len`` tokens; block tables to the columns this step
-    reads (the kernels never read a column past a request's seq_len; the buffer's later ones stay stale)."""
-    width = max(-(-(c.start_pos + query_len) // block_size) for c in chunks)
+def pad_step(step: StepBatch, batch: int, query_len: int, scratch_block: int) -> PaddedStep:
+    """Pad ``step`` to ``batch`` requests of ``query_len`` tokens; block tables to the columns this step reads
+    (the kernels never read a column past a request's seq_len; the buffer's later ones stay stale)."""
+    block_size, real, q = step.block_size, step.num_chunks, query_len
     scratch_slot = scratch_block * block_size
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    seq_lens: list[int] = []
-    tables: list[list[int]] = []
-    rows: list[int] = []
-    for b, chunk in enumerate(chunks):
-        n, start, table = len(chunk.token_ids), chunk.start_pos, chunk.block_ids
-        input_ids += chunk.token_ids + [0] * (query_len - n)
-        positions += [*range(start, start + n), *[start] * (query_len - n)]  # any valid RoPE position
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-        slots += [scratch_slot] * (query_len - n)
-        seq_lens.append(start + query_len)  # the padding tokens come last: real queries never see them
-        tables.append((table + [0] * width)[:width])  # a table may hold more blocks than this step reads
-        rows += range(b * query_len, b * query_len + n)
-    for _ in range(len(chunks), batch):  # padding requests: query_len tokens in the scratch block
-        input_ids += [0] * query_len
-        positions += range(query_len)
-        slots += [scratch_slot + p % block_size for p in range(query_len)]
-        seq_lens.append(query_len)
-        tables.append([scratch_block] * width)
-    return PaddedStep(batch, query_len, input_ids, positions, slots, seq_lens, tables, rows)
+    column = np.arange(q)
+    valid = column[None, :] < step.query_lens[:, None]  # (real, q): the chunks' own tokens
+    starts = step.context_lens[:, None]
+    input_ids = np.zeros((batch, q), dtype=np.int64)
+    input_ids[:real][valid] = step.token_ids
+    # Padding requests run q tokens over the scratch block from position 0; a chunk's padding tokens sit at
+    # its first position (any valid RoPE position) and write the scratch slot.
+    positions = np.tile(column, (batch, 1))
+    positions[:real] = np.where(valid, starts + column, starts)
+    slots = scratch_slot + positions % block_size
+    slots[:real] = scratch_slot
+    slots[:real][valid] = step.slot_mapping
+    seq_lens = np.full(batch, q, dtype=np.int64)
+    seq_lens[:real] = step.context_lens + q  # the padding tokens come last: real queries never see them
+    width = int(-(-seq_lens[:real].max() // block_size))
+    tables = np.full((batch, width), scratch_block, dtype=np.int64)
+    tables[:real] = 0  # a table may hold more blocks than this step reads, or fewer than its padding
+    shared = min(width, step.block_tables.shape[1])
+    tables[:real, :shared] = step.block_tables[:, :shared]
+    rows = (np.arange(real)[:, None] * q + column)[valid]
+    return PaddedStep(batch, q, input_ids, positions, slots, seq_lens, tables, rows)
 
 
 class StepGraphs:
@@ -126,19 +124,19 @@ class StepGraphs:
         )
         self._query_start = torch.zeros(self.max_batch + 1, dtype=torch.int32, device=self.device)
 
-    def fits(self, chunks: Sequence[SeqChunk]) -> tuple[int, int] | None:
+    def fits(self, step: StepBatch) -> tuple[int, int] | None:
         """(bucket, q) when this step can run padded, else None (run it eagerly as it is)."""
-        query_len = uniform_query_len(chunks)
-        batch = bucket_for(len(chunks), self.max_batch)
+        query_len = uniform_query_len(step)
+        batch = bucket_for(step.num_chunks, self.max_batch)
         if query_len is None or batch is None:
             return None
         return batch, query_len
 
     def run(
-        self, chunks: Sequence[SeqChunk], batch: int, query_len: int, aux_layer_ids: Sequence[int] = ()
+        self, chunks: StepBatch, batch: int, query_len: int, aux_layer_ids: Sequence[int] = ()
     ) -> tuple[Tensor, Tensor | None]:
         """Logits of the chunks' tokens (chunk order) and, with ``aux_layer_ids``, their aux hidden states."""
-        step = pad_step(chunks, batch, query_len, self.block_size, self.scratch_block)
+        step = pad_step(chunks, batch, query_len, self.scratch_block)
         self._load(step)
         self.num_runs += 1
         key = (batch, query_len, tuple(aux_layer_ids))
@@ -155,15 +153,15 @@ class StepGraphs:
         return logits, (aux[rows] if aux is not None else None)
 
     def _load(self, step: PaddedStep) -> None:
-        """Copy the step's inputs into the static buffers (host lists -> one pinned tensor per buffer)."""
+        """Copy the step's inputs into the static buffers (host arrays -> one pinned tensor per buffer)."""
         n, b = step.num_tokens, step.batch
-        tokens = torch.tensor([step.input_ids, step.positions, step.slot_mapping], dtype=torch.int64)
-        width = len(step.block_tables[0])
+        tokens = np.stack((step.input_ids.ravel(), step.positions.ravel(), step.slot_mapping.ravel()))
+        width = step.block_tables.shape[1]
         starts = torch.arange(0, (b + 1) * step.query_len, step.query_len, dtype=torch.int32)
         for target, values in (
-            (self._tokens[:, :n], tokens),
-            (self._seq_lens[:b], torch.tensor(step.seq_lens, dtype=torch.int32)),
-            (self._tables[:b, :width], torch.tensor(step.block_tables, dtype=torch.int32)),
+            (self._tokens[:, :n], torch.from_numpy(tokens)),
+            (self._seq_lens[:b], torch.from_numpy(step.seq_lens.astype(np.int32))),
+            (self._tables[:b, :width], torch.from_numpy(step.block_tables.astype(np.int32))),
             (self._query_start[: b + 1], starts),
         ):
             target.copy_(values.pin_memory() if self.capture else values, non_blocking=True)

@@ -12,19 +12,33 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from itertools import accumulate
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.typing import NDArray
 from torch import Tensor
 
 
-def host_to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> Tensor:
+def host_to_device(
+    values: list[int] | list[float] | NDArray[np.int64], dtype: torch.dtype, device: torch.device
+) -> Tensor:
     """``values`` as a tensor on ``device``, copied without waiting for the device (from pinned memory)."""
-    tensor = torch.tensor(values, dtype=dtype)
+    tensor = torch.as_tensor(values, dtype=dtype)
     if device.type == "cpu":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def host_to_device_parts(packed: NDArray[Any], sizes: list[int], device: torch.device) -> list[Tensor]:
+    """``packed`` cut into consecutive parts of ``sizes`` elements, as tensors on ``device``: views of the
+    array on the CPU (no copy), views of one pinned non-blocking copy on CUDA."""
+    if device.type == "cpu":
+        bounds = [0, *accumulate(sizes)]
+        return [torch.from_numpy(packed[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return list(torch.from_numpy(packed).pin_memory().to(device, non_blocking=True).split_with_sizes(sizes))
 
 
 @dataclass(frozen=True)
@@ -55,33 +69,52 @@ class AttentionMetadata:
         device: torch.device,
     ) -> AttentionMetadata:
         """Metadata for requests that each hold context_lens[b] cached tokens and add query_lens[b] new
-        ones; block_tables[b] must cover their sum. Two host-to-device copies (from pinned memory on CUDA)."""
-        seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
+        ones; block_tables[b] must cover their sum."""
+        width = max(len(table) for table in block_tables)
+        tables = np.array([table + [0] * (width - len(table)) for table in block_tables], dtype=np.int64)
         slots = [
             table[p // block_size] * block_size + p % block_size
-            for table, c, s in zip(block_tables, context_lens, seq_lens, strict=True)
-            for p in range(c, s)
+            for table, c, q in zip(block_tables, context_lens, query_lens, strict=True)
+            for p in range(c, c + q)
         ]
-        query_start_loc = [0]
-        for q in query_lens:
-            query_start_loc.append(query_start_loc[-1] + q)
-        width = max(len(table) for table in block_tables)
-        num_reqs = len(query_lens)
-        # The int32 fields in one host-to-device copy: query_start_loc, seq_lens, then the padded tables.
-        packed = query_start_loc + seq_lens
-        for table in block_tables:
-            packed += table
-            packed += [0] * (width - len(table))
-        int32 = host_to_device(packed, torch.int32, device)
+        return cls.from_arrays(
+            np.array(context_lens, dtype=np.int64),
+            np.array(query_lens, dtype=np.int64),
+            tables,
+            host_to_device(slots, torch.int64, device),
+            block_size,
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        context_lens: NDArray[np.int64],
+        query_lens: NDArray[np.int64],
+        block_tables: NDArray[np.int64],
+        slot_mapping: Tensor,
+        block_size: int,
+    ) -> AttentionMetadata:
+        """The metadata of (B,) context and query lengths and (B, W) padded block tables, with the step's
+        slot mapping already on its device: the int32 fields in one host-to-device copy."""
+        num_reqs, width = block_tables.shape
+        packed = np.empty(2 * num_reqs + 1 + num_reqs * width, dtype=np.int32)
+        packed[0] = 0
+        np.cumsum(query_lens, out=packed[1 : num_reqs + 1])
+        seq_lens = packed[num_reqs + 1 : 2 * num_reqs + 1]
+        np.add(context_lens, query_lens, out=seq_lens)
+        packed[2 * num_reqs + 1 :] = block_tables.ravel()
+        query_start_loc, seq_lens_tensor, tables = host_to_device_parts(
+            packed, [num_reqs + 1, num_reqs, num_reqs * width], slot_mapping.device
+        )
         return cls(
-            slot_mapping=host_to_device(slots, torch.int64, device),
-            query_start_loc=int32[: num_reqs + 1],
-            seq_lens=int32[num_reqs + 1 : 2 * num_reqs + 1],
-            block_tables=int32[2 * num_reqs + 1 :].view(num_reqs, width),
-            query_lens=list(query_lens),
-            context_lens=list(context_lens),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens_tensor,
+            block_tables=tables.view(num_reqs, width),
+            query_lens=query_lens.tolist(),
+            context_lens=context_lens.tolist(),
+            max_query_len=int(query_lens.max()),
+            max_seq_len=int(seq_lens.max()),
             block_size=block_size,
         )
 

@@ -43,6 +43,11 @@ class SamplingBatch:
         ks = [min(k or vocab_size, vocab_size) for k in top_ks]
         return cls(list(temperatures), ks, list(top_ps), list(generators))
 
+    @classmethod
+    def greedy(cls, num_reqs: int) -> SamplingBatch:
+        """A batch of ``num_reqs`` greedy requests (their other parameters are never read)."""
+        return cls([0.0] * num_reqs, [], [], [])
+
     def sampled(self) -> list[int]:
         """The requests that draw (temperature > 0)."""
         return [b for b, t in enumerate(self.temperatures) if t > 0]

@@ -36,9 +36,11 @@ def verify(logits: Tensor, drafts: list[list[int]], batch: SamplingBatch) -> lis
     """
     if not drafts:
         return []
-    starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
     argmax = logits.argmax(dim=-1)  # (N,)
     sampled = batch.sampled()
+    if not sampled and logits.shape[0] == len(drafts):  # greedy, no drafts: one token per request
+        return [[t] for t in argmax.tolist()]
+    starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
     width = 0  # columns of the sampled requests' token rows
     read_back = argmax
     if sampled:

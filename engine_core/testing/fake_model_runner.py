@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.executor import SeqChunk, check_chunk, check_kv_geometry
+from openinfer.engine_core.executor import SeqChunk, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.step_batch import StepBatch
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).
 FAKE_MODEL_CONFIG = ModelConfig(
@@ -70,18 +71,17 @@ class FakeModelRunner:
         self.device = torch.device(self.device)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk]) -> Tensor:
+    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
         """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order."""
-        if not chunks:
-            raise ValueError("execute needs at least one chunk")
-        last_ids: list[int] = []
-        for chunk in chunks:
-            check_chunk(chunk, self)
-            last_ids.extend(chunk.token_ids[len(chunk.token_ids) - chunk.num_logits :])
+        step = StepBatch.of(chunks, self.block_size)
+        step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
+        last_ids = step.token_ids[step.logits_indices].tolist()
         tokens = torch.tensor(last_ids, dtype=torch.int64, device=self.device)  # (num_logits,)
         logits = torch.zeros(len(last_ids), self.model_config.vocab_size, device=self.device)
         logits[torch.arange(len(last_ids), device=self.device), successors(tokens)] = FAKE_SUCCESSOR_LOGIT
         return logits
 
-    def execute_with_aux(self, chunks: list[SeqChunk], aux_layer_ids: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def execute_with_aux(
+        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
         raise ValueError("--fake-model has no hidden states for a DFlash drafter; use --spec-method ngram")

@@ -11,6 +11,7 @@ from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.executor import SeqChunk
 from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.step_batch import StepBatch
 from openinfer.engine_core.step_graphs import StepGraphs, bucket_for, pad_step, uniform_query_len
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
@@ -37,20 +38,27 @@ def padded(runner: ModelRunner) -> ModelRunner:
 def test_shapes_and_buckets() -> None:
     """Decodes and verifications are uniform (q = the longest, up to its query bucket); a prefill chunk is
     not; batch buckets round up too."""
-    decode, verify = SeqChunk([5], 7, [0, 1]), SeqChunk([5, 6, 7], 3, [2], num_logits=3)
-    assert uniform_query_len([decode, verify]) == 4  # 3 tokens: the bucket of 4
-    assert uniform_query_len([SeqChunk([5, 6], 0, [3], num_logits=1)]) is None
+    decode, verify = SeqChunk([5], 7, [0, 1]), SeqChunk([5, 6, 7], 3, [2, 4], num_logits=3)
+    assert uniform_query_len(StepBatch.of([decode, verify], BLOCK_SIZE)) == 4  # 3 tokens: the bucket of 4
+    assert uniform_query_len(StepBatch.of([SeqChunk([5, 6], 0, [3], num_logits=1)], BLOCK_SIZE)) is None
     assert [bucket_for(n, 64) for n in (1, 3, 5, 9, 64, 65)] == [1, 4, 8, 16, 64, None]
 
 
 def test_padding_writes_only_the_scratch_block() -> None:
     """A 1-token request padded to q = 3 writes its own slot, then two scratch slots; a padding request
     writes scratch slots only; real queries' contexts end where they did (seq_len = start + q, causal)."""
-    step = pad_step([SeqChunk([9], 5, [2, 7])], batch=2, query_len=3, block_size=4, scratch_block=10)
-    assert step.slot_mapping == [7 * 4 + 1, 40, 40, 40, 41, 42]  # position 5 is block 7, offset 1
-    assert step.positions == [5, 5, 5, 0, 1, 2]
-    assert step.seq_lens == [8, 3] and step.logits_rows == [0]
-    assert step.block_tables == [[2, 7], [10, 10]]  # the 2 columns positions 0..7 need
+    step = pad_step(StepBatch.of([SeqChunk([9], 5, [2, 7])], 4), batch=2, query_len=3, scratch_block=10)
+    assert step.slot_mapping.ravel().tolist() == [
+        7 * 4 + 1,
+        40,
+        40,
+        40,
+        41,
+        42,
+    ]  # position 5: block 7, offset 1
+    assert step.positions.ravel().tolist() == [5, 5, 5, 0, 1, 2]
+    assert step.seq_lens.tolist() == [8, 3] and step.logits_rows.tolist() == [0]
+    assert step.block_tables.tolist() == [[2, 7], [10, 10]]  # the 2 columns positions 0..7 need
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

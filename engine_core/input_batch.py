@@ -1,0 +1,88 @@
+"""The running requests' tokens and block tables as persistent arrays, one row per request (vLLM's
+persistent batch): a step's inputs are gathered from them in a few vectorised operations, and only what
+changed is written between steps.
+
+A row holds its request's tokens (prompt and outputs, then the pending drafts past them) and its block table.
+What keeps it true, and who writes it:
+
+- ``add`` (the request is first scheduled, or again after a preemption) writes every token and the table;
+- ``write_drafts`` (before the step that verifies them) writes a request's drafts after its last token;
+- ``append`` (after each step) writes each sampling request's last new token: its accepted drafts are
+  already in place, its prefill tokens were written by ``add``;
+- ``sync_tables`` (before the step) rewrites a table whose length changed since it was written, and
+  ``trimmed`` records a table cut short (a cut keeps the blocks before it, so the length says it all);
+- ``remove`` (the request finished or was preempted) frees the row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from openinfer.engine_core.request import Request
+from openinfer.engine_core.step_batch import Int64s, StepBatch
+
+
+class InputBatch:
+    def __init__(self, max_num_seqs: int, max_tokens: int, block_size: int) -> None:
+        """Rows for ``max_num_seqs`` requests of up to ``max_tokens`` tokens each, drafts included."""
+        self.block_size = block_size
+        self.token_ids = np.zeros((max_num_seqs, max_tokens), dtype=np.int64)
+        self.block_tables = np.zeros((max_num_seqs, -(-max_tokens // block_size)), dtype=np.int64)
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+
+    def add(self, request: Request) -> None:
+        """Give ``request`` a row and write its tokens and block table there."""
+        request.row = row = self._free_rows.pop()
+        self.token_ids[row, : len(request.all_token_ids)] = request.all_token_ids
+        self._write_table(row, request.block_ids)
+
+    def remove(self, request: Request) -> None:
+        if request.row >= 0:
+            self._free_rows.append(request.row)
+            request.row = -1
+
+    def write_drafts(self, request: Request) -> None:
+        start = len(request.all_token_ids)
+        self.token_ids[request.row, start : start + len(request.spec_token_ids)] = request.spec_token_ids
+
+    def append(self, rows: list[int], positions: list[int], tokens: list[int]) -> None:
+        """Write tokens[i] at positions[i] of row rows[i]."""
+        if rows:
+            self.token_ids[rows, positions] = tokens
+
+    def sync_tables(self, requests: list[Request], rows: Int64s, num_blocks: Int64s) -> None:
+        """Rewrite the tables of ``requests`` (at ``rows``) whose length is not ``num_blocks`` any more."""
+        for i in np.flatnonzero(self.num_blocks[rows] != num_blocks).tolist():
+            self._write_table(requests[i].row, requests[i].block_ids)
+
+    def trimmed(self, request: Request) -> None:
+        self.num_blocks[request.row] = len(request.block_ids)
+
+    def _write_table(self, row: int, block_ids: list[int]) -> None:
+        self.block_tables[row, : len(block_ids)] = block_ids
+        self.num_blocks[row] = len(block_ids)
+
+    def step_batch(self, rows: Int64s, starts: Int64s, query_lens: Int64s, num_logits: Int64s) -> StepBatch:
+        """The step of B requests at ``rows``: request b runs query_lens[b] tokens from position starts[b]
+        and wants logits for its last num_logits[b]."""
+        block_size = self.block_size
+        num_tokens = int(query_lens.sum())
+        chunk_of = np.repeat(np.arange(len(rows)), query_lens)  # (N,): the request of each token
+        first = np.cumsum(query_lens) - query_lens  # (B,): its first token in the packed step
+        positions = starts[chunk_of] + np.arange(num_tokens) - first[chunk_of]
+        token_rows = rows[chunk_of]
+        num_blocks = self.num_blocks[rows]
+        tables = self.block_tables[rows, : int(num_blocks.max())]
+        slots = self.block_tables[token_rows, positions // block_size] * block_size + positions % block_size
+        return StepBatch(
+            token_ids=self.token_ids[token_rows, positions],
+            positions=positions,
+            slot_mapping=slots,
+            context_lens=starts,
+            query_lens=query_lens,
+            num_logits=num_logits,
+            block_tables=tables,
+            num_blocks=num_blocks,
+            block_size=block_size,
+        )
