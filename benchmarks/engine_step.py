@@ -120,8 +120,20 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
     core._execute = timer.wrap("execute", core._execute)  # type: ignore[method-assign]
     runner.model.forward = timer.wrap("model", runner.model.forward, synced=True)  # type: ignore[method-assign]
     runner.model.compute_logits = timer.wrap("model", runner.model.compute_logits, synced=True)  # type: ignore[method-assign]
+    replay = torch.cuda.CUDAGraph.replay  # graph replays are the model's forward too (restored below)
+    if runner.step_graphs is not None:
+        torch.cuda.CUDAGraph.replay = timer.wrap("model", replay, synced=True)  # type: ignore[method-assign]
     core._update = timer.wrap("update", core._update)  # type: ignore[method-assign]
     core._propose = timer.wrap("propose", core._propose)  # type: ignore[method-assign]
+    try:
+        samples = timed_steps(core, timer, steps)
+    finally:
+        torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def timed_steps(core: EngineCore, timer: PartTimer, steps: int) -> dict[str, list[float]]:
+    """µs of each step, its host part and each wrapped part, for ``steps`` steps."""
     codec = EngineOutputCodec()
     samples: dict[str, list[float]] = defaultdict(list)
     for seq in range(steps):
@@ -138,7 +150,7 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
         samples["host"].append((end - start - parts.get("model", 0)) / 1e3)
         for part in PARTS:
             samples[part].append(parts.get(part, 0) / 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def main() -> None:

@@ -4,7 +4,8 @@
 #   2. the Triton kernels' largest error against the torch backend (benchmarks/attention_check.py);
 #   3. decode-step time of a random Qwen3-4B-shaped bfloat16 model at batch 1, 8, 64 against the HBM floor,
 #      eager and from CUDA graphs (benchmarks/gpu_step.py);
-#   4. the built-in pair's output tok/s at concurrency 1 and 8: no drafter, n-gram, DFlash.
+#   4. the engine's host overhead per step on this machine's CPU, batch 1, 8, 64 (benchmarks/engine_step.py);
+#   5. the built-in pair's output tok/s at concurrency 1 and 8: no drafter, n-gram, DFlash.
 # Everything printed also goes to $OUT/gpu_check.log and the other logs into $OUT/logs.tar.gz (default OUT:
 # /tmp/gpu_check): two files to bring back. Run it with a 590 s limit; each step has its own timeout. Packages the machine lacks (msgspec, pyzmq, pytest-asyncio, ...)
 # may travel as wheels in .whl/; the project goes on the path under its openinfer.* names without being
@@ -41,6 +42,9 @@ timeout 45 python3 benchmarks/attention_check.py
 echo "== 3. decode step, random Qwen3-4B shape, bfloat16"
 timeout 200 python3 benchmarks/gpu_step.py --qwen3-4b /tmp/qwen3-4b --batch-sizes 1 8 64
 
+echo "== 4. host overhead per engine step (built-in model on the GPU, CUDA graphs)"
+timeout 90 python3 benchmarks/engine_step.py --device cuda --steps 50 2>&1 | tee "$out/logs/engine_step.log"
+
 serve_bench() {  # $1: label, rest: openinfer-serve flags
   local label=$1
   shift
@@ -67,7 +71,7 @@ PY
   kill -TERM "$pid"
   wait "$pid"
 }
-echo "== 4. serving the built-in pair on the GPU (output tok/s)"
+echo "== 5. serving the built-in pair on the GPU (output tok/s)"
 echo "| drafter | concurrency | output tok/s |"
 echo "|---|---:|---:|"
 serve_bench none --no-spec
