@@ -130,6 +130,7 @@ class EngineCore:
             message.arrival_time or time.time(),
             generator=generator,
             stop_ids=frozenset(stop_ids),
+            token_limit=min(len(message.prompt_token_ids) + params.max_tokens, self.facts.max_model_len),
         )
         self.requests[request.request_id] = request
         self.scheduler.add(request)
@@ -231,7 +232,7 @@ class EngineCore:
         sampled = verify(logits, [s.spec_token_ids for s in sampling], self._sampling_batch(sampling, logits))
         logprobs = self._logprobs(logits, sampling, sampled)
         appended = iter(sampled)
-        spec, max_model_len = self.spec, self.facts.max_model_len
+        spec = self.spec
         new_rows: list[int] = []  # the last token of each request that goes on, for the input batch
         new_positions: list[int] = []
         new_tokens: list[int] = []
@@ -247,7 +248,7 @@ class EngineCore:
                 tokens = next(appended)
                 num_accepted = len(tokens) - 1
                 num_valid += num_accepted
-                num_kept = self._append(request, tokens, max_model_len)
+                num_kept = self._append(request, tokens)
                 if request.row >= 0:
                     new_rows.append(request.row)
                     new_positions.append(len(request.all_token_ids) - 1)
@@ -263,7 +264,7 @@ class EngineCore:
             if self.scheduler.commit(s, num_valid):  # the KV manager freed rejected drafts' blocks
                 self.input_batch.trimmed(request)
             if aux is not None and spec is not None:
-                if not request.status.is_finished and spec.can_draft(request):
+                if request.row >= 0 and spec.can_draft(request):  # it goes on (an ended one lost its row)
                     context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
                 row += s.num_new_tokens + len(s.spec_token_ids)
         if context and spec is not None:
@@ -317,12 +318,10 @@ class EngineCore:
             i += len(tokens)
         return out
 
-    def _append(self, request: Request, tokens: list[int], max_model_len: int) -> int:
+    def _append(self, request: Request, tokens: list[int]) -> int:
         """Append tokens until one stops the request (a stop token, then max_tokens or the model length,
         checked in that order after each token); return how many were appended."""
-        room = min(request.sampling_params.max_tokens + len(request.prompt_token_ids), max_model_len) - len(
-            request.all_token_ids
-        )
+        room = request.token_limit - len(request.all_token_ids)
         stop_ids = request.stop_ids
         if len(tokens) < room and stop_ids.isdisjoint(tokens):
             request.all_token_ids += tokens

@@ -65,6 +65,9 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     # the request's row in the engine's InputBatch while it runs; -1 otherwise
     row: int = -1
+    # the most tokens (prompt + output) it may reach: max_tokens after the prompt, or the model length
+    # (set by EngineCore.add_request)
+    token_limit: int = 0
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -143,8 +143,8 @@ class Scheduler:
         request = scheduled.request
         request.num_computed_tokens = num_computed = scheduled.start + num_valid
         block_size = self.kv_cache.block_size
-        if request.status.is_finished or len(request.block_ids) * block_size < num_computed + block_size:
-            return False
+        if len(request.block_ids) * block_size < num_computed + block_size or request.status.is_finished:
+            return False  # nothing past the verified tokens' blocks (an ended request's are all freed)
         self.kv_cache.trim(request.block_ids, num_computed)
         return True
 
