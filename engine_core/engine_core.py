@@ -199,8 +199,10 @@ class EngineCore:
         for s in scheduled:
             if s.request.row < 0:
                 batch.add(s.request)
-            if s.spec_token_ids:
-                batch.write_drafts(s.request)
+        drafting = [s.request for s in scheduled if s.spec_token_ids]
+        if drafting:
+            batch.write_drafts(drafting)
+        batch.sync_tables(scheduled)
         # One pass over the step's requests; the rest is vectorised over their rows.
         facts = np.array(
             [
@@ -209,15 +211,12 @@ class EngineCore:
                     s.start,
                     s.num_new_tokens + len(s.spec_token_ids),
                     1 + len(s.spec_token_ids) if s.samples else 0,
-                    len(s.request.block_ids),
                 )
                 for s in scheduled
             ],
             dtype=np.int64,
-        ).reshape(len(scheduled), 5)
-        rows, starts, query_lens, num_logits, num_blocks = facts.T
-        batch.sync_tables([s.request for s in scheduled], rows, num_blocks)
-        chunks = batch.step_batch(rows, starts, query_lens, num_logits)
+        ).reshape(len(scheduled), 4)
+        chunks = batch.step_batch(facts)
         aux_layer_ids = self.spec.drafter.aux_layer_ids if self.spec is not None else ()
         if aux_layer_ids:
             return self.runner.execute_with_aux(chunks, aux_layer_ids)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from openinfer.engine_core.request import Request
+from openinfer.engine_core.scheduler import ScheduledRequest
 from openinfer.engine_core.step_batch import Int64s, StepBatch
 
 
@@ -42,19 +43,24 @@ class InputBatch:
             self._free_rows.append(request.row)
             request.row = -1
 
-    def write_drafts(self, request: Request) -> None:
-        start = len(request.all_token_ids)
-        self.token_ids[request.row, start : start + len(request.spec_token_ids)] = request.spec_token_ids
+    def write_drafts(self, requests: list[Request]) -> None:
+        """Write each request's drafts after its last token."""
+        rows = [r.row for r in requests for _ in r.spec_token_ids]
+        positions = [len(r.all_token_ids) + i for r in requests for i in range(len(r.spec_token_ids))]
+        self.token_ids[rows, positions] = [t for r in requests for t in r.spec_token_ids]
 
     def append(self, rows: list[int], positions: list[int], tokens: list[int]) -> None:
         """Write tokens[i] at positions[i] of row rows[i]."""
         if rows:
             self.token_ids[rows, positions] = tokens
 
-    def sync_tables(self, requests: list[Request], rows: Int64s, num_blocks: Int64s) -> None:
-        """Rewrite the tables of ``requests`` (at ``rows``) whose length is not ``num_blocks`` any more."""
-        for i in np.flatnonzero(self.num_blocks[rows] != num_blocks).tolist():
-            self._write_table(requests[i].row, requests[i].block_ids)
+    def sync_tables(self, scheduled: list[ScheduledRequest]) -> None:
+        """Rewrite the tables of the scheduled requests whose length changed (the scheduler allocated)."""
+        written = self.num_blocks
+        for s in scheduled:
+            request = s.request
+            if len(request.block_ids) != written[request.row]:
+                self._write_table(request.row, request.block_ids)
 
     def trimmed(self, request: Request) -> None:
         self.num_blocks[request.row] = len(request.block_ids)
@@ -63,17 +69,21 @@ class InputBatch:
         self.block_tables[row, : len(block_ids)] = block_ids
         self.num_blocks[row] = len(block_ids)
 
-    def step_batch(self, rows: Int64s, starts: Int64s, query_lens: Int64s, num_logits: Int64s) -> StepBatch:
-        """The step of B requests at ``rows``: request b runs query_lens[b] tokens from position starts[b]
-        and wants logits for its last num_logits[b]."""
-        block_size = self.block_size
-        num_tokens = int(query_lens.sum())
-        chunk_of = np.repeat(np.arange(len(rows)), query_lens)  # (N,): the request of each token
-        first = np.cumsum(query_lens) - query_lens  # (B,): its first token in the packed step
-        positions = starts[chunk_of] + np.arange(num_tokens) - first[chunk_of]
+    def step_batch(self, facts: Int64s) -> StepBatch:
+        """The step of B requests, ``facts`` (B, 4): each one's row, the position of its first token run
+        (tokens before it are cached), how many tokens it runs, and for how many of its last it wants logits."""
+        rows, starts, query_lens, num_logits = facts.T
+        num_reqs, block_size = len(rows), self.block_size
+        longest_query = int(query_lens.max())
+        if longest_query == 1:  # all decodes: one token each, at its request's start
+            chunk_of, positions = np.arange(num_reqs), starts
+        else:
+            chunk_of = np.repeat(np.arange(num_reqs), query_lens)  # (N,): the request of each token
+            first = np.cumsum(query_lens) - query_lens  # (B,): its first token in the packed step
+            positions = starts[chunk_of] + np.arange(len(chunk_of)) - first[chunk_of]
         token_rows = rows[chunk_of]
         num_blocks = self.num_blocks[rows]
-        tables = self.block_tables[rows, : int(num_blocks.max())]
+        seq_lens = starts + query_lens
         slots = self.block_tables[token_rows, positions // block_size] * block_size + positions % block_size
         return StepBatch(
             token_ids=self.token_ids[token_rows, positions],
@@ -82,7 +92,10 @@ class InputBatch:
             context_lens=starts,
             query_lens=query_lens,
             num_logits=num_logits,
-            block_tables=tables,
+            block_tables=self.block_tables[rows, : int(num_blocks.max())],
             num_blocks=num_blocks,
             block_size=block_size,
+            max_query_len=longest_query,
+            max_seq_len=int(seq_lens.max()),
+            logits_for_every_token=bool((num_logits == query_lens).all()),
         )

@@ -144,6 +144,12 @@ class ModelRunner:
             packed, [n, n, n] + ([] if every_row else [num_logits]), self.device
         )
         attn = AttentionMetadata.from_arrays(
-            step.context_lens, step.query_lens, step.block_tables, slots, self.block_size
+            step.context_lens,
+            step.query_lens,
+            step.block_tables,
+            slots,
+            self.block_size,
+            step.max_query_len,
+            step.max_seq_len,
         )
         return _StepInputs(input_ids, positions, attn, logits_indices[0] if logits_indices else None)

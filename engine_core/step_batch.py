@@ -26,9 +26,12 @@ class StepBatch:
     context_lens: Int64s  # (B,): tokens of the chunk's request already in the cache
     query_lens: Int64s  # (B,)
     num_logits: Int64s  # (B,): logits wanted for the chunk's last num_logits tokens
-    block_tables: Int64s  # (B, W): W the longest table, rows padded with block 0
+    block_tables: Int64s  # (B, W): W the longest table; columns past a table's length are padding
     num_blocks: Int64s  # (B,): the length of each chunk's table
     block_size: int
+    max_query_len: int
+    max_seq_len: int  # the longest context after the step
+    logits_for_every_token: bool  # decode and verify steps: logits_indices is 0..N-1
 
     @classmethod
     def of(cls, chunks: Sequence[SeqChunk] | StepBatch, block_size: int) -> StepBatch:
@@ -64,19 +67,31 @@ class StepBatch:
             )
         slots = tables[chunk_of, block_index] * block_size + positions % block_size
         return cls(
-            token_ids, positions, slots, context_lens, query_lens, num_logits, tables, num_blocks, block_size
+            token_ids,
+            positions,
+            slots,
+            context_lens,
+            query_lens,
+            num_logits,
+            tables,
+            num_blocks,
+            block_size,
+            max_query_len=int(query_lens.max()),
+            max_seq_len=int((context_lens + query_lens).max()),
+            logits_for_every_token=bool((num_logits == query_lens).all()),
         )
 
     def check(self, max_positions: int, num_kv_blocks: int) -> None:
         """Refuse what a runner cannot run: logits a chunk lacks, positions past the model's, tables too short
         for their tokens, block ids out of range (``of`` already refused empty chunks)."""
-        if self.num_logits.min() < 0 or (self.num_logits > self.query_lens).any():
+        if not self.logits_for_every_token and (
+            self.num_logits.min() < 0 or (self.num_logits > self.query_lens).any()
+        ):
             b = int(np.argmax((self.num_logits < 0) | (self.num_logits > self.query_lens)))
             raise ValueError(f"num_logits {self.num_logits[b]} is outside [0, {self.query_lens[b]}]")
+        if self.max_seq_len > max_positions:
+            raise ValueError(f"position {self.max_seq_len - 1} is past the model's {max_positions}")
         seq_lens = self.seq_lens
-        longest = int(seq_lens.max())
-        if longest > max_positions:
-            raise ValueError(f"position {longest - 1} is past the model's {max_positions}")
         short = self.num_blocks * self.block_size < seq_lens
         if short.any():
             b = int(np.argmax(short))
@@ -105,12 +120,6 @@ class StepBatch:
     def query_start_loc(self) -> Int64s:
         """(B + 1,): chunk b's tokens are [loc[b], loc[b + 1])."""
         return np.concatenate(([0], np.cumsum(self.query_lens)))
-
-    @property
-    def logits_for_every_token(self) -> bool:
-        """Whether every token's logits are wanted (decode and verify steps): logits_indices is then 0..N-1.
-        (No chunk wants more logits than it has tokens, which ``check`` holds, so the totals tell.)"""
-        return int(self.num_logits.sum()) == len(self.token_ids)
 
     @cached_property
     def logits_indices(self) -> Int64s:

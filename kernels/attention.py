@@ -83,6 +83,8 @@ class AttentionMetadata:
             tables,
             host_to_device(slots, torch.int64, device),
             block_size,
+            max(query_lens),
+            max(c + q for c, q in zip(context_lens, query_lens, strict=True)),
         )
 
     @classmethod
@@ -93,9 +95,12 @@ class AttentionMetadata:
         block_tables: NDArray[np.int64],
         slot_mapping: Tensor,
         block_size: int,
+        max_query_len: int,
+        max_seq_len: int,
     ) -> AttentionMetadata:
-        """The metadata of (B,) context and query lengths and (B, W) padded block tables, with the step's
-        slot mapping already on its device: the int32 fields in one host-to-device copy."""
+        """The metadata of (B,) context and query lengths (their longest query and context given) and
+        (B, W) padded block tables, with the step's slot mapping already on its device: the int32 fields in
+        one host-to-device copy."""
         num_reqs, width = block_tables.shape
         packed = np.empty(2 * num_reqs + 1 + num_reqs * width, dtype=np.int32)
         packed[0] = 0
@@ -113,8 +118,8 @@ class AttentionMetadata:
             block_tables=tables.view(num_reqs, width),
             query_lens=query_lens.tolist(),
             context_lens=context_lens.tolist(),
-            max_query_len=int(query_lens.max()),
-            max_seq_len=int(seq_lens.max()),
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
             block_size=block_size,
         )
 
