@@ -18,6 +18,7 @@ from openinfer.engine_core.models.dflash import (
     triton_block_attention,
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.kernels.attention import AttentionBackend
 from openinfer.protocol import MAX_SPEC_TOKENS
@@ -44,7 +45,9 @@ class DFlashDrafter:
     previous owner of the block) is never read before that position is verified again and overwritten, so
     nothing is ever rolled back.
 
-    Its attention follows the target's backend (:func:`follow_backend`).
+    Its attention follows the target's backend (:func:`follow_backend`), and so do its CUDA graphs: when the
+    runner has ``step_graphs`` (CUDA, Triton, no ``--enforce-eager``; or padded eagerly in tests), drafts run
+    padded through :class:`DraftGraphs` with the same ``capture`` flag, batches past its buckets eagerly.
     """
 
     def __init__(
@@ -78,6 +81,19 @@ class DFlashDrafter:
         cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
         caches = torch.zeros((layers.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
         self.context_caches: list[Tensor] = list(caches.unbind(0))
+        step_graphs = runner.step_graphs
+        self.graphs: DraftGraphs | None = None
+        if step_graphs is not None:
+            self.graphs = DraftGraphs(
+                lambda ids, positions, context: self._logits(ids, positions, context, num_spec_tokens),
+                mask_token_id=config.mask_token_id,
+                block_width=min(num_spec_tokens + 1, config.block_size),  # every block_length fits
+                page_size=self.page_size,
+                width=step_graphs.width,
+                max_batch=step_graphs.max_batch,
+                device=self.device,
+                capture=step_graphs.capture,
+            )
 
     def describe(self) -> str:
         return f"dflash K={self.num_spec_tokens} block={self.config.block_size} ({self.config.anchor.value})"
@@ -123,18 +139,27 @@ class DFlashDrafter:
     @torch.inference_mode()
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
         """Greedy drafts for every query (up to its max_drafts), in query order, from ONE batched forward:
-        the argmax of :meth:`draft_logits`."""
+        the argmax of :meth:`draft_logits`, padded through ``graphs`` when they hold the batch."""
         drafts: list[list[int]] = [[] for _ in queries]
         active = [i for i, query in enumerate(queries) if self._check_query(query) > 0]
         if active:
-            logits = self._block_logits([queries[i] for i in active])  # (B, num_drafts, vocab)
-            for i, row in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+            for i, row in zip(active, self._draft_ids([queries[i] for i in active]), strict=True):
                 drafts[i] = row[: queries[i].max_drafts]
         return drafts
 
+    def _draft_ids(self, batch: list[DraftQuery]) -> list[list[int]]:
+        """Greedy draft ids per query (at least its max_drafts), read back once: padded through ``graphs``
+        when a bucket holds the batch, else eagerly."""
+        if self.graphs is not None:
+            bucket = self.graphs.fits(batch)
+            if bucket is not None:
+                return self.graphs.run(batch, [self.block_length(q) for q in batch], bucket)
+        return self._block_logits(batch).argmax(dim=-1).tolist()  # (B, max max_drafts)
+
     @torch.inference_mode()
     def draft_logits(self, queries: list[DraftQuery]) -> list[Tensor]:
-        """Each query's draft logits, (max_drafts, vocab) float32, from the same forward `propose` runs."""
+        """Each query's draft logits, (max_drafts, vocab) float32, from the forward `propose` runs when it
+        runs eagerly (the padded one gives the same drafts)."""
         for query in queries:
             self._check_query(query)
         active = [q for q in queries if q.max_drafts > 0]
