@@ -1,23 +1,32 @@
-"""The Triton paged-attention kernels' largest error against the torch backend, as a table; not a test.
+"""The Triton attention kernels' largest error against the torch paths, as a table; not a test.
 
     python benchmarks/attention_check.py        # CUDA (or the CPU under TRITON_INTERPRET=1: slow)
 
 Each row: one step shape (decode, or a mixed step of prefill chunks and a verification), a head layout and a
 dtype; random queries, keys, values and cache contents over scattered block tables. The reference is the
 torch backend in float32 on the same values; the error is the largest absolute difference of the outputs.
+The DFlash rows do the same for the drafter's block-attention kernel against its torch path (gather + SDPA).
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from functools import partial
 
+import torch
+from torch import Tensor
+
+from openinfer.engine_core.models.dflash import BlockContext, torch_block_attention
 from openinfer.kernels.attention import AttentionMetadata, TorchAttentionBackend
 from openinfer.kernels.triton_attention import TritonAttentionBackend
+from openinfer.kernels.triton_dflash_attention import block_attention_triton
 
 SHAPES = {  # (context_len, query_len) per request
     "decode, 8 requests": [(c, 1) for c in (0, 15, 100, 37, 511, 1023, 64, 2047)],
     "prefill + verify": [(0, 37), (40, 25), (9, 1), (900, 8), (0, 1), (24, 8)],
 }
+DFLASH_BLOCKS = [(0, 16), (15, 1), (100, 9), (511, 16), (1023, 4), (2047, 16)]  # (context_len, block_len)
+DFLASH_WIDTH = 16  # T, every block's padded width
 HEADS = [(32, 8, 128), (16, 16, 64)]  # (num_heads, num_kv_heads, head_dim)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BLOCK_SIZE = 16
@@ -44,13 +53,51 @@ def max_error(requests: list[tuple[int, int]], heads: tuple[int, int, int], dtyp
     return (got - expected).abs().max().item()
 
 
+def dflash_max_error(heads: tuple[int, int, int], dtype: torch.dtype) -> float:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(0)
+    num_heads, num_kv_heads, head_dim = heads
+    b, t = len(DFLASH_BLOCKS), DFLASH_WIDTH
+    sizes = [-(-c // BLOCK_SIZE) for c, _ in DFLASH_BLOCKS]
+    pool = torch.randperm(sum(sizes), generator=g).tolist()
+    tables = [
+        pool[sum(sizes[:i]) : sum(sizes[: i + 1])] + [0] * (max(sizes) - s) for i, s in enumerate(sizes)
+    ]
+
+    def lens(values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    context = BlockContext(
+        block_tables=lens([page for table in tables for page in table]).view(b, max(sizes)),
+        context_lens=lens([c for c, _ in DFLASH_BLOCKS]),
+        block_lens=lens([n for _, n in DFLASH_BLOCKS]),
+        max_context_len=max(c for c, _ in DFLASH_BLOCKS),
+        page_size=BLOCK_SIZE,
+        block_width=t,
+    )
+    q = torch.randn(b, t, num_heads, head_dim, generator=g)
+    k, v = (torch.randn(b, t, num_kv_heads, head_dim, generator=g) for _ in range(2))
+    cache = torch.randn(2, len(pool), BLOCK_SIZE, num_kv_heads, head_dim, generator=g)
+    scale = head_dim**-0.5
+    low = [x.to(device, dtype) for x in (q, k, v, cache)]
+    reference = [x.to(dtype).float().to(device) for x in (q, k, v, cache)]  # the same rounded values
+    got = block_attention_triton(
+        *low, context.block_tables, context.context_lens, context.block_lens, scale
+    ).float()
+    return (got - torch_block_attention(*reference, context, scale)).abs().max().item()
+
+
 def main() -> None:
     print("| step | heads (q/kv x dim) | dtype | max abs error |")
     print("|---|---|---|---:|")
-    for name, requests in SHAPES.items():
+    cases: dict[str, Callable[[tuple[int, int, int], torch.dtype], float]] = {
+        name: partial(max_error, requests) for name, requests in SHAPES.items()
+    }
+    cases[f"dflash block, {len(DFLASH_BLOCKS)} blocks of {DFLASH_WIDTH}"] = dflash_max_error
+    for name, error_of in cases.items():
         for heads in HEADS:
             for dtype in DTYPES:
-                error = max_error(requests, heads, dtype)
+                error = error_of(heads, dtype)
                 layout = f"{heads[0]}/{heads[1]} x {heads[2]}"
                 print(
                     f"| {name} | {layout} | {str(dtype).removeprefix('torch.')} | {error:.2e} |", flush=True

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything GPU-related in one run of at most ~8 minutes on one CUDA device, printing tables:
-#   1. the gpu-marked tests and the Triton kernel tests, compiled;
-#   2. the Triton kernels' largest error against the torch backend (benchmarks/attention_check.py);
+#   1. the gpu-marked tests and the Triton kernel tests (paged and DFlash block attention), compiled;
+#   2. the Triton kernels' largest error against the torch paths (benchmarks/attention_check.py);
 #   3. decode-step time of a random Qwen3-4B-shaped bfloat16 model at batch 1, 8, 64 against the HBM floor,
 #      eager and from CUDA graphs (benchmarks/gpu_step.py);
 #   4. the engine's host overhead per step on this machine's CPU, batch 1, 8, 64 (benchmarks/engine_step.py);
-#   5. the built-in pair's output tok/s at concurrency 1 and 8: no drafter, n-gram, DFlash.
+#   5. the built-in pair's output tok/s at concurrency 1 and 8: no drafter, n-gram, DFlash (its drafts from
+#      CUDA graphs too).
 # Everything printed also goes to $OUT/gpu_check.log and the other logs into $OUT/logs.tar.gz (default OUT:
 # /tmp/gpu_check): two files to bring back. Run it with a 590 s limit; each step has its own timeout. Packages the machine lacks (msgspec, pyzmq, pytest-asyncio, ...)
 # may travel as wheels in .whl/; the project goes on the path under its openinfer.* names without being
@@ -34,10 +35,10 @@ echo "== 1. gpu-marked tests and the Triton kernel tests, compiled"
 timeout 120 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests 2>&1 \
   | tee "$out/logs/gpu_tests.log" | tail -n 8
 timeout 120 python3 -m pytest -q -p no:cacheprovider -k triton tests/kernels tests/engine_core/test_step_graphs.py \
-  2>&1 | tee "$out/logs/triton_tests.log" | tail -n 5
+  tests/engine_core/test_dflash_graphs.py 2>&1 | tee "$out/logs/triton_tests.log" | tail -n 5
 
-echo "== 2. Triton attention against the torch backend"
-timeout 45 python3 benchmarks/attention_check.py
+echo "== 2. Triton attention (paged, DFlash block) against the torch paths"
+timeout 60 python3 benchmarks/attention_check.py
 
 echo "== 3. decode step, random Qwen3-4B shape, bfloat16"
 timeout 200 python3 benchmarks/gpu_step.py --qwen3-4b /tmp/qwen3-4b --batch-sizes 1 8 64

@@ -93,7 +93,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P2: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,  # the cache dtype; float32 for bfloat16 under the interpreter (see _dot_dtype)
+    DOT_DTYPE: tl.constexpr,  # the cache dtype; float32 for bfloat16 under the interpreter (see dot_dtype)
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 (no TF32 rounding), "tf32" (unused) for 16-bit
 ):
     req = tl.program_id(0)
@@ -186,7 +186,7 @@ def _combine_splits_kernel(
     tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     """The dtype of tl.dot's operands: the cache's, except bfloat16 under the interpreter, whose tl.dot
     multiplies bfloat16 bit patterns (triton-lang/triton#11584) and so gets float32 operands instead."""
     if dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
@@ -213,11 +213,11 @@ def write_kv_cache_triton(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: 
         *kv_cache.stride()[:4],
         BLOCK_SIZE=kv_cache.shape[2],
         HEAD_DIM=head_dim,
-        HEAD_DIM_P2=_head_dim_p2(head_dim),
+        HEAD_DIM_P2=head_dim_p2(head_dim),
     )
 
 
-def _head_dim_p2(head_dim: int) -> int:
+def head_dim_p2(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
@@ -278,13 +278,13 @@ class TritonAttentionBackend:
             BLOCK_N=KEYS_PER_TILE[kv_cache.element_size()],
             BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim,
-            HEAD_DIM_P2=_head_dim_p2(head_dim),
+            HEAD_DIM_P2=head_dim_p2(head_dim),
             NUM_SPLITS=splits,
-            DOT_DTYPE=_dot_dtype(kv_cache.dtype),
+            DOT_DTYPE=dot_dtype(kv_cache.dtype),
             DOT_PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
         )
         if splits > 1:
             _combine_splits_kernel[(num_tokens, num_heads)](
-                out, partial, lse, NUM_SPLITS=splits, HEAD_DIM=head_dim, HEAD_DIM_P2=_head_dim_p2(head_dim)
+                out, partial, lse, NUM_SPLITS=splits, HEAD_DIM=head_dim, HEAD_DIM_P2=head_dim_p2(head_dim)
             )
         return out

@@ -39,8 +39,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -60,17 +61,20 @@ from openinfer.kernels.attention import write_kv_cache
 
 @dataclass(frozen=True)
 class BlockContext:
-    """Where each draft block's context keys/values lie in the paged context cache, for one propose call.
+    """Where each draft block's context keys/values lie in the paged context cache, and which keys are real.
 
     The cache has the target's layout, one tensor per draft layer: (2, num_pages, page_size, num_kv_heads,
     head_dim); position p of block b's request is at page block_tables[b, p // page_size], offset
-    p % page_size.
+    p % page_size. Block b sees context positions [0, context_lens[b]) and the first block_lens[b] of its
+    block_width keys (the rest are padding).
     """
 
-    block_tables: Tensor  # (B, max_pages) int64, rows padded with page 0
-    key_mask: Tensor  # (B, max_context_len + block_size) bool: context keys < the request's length; the block
-    max_context_len: int
+    block_tables: Tensor  # (B, width) int32/int64: columns past a request's context are never attended to
+    context_lens: Tensor  # (B,) int
+    block_lens: Tensor  # (B,) int, 1..block_width (the Triton kernel takes 0 too: zeros, not NaN)
+    max_context_len: int  # context keys the torch path gathers per block: >= every context_lens[b]
     page_size: int
+    block_width: int  # T, the block's padded width
 
     def gather(self, cache: Tensor) -> tuple[Tensor, Tensor]:
         """The padded context keys and values, each (B, max_context_len, num_kv_heads, head_dim)."""
@@ -80,11 +84,57 @@ class BlockContext:
         values = cache[1][tables].flatten(1, 2)[:, : self.max_context_len]
         return keys, values
 
+    @cached_property
+    def key_mask(self) -> Tensor:
+        """(B, max_context_len + block_width) bool: the real context keys, then the real block keys."""
+        device = self.context_lens.device
+        context = torch.arange(self.max_context_len, device=device)[None, :] < self.context_lens[:, None]
+        block = torch.arange(self.block_width, device=device)[None, :] < self.block_lens[:, None]
+        return torch.cat((context, block), dim=1)
+
+
+class BlockAttention(Protocol):
+    """Non-causal DFlash block attention: q (B, T, heads, head_dim) over each block's context in `cache` and
+    its own k/v (B, T, kv_heads, head_dim), as `context` says; returns (B, T, heads, head_dim)."""
+
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float
+    ) -> Tensor: ...
+
+
+def torch_block_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float
+) -> Tensor:
+    """The CPU path and the reference: the context gathered into a padded copy, then one SDPA."""
+    context_k, context_v = context.gather(cache)  # (B, S, kv_heads, head_dim) each
+    keys = torch.cat((context_k, k), dim=1)  # (B, S + T, kv_heads, head_dim)
+    values = torch.cat((context_v, v), dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),  # (B, heads, T, head_dim)
+        keys.transpose(1, 2),  # (B, kv_heads, S + T, head_dim)
+        values.transpose(1, 2),
+        attn_mask=context.key_mask[:, None, None, :],  # (B, 1, 1, S + T): no causal part
+        scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )  # (B, heads, T, head_dim)
+    return out.transpose(1, 2)
+
+
+def triton_block_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float
+) -> Tensor:
+    """The Triton kernel: the context read in place through the block table (capturable in CUDA graphs)."""
+    from openinfer.kernels.triton_dflash_attention import block_attention_triton
+
+    return block_attention_triton(
+        q, k, v, cache, context.block_tables, context.context_lens, context.block_lens, scale
+    )
+
 
 class DFlashAttention(nn.Module):
     """Qwen3 attention: queries from the block; keys/values from the context, then from the block."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, attention: BlockAttention) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scale = config.head_dim, config.attention_scale
@@ -95,6 +145,7 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(config.q_width, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.attention = attention
 
     def context_kv(self, features: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """features (n, hidden), cos/sin (n, head_dim) at the context positions -> keys, values (n, kv_heads,
@@ -111,24 +162,14 @@ class DFlashAttention(nn.Module):
         q = apply_rope(q, cos, sin).view(b, t, self.num_heads, self.head_dim)
         k = apply_rope(k, cos, sin).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        context_k, context_v = context.gather(cache)  # (B, S, kv_heads, head_dim) each
-        keys = torch.cat((context_k, k), dim=1)  # (B, S + T, kv_heads, head_dim)
-        values = torch.cat((context_v, v), dim=1)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),  # (B, heads, T, head_dim)
-            keys.transpose(1, 2),  # (B, kv_heads, S + T, head_dim)
-            values.transpose(1, 2),
-            attn_mask=context.key_mask[:, None, None, :],  # (B, 1, 1, S + T): no causal part
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # (B, heads, T, head_dim)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        out = self.attention(q, k, v, cache, context, self.scale)  # (B, T, heads, head_dim)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
 
 class DFlashDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, attention: BlockAttention) -> None:
         super().__init__()
-        self.self_attn = DFlashAttention(config)
+        self.self_attn = DFlashAttention(config, attention)
         self.mlp = Qwen3MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -142,20 +183,29 @@ class DFlashDraftModel(nn.Module):
     """The draft layers, fc, hidden_norm and the final norm; parameter names equal z-lab's checkpoint names.
 
     `context_caches` holds one tensor per draft layer, (2, num_pages, page_size, num_kv_heads, head_dim),
-    filled by `write_context` and read by `forward`.
+    filled by `write_context` and read by `forward` through `attention` (torch's SDPA by default).
+    With `max_positions`, RoPE is looked up in a table of the positions below it, built on first use (no
+    host-to-device copy per call, so a forward can be captured in a CUDA graph).
     """
 
-    def __init__(self, config: DFlashConfig) -> None:
+    def __init__(
+        self,
+        config: DFlashConfig,
+        attention: BlockAttention = torch_block_attention,
+        max_positions: int | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         layers = config.layers
-        self.layers = nn.ModuleList(DFlashDecoderLayer(layers) for _ in range(layers.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(layers, attention) for _ in range(layers.num_hidden_layers)
+        )
         self.fc = nn.Linear(
             len(config.target_layer_ids) * config.target_hidden_size, layers.hidden_size, bias=False
         )
         self.hidden_norm = RMSNorm(layers.hidden_size, layers.rms_norm_eps)
         self.norm = RMSNorm(layers.hidden_size, layers.rms_norm_eps)
-        self.rotary = RotaryEmbedding(layers.head_dim, layers.rope_theta)
+        self.rotary = RotaryEmbedding(layers.head_dim, layers.rope_theta, max_positions)
 
     def write_context(
         self, aux_hidden: Tensor, positions: Tensor, slot_mapping: Tensor, context_caches: Sequence[Tensor]

@@ -3,16 +3,34 @@ target's block ids, and drafts one block per request in a single batched forward
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from openinfer.engine_core.model_runner import ModelRunner
-from openinfer.engine_core.models.dflash import BlockContext, DFlashDraftModel
+from openinfer.engine_core.models.dflash import (
+    BlockAttention,
+    BlockContext,
+    DFlashDraftModel,
+    torch_block_attention,
+    triton_block_attention,
+)
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.kernels.attention import AttentionBackend
 from openinfer.protocol import MAX_SPEC_TOKENS
+
+
+def follow_backend(backend: AttentionBackend) -> BlockAttention:
+    """The draft attention matching the target's backend: the Triton kernel when the target runs Triton's,
+    torch's SDPA otherwise (the CPU default; flash-attn has no block kernel here)."""
+    triton_module = sys.modules.get("openinfer.kernels.triton_attention")  # imported iff Triton is in use
+    if triton_module is not None and isinstance(backend, triton_module.TritonAttentionBackend):
+        return triton_block_attention
+    return torch_block_attention
 
 
 class DFlashDrafter:
@@ -26,6 +44,10 @@ class DFlashDrafter:
     only positions < DraftQuery.position. An entry at a position whose token was later rejected (or left by a
     previous owner of the block) is never read before that position is verified again and overwritten, so
     nothing is ever rolled back.
+
+    Its attention follows the target's backend (:func:`follow_backend`), and so do its CUDA graphs: when the
+    runner has ``step_graphs`` (CUDA, Triton, no ``--enforce-eager``; or padded eagerly in tests), drafts run
+    padded through :class:`DraftGraphs` with the same ``capture`` flag, batches past its buckets eagerly.
     """
 
     def __init__(
@@ -48,8 +70,10 @@ class DFlashDrafter:
         self.page_size = runner.block_size  # KV-cache block size (config.block_size is the draft block's)
         self.num_pages = runner.num_kv_blocks
         self._target = runner.model
+        # RoPE table: a block's slots run up to block_size positions past the model length.
+        max_positions = runner.model_config.max_position_embeddings + config.block_size
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
-            model = DFlashDraftModel(config)
+            model = DFlashDraftModel(config, follow_backend(runner.attn_backend), max_positions)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(path)
         layers = config.layers
@@ -57,6 +81,19 @@ class DFlashDrafter:
         cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
         caches = torch.zeros((layers.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
         self.context_caches: list[Tensor] = list(caches.unbind(0))
+        step_graphs = runner.step_graphs
+        self.graphs: DraftGraphs | None = None
+        if step_graphs is not None:
+            self.graphs = DraftGraphs(
+                lambda ids, positions, context: self._logits(ids, positions, context, num_spec_tokens),
+                mask_token_id=config.mask_token_id,
+                block_width=min(num_spec_tokens + 1, config.block_size),  # every block_length fits
+                page_size=self.page_size,
+                width=step_graphs.width,
+                max_batch=step_graphs.max_batch,
+                device=self.device,
+                capture=step_graphs.capture,
+            )
 
     def describe(self) -> str:
         return f"dflash K={self.num_spec_tokens} block={self.config.block_size} ({self.config.anchor.value})"
@@ -102,18 +139,27 @@ class DFlashDrafter:
     @torch.inference_mode()
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
         """Greedy drafts for every query (up to its max_drafts), in query order, from ONE batched forward:
-        the argmax of :meth:`draft_logits`."""
+        the argmax of :meth:`draft_logits`, padded through ``graphs`` when they hold the batch."""
         drafts: list[list[int]] = [[] for _ in queries]
         active = [i for i, query in enumerate(queries) if self._check_query(query) > 0]
         if active:
-            logits = self._block_logits([queries[i] for i in active])  # (B, num_drafts, vocab)
-            for i, row in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+            for i, row in zip(active, self._draft_ids([queries[i] for i in active]), strict=True):
                 drafts[i] = row[: queries[i].max_drafts]
         return drafts
 
+    def _draft_ids(self, batch: list[DraftQuery]) -> list[list[int]]:
+        """Greedy draft ids per query (at least its max_drafts), read back once: padded through ``graphs``
+        when a bucket holds the batch, else eagerly."""
+        if self.graphs is not None:
+            bucket = self.graphs.fits(batch)
+            if bucket is not None:
+                return self.graphs.run(batch, [self.block_length(q) for q in batch], bucket)
+        return self._block_logits(batch).argmax(dim=-1).tolist()  # (B, max max_drafts)
+
     @torch.inference_mode()
     def draft_logits(self, queries: list[DraftQuery]) -> list[Tensor]:
-        """Each query's draft logits, (max_drafts, vocab) float32, from the same forward `propose` runs."""
+        """Each query's draft logits, (max_drafts, vocab) float32, from the forward `propose` runs when it
+        runs eagerly (the padded one gives the same drafts)."""
         for query in queries:
             self._check_query(query)
         active = [q for q in queries if q.max_drafts > 0]
@@ -121,47 +167,38 @@ class DFlashDrafter:
         return [next(logits)[: q.max_drafts] if q.max_drafts > 0 else torch.empty(0) for q in queries]
 
     def _block_logits(self, batch: list[DraftQuery]) -> Tensor:
-        """(B, max max_drafts, vocab) draft logits of a batch of queries that each want drafts.
+        """(B, max max_drafts, vocab) draft logits of a batch of queries that each want drafts, eagerly.
 
         Each block is the current token then mask tokens, at positions p..p+n-1 (n = `block_length`); blocks
         shorter than the batch's longest are padded, the padding masked out as keys. Attention is non-causal
-        inside the block and sees the request's context positions [0, p). The draft slots go through
-        :meth:`compute_logits`."""
-        mask_id = self.config.mask_token_id
+        inside the block and sees the request's context positions [0, p)."""
         lengths = [self.block_length(q) for q in batch]
-        block_size = max(lengths)  # the padded block width of this batch
-        token_ids = [[q.current_token] + [mask_id] * (block_size - 1) for q in batch]
-        positions = [q.position + j for q in batch for j in range(block_size)]
-        max_context = max(q.position for q in batch)
+        block_width = max(lengths)  # the padded block width of this batch
+        token_ids = [[q.current_token] + [self.config.mask_token_id] * (block_width - 1) for q in batch]
+        positions = [q.position + j for q in batch for j in range(block_width)]
         width = max(len(q.block_ids) for q in batch)
         tables = [q.block_ids + [0] * (width - len(q.block_ids)) for q in batch]
-
-        context_lens = torch.tensor([q.position for q in batch], device=self.device)  # (B,)
-        context_mask = torch.arange(max_context, device=self.device)[None, :] < context_lens[:, None]
-        block_lens = torch.tensor(lengths, device=self.device)  # (B,)
-        block_mask = torch.arange(block_size, device=self.device)[None, :] < block_lens[:, None]
         context = BlockContext(
             block_tables=torch.tensor(tables, dtype=torch.int64, device=self.device).view(len(batch), width),
-            key_mask=torch.cat((context_mask, block_mask), dim=1),  # (B, max_context + block_size)
-            max_context_len=max_context,
+            context_lens=torch.tensor([q.position for q in batch], device=self.device),  # (B,)
+            block_lens=torch.tensor(lengths, device=self.device),  # (B,)
+            max_context_len=max(q.position for q in batch),
             page_size=self.page_size,
+            block_width=block_width,
         )
-        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)  # (B, block_size)
-        embeds = (
-            self._target.model.embed_tokens(ids) * self.config.input_embedding_scale
-        )  # (B, block, hidden)
-        hidden = self.model(
-            embeds,
-            torch.tensor(positions, dtype=torch.int64, device=self.device),
-            self.context_caches,
-            context,
-        )  # (B, block_size, hidden)
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)  # (B, block_width)
+        positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)  # (B * block_width,)
+        return self._logits(ids, positions_t, context, max(q.max_drafts for q in batch))
 
-        num_drafts = max(q.max_drafts for q in batch)
+    def _logits(self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int) -> Tensor:
+        """ids (B, T) block tokens at positions (B * T,) -> (B, num_drafts, vocab) float32 logits of the draft
+        slots (the first `num_drafts` from the layout's first draft slot), through :meth:`compute_logits`."""
+        embeds = self._target.model.embed_tokens(ids) * self.config.input_embedding_scale  # (B, T, hidden)
+        hidden = self.model(embeds, positions, self.context_caches, context)  # (B, T, hidden)
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
-        return logits.view(len(batch), num_drafts, -1)
+        return logits.view(ids.shape[0], num_drafts, -1)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden) final draft hidden states -> (n, vocab) float32 logits: the target's LM head, then the

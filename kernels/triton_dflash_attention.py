@@ -1,0 +1,183 @@
+"""DFlash block attention in Triton: each draft block's queries attend, non-causally, to the request's context
+keys/values read in place from the paged context cache through the block table, then to the block's own keys.
+
+``_block_attention_kernel``, grid (B, num_kv_heads, num_query_tiles): one program holds a tile of one
+block's T queries times the query heads of one KV head (GQA, as ``_paged_attention_kernel`` in
+triton_attention.py), as BLOCK_R rows, and keeps an online softmax in float32 (log2 units). It walks the
+context positions [0, context_lens[b]) in tiles of BLOCK_N, finding each position's page in the block-table
+row, then the block's first block_lens[b] keys (the rest of the T are padding). Columns of a block-table
+row past its context are never read, so they may hold anything. A row with no keys at all (context_len 0
+and block_len 0) gets a zero output, never NaN.
+
+CUDA-graph friendly: context_lens, block_lens and the block tables are read on the device, and the grid uses
+only B, T and the head counts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from openinfer.kernels.triton_attention import KEYS_PER_TILE, LOG2_E, VARLEN_ROWS, dot_dtype, head_dim_p2
+
+
+@triton.jit
+def _online_softmax_step(
+    q, k, v, visible, m_i, l_i, acc, scale, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr
+):
+    """One tile of keys: q (R, D), k/v (N, D), visible (R, N) -> the updated running max, sum and output."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (R, N)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])  # (R, N), 0 where masked
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _block_attention_kernel(
+    out_ptr,  # (B, T, num_heads, head_dim) contiguous, in q's dtype
+    q_ptr,  # (B, T, num_heads, head_dim)
+    k_ptr,  # (B, T, num_kv_heads, head_dim): the block's own keys
+    v_ptr,
+    cache_ptr,  # (2, num_pages, page_size, num_kv_heads, head_dim)
+    block_tables_ptr,  # (B, width)
+    context_lens_ptr,  # (B,)
+    block_lens_ptr,  # (B,)
+    scale,  # softmax scale * log2(e)
+    block_width,  # T
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_kv,
+    stride_page,
+    stride_slot,
+    stride_head,
+    stride_table,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_P2: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # rows per program: BLOCK_R // GROUP_P2 queries x GROUP_P2 heads
+    BLOCK_N: tl.constexpr,  # keys per tile
+    PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    tile = tl.program_id(2)
+    QUERIES: tl.constexpr = BLOCK_R // GROUP_P2
+    context_len = tl.load(context_lens_ptr + req)
+    block_len = tl.load(block_lens_ptr + req)
+
+    rows = tl.arange(0, BLOCK_R)
+    query = tile * QUERIES + rows // GROUP_P2  # (R,) slot of the block
+    head = kv_head * GROUP + rows % GROUP_P2  # (R,) query head
+    row_ok = (rows % GROUP_P2 < GROUP) & (query < block_width)
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    q_ptrs = q_ptr + req * stride_qb + query[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)  # (R, D)
+
+    m_i = tl.full([BLOCK_R], -1e30, tl.float32)  # running max (finite: a row without keys stays NaN-free)
+    l_i = tl.zeros([BLOCK_R], tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_R, HEAD_DIM_P2], tl.float32)
+    table_row = block_tables_ptr + req.to(tl.int64) * stride_table
+    for start in range(0, context_len, BLOCK_N):  # (a) the context, from the paged cache
+        pos = start + tl.arange(0, BLOCK_N)  # (N,) context positions
+        in_range = pos < context_len
+        page = tl.load(table_row + pos // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)  # (N,)
+        kv_offset = page * stride_page + (pos % PAGE_SIZE) * stride_slot + kv_head * stride_head
+        kv_ptrs = cache_ptr + kv_offset[:, None] + d[None, :]  # (N, D)
+        kv_mask = in_range[:, None] & d_ok[None, :]
+        k = tl.load(kv_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        v = tl.load(kv_ptrs + stride_kv, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, in_range[None, :], m_i, l_i, acc, scale, DOT_DTYPE, DOT_PRECISION
+        )
+    for start in range(0, block_len, BLOCK_N):  # (b) the block's own keys, dense
+        slot = start + tl.arange(0, BLOCK_N)  # (N,)
+        in_block = slot < block_len
+        kv_mask = in_block[:, None] & d_ok[None, :]
+        k_ptrs = k_ptr + req * stride_kb + slot[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
+        v_ptrs = v_ptr + req * stride_vb + slot[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        m_i, l_i, acc = _online_softmax_step(
+            q, k, v, in_block[None, :], m_i, l_i, acc, scale, DOT_DTYPE, DOT_PRECISION
+        )
+
+    num_heads = GROUP * tl.num_programs(1)
+    out_row = (req * block_width + query).to(tl.int64) * num_heads + head  # (R,) row of (B * T * num_heads)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i == 0 only without keys: acc is 0 there
+    out_ptrs = out_ptr + out_row[:, None] * HEAD_DIM + d[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), row_ok[:, None] & d_ok[None, :])
+
+
+def block_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    block_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """DFlash block attention, non-causal: q (B, T, num_heads, head_dim) over request b's context positions
+    [0, context_lens[b]) in `cache` (2, num_pages, page_size, num_kv_heads, head_dim), through
+    block_tables (B, width) int32/int64, then over the first block_lens[b] of k/v (B, T, num_kv_heads,
+    head_dim). Returns (B, T, num_heads, head_dim) in q's dtype. Any page order, context_len 0 allowed."""
+    batch, block_width, num_heads, head_dim = q.shape
+    _, _, page_size, num_kv_heads, _ = cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"need num_heads ({num_heads}) a multiple of num_kv_heads ({num_kv_heads})")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or cache.stride(-1) != 1:
+        raise ValueError("q, k, v and the cache need a contiguous head_dim")
+    group = num_heads // num_kv_heads
+    group_p2 = triton.next_power_of_2(group)
+    rows = max(16, group_p2, min(VARLEN_ROWS, triton.next_power_of_2(block_width) * group_p2))
+    num_query_tiles = math.ceil(block_width / (rows // group_p2))
+    out = q.new_empty((batch, block_width, num_heads, head_dim))
+    if batch == 0 or block_width == 0:
+        return out
+    _block_attention_kernel[(batch, num_kv_heads, num_query_tiles)](
+        out,
+        q,
+        k,
+        v,
+        cache,
+        block_tables,
+        context_lens,
+        block_lens,
+        scale * LOG2_E,
+        block_width,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *cache.stride()[:4],
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_P2=group_p2,
+        BLOCK_R=rows,
+        BLOCK_N=KEYS_PER_TILE[cache.element_size()],
+        PAGE_SIZE=page_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=head_dim_p2(head_dim),
+        DOT_DTYPE=dot_dtype(cache.dtype),
+        DOT_PRECISION="ieee" if cache.dtype == torch.float32 else "tf32",
+    )
+    return out
