@@ -13,7 +13,7 @@ from torch import Tensor
 from openinfer.engine_core.executor import SeqChunk, check_kv_geometry, resolve_dtype
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
-from openinfer.engine_core.step_batch import StepBatch
+from openinfer.engine_core.step_batch import StepBatch, runner_step
 from openinfer.engine_core.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend
 
@@ -90,7 +90,7 @@ class ModelRunner:
         Returns logits as ``execute`` does and aux (num_tokens, len(aux_layer_ids) * hidden), the chosen
         layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
         """
-        step = self._step_batch(chunks)
+        step = runner_step(chunks, self)
         padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
             logits, padded_aux = self.step_graphs.run(step, *padded, aux_layer_ids)
@@ -110,7 +110,7 @@ class ModelRunner:
         Returns (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits tokens,
         in chunk order.
         """
-        step = self._step_batch(chunks)
+        step = runner_step(chunks, self)
         padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
             return self.step_graphs.run(step, *padded)[0]
@@ -119,12 +119,6 @@ class ModelRunner:
         if inputs.logits_indices is None:
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[inputs.logits_indices])
-
-    def _step_batch(self, chunks: list[SeqChunk] | StepBatch) -> StepBatch:
-        """The chunks as arrays, checked against this runner's model length and KV blocks."""
-        step = StepBatch.of(chunks, self.block_size)
-        step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
-        return step
 
     def _prepare(self, step: StepBatch) -> _StepInputs:
         """The step's input tensors: the int64 ones in one host-to-device copy, the attention metadata's

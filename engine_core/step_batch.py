@@ -11,7 +11,7 @@ from itertools import chain
 import numpy as np
 from numpy.typing import NDArray
 
-from openinfer.engine_core.executor import SeqChunk
+from openinfer.engine_core.executor import ModelExecutor, SeqChunk
 
 Int64s = NDArray[np.int64]
 
@@ -34,10 +34,7 @@ class StepBatch:
     logits_for_every_token: bool  # decode and verify steps: logits_indices is 0..N-1
 
     @classmethod
-    def of(cls, chunks: Sequence[SeqChunk] | StepBatch, block_size: int) -> StepBatch:
-        """The step of ``chunks`` (a StepBatch is its own)."""
-        if isinstance(chunks, StepBatch):
-            return chunks
+    def of(cls, chunks: Sequence[SeqChunk], block_size: int) -> StepBatch:
         if not chunks:
             raise ValueError("execute needs at least one chunk")
         num = len(chunks)
@@ -129,3 +126,13 @@ class StepBatch:
         chunk_of = np.repeat(np.arange(self.num_chunks), self.num_logits)
         first = np.cumsum(self.num_logits) - self.num_logits  # (B,) the first logits row of each chunk
         return ends[chunk_of] - self.num_logits[chunk_of] + np.arange(total) - first[chunk_of]
+
+
+def runner_step(chunks: Sequence[SeqChunk] | StepBatch, runner: ModelExecutor) -> StepBatch:
+    """The step a runner runs: the engine's own StepBatch as it is (gathered from input-batch rows that hold
+    what the KV manager allocated), or a caller's chunks (tests, tools) checked against the runner first."""
+    if isinstance(chunks, StepBatch):
+        return chunks
+    step = StepBatch.of(chunks, runner.block_size)
+    step.check(runner.model_config.max_position_embeddings, runner.num_kv_blocks)
+    return step

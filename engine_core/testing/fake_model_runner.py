@@ -19,7 +19,7 @@ from torch import Tensor
 
 from openinfer.engine_core.executor import SeqChunk, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.step_batch import StepBatch
+from openinfer.engine_core.step_batch import StepBatch, runner_step
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).
 FAKE_MODEL_CONFIG = ModelConfig(
@@ -73,8 +73,7 @@ class FakeModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
         """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order."""
-        step = StepBatch.of(chunks, self.block_size)
-        step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
+        step = runner_step(chunks, self)
         last_ids = step.token_ids[step.logits_indices].tolist()
         tokens = torch.tensor(last_ids, dtype=torch.int64, device=self.device)  # (num_logits,)
         logits = torch.zeros(len(last_ids), self.model_config.vocab_size, device=self.device)

@@ -1,6 +1,7 @@
-"""The persistent input batch mirrors the requests: every step's inputs, gathered from its rows, equal the
-inputs built afresh from the scheduled requests' own token lists and block tables (``StepBatch.of``), through
-chunked prefill, drafts, rejected drafts' trims, preemption, aborts and finished requests."""
+"""The persistent input batch mirrors the requests: every step's inputs, gathered from its rows, pass the
+runner's checks (which the engine's own steps skip) and equal the inputs built afresh from the scheduled
+requests' own token lists and block tables (``StepBatch.of``), through chunked prefill, drafts, rejected
+drafts' trims, preemption, aborts and finished requests."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_every_step_equals_the_requests_own_inputs(tmp_path: Path, seed: int) ->
 
     def checked_execute(chunks: list[SeqChunk] | StepBatch) -> Tensor:
         assert isinstance(chunks, StepBatch)
+        chunks.check(core.runner.model_config.max_position_embeddings, core.runner.num_kv_blocks)
         steps.append((chunks, expected_step(decided[-1].scheduled)))
         return execute(chunks)
 
