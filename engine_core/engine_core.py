@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from itertools import accumulate
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -21,10 +19,10 @@ from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
-from openinfer.kernels.logprobs import token_logprobs
+from openinfer.engine_core.step_logprobs import sampled_logprobs
 from openinfer.kernels.sampling import SamplingBatch
 from openinfer.kernels.verification import verify
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot, TokenLogprobs
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -195,28 +193,7 @@ class EngineCore:
     def _execute(self, scheduled: list[ScheduledRequest]) -> tuple[Tensor, Tensor | None]:
         """Run the model: logits at each sampling request's last token and its draft tokens; aux hidden
         states at every token when the drafter reads them."""
-        batch = self.input_batch
-        for s in scheduled:
-            if s.request.row < 0:
-                batch.add(s.request)
-        drafting = [s.request for s in scheduled if s.spec_token_ids]
-        if drafting:
-            batch.write_drafts(drafting)
-        batch.sync_tables(scheduled)
-        # One pass over the step's requests; the rest is vectorised over their rows.
-        facts = np.array(
-            [
-                (
-                    s.request.row,
-                    s.start,
-                    s.num_new_tokens + len(s.spec_token_ids),
-                    1 + len(s.spec_token_ids) if s.samples else 0,
-                )
-                for s in scheduled
-            ],
-            dtype=np.int64,
-        ).reshape(len(scheduled), 4)
-        chunks = batch.step_batch(facts)
+        chunks = self.input_batch.step_of(scheduled)
         aux_layer_ids = self.spec.drafter.aux_layer_ids if self.spec is not None else ()
         if aux_layer_ids:
             return self.runner.execute_with_aux(chunks, aux_layer_ids)
@@ -229,8 +206,7 @@ class EngineCore:
         one pass over the step's requests."""
         sampling = [s for s in scheduled if s.samples]
         sampled = verify(logits, [s.spec_token_ids for s in sampling], self._sampling_batch(sampling, logits))
-        logprobs = self._logprobs(logits, sampling, sampled)
-        appended = iter(sampled)
+        appended = iter(zip(sampled, sampled_logprobs(logits, sampling, sampled), strict=True))
         spec = self.spec
         new_rows: list[int] = []  # the last token of each request that goes on, for the input batch
         new_positions: list[int] = []
@@ -244,7 +220,7 @@ class EngineCore:
                 request.drafter_generation = spec.generation  # its whole context goes to this drafter
             num_valid = s.num_new_tokens  # tokens whose KV is now valid
             if s.samples:
-                tokens = next(appended)
+                tokens, logprobs = next(appended)
                 num_accepted = len(tokens) - 1
                 num_valid += num_accepted
                 num_kept = self._append(request, tokens)
@@ -253,7 +229,7 @@ class EngineCore:
                     new_positions.append(len(request.all_token_ids) - 1)
                     new_tokens.append(tokens[-1])
                 if logprobs is not None and request.unsent_logprobs is not None:
-                    request.unsent_logprobs.extend(logprobs[id(s)][:num_kept])
+                    request.unsent_logprobs.extend(logprobs[:num_kept])
                 if s.spec_token_ids:
                     request.spec_token_ids = []
                     if spec is not None:
@@ -284,38 +260,6 @@ class EngineCore:
             [r.generator or self.generator for r in requests],
             vocab_size=logits.shape[1],
         )
-
-    @staticmethod
-    def _logprobs(
-        logits: Tensor, sampling: list[ScheduledRequest], sampled: list[list[int]]
-    ) -> dict[int, list[TokenLogprobs]] | None:
-        """The logprobs of the tokens each sampling request sampled, keyed by ``id`` of its scheduled entry, for
-        the requests that asked for them; None when none did.
-
-        Request i's logits rows are its len(drafts) + 1 verified positions (see ``verify``): its j-th
-        sampled token, an accepted draft token or the target's own, comes from its row j.
-        """
-        asked = [i for i, s in enumerate(sampling) if s.request.sampling_params.logprobs is not None]
-        if not asked:
-            return None
-        starts = _row_starts(sampling)
-        wanted = [(sampling[i], sampled[i], starts[i]) for i in asked]
-        rows = [r for _, tokens, start in wanted for r in range(start, start + len(tokens))]
-        token_ids = [t for _, tokens, _ in wanted for t in tokens]
-        num_top = max(s.request.sampling_params.logprobs or 0 for s, _, _ in wanted)
-        computed = token_logprobs(logits, rows, token_ids, num_top)
-        out: dict[int, list[TokenLogprobs]] = {}
-        i = 0  # index into computed
-        for s, tokens, _ in wanted:
-            k = s.request.sampling_params.logprobs or 0
-            out[id(s)] = [
-                TokenLogprobs(
-                    computed.sampled[j], computed.top_token_ids[j][:k], computed.top_logprobs[j][:k]
-                )
-                for j in range(i, i + len(tokens))
-            ]
-            i += len(tokens)
-        return out
 
     def _append(self, request: Request, tokens: list[int]) -> int:
         """Append tokens until one stops the request (a stop token, then max_tokens or the model length,
@@ -385,10 +329,3 @@ class EngineCore:
             num_waiting_reqs=len(self.scheduler.waiting),
             spec_decode=self.spec.counters if self.spec is not None else None,
         )
-
-
-def _row_starts(sampling: list[ScheduledRequest]) -> list[int]:
-    """The first logits row of each sampling request: each has len(drafts) + 1 rows, back to back."""
-    if not sampling:
-        return []
-    return list(accumulate((len(s.spec_token_ids) + 1 for s in sampling[:-1]), initial=0))

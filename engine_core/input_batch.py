@@ -69,6 +69,31 @@ class InputBatch:
         self.block_tables[row, : len(block_ids)] = block_ids
         self.num_blocks[row] = len(block_ids)
 
+    def step_of(self, scheduled: list[ScheduledRequest]) -> StepBatch:
+        """The inputs of the scheduled step, after bringing its requests' rows up to date: a row for each
+        request scheduled for the first time (or again after a preemption), the drafts it verifies, the
+        tables the scheduler grew. One pass over the requests; the rest is vectorised over their rows."""
+        for s in scheduled:
+            if s.request.row < 0:
+                self.add(s.request)
+        drafting = [s.request for s in scheduled if s.spec_token_ids]
+        if drafting:
+            self.write_drafts(drafting)
+        self.sync_tables(scheduled)
+        facts = np.array(
+            [
+                (
+                    s.request.row,
+                    s.start,
+                    s.num_new_tokens + len(s.spec_token_ids),
+                    1 + len(s.spec_token_ids) if s.samples else 0,
+                )
+                for s in scheduled
+            ],
+            dtype=np.int64,
+        ).reshape(len(scheduled), 4)
+        return self.step_batch(facts)
+
     def step_batch(self, facts: Int64s) -> StepBatch:
         """The step of B requests, ``facts`` (B, 4): each one's row, the position of its first token run
         (tokens before it are cached), how many tokens it runs, and for how many of its last it wants logits."""
