@@ -45,9 +45,8 @@ class EngineCore:
         self.facts = RuntimeFacts.found(config, runner)
         self.kv_cache = KVCacheManager(self.facts.num_kv_blocks, self.facts.block_size)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
-        self.input_batch = InputBatch(
-            config.max_num_seqs, self.facts.max_model_len + 1, self.facts.block_size
-        )
+        # Drafts never run past the model length, so a row holds max_model_len tokens.
+        self.input_batch = InputBatch(config.max_num_seqs, self.facts.max_model_len, self.facts.block_size)
         self.requests: dict[str, Request] = {}
         self._ended: list[EngineCoreOutput] = []  # outputs of requests ended outside a step
         # Requests without a seed of their own draw from this one (no global RNG state).
@@ -103,7 +102,7 @@ class EngineCore:
     def _drop_drafts(self) -> None:
         # Drafts not yet verified belong to the old drafter: dropped, never counted.
         for request in self.requests.values():
-            request.spec_token_ids = []
+            request.spec_token_ids = ()
 
     # ---- inputs -------------------------------------------------------------------------------------
 
@@ -126,9 +125,9 @@ class EngineCore:
             list(message.prompt_token_ids),
             params,
             message.arrival_time or time.time(),
+            min(len(message.prompt_token_ids) + params.max_tokens, self.facts.max_model_len),
             generator=generator,
             stop_ids=frozenset(stop_ids),
-            token_limit=min(len(message.prompt_token_ids) + params.max_tokens, self.facts.max_model_len),
         )
         self.requests[request.request_id] = request
         self.scheduler.add(request)
@@ -224,14 +223,14 @@ class EngineCore:
                 num_accepted = len(tokens) - 1
                 num_valid += num_accepted
                 num_kept = self._append(request, tokens)
-                if request.row >= 0:
+                if request.row is not None:
                     new_rows.append(request.row)
                     new_positions.append(len(request.all_token_ids) - 1)
                     new_tokens.append(tokens[-1])
                 if logprobs is not None and request.unsent_logprobs is not None:
                     request.unsent_logprobs.extend(logprobs[:num_kept])
                 if s.spec_token_ids:
-                    request.spec_token_ids = []
+                    request.spec_token_ids = ()
                     if spec is not None:
                         # An accepted run cut by EOS or a stop token counts up to and including it.
                         spec.observe(request, len(s.spec_token_ids), min(num_kept, num_accepted))
@@ -239,7 +238,9 @@ class EngineCore:
             if self.scheduler.commit(s, num_valid):  # the KV manager freed rejected drafts' blocks
                 self.input_batch.trimmed(request)
             if aux is not None and spec is not None:
-                if request.row >= 0 and spec.can_draft(request):  # it goes on (an ended one lost its row)
+                if request.row is not None and spec.can_draft(
+                    request
+                ):  # it goes on (an ended one lost its row)
                     context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
                 row += s.num_new_tokens + len(s.spec_token_ids)
         if context and spec is not None:
@@ -251,7 +252,7 @@ class EngineCore:
         """The sampling parameters of the requests that sample this step (one list when all are greedy)."""
         temperatures = [s.request.temperature for s in sampling]
         if not any(temperatures):
-            return SamplingBatch.greedy(len(sampling))
+            return SamplingBatch.greedy(len(sampling), logits.shape[1])
         requests = [s.request for s in sampling]
         return SamplingBatch.build(
             temperatures,
@@ -295,7 +296,7 @@ class EngineCore:
                     queries.append(query)
         if queries:
             for request, drafts in zip(requests, self.spec.drafter.propose(queries), strict=True):
-                request.spec_token_ids = drafts
+                request.spec_token_ids = tuple(drafts)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         self.scheduler.finish(request, status)

@@ -39,15 +39,15 @@ class InputBatch:
         self._write_table(row, request.block_ids)
 
     def remove(self, request: Request) -> None:
-        if request.row >= 0:
+        if request.row is not None:
             self._free_rows.append(request.row)
-            request.row = -1
+            request.row = None
 
-    def write_drafts(self, requests: list[Request]) -> None:
-        """Write each request's drafts after its last token."""
-        rows = [r.row for r in requests for _ in r.spec_token_ids]
-        positions = [len(r.all_token_ids) + i for r in requests for i in range(len(r.spec_token_ids))]
-        self.token_ids[rows, positions] = [t for r in requests for t in r.spec_token_ids]
+    def write_drafts(self, scheduled: list[ScheduledRequest]) -> None:
+        """Write the drafts each scheduled request verifies after its last token."""
+        rows = [_row(s.request) for s in scheduled for _ in s.spec_token_ids]
+        positions = [s.start + s.num_new_tokens + i for s in scheduled for i in range(len(s.spec_token_ids))]
+        self.token_ids[rows, positions] = [t for s in scheduled for t in s.spec_token_ids]
 
     def append(self, rows: list[int], positions: list[int], tokens: list[int]) -> None:
         """Write tokens[i] at positions[i] of row rows[i]."""
@@ -59,11 +59,12 @@ class InputBatch:
         written = self.num_blocks
         for s in scheduled:
             request = s.request
-            if len(request.block_ids) != written[request.row]:
-                self._write_table(request.row, request.block_ids)
+            row = _row(request)
+            if len(request.block_ids) != written[row]:
+                self._write_table(row, request.block_ids)
 
     def trimmed(self, request: Request) -> None:
-        self.num_blocks[request.row] = len(request.block_ids)
+        self.num_blocks[_row(request)] = len(request.block_ids)
 
     def _write_table(self, row: int, block_ids: list[int]) -> None:
         self.block_tables[row, : len(block_ids)] = block_ids
@@ -74,16 +75,16 @@ class InputBatch:
         request scheduled for the first time (or again after a preemption), the drafts it verifies, the
         tables the scheduler grew. One pass over the requests; the rest is vectorised over their rows."""
         for s in scheduled:
-            if s.request.row < 0:
+            if s.request.row is None:
                 self.add(s.request)
-        drafting = [s.request for s in scheduled if s.spec_token_ids]
+        drafting = [s for s in scheduled if s.spec_token_ids]
         if drafting:
             self.write_drafts(drafting)
         self.sync_tables(scheduled)
         facts = np.array(
             [
                 (
-                    s.request.row,
+                    _row(s.request),
                     s.start,
                     s.num_new_tokens + len(s.spec_token_ids),
                     1 + len(s.spec_token_ids) if s.samples else 0,
@@ -124,3 +125,10 @@ class InputBatch:
             max_seq_len=int(seq_lens.max()),
             logits_for_every_token=bool((num_logits == query_lens).all()),
         )
+
+
+def _row(request: Request) -> int:
+    """The request's row; it must hold one (a request without one is not running)."""
+    if request.row is None:
+        raise ValueError(f"request {request.request_id!r} has no row in the input batch")
+    return request.row

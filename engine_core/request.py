@@ -41,6 +41,8 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float
+    # the most tokens (prompt + output) it may reach: max_tokens after the prompt, or the model length
+    token_limit: int
     # prompt + output; the tokens the model must have computed before the next sample
     all_token_ids: list[int] = field(default_factory=list)
     # tokens of all_token_ids whose K/V are in this request's blocks
@@ -52,9 +54,8 @@ class Request:
     generator: torch.Generator | None = None
     # output tokens not yet sent to the frontend
     num_sent_tokens: int = 0
-    # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids);
-    # replaced, never changed in place (the step's ScheduledRequest holds the list it verifies)
-    spec_token_ids: list[int] = field(default_factory=list)
+    # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids)
+    spec_token_ids: tuple[int, ...] = ()
     # this request's speculative counts, from its first draft on (moved only by observe_draft)
     spec_counters: SpecDecodeCounters | None = None
     # the drafter generation whose context this request's prefill filled (None: prefilled before it loaded)
@@ -63,11 +64,8 @@ class Request:
     unsent_logprobs: list[TokenLogprobs] | None = None
     # tokens that end it when sampled: its stop_token_ids, and the model's EOS ids unless ignore_eos
     stop_ids: frozenset[int] = frozenset()
-    # the request's row in the engine's InputBatch while it runs; -1 otherwise
-    row: int = -1
-    # the most tokens (prompt + output) it may reach: max_tokens after the prompt, or the model length
-    # (set by EngineCore.add_request)
-    token_limit: int = 0
+    # the request's row in the engine's InputBatch while it runs
+    row: int | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

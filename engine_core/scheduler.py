@@ -21,14 +21,14 @@ class ScheduledRequest(NamedTuple):
     request: Request
     start: int  # request.num_computed_tokens when scheduled: the position of the first token run
     num_new_tokens: int  # tokens of request.all_token_ids run from `start` on
-    spec_token_ids: list[int]  # draft tokens verified after the new tokens (only when `samples`); not mutated
+    spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
     samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
 
     @classmethod
     def of(cls, request: Request, num_new_tokens: int) -> ScheduledRequest:
         """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
         samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
-        drafts = request.spec_token_ids if samples else []
+        drafts = request.spec_token_ids if samples else ()
         return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples)
 
     @property
@@ -42,7 +42,10 @@ class ScheduledRequest(NamedTuple):
     @property
     def token_ids(self) -> list[int]:
         """The tokens run this step: the new ones, then the drafts."""
-        return self.request.all_token_ids[self.start : self.start + self.num_new_tokens] + self.spec_token_ids
+        return [
+            *self.request.all_token_ids[self.start : self.start + self.num_new_tokens],
+            *self.spec_token_ids,
+        ]
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Scheduler:
             drafts = request.spec_token_ids
             if num_new > budget:
                 num_new = budget
-                drafts = request.spec_token_ids = []
+                drafts = request.spec_token_ids = ()
             elif len(drafts) > budget - num_new:
                 # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
                 drafts = request.spec_token_ids = drafts[: budget - num_new]
@@ -132,7 +135,7 @@ class Scheduler:
         # Recompute: drop the KV, keep the tokens; the request re-enters at the head of the queue.
         self.kv_cache.free(request.block_ids)
         request.num_computed_tokens = 0
-        request.spec_token_ids = []  # never verified, so never counted
+        request.spec_token_ids = ()  # never verified, so never counted
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 

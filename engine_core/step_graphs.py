@@ -8,7 +8,8 @@ and values into the scratch block (one block past the KV manager's, never handed
 real request reads is touched, and their outputs are dropped.
 
 On CUDA each (bucket, q, aux layers) shape is captured once into a graph over static input buffers; a replay
-copies the step's inputs into the buffers (one host-to-device copy) and launches the whole forward at once.
+copies the step's inputs into the buffers (one pinned non-blocking copy per buffer) and launches the whole
+forward at once.
 The LM head runs eagerly on the real rows only. Prefill chunks and steps larger than the largest bucket run
 eagerly as they are. ``StepGraphs(..., capture=False)`` runs the same padded step eagerly (the CPU path of the
 tests: padding must not change a token).
@@ -54,10 +55,9 @@ class PaddedStep:
 def uniform_query_len(step: StepBatch) -> int | None:
     """q, the query bucket of the longest chunk, when every chunk is a decode or verification (logits for all
     its tokens, at most MAX_QUERY_LEN)."""
-    longest = int(step.query_lens.max())
-    if longest > MAX_QUERY_LEN or np.any(step.num_logits != step.query_lens):
+    if step.max_query_len > MAX_QUERY_LEN or not step.logits_for_every_token:
         return None
-    return next(q for q in QUERY_BUCKETS if longest <= q)
+    return next(q for q in QUERY_BUCKETS if step.max_query_len <= q)
 
 
 def bucket_for(num_reqs: int, max_batch: int) -> int | None:

@@ -189,6 +189,7 @@ class AttentionBackend(Protocol):
     (num_tokens, num_heads, head_dim) in q's dtype.
     """
 
+    name: str  # its --attention-backend name
     cuda_graphs: bool  # whether a forward may be captured in a CUDA graph and replayed with new inputs
 
     def forward(
@@ -212,6 +213,7 @@ class TorchAttentionBackend:
     one gather of its keys and values, and for no padding at all when the queries are uniform.
     """
 
+    name = "torch"
     cuda_graphs = False  # per-step index tensors are built from host lists: not capturable
 
     def forward(

@@ -21,6 +21,7 @@ class FlashAttentionBackend:
     Raises ValueError when block_size is not a multiple of 256, ImportError when flash-attn is not installed.
     """
 
+    name = "flash_attn"
     cuda_graphs = False  # not captured: the step's max_seqlen_k is a host int
 
     def __init__(self, block_size: int) -> None:

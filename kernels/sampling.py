@@ -44,9 +44,9 @@ class SamplingBatch:
         return cls(list(temperatures), ks, list(top_ps), list(generators))
 
     @classmethod
-    def greedy(cls, num_reqs: int) -> SamplingBatch:
-        """A batch of ``num_reqs`` greedy requests (their other parameters are never read)."""
-        return cls([0.0] * num_reqs, [], [], [])
+    def greedy(cls, num_reqs: int, vocab_size: int) -> SamplingBatch:
+        """A batch of ``num_reqs`` greedy requests (no top-k or top-p, the default generator)."""
+        return cls([0.0] * num_reqs, [vocab_size] * num_reqs, [1.0] * num_reqs, [None] * num_reqs)
 
     def sampled(self) -> list[int]:
         """The requests that draw (temperature > 0)."""

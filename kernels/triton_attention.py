@@ -230,6 +230,7 @@ class TritonAttentionBackend:
     GQA with num_heads a multiple of num_kv_heads; float32, float16 and bfloat16 caches, float32 softmax.
     """
 
+    name = "triton"
     cuda_graphs = True  # reads the step's tensors on the device; grids use only batch-shaped ints
 
     def __init__(self, num_kv_splits: int = 8) -> None:

@@ -26,7 +26,7 @@ def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int
     return accepted
 
 
-def verify(logits: Tensor, drafts: list[list[int]], batch: SamplingBatch) -> list[list[int]]:
+def verify(logits: Tensor, drafts: Sequence[Sequence[int]], batch: SamplingBatch) -> list[list[int]]:
     """Per request, the tokens to append: its accepted draft tokens, then one token from the target.
 
     logits (sum(len(d) + 1 for d in drafts), V) float32: request b's len(drafts[b]) + 1 verified positions,
@@ -56,17 +56,17 @@ def verify(logits: Tensor, drafts: list[list[int]], batch: SamplingBatch) -> lis
     return out
 
 
-def _greedy(drafts: list[int], targets: list[int]) -> list[int]:
+def _greedy(drafts: Sequence[int], targets: list[int]) -> list[int]:
     """The longest prefix of ``drafts`` equal to the target's argmax, plus the target's next token."""
     if not drafts:
         return targets[:1]
     accepted = accepted_prefix_length(drafts, targets)
-    return drafts[:accepted] + [targets[accepted]]
+    return [*drafts[:accepted], targets[accepted]]
 
 
 def _rejection_sample(
     logits: Tensor,
-    all_drafts: list[list[int]],
+    all_drafts: Sequence[Sequence[int]],
     all_starts: list[int],
     batch: SamplingBatch,
     requests: list[int],
@@ -96,7 +96,7 @@ def _rejection_sample(
         pos[None, :], num_drafts[:, None]
     )
     # Drafts padded to K + 1 columns (the extra one is never accepted), so position j = #accepted indexes.
-    padded = host_to_device([t for d in drafts for t in d + [0] * (width - len(d))], torch.int64, device)
+    padded = host_to_device([t for d in drafts for t in (*d, *[0] * (width - len(d)))], torch.int64, device)
     draft_ids = padded.view(num_reqs, width)  # (R, K + 1)
     probs = batch.probs(logits[rows.flatten()], requests, width).view(num_reqs, width, vocab)  # (R, K + 1, V)
     own = probs.gather(2, draft_ids[:, :, None]).squeeze(2)  # (R, K + 1): p_j(d_j)

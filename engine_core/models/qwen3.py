@@ -73,7 +73,8 @@ class RotaryEmbedding:
     """RoPE tables for the given positions, in transformers' rotate_half layout (two halves, not pairs).
 
     With `max_positions`, the cos/sin of every position below it are computed once (on first use, for the
-    device and dtype asked for; max_positions * head_dim * 2 values) and each call is one row lookup;
+    device and dtype asked for, which every later call must match; max_positions * head_dim * 2 values) and
+    each call is one row lookup;
     without, each call computes its own. Both give transformers' float32 values, cast to the dtype.
     """
 
@@ -91,9 +92,13 @@ class RotaryEmbedding:
             cos_sin = self._compute(positions).to(dtype)
         else:
             table = self._table
-            if table is None or table.device != positions.device or table.dtype != dtype:
+            if table is None:  # built once: a CUDA graph captured over it reads it on every replay
                 all_positions = torch.arange(self.max_positions, device=positions.device)
                 table = self._table = self._compute(all_positions).to(dtype)
+            elif table.device != positions.device or table.dtype != dtype:
+                raise ValueError(
+                    f"the RoPE table is {table.dtype} on {table.device}; asked for {dtype} on {positions.device}"
+                )
             cos_sin = table.index_select(0, positions)  # (num_tokens, 2, head_dim)
         return cos_sin[:, 0], cos_sin[:, 1]
 

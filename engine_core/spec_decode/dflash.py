@@ -3,7 +3,6 @@ target's block ids, and drafts one block per request in a single batched forward
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
@@ -27,10 +26,7 @@ from openinfer.protocol import MAX_SPEC_TOKENS
 def follow_backend(backend: AttentionBackend) -> BlockAttention:
     """The draft attention matching the target's backend: the Triton kernel when the target runs Triton's,
     torch's SDPA otherwise (the CPU default; flash-attn has no block kernel here)."""
-    triton_module = sys.modules.get("openinfer.kernels.triton_attention")  # imported iff Triton is in use
-    if triton_module is not None and isinstance(backend, triton_module.TritonAttentionBackend):
-        return triton_block_attention
-    return torch_block_attention
+    return triton_block_attention if backend.name == "triton" else torch_block_attention
 
 
 class DFlashDrafter:

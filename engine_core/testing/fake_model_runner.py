@@ -19,7 +19,7 @@ from torch import Tensor
 
 from openinfer.engine_core.executor import SeqChunk, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.step_batch import StepBatch, runner_step
+from openinfer.engine_core.step_batch import StepBatch
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).
 FAKE_MODEL_CONFIG = ModelConfig(
@@ -55,7 +55,8 @@ def successors(token_ids: Tensor) -> Tensor:
 class FakeModelRunner:
     """A model executor whose ``execute`` is the fake model's rule: no weights, no KV cache.
 
-    It checks chunks as the real runner does, so scheduling bugs still surface. DFlash needs a real model's
+    It checks every step, the engine's own too (which the real runner takes as they are), so scheduling and
+    input-batch bugs surface in the fake-model tests. DFlash needs a real model's
     hidden states: ``execute_with_aux`` refuses (the engine refuses ``--fake-model`` with dflash first).
     """
 
@@ -73,7 +74,8 @@ class FakeModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
         """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order."""
-        step = runner_step(chunks, self)
+        step = chunks if isinstance(chunks, StepBatch) else StepBatch.of(chunks, self.block_size)
+        step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
         last_ids = step.token_ids[step.logits_indices].tolist()
         tokens = torch.tensor(last_ids, dtype=torch.int64, device=self.device)  # (num_logits,)
         logits = torch.zeros(len(last_ids), self.model_config.vocab_size, device=self.device)

@@ -14,6 +14,7 @@ def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 8) -
         list(range(1, num_prompt_tokens + 1)),
         SamplingParams(max_tokens=max_tokens),
         arrival_time=0.0,
+        token_limit=num_prompt_tokens + max_tokens,
     )
 
 

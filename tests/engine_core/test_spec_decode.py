@@ -221,7 +221,7 @@ def test_first_decode_step_drafts(target: Path, tmp_path: Path, method: str) -> 
     core.add_request(EngineCoreRequest("a", prompt, params))
     assert core.spec is not None
     core.step()  # 8 of 15 prompt tokens: no sample, no draft
-    assert core.requests["a"].spec_token_ids == []
+    assert core.requests["a"].spec_token_ids == ()
     (out,) = core.step()  # the rest of the prompt: samples the first token and drafts
     assert len(out.new_token_ids) == 1 and len(core.requests["a"].spec_token_ids) == K
     core.step()  # the first decode step verifies them
