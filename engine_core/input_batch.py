@@ -9,7 +9,7 @@ What keeps it true, and who writes it:
 - ``write_drafts`` (before the step that verifies them) writes a request's drafts after its last token;
 - ``append`` (after each step) writes each sampling request's last new token: its accepted drafts are
   already in place, its prefill tokens were written by ``add``;
-- ``sync_tables`` (before the step) rewrites a table whose length changed since it was written, and
+- ``step_of`` (before the step) rewrites a table whose length changed since it was written, and
   ``trimmed`` records a table cut short (a cut keeps the blocks before it, so the length says it all);
 - ``remove`` (the request finished or was preempted) frees the row.
 """
@@ -54,15 +54,6 @@ class InputBatch:
         if rows:
             self.token_ids[rows, positions] = tokens
 
-    def sync_tables(self, scheduled: list[ScheduledRequest]) -> None:
-        """Rewrite the tables of the scheduled requests whose length changed (the scheduler allocated)."""
-        written = self.num_blocks
-        for s in scheduled:
-            request = s.request
-            row = _row(request)
-            if len(request.block_ids) != written[row]:
-                self._write_table(row, request.block_ids)
-
     def trimmed(self, request: Request) -> None:
         self.num_blocks[_row(request)] = len(request.block_ids)
 
@@ -74,26 +65,23 @@ class InputBatch:
         """The inputs of the scheduled step, after bringing its requests' rows up to date: a row for each
         request scheduled for the first time (or again after a preemption), the drafts it verifies, the
         tables the scheduler grew. One pass over the requests; the rest is vectorised over their rows."""
+        facts: list[tuple[int, int, int, int]] = []
+        drafting: list[ScheduledRequest] = []
+        written = self.num_blocks
         for s in scheduled:
-            if s.request.row is None:
-                self.add(s.request)
-        drafting = [s for s in scheduled if s.spec_token_ids]
+            request = s.request
+            if request.row is None:
+                self.add(request)
+            row = _row(request)
+            if len(request.block_ids) != written[row]:  # the scheduler grew the table
+                self._write_table(row, request.block_ids)
+            num_drafts = len(s.spec_token_ids)
+            if num_drafts:
+                drafting.append(s)
+            facts.append((row, s.start, s.num_new_tokens + num_drafts, 1 + num_drafts if s.samples else 0))
         if drafting:
             self.write_drafts(drafting)
-        self.sync_tables(scheduled)
-        facts = np.array(
-            [
-                (
-                    _row(s.request),
-                    s.start,
-                    s.num_new_tokens + len(s.spec_token_ids),
-                    1 + len(s.spec_token_ids) if s.samples else 0,
-                )
-                for s in scheduled
-            ],
-            dtype=np.int64,
-        ).reshape(len(scheduled), 4)
-        return self.step_batch(facts)
+        return self.step_batch(np.array(facts, dtype=np.int64).reshape(len(scheduled), 4))
 
     def step_batch(self, facts: Int64s) -> StepBatch:
         """The step of B requests, ``facts`` (B, 4): each one's row, the position of its first token run
