@@ -69,6 +69,49 @@ def _write_kv_kernel(
 
 
 @triton.jit
+def online_softmax_step(
+    q, k, v, visible, m_i, l_i, acc, scale, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr
+):
+    """One tile of keys: q (R, D), k/v (N, D), visible (R, N) -> the updated running max, sum and output
+    (scores in log2 units; a masked score adds nothing)."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (R, N)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])  # (R, N), 0 where masked
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def load_paged_kv(
+    cache_ptr,
+    table_row,  # the request's block-table row
+    pos,  # (N,) key positions
+    in_range,  # (N,) which of them to load (the others read as 0)
+    kv_head,
+    d,
+    d_ok,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """The keys and values (N, D) at ``pos`` of one KV head, each position found in its block through the
+    block-table row, in place in the paged cache."""
+    block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)  # (N,)
+    kv_offset = block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+    kv_ptrs = cache_ptr + kv_offset[:, None] + d[None, :]  # (N, D)
+    kv_mask = in_range[:, None] & d_ok[None, :]
+    k = tl.load(kv_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    v = tl.load(kv_ptrs + stride_kv, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    return k, v
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr,  # (num_tokens, num_heads, head_dim) in q's dtype; float32 partials with NUM_SPLITS > 1
     lse_ptr,  # (num_tokens, num_heads, NUM_SPLITS) float32, log2 units; unused with NUM_SPLITS == 1
@@ -132,21 +175,12 @@ def _paged_attention_kernel(
     for start in range(kv_lo, kv_hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)  # (N,) key positions
         in_range = pos < kv_hi
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)  # (N,)
-        kv_offset = block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
-        kv_ptrs = cache_ptr + kv_offset[:, None] + d[None, :]  # (N, D)
-        kv_mask = in_range[:, None] & d_ok[None, :]
-        k = tl.load(kv_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        v = tl.load(kv_ptrs + stride_kv, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (R, N)
+        k, v = load_paged_kv(
+            cache_ptr, table_row, pos, in_range, kv_head, d, d_ok,
+            stride_kv, stride_block, stride_slot, stride_head, BLOCK_SIZE, DOT_DTYPE,
+        )  # fmt: skip
         visible = in_range[None, :] & (pos[None, :] <= query_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # (R, N), 0 where masked
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, scale, DOT_DTYPE, DOT_PRECISION)
 
     num_heads = GROUP * tl.num_programs(1)
     out_row = token * num_heads + head  # (R,) row of (num_tokens * num_heads)

@@ -22,22 +22,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openinfer.kernels.triton_attention import KEYS_PER_TILE, LOG2_E, VARLEN_ROWS, dot_dtype, head_dim_p2
-
-
-@triton.jit
-def _online_softmax_step(
-    q, k, v, visible, m_i, l_i, acc, scale, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr
-):
-    """One tile of keys: q (R, D), k/v (N, D), visible (R, N) -> the updated running max, sum and output."""
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (R, N)
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])  # (R, N), 0 where masked
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+from openinfer.kernels.triton_attention import (
+    KEYS_PER_TILE,
+    LOG2_E,
+    VARLEN_ROWS,
+    dot_dtype,
+    head_dim_p2,
+    load_paged_kv,
+    online_softmax_step,
+)
 
 
 @triton.jit
@@ -99,13 +92,11 @@ def _block_attention_kernel(
     for start in range(0, context_len, BLOCK_N):  # (a) the context, from the paged cache
         pos = start + tl.arange(0, BLOCK_N)  # (N,) context positions
         in_range = pos < context_len
-        page = tl.load(table_row + pos // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)  # (N,)
-        kv_offset = page * stride_page + (pos % PAGE_SIZE) * stride_slot + kv_head * stride_head
-        kv_ptrs = cache_ptr + kv_offset[:, None] + d[None, :]  # (N, D)
-        kv_mask = in_range[:, None] & d_ok[None, :]
-        k = tl.load(kv_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        v = tl.load(kv_ptrs + stride_kv, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        m_i, l_i, acc = _online_softmax_step(
+        k, v = load_paged_kv(
+            cache_ptr, table_row, pos, in_range, kv_head, d, d_ok,
+            stride_kv, stride_page, stride_slot, stride_head, PAGE_SIZE, DOT_DTYPE,
+        )  # fmt: skip
+        m_i, l_i, acc = online_softmax_step(
             q, k, v, in_range[None, :], m_i, l_i, acc, scale, DOT_DTYPE, DOT_PRECISION
         )
     for start in range(0, block_len, BLOCK_N):  # (b) the block's own keys, dense
@@ -116,7 +107,7 @@ def _block_attention_kernel(
         v_ptrs = v_ptr + req * stride_vb + slot[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        m_i, l_i, acc = _online_softmax_step(
+        m_i, l_i, acc = online_softmax_step(
             q, k, v, in_block[None, :], m_i, l_i, acc, scale, DOT_DTYPE, DOT_PRECISION
         )
 
