@@ -34,6 +34,8 @@ class KVCacheManager:
 
     def allocate(self, block_ids: list[int], num_tokens: int) -> bool:
         """Grow ``block_ids`` in place to cover ``num_tokens`` slots; False (no change) if blocks run out."""
+        if num_tokens <= len(block_ids) * self.block_size:  # the common case: nothing to allocate
+            return True
         needed = self.num_blocks_for(num_tokens) - len(block_ids)
         if needed > len(self._free):
             return False
@@ -41,11 +43,15 @@ class KVCacheManager:
             block_ids.append(self._free.popleft())
         return True
 
-    def trim(self, block_ids: list[int], num_tokens: int) -> None:
-        """Free the blocks past those holding ``num_tokens`` slots (rolling back rejected draft positions)."""
+    def trim(self, block_ids: list[int], num_tokens: int) -> bool:
+        """Free the blocks past those holding ``num_tokens`` slots (rolling back rejected draft positions);
+        True when there were any."""
+        if len(block_ids) * self.block_size < num_tokens + self.block_size:  # the common case: none
+            return False
         keep = self.num_blocks_for(num_tokens)
         self._free.extend(block_ids[keep:])
         del block_ids[keep:]
+        return True
 
     def free(self, block_ids: list[int]) -> None:
         """Return every block of a table to the free list and empty the table."""

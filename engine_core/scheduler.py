@@ -84,7 +84,6 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
 
-        block_size = self.kv_cache.block_size
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
@@ -97,13 +96,9 @@ class Scheduler:
             elif len(drafts) > budget - num_new:
                 # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
                 drafts = request.spec_token_ids = drafts[: budget - num_new]
-            end = start + num_new + len(drafts)
-            if end <= len(request.block_ids) * block_size or self._allocate_or_preempt(
-                request, end, preempted
-            ):
-                samples = start + num_new == len(request.all_token_ids)
-                scheduled.append(ScheduledRequest(request, start, num_new, drafts, samples))
-                budget -= end - start
+            if self._allocate_or_preempt(request, start + num_new + len(drafts), preempted):
+                scheduled.append(ScheduledRequest.of(request, num_new))
+                budget -= num_new + len(drafts)
                 i += 1
             # else: request itself was preempted and was the last running one
 
@@ -144,12 +139,10 @@ class Scheduler:
         and the accepted drafts); the KV manager frees the blocks past them (rejected drafts' slots). True
         when it freed any."""
         request = scheduled.request
-        request.num_computed_tokens = num_computed = scheduled.start + num_valid
-        block_size = self.kv_cache.block_size
-        if len(request.block_ids) * block_size < num_computed + block_size or request.status.is_finished:
-            return False  # nothing past the verified tokens' blocks (an ended request's are all freed)
-        self.kv_cache.trim(request.block_ids, num_computed)
-        return True
+        request.num_computed_tokens = scheduled.start + num_valid
+        if request.status.is_finished:  # its blocks are all freed already
+            return False
+        return self.kv_cache.trim(request.block_ids, request.num_computed_tokens)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take an ended request out of the queues and free its blocks."""
