@@ -238,9 +238,8 @@ class EngineCore:
             if self.scheduler.commit(s, num_valid):  # the KV manager freed rejected drafts' blocks
                 self.input_batch.trimmed(request)
             if aux is not None and spec is not None:
-                if request.row is not None and spec.can_draft(
-                    request
-                ):  # it goes on (an ended one lost its row)
+                # A request that goes on (an ended one has lost its row) hands its new context over.
+                if request.row is not None and spec.can_draft(request):
                     context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
                 row += s.num_new_tokens + len(s.spec_token_ids)
         if context and spec is not None:

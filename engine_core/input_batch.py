@@ -20,7 +20,7 @@ import numpy as np
 
 from openinfer.engine_core.request import Request
 from openinfer.engine_core.scheduler import ScheduledRequest
-from openinfer.engine_core.step_batch import Int64s, StepBatch
+from openinfer.engine_core.step_batch import Int64s, StepBatch, expand_runs
 
 
 class InputBatch:
@@ -92,9 +92,7 @@ class InputBatch:
         if longest_query == 1:  # all decodes: one token each, at its request's start
             chunk_of, positions = np.arange(num_reqs), starts
         else:
-            chunk_of = np.repeat(np.arange(num_reqs), query_lens)  # (N,): the request of each token
-            first = np.cumsum(query_lens) - query_lens  # (B,): its first token in the packed step
-            positions = starts[chunk_of] + np.arange(len(chunk_of)) - first[chunk_of]
+            chunk_of, positions = expand_runs(starts, query_lens)  # (N,) each: its request, its position
         token_rows = rows[chunk_of]
         num_blocks = self.num_blocks[rows]
         seq_lens = starts + query_lens

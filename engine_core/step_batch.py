@@ -48,9 +48,7 @@ class StepBatch:
         width = max(int(num_blocks.max()), 1)
         tables = np.zeros((num, width), dtype=np.int64)
         tables[np.arange(width) < num_blocks[:, None]] = flat  # row-major order is chunk order
-        chunk_of = np.repeat(np.arange(num), query_lens)  # (N,): the chunk of each token
-        starts = np.cumsum(query_lens) - query_lens
-        positions = context_lens[chunk_of] + np.arange(num_tokens) - starts[chunk_of]
+        chunk_of, positions = expand_runs(context_lens, query_lens)  # (N,) each: its chunk, its position
         if np.any(positions < 0) or np.any(query_lens < 1):
             bad = int(np.argmax((context_lens < 0) | (query_lens < 1)))
             raise ValueError(f"a chunk needs at least one token and start_pos >= 0, got {chunks[bad]}")
@@ -121,11 +119,15 @@ class StepBatch:
     @cached_property
     def logits_indices(self) -> Int64s:
         """(sum of num_logits,): the token rows whose logits the step returns, chunk by chunk."""
-        ends = self.query_start_loc[1:]
-        total = int(self.num_logits.sum())
-        chunk_of = np.repeat(np.arange(self.num_chunks), self.num_logits)
-        first = np.cumsum(self.num_logits) - self.num_logits  # (B,) the first logits row of each chunk
-        return ends[chunk_of] - self.num_logits[chunk_of] + np.arange(total) - first[chunk_of]
+        return expand_runs(self.query_start_loc[1:] - self.num_logits, self.num_logits)[1]
+
+
+def expand_runs(starts: Int64s, lengths: Int64s) -> tuple[Int64s, Int64s]:
+    """Runs of consecutive values, run b being starts[b], starts[b] + 1, ... (lengths[b] of them), laid end
+    to end: (the run of each value, the values)."""
+    run_of = np.repeat(np.arange(len(lengths)), lengths)
+    first = np.cumsum(lengths) - lengths  # (B,): where each run begins in the output
+    return run_of, starts[run_of] + np.arange(len(run_of)) - first[run_of]
 
 
 def runner_step(chunks: Sequence[SeqChunk] | StepBatch, runner: ModelExecutor) -> StepBatch:
