@@ -82,6 +82,10 @@ def _check_load(load: LoadSnapshot) -> None:
         violation = load.spec_decode.violation()
         if violation is not None:
             raise ProtocolError("counters", violation)
+    if load.prefix_cache is not None:
+        violation = load.prefix_cache.violation()
+        if violation is not None:
+            raise ProtocolError("counters", violation)
 
 
 def _logprobs_ok(logprobs: list[TokenLogprobs], num_tokens: int) -> bool:

@@ -106,3 +106,30 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
         if not self.num_accepted_tokens <= self.num_draft_tokens <= k * self.num_drafts:
             return "not accepted <= draft tokens <= K * drafts"
         return None
+
+
+class PrefixCacheCounters(msgspec.Struct, array_like=True, gc=False):
+    """Prefix-cache lookups, cumulative per engine incarnation, in tokens (vLLM's semantics): when a request
+    is admitted for the first time (never again after a preemption), ``queries`` grows by its tokens and
+    ``hits`` by the tokens its cached blocks held. So ``0 <= hits <= queries``."""
+
+    queries: int = 0
+    hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int) -> None:
+        self.queries += num_tokens
+        self.hits += num_hits
+
+    def minus(self, other: PrefixCacheCounters) -> PrefixCacheCounters:
+        return PrefixCacheCounters(self.queries - other.queries, self.hits - other.hits)
+
+    def copy(self) -> PrefixCacheCounters:
+        return PrefixCacheCounters(self.queries, self.hits)
+
+    def violation(self) -> str | None:
+        """Which invariant these counters (or a delta of them) break, or None when they hold."""
+        if self.hits < 0 or self.queries < 0:
+            return "a negative prefix-cache counter"
+        if self.hits > self.queries:
+            return "more prefix-cache hits than queries"
+        return None

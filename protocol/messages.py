@@ -16,9 +16,9 @@ from typing import Literal
 
 import msgspec
 
-from openinfer.protocol.counters import MAX_SPEC_TOKENS, SpecDecodeCounters
+from openinfer.protocol.counters import MAX_SPEC_TOKENS, PrefixCacheCounters, SpecDecodeCounters
 
-__all__ = ["MAX_SPEC_TOKENS", "SpecDecodeCounters"]  # re-exported: messages carry them
+__all__ = ["MAX_SPEC_TOKENS", "PrefixCacheCounters", "SpecDecodeCounters"]  # re-exported: messages carry them
 
 # Bumped on any incompatible change to a message below; the hello carries it.
 PROTOCOL_VERSION = 2
@@ -95,6 +95,7 @@ class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
     num_running_reqs: int
     num_waiting_reqs: int
     spec_decode: SpecDecodeCounters | None = None
+    prefix_cache: PrefixCacheCounters | None = None  # None: prefix caching is off
 
 
 DrafterMethod = Literal["ngram", "dflash"]  # the drafters an engine can load (DESIGN.md)
@@ -126,7 +127,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     request_id: str
     new_token_ids: list[int]
     finish: FinishReason | None = None
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # on a request's first output: prompt tokens its prefix-cache hit held
     # on the last output, when a drafter was loaded: this request's own counters (summed over requests they
     # equal the engine counters' deltas)
     spec_stats: SpecDecodeCounters | None = None
