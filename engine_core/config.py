@@ -60,6 +60,7 @@ class EngineConfig:
     step_sleep: float = 0.0  # --step-sleep: seconds slept after each step that ran requests (a slowed engine)
     curve_keys: Path | None = None  # --zmq-curve-keys: CurveZMQ keys folder made by openinfer-keys
     enforce_eager: bool = False  # --enforce-eager: no CUDA graphs (vLLM's flag)
+    enable_prefix_caching: bool = True  # --no-enable-prefix-caching: every prompt computed (vLLM's flag)
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:

@@ -123,6 +123,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run every step eagerly: no CUDA graphs for decode and verify steps (vLLM's flag)",
     )
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV of cached prompt prefixes (on by default; vLLM's flag)",
+    )
+    parser.add_argument(
         "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
     )
     parser.add_argument(

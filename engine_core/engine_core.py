@@ -43,7 +43,9 @@ class EngineCore:
         self.incarnation = incarnation
         self.runner = runner
         self.facts = RuntimeFacts.found(config, runner)
-        self.kv_cache = KVCacheManager(self.facts.num_kv_blocks, self.facts.block_size)
+        self.kv_cache = KVCacheManager(
+            self.facts.num_kv_blocks, self.facts.block_size, config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         # Drafts never run past the model length, so a row holds max_model_len tokens.
         self.input_batch = InputBatch(config.max_num_seqs, self.facts.max_model_len, self.facts.block_size)
@@ -81,6 +83,8 @@ class EngineCore:
             loaded.counters = self.spec.counters
         self._drop_drafts()
         self.spec = loaded
+        # Cached blocks are hits for it only where it wrote the drafter context itself (if it reads any).
+        self.kv_cache.context_generation = loaded.generation if loaded.drafter.aux_layer_ids else None
         logger.info("drafter loaded: %s", loaded.describe())
         return loaded.describe()
 
@@ -88,10 +92,13 @@ class EngineCore:
         """Turn speculation off; counters are gone (a later drafter starts from zero)."""
         self._drop_drafts()
         self.spec = None
+        self.kv_cache.context_generation = None
         logger.info("drafter unloaded")
 
     def fail_running(self, message: str) -> list[EngineCoreOutput]:
-        """End every running request with an error (a step failed); waiting requests go on."""
+        """End every running request with an error (a step failed); waiting requests go on, and no block the
+        step may have written stays cached."""
+        self.kv_cache.reset()
         outputs = []
         for request in list(self.scheduler.running):
             request.finish = FinishReason("error", message=message)
@@ -215,8 +222,9 @@ class EngineCore:
         row = 0  # first row of this request's tokens in aux
         for s in scheduled:
             request, start = s.request, s.start
-            if start == 0 and spec is not None:
-                request.drafter_generation = spec.generation  # its whole context goes to this drafter
+            if s.admitted and spec is not None:
+                # Its whole context goes to this drafter: computed from here on, or cached with its context.
+                request.drafter_generation = spec.generation
             num_valid = s.num_new_tokens  # tokens whose KV is now valid
             if s.samples:
                 tokens, logprobs = next(appended)
@@ -241,6 +249,7 @@ class EngineCore:
                 # A request that goes on (an ended one has lost its row) hands its new context over.
                 if request.row is not None and spec.can_draft(request):
                     context.append(ContextUpdate(request.block_ids, start, aux[row : row + num_valid]))
+                    self.kv_cache.mark_drafted(request, start, start + num_valid, spec.generation)
                 row += s.num_new_tokens + len(s.spec_token_ids)
         if context and spec is not None:
             spec.drafter.extend_context(context)
@@ -309,14 +318,16 @@ class EngineCore:
         """The request's output tokens (and logprobs) not yet sent; its finish and stats when it ended."""
         start = len(request.prompt_token_ids) + request.num_sent_tokens
         new_token_ids = request.all_token_ids[start:]
+        cached = request.num_cached_tokens if request.num_sent_tokens == 0 else 0  # on its first output
         request.num_sent_tokens += len(new_token_ids)
         logprobs = request.take_new_logprobs()
         if request.status < RequestStatus.FINISHED_STOPPED:
-            return EngineCoreOutput(request.request_id, new_token_ids, logprobs=logprobs)
+            return EngineCoreOutput(request.request_id, new_token_ids, None, cached, logprobs=logprobs)
         return EngineCoreOutput(
             request.request_id,
             new_token_ids,
             request.finish,
+            cached,
             spec_stats=request.spec_stats,
             logprobs=logprobs,
         )
@@ -328,4 +339,5 @@ class EngineCore:
             num_running_reqs=len(self.scheduler.running),
             num_waiting_reqs=len(self.scheduler.waiting),
             spec_decode=self.spec.counters if self.spec is not None else None,
+            prefix_cache=self.kv_cache.counters,
         )

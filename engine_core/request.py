@@ -66,6 +66,11 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     # the request's row in the engine's InputBatch while it runs
     row: int | None = None
+    # prefix caching (the KV manager's): the chained keys of its full blocks of tokens, as far as computed;
+    # how many of its first blocks are cached; the prompt tokens its first admission found cached
+    prefix_keys: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

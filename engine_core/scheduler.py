@@ -23,13 +23,14 @@ class ScheduledRequest(NamedTuple):
     num_new_tokens: int  # tokens of request.all_token_ids run from `start` on
     spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
     samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
+    admitted: bool  # its first step since it left the queue: its context from `start` on is computed anew
 
     @classmethod
-    def of(cls, request: Request, num_new_tokens: int) -> ScheduledRequest:
+    def of(cls, request: Request, num_new_tokens: int, admitted: bool = False) -> ScheduledRequest:
         """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
         samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
         drafts = request.spec_token_ids if samples else ()
-        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples)
+        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples, admitted)
 
     @property
     def num_spec_tokens(self) -> int:
@@ -97,7 +98,7 @@ class Scheduler:
                 # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
                 drafts = request.spec_token_ids = drafts[: budget - num_new]
             if self._allocate_or_preempt(request, start + num_new + len(drafts), preempted):
-                scheduled.append(ScheduledRequest.of(request, num_new))
+                scheduled.append(self._scheduled(request, num_new))
                 budget -= num_new + len(drafts)
                 i += 1
             # else: request itself was preempted and was the last running one
@@ -105,20 +106,27 @@ class Scheduler:
         # Admit waiting requests only when nothing had to be preempted: memory is tight otherwise.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             request = self.waiting[0]
-            num_new = min(request.num_uncomputed_tokens, budget)
-            if not self.kv_cache.allocate(request.block_ids, request.num_computed_tokens + num_new):
+            hit = self.kv_cache.lookup(request)  # its cached prefix, if any
+            num_new = min(request.num_tokens - hit.num_tokens, budget)
+            if not self.kv_cache.admit(request, hit, num_new):
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append(ScheduledRequest.of(request, num_new))
+            scheduled.append(self._scheduled(request, num_new, admitted=True))
             budget -= num_new
         return SchedulerOutput(scheduled, preempted)
+
+    def _scheduled(self, request: Request, num_new: int, admitted: bool = False) -> ScheduledRequest:
+        """Schedule ``num_new`` tokens of a request that holds blocks for them; the blocks they fill are
+        cached now, so a request admitted later in this step can already share them."""
+        self.kv_cache.cache_blocks(request, request.num_computed_tokens + num_new)
+        return ScheduledRequest.of(request, num_new, admitted)
 
     def _allocate_or_preempt(self, request: Request, num_slots: int, preempted: list[Request]) -> bool:
         """Grow the request's blocks to ``num_slots`` slots, preempting the latest-admitted requests until
         they fit."""
-        while not self.kv_cache.allocate(request.block_ids, num_slots):
+        while not self.kv_cache.allocate(request, num_slots):
             victim = self.running.pop()
             self._preempt(victim)
             preempted.append(victim)
@@ -127,8 +135,9 @@ class Scheduler:
         return True
 
     def _preempt(self, request: Request) -> None:
-        # Recompute: drop the KV, keep the tokens; the request re-enters at the head of the queue.
-        self.kv_cache.free(request.block_ids)
+        # Recompute: let go of the KV (cached blocks stay cached), keep the tokens; the request re-enters at
+        # the head of the queue.
+        self.kv_cache.free(request)
         request.num_computed_tokens = 0
         request.spec_token_ids = ()  # never verified, so never counted
         request.status = RequestStatus.PREEMPTED
@@ -142,7 +151,7 @@ class Scheduler:
         request.num_computed_tokens = scheduled.start + num_valid
         if request.status.is_finished:  # its blocks are all freed already
             return False
-        return self.kv_cache.trim(request.block_ids, request.num_computed_tokens)
+        return self.kv_cache.trim(request, request.num_computed_tokens)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take an ended request out of the queues and free its blocks."""
@@ -152,4 +161,4 @@ class Scheduler:
         elif not request.status.is_finished:
             self.waiting.remove(request)
         request.status = status
-        self.kv_cache.free(request.block_ids)
+        self.kv_cache.free(request)

@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-spec", action="store_true", help="no speculative decoding")
     parser.add_argument("--enforce-eager", action="store_true", help="engines run without CUDA graphs")
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engines reuse the KV of cached prompt prefixes (on by default)",
+    )
     parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
     parser.add_argument(
@@ -143,6 +149,8 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
         command += ["--draft-model", args.draft_model]
     if args.enforce_eager:
         command.append("--enforce-eager")
+    if not args.enable_prefix_caching:
+        command.append("--no-enable-prefix-caching")
     if args.spec_log_dir:
         command += ["--spec-log", f"{args.spec_log_dir}/spec-engine{index}.jsonl"]
     return command

@@ -30,14 +30,15 @@ def run_step(scheduler: Scheduler, output: SchedulerOutput, new_token: int = 7) 
 def test_kv_manager_allocates_whole_blocks_and_frees() -> None:
     """Slots round up to blocks; a failed allocation changes nothing; free returns every block."""
     kv = KVCacheManager(num_blocks=4, block_size=16)
-    table: list[int] = []
-    assert kv.allocate(table, 17)  # 17 slots = 2 blocks
+    request = make_request("a", 4)
+    table = request.block_ids
+    assert kv.allocate(request, 17)  # 17 slots = 2 blocks
     assert len(table) == 2 and kv.num_free_blocks == 2
-    assert not kv.allocate(table, 65)  # 65 slots = 5 blocks > 4
+    assert not kv.allocate(request, 65)  # 65 slots = 5 blocks > 4
     assert len(table) == 2 and kv.num_free_blocks == 2
-    assert kv.allocate(table, 64)
+    assert kv.allocate(request, 64)
     assert kv.num_free_blocks == 0
-    kv.free(table)
+    kv.free(request)
     assert table == [] and kv.num_free_blocks == 4
 
 
@@ -86,7 +87,7 @@ def test_max_num_seqs_bounds_running() -> None:
 
 def test_preemption_by_recompute_takes_the_latest_request() -> None:
     """When blocks run out the last-admitted request loses its KV and returns to the head of the queue."""
-    kv = KVCacheManager(num_blocks=2, block_size=4)  # 8 slots in all
+    kv = KVCacheManager(num_blocks=2, block_size=4, enable_caching=False)  # 8 slots in all
     scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=100)
     a, b = make_request("a", 4), make_request("b", 4)
     scheduler.add(a)
