@@ -85,6 +85,17 @@ def test_enforce_eager_reaches_every_engine_and_its_config() -> None:
     assert not config_from_args(engine_args([])).enforce_eager
 
 
+@pytest.mark.parametrize(("argv", "caching"), [([], True), (["--no-enable-prefix-caching"], False)])
+def test_prefix_caching_is_on_unless_turned_off(argv: list[str], caching: bool) -> None:
+    """--no-enable-prefix-caching (vLLM's flag) reaches each engine's config; caching is on by default."""
+    from openinfer.engine_core.engine_cli import config_from_args
+    from openinfer.engine_core.engine_cli import parse_args as engine_args
+
+    command = engine_flags(*argv)
+    assert config_from_args(engine_args(command[command.index("--model") :])).enable_prefix_caching is caching
+    assert config_from_args(engine_args(argv)).enable_prefix_caching is caching
+
+
 @pytest.mark.parametrize(("argv", "backend"), [([], "auto"), (["--attention-backend", "triton"], "triton")])
 def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -> None:
     """--attention-backend (openinfer-engine's choices) is passed to each engine; auto by default."""
