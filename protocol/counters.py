@@ -126,9 +126,12 @@ class PrefixCacheCounters(msgspec.Struct, array_like=True, gc=False):
     def copy(self) -> PrefixCacheCounters:
         return PrefixCacheCounters(self.queries, self.hits)
 
+    def is_nonnegative(self) -> bool:
+        return min(self.queries, self.hits) >= 0
+
     def violation(self) -> str | None:
         """Which invariant these counters (or a delta of them) break, or None when they hold."""
-        if self.hits < 0 or self.queries < 0:
+        if not self.is_nonnegative():
             return "a negative prefix-cache counter"
         if self.hits > self.queries:
             return "more prefix-cache hits than queries"

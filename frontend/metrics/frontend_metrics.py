@@ -2,10 +2,11 @@
 
 Names follow DESIGN.md exactly. Counters are declared without ``_total``, which the exposition appends
 (``vllm:prompt_tokens`` is exported as ``vllm:prompt_tokens_total``). Counters and histograms live in a
-:class:`MetricTotals` (plain numbers), so that ``--state-dir`` can save them with the spec-decode baselines
+:class:`MetricTotals` (plain numbers), so that ``--state-dir`` can save them with the per-engine baselines
 and a restarted frontend continues every series exactly; gauges are prometheus_client's (nothing to keep).
 
-The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.metrics.spec_bridge`.
+The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.metrics.spec_bridge`,
+the prefix-cache counters and the hit rate in :mod:`openinfer.frontend.metrics.prefix_cache_bridge`.
 
 Derived rates, for dashboards:
 
@@ -21,6 +22,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from openinfer.frontend.metrics.prefix_cache_bridge import PrefixCacheMetrics
 from openinfer.frontend.metrics.spec_bridge import SpecDecodeMetrics
 from openinfer.frontend.metrics.spec_decode_log import SpecDecodeLogger
 from openinfer.frontend.metrics.state_dir import STATE_VERSION, FrontendState, StateDir
@@ -114,12 +116,15 @@ class FrontendMetrics:
         # Speculative decoding: exact deltas of each engine's cumulative counters, and the periodic log line.
         self.spec_decode = SpecDecodeMetrics(t, self.protocol_errors)
         self.spec_decode_log = SpecDecodeLogger()
+        # Prefix caching: exact deltas of each engine's cumulative lookups, by the same rules.
+        self.prefix_cache = PrefixCacheMetrics(t, self.protocol_errors)
         r.register(t)
 
         state = state_dir.load() if state_dir is not None else None
         if state is not None:
             t.restore(state.totals)
             self.spec_decode.restore_baselines(state.spec_baselines)
+            self.prefix_cache.restore_baselines(state.prefix_cache_baselines)
             self._incarnations = dict(state.incarnations)
             logger.info(
                 "continuing the counters saved in %s (%d engine baselines)",
@@ -132,7 +137,11 @@ class FrontendMetrics:
     def state(self) -> FrontendState:
         """Totals and baselines now, taken together (nothing runs in between on the event loop)."""
         return FrontendState(
-            STATE_VERSION, self.totals.state(), self.spec_decode.baselines(), dict(self._incarnations)
+            STATE_VERSION,
+            self.totals.state(),
+            self.spec_decode.baselines(),
+            dict(self._incarnations),
+            self.prefix_cache.baselines(),
         )
 
     def save(self) -> None:
@@ -155,11 +164,13 @@ class FrontendMetrics:
     def observe_load(self, engine_index: int, incarnation: int, model_name: str, load: LoadSnapshot) -> None:
         """Publish one snapshot of a current engine incarnation: every message carries one, in seq order.
 
-        Its spec-decode counters go through the bridge (per-engine baselines, DESIGN.md frontend diffing).
+        Its spec-decode and prefix-cache counters go through their bridges (per-engine baselines, DESIGN.md
+        frontend diffing).
         """
         delta = self.spec_decode.observe(engine_index, incarnation, model_name, load.spec_decode)
         if delta is not None:
             self.spec_decode_log.add(delta)
+        self.prefix_cache.observe(engine_index, incarnation, model_name, load.prefix_cache)
         engine = str(engine_index)
         self.num_requests_running.labels(model_name, engine).set(load.num_running_reqs)
         self.num_requests_waiting.labels(model_name, engine).set(load.num_waiting_reqs)

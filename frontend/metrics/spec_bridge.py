@@ -1,7 +1,8 @@
 """The spec-decode metrics bridge: per-engine baselines over cumulative counters -> Prometheus counters.
 
 Each engine sends its cumulative :class:`SpecDecodeCounters` in every load snapshot. This module keeps one
-baseline per engine index and publishes ``current - baseline`` (DESIGN.md, frontend diffing):
+baseline per engine index and publishes ``current - baseline`` by the rules of
+:mod:`openinfer.frontend.metrics.engine_baselines` (DESIGN.md, frontend diffing):
 
 - an engine index this process never saw: baseline = that snapshot, nothing published (an earlier frontend
   exported what came before, or it is zero: an incarnation's first message is its hello);
@@ -9,6 +10,7 @@ baseline per engine index and publishes ``current - baseline`` (DESIGN.md, front
   everything the new counters hold is new; the reset is logged and counted;
 - a known incarnation whose counter went down (any field or bin): a protocol violation, logged and counted
   as ``openinfer:protocol_errors_total{kind="counter_decrease"}``; baseline = snapshot, nothing published;
+  a delta no sequence of drafts makes: ``kind="counter_delta"``, nothing published;
 - ``spec_decode`` None (no drafter): the baseline is forgotten, nothing published;
 - an interval without drafts publishes nothing.
 
@@ -54,40 +56,22 @@ Derived rates, for dashboards (sum over engines first; drop the ``sum`` for one 
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-
-import msgspec
-
+from openinfer.frontend.metrics.engine_baselines import EngineBaselines, Reset, SavedBaseline
 from openinfer.frontend.metrics.totals import CounterFamily, MetricTotals
 from openinfer.protocol import SpecDecodeCounters
 
-logger = logging.getLogger(__name__)
-
 _MODEL_ENGINE = ("model_name", "engine")
-
-
-@dataclass
-class _EngineBaseline:
-    """What one engine index's next delta is taken from."""
-
-    incarnation: int
-    counters: SpecDecodeCounters | None  # None: no drafter (nothing to diff against)
-
-
-class SavedBaseline(msgspec.Struct, array_like=True):
-    """An engine index's baseline as ``--state-dir`` saves it."""
-
-    incarnation: int
-    counters: SpecDecodeCounters | None
+# openinfer:spec_decode_counter_resets_total's reason label, by why the counters count from zero.
+_RESET_REASONS = {Reset.RESTART: "restart", Reset.BEGAN: "drafter_loaded", Reset.RESHAPED: "new_k"}
 
 
 class SpecDecodeMetrics:
     """The spec-decode Prometheus counters and the per-engine baselines they are published from."""
 
     def __init__(self, totals: MetricTotals, protocol_errors: CounterFamily) -> None:
-        self._protocol_errors = protocol_errors  # openinfer:protocol_errors_total{kind}
-        self._baselines: dict[int, _EngineBaseline] = {}
+        self._baselines = EngineBaselines[SpecDecodeCounters](
+            "spec-decode", protocol_errors, lambda a, b: a.num_spec_tokens == b.num_spec_tokens
+        )
         self.num_drafts = totals.counter(
             "vllm:spec_decode_num_drafts",
             "Speculative drafts verified (one request's proposal in one verify step).",
@@ -117,69 +101,27 @@ class SpecDecodeMetrics:
             ("engine", "reason"),
         )
 
-    def baselines(self) -> dict[int, SavedBaseline]:
+    def baselines(self) -> dict[int, SavedBaseline[SpecDecodeCounters]]:
         """Every engine index's baseline now (copies), for ``--state-dir``."""
-        return {
-            index: SavedBaseline(b.incarnation, _copy(b.counters)) for index, b in self._baselines.items()
-        }
+        return self._baselines.saved()
 
-    def restore_baselines(self, saved: dict[int, SavedBaseline]) -> None:
+    def restore_baselines(self, saved: dict[int, SavedBaseline[SpecDecodeCounters]]) -> None:
         """Take baselines saved with the totals they were published into: a known incarnation goes on from
         its saved counters (nothing lost, nothing counted twice); a new one counts from zero."""
-        for index, baseline in saved.items():
-            counters = baseline.counters
-            if counters is not None and counters.violation() is not None:
-                logger.warning("state: engine %d's saved baseline is impossible; it is dropped", index)
-                continue
-            self._baselines[index] = _EngineBaseline(baseline.incarnation, _copy(counters))
+        self._baselines.restore(saved)
 
     def observe(
         self, engine_index: int, incarnation: int, model_name: str, counters: SpecDecodeCounters | None
     ) -> SpecDecodeCounters | None:
         """Take one snapshot's counters; publish and return the delta since the baseline, or None."""
-        baseline = self._baselines.get(engine_index)
-        if baseline is None:  # never seen by this process: what came before is not ours to count
-            self._baselines[engine_index] = _EngineBaseline(incarnation, _copy(counters))
-            if counters is not None:
-                self._create_series(model_name, engine_index, counters.num_spec_tokens)
-            return None
-        if counters is None:
-            if baseline.counters is not None and baseline.incarnation == incarnation:
-                logger.info("engine %d has no drafter now; its spec-decode baseline is dropped", engine_index)
-            baseline.incarnation, baseline.counters = incarnation, None
-            return None
-
-        k = counters.num_spec_tokens
-        reset = _reset_reason(baseline, incarnation, k)
-        if reset is not None:
-            logger.info(
-                "engine %d incarnation %016x: spec-decode counters (K=%d) count from zero (%s)",
-                engine_index, incarnation, k, reset,
-            )  # fmt: skip
-            self.counter_resets.inc((str(engine_index), reset))
-            self._create_series(model_name, engine_index, k)
-            baseline.incarnation, baseline.counters = incarnation, SpecDecodeCounters.zero(k)
-        previous = baseline.counters
-        assert previous is not None
-
-        delta = counters.minus(previous)
-        baseline.counters = counters.copy()
-        if not delta.is_nonnegative():
-            self._protocol_errors.inc(("counter_decrease",))
-            logger.warning(
-                "engine %d incarnation %016x: a spec-decode counter went down (%s -> %s); nothing published",
-                engine_index, incarnation, _describe(previous), _describe(counters),
-            )  # fmt: skip
-            return None
-        violation = delta.violation()
-        if violation is not None:  # both snapshots were valid, but no run of observe_draft joins them
-            self._protocol_errors.inc(("counter_delta",))
-            logger.warning(
-                "engine %d incarnation %016x: impossible spec-decode delta (%s); nothing published",
-                engine_index, incarnation, violation,
-            )  # fmt: skip
-            return None
-        if delta.num_drafts == 0:
+        seen = self._baselines.observe(engine_index, incarnation, counters)
+        if seen.reset is not None:
+            self.counter_resets.inc((str(engine_index), _RESET_REASONS[seen.reset]))
+        if seen.began:
+            assert counters is not None
+            self._create_series(model_name, engine_index, counters.num_spec_tokens)
+        delta = seen.delta
+        if delta is None or delta.num_drafts == 0:
             return None
         self._publish(model_name, engine_index, delta)
         return delta
@@ -197,25 +139,3 @@ class SpecDecodeMetrics:
     def _create_series(self, model_name: str, engine_index: int, num_spec_tokens: int) -> None:
         """Export an engine's series at 0 from the moment they exist, so rate() sees their first increase."""
         self._publish(model_name, engine_index, SpecDecodeCounters.zero(num_spec_tokens))
-
-
-def _reset_reason(baseline: _EngineBaseline, incarnation: int, num_spec_tokens: int) -> str | None:
-    """Why counters of a known engine index start from zero, or None when they continue the baseline."""
-    if baseline.incarnation != incarnation:
-        return "restart"
-    if baseline.counters is None:
-        return "drafter_loaded"
-    if baseline.counters.num_spec_tokens != num_spec_tokens:
-        return "new_k"
-    return None
-
-
-def _copy(counters: SpecDecodeCounters | None) -> SpecDecodeCounters | None:
-    return None if counters is None else counters.copy()
-
-
-def _describe(c: SpecDecodeCounters) -> str:
-    return (
-        f"drafts={c.num_drafts} draft_tokens={c.num_draft_tokens} accepted={c.num_accepted_tokens} "
-        f"per_pos={c.num_accepted_tokens_per_pos} hist={c.accepted_length_hist}"
-    )

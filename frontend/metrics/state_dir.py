@@ -17,12 +17,13 @@ from typing import IO
 
 import msgspec
 
-from openinfer.frontend.metrics.spec_bridge import SavedBaseline
+from openinfer.frontend.metrics.engine_baselines import SavedBaseline
 from openinfer.frontend.metrics.totals import TotalsState
+from openinfer.protocol import PrefixCacheCounters, SpecDecodeCounters
 
 logger = logging.getLogger(__name__)
 
-STATE_VERSION = 1  # bumped when FrontendState changes incompatibly
+STATE_VERSION = 1  # bumped when FrontendState changes incompatibly (a new field with a default is not)
 STATE_FILE = "frontend-state.json"
 LOCK_FILE = "frontend.lock"
 
@@ -32,8 +33,10 @@ class FrontendState(msgspec.Struct):
 
     version: int
     totals: TotalsState
-    spec_baselines: dict[int, SavedBaseline]  # by engine index
+    spec_baselines: dict[int, SavedBaseline[SpecDecodeCounters]]  # by engine index
     incarnations: dict[int, int]  # the latest incarnation of each engine index (to count restarts)
+    # by engine index; absent from files of frontends without prefix-cache metrics (none saved then)
+    prefix_cache_baselines: dict[int, SavedBaseline[PrefixCacheCounters]] = {}
 
 
 class StateError(Exception):

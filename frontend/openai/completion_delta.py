@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from openinfer.protocol import SpecDecodeCounters, TokenLogprobs
 
@@ -29,16 +29,19 @@ class CompletionDelta:
 
 @dataclass(frozen=True)
 class Usage:
-    """OpenAI's ``usage``: the prompt's tokens and the completion's (up to the one that completed a stop
-    string)."""
+    """OpenAI's ``usage``: the prompt's tokens, of which ``cached_tokens`` were found in the engine's prefix
+    cache (``prompt_tokens_details.cached_tokens``), and the completion's tokens (up to the one that
+    completed a stop string)."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:
         total = self.prompt_tokens + self.completion_tokens
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": total,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }

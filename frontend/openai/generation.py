@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -17,6 +18,8 @@ from openinfer.frontend.openai.sampling_options import SamplingOptions
 from openinfer.frontend.openai.stop_strings import StopStringMatcher
 from openinfer.frontend.tokenizer import IncrementalDetokenizer
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest
+
+logger = logging.getLogger(__name__)
 
 # Finish kinds that end a request normally; any other ("error", "abort", unknown) is an engine error.
 _NORMAL_FINISHES: dict[str, FinishKind] = {kind: kind for kind in get_args(FinishKind)}
@@ -58,6 +61,7 @@ class Generation:
         self._stream: RequestStream | None = None
         self._finished = False
         self.num_output_tokens = 0  # tokens of the completion: up to the one that completed a stop string
+        self.num_cached_tokens = 0  # prompt tokens found in the answering engine's prefix cache
 
     @property
     def request_id(self) -> str:
@@ -73,7 +77,7 @@ class Generation:
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.num_prompt_tokens, self.num_output_tokens)
+        return Usage(self.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
 
     async def response(self) -> dict[str, Any]:
         """The whole response body (non-streamed); raises :class:`EngineRequestError` as :meth:`deltas`."""
@@ -107,8 +111,12 @@ class Generation:
         """The completion as it arrives; raises :class:`EngineRequestError` if the engine fails it."""
         assert self._stream is not None, "use Generation as `async with`"
         last_output_time: float | None = None
+        answered = False
         async for output in self._stream:
             now = time.monotonic()
+            if not answered:  # the engine that answers first is the one it stays on (nothing moves after)
+                answered = True
+                self.num_cached_tokens = self._cached_tokens(output)
             if output.new_token_ids:
                 self._observe_tokens(output, now, last_output_time)
                 last_output_time = now
@@ -164,6 +172,18 @@ class Generation:
             if self._stops.match is not None:
                 return "".join(texts), i + 1
         return "".join(texts), len(token_ids)
+
+    def _cached_tokens(self, first: EngineCoreOutput) -> int:
+        """The prompt tokens a request's first output says were cached; 0 (and a protocol error) when that
+        cannot be true of this prompt."""
+        if 0 <= first.num_cached_tokens <= self.num_prompt_tokens:
+            return first.num_cached_tokens
+        self._metrics.count_protocol_error("invalid")
+        logger.warning(
+            "request %s: the engine reports %d cached tokens of a %d-token prompt; reporting 0",
+            self.request_id, first.num_cached_tokens, self.num_prompt_tokens,
+        )  # fmt: skip
+        return 0
 
     def _observe_tokens(self, output: EngineCoreOutput, now: float, last_output_time: float | None) -> None:
         assert self._stream is not None

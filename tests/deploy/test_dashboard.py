@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.protocol import LoadSnapshot, PrefixCacheCounters
 from tests.deploy.stack import DEPLOY, PROMETHEUS_DIR, require_tools
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "openinfer-spec-decode.json"
@@ -30,13 +32,18 @@ def dashboard_exprs() -> list[str]:
     return exprs
 
 
+def rule_groups() -> list[dict]:
+    """Every rule group of deploy/prometheus/rules."""
+    return [
+        group
+        for rules_file in sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
+        for group in yaml.safe_load(rules_file.read_text())["groups"]
+    ]
+
+
 def recorded_names() -> set[str]:
     """The series names the recording rules produce."""
-    names = set()
-    for rules_file in (PROMETHEUS_DIR / "rules").glob("*.yml"):
-        for group in yaml.safe_load(rules_file.read_text())["groups"]:
-            names.update(rule["record"] for rule in group["rules"] if "record" in rule)
-    return names
+    return {rule["record"] for group in rule_groups() for rule in group["rules"] if "record" in rule}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -100,6 +107,26 @@ def test_dashboard_shape() -> None:
         assert topic in titles, topic
     for topic in ("time to first token", "inter-token", "running and waiting", "kv cache"):
         assert topic in titles, topic
+    for topic in ("prefix-cache hit rate", "prefix-cache hit rate per engine", "prefix-cache lookups"):
+        assert topic in titles, topic
+
+
+def test_prefix_cache_rules_and_panels_read_exported_series() -> None:
+    """The prefix-cache rules read exactly the counters a frontend exports once an engine reports prefix
+    caching, and the prefix-cache panels read only recorded series (which federation carries)."""
+    metrics = FrontendMetrics()
+    metrics.observe_load(0, 1, "m", LoadSnapshot(0, 1, 0, 0, None, PrefixCacheCounters(16, 0)))
+    exported = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][\w:]*)", metrics.render().decode(), re.M)}
+    recorded = recorded_names()
+    (group,) = [g for g in rule_groups() if g["name"] == "openinfer-prefix-cache"]
+    sources = set().union(*(metric_names(rule["expr"]) for rule in group["rules"])) - recorded
+    assert sources == {"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"}
+    assert sources <= exported
+    panels = [p for p in json.loads(DASHBOARD.read_text())["panels"] if "prefix" in p["title"].lower()]
+    exprs = [target["expr"] for panel in panels for target in panel.get("targets", [])]
+    assert len(exprs) == 5
+    for expr in exprs:
+        assert metric_names(expr) <= recorded, expr
 
 
 def test_provisioning_matches_compose() -> None:

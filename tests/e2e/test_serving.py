@@ -46,6 +46,7 @@ async def test_completion_tokens_are_transformers_greedy(cluster: Cluster, tiny_
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": 20,
         "total_tokens": len(prompt_ids) + 20,
+        "prompt_tokens_details": {"cached_tokens": 0},  # the engine's first request: nothing cached yet
     }
     hf = Qwen3ForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     with torch.inference_mode():

@@ -2,7 +2,8 @@
 
 It is not an engine: it answers each request by echoing the prompt's tokens (cyclically), one token per
 message, and ends with "length" at max_tokens, or "stop" on an EOS (unless ignore_eos) or a stop token id.
-Its spec-decode counters (``spec``) are whatever the test makes them; every message's load carries them.
+Its spec-decode and prefix-cache counters (``spec``, ``prefix_cache``) are whatever the test makes them;
+every message's load carries them. Each request's first output says ``num_cached_tokens`` of its config.
 It answers LoadDrafter / UnloadDrafter with a DrafterReply. It exists to test the frontend's side of the
 boundary.
 """
@@ -40,6 +41,8 @@ class PeerConfig:
         None  # the counters its hello carries (copied; None: no drafter)
     )
     spec_stats: protocol.SpecDecodeCounters | None = None  # put on every request's last output
+    prefix_cache: protocol.PrefixCacheCounters | None = None  # what its load carries (copied; None: off)
+    num_cached_tokens: int = 0  # put on every request's first output
     tokenizer_config_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command
@@ -58,6 +61,7 @@ class EnginePeer:
         self.refusals: list[str] = []  # messages of protocol.HelloRefused the frontend sent this peer
         self.hello_requests = 0
         self.spec = None if self.config.spec is None else self.config.spec.copy()
+        self.prefix_cache = None if self.config.prefix_cache is None else self.config.prefix_cache.copy()
         self.drafter_commands: list[protocol.LoadDrafter | protocol.UnloadDrafter] = []
         self._seq = 0
         self._in_codec = protocol.EngineInputCodec()
@@ -131,7 +135,7 @@ class EnginePeer:
     def _load(self) -> protocol.LoadSnapshot:
         return protocol.LoadSnapshot(
             kv_used_blocks=len(self._running), kv_total_blocks=64, num_running_reqs=len(self._running),
-            num_waiting_reqs=0, spec_decode=self.spec,
+            num_waiting_reqs=0, spec_decode=self.spec, prefix_cache=self.prefix_cache,
         )  # fmt: skip
 
     async def _send_hello(self) -> None:
@@ -204,30 +208,43 @@ class EnginePeer:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
         for i in range(params.max_tokens):
             await asyncio.sleep(self.config.token_delay_s)
+            cached = self.config.num_cached_tokens if i == 0 else 0
             if self.config.fail_with is not None and i == 1:
                 await self._finish(request, [], protocol.FinishReason("error", message=self.config.fail_with))
                 return
             token = prompt[i % len(prompt)]
             if token in stops:
-                await self._finish(request, [token], protocol.FinishReason("stop", stop_token_id=token))
+                await self._finish(
+                    request, [token], protocol.FinishReason("stop", stop_token_id=token), cached
+                )
                 return
             if i + 1 == params.max_tokens:
-                await self._finish(request, [token], protocol.FinishReason("length"))
+                await self._finish(request, [token], protocol.FinishReason("length"), cached)
                 return
             logprobs = None if params.logprobs is None else [peer_logprobs(token, params.logprobs)]
-            await self._send_outputs(
-                [protocol.EngineCoreOutput(request.request_id, [token], logprobs=logprobs)]
+            output = protocol.EngineCoreOutput(
+                request.request_id, [token], logprobs=logprobs, num_cached_tokens=cached
             )
+            await self._send_outputs([output])
 
     async def _finish(
-        self, request: protocol.EngineCoreRequest, tokens: list[int], finish: protocol.FinishReason
+        self,
+        request: protocol.EngineCoreRequest,
+        tokens: list[int],
+        finish: protocol.FinishReason,
+        num_cached_tokens: int = 0,
     ) -> None:
         self._running.pop(request.request_id, None)
         stats = self.config.spec_stats
         k = request.sampling_params.logprobs
         logprobs = None if k is None else [peer_logprobs(token, k) for token in tokens]
         output = protocol.EngineCoreOutput(
-            request.request_id, tokens, finish, spec_stats=stats, logprobs=logprobs
+            request.request_id,
+            tokens,
+            finish,
+            num_cached_tokens=num_cached_tokens,
+            spec_stats=stats,
+            logprobs=logprobs,
         )
         await self._send_outputs([output])
 

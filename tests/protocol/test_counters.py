@@ -1,4 +1,5 @@
-"""SpecDecodeCounters: the prefix tally, the histogram and DESIGN.md's invariants on any observations."""
+"""SpecDecodeCounters: the prefix tally, the histogram and DESIGN.md's invariants on any observations; and
+PrefixCacheCounters."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from openinfer.protocol import MAX_SPEC_TOKENS, SpecDecodeCounters
+from openinfer.protocol import MAX_SPEC_TOKENS, PrefixCacheCounters, SpecDecodeCounters
 
 
 def test_prefix_tally_example() -> None:
@@ -54,3 +55,19 @@ def test_k_outside_limit_is_refused_not_clamped(k: int) -> None:
     """K must be in [1, 32]; the error names the limit."""
     with pytest.raises(ValueError, match="MAX_SPEC_TOKENS=32"):
         SpecDecodeCounters.zero(k)
+
+
+def test_prefix_cache_counters_deltas_and_invariant() -> None:
+    """Lookups add tokens and hits; a delta is field-wise; hits above queries or a negative field break
+    the invariant, and is_nonnegative tells a decrease apart from an impossible delta."""
+    c = PrefixCacheCounters()
+    c.record(64, 48)  # 4 blocks of 16 looked up, 3 cached
+    before = c.copy()
+    c.record(16, 0)
+    assert (c.queries, c.hits) == (80, 48) and c.violation() is None
+    assert c.minus(before) == PrefixCacheCounters(16, 0)
+    assert not before.minus(c).is_nonnegative()  # went down
+    assert (
+        PrefixCacheCounters(10, 11).is_nonnegative() and PrefixCacheCounters(10, 11).violation() is not None
+    )
+    assert PrefixCacheCounters(-1, 0).violation() == "a negative prefix-cache counter"

@@ -76,7 +76,8 @@ async def test_completion_has_openai_shape(frontend: Frontend, peer: EnginePeer)
     assert choice == {"index": 0, "text": TOKENIZER.decode(prompt_ids[:3]), "logprobs": None,
                       "finish_reason": "length", "stop_reason": None}  # fmt: skip
     n = len(prompt_ids)
-    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 3, "total_tokens": n + 3}
+    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 3, "total_tokens": n + 3,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     assert peer.requests[body["id"]].sampling_params.max_tokens == 3
 
 

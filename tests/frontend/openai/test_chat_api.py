@@ -69,7 +69,8 @@ async def test_chat_completion_has_openai_shape(frontend: Frontend, peer: Engine
     assert choice == {"index": 0, "message": {"role": "assistant", "content": echoed(4)}, "logprobs": None,
                       "finish_reason": "length", "stop_reason": None}  # fmt: skip
     n = len(prompt_ids)
-    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 4, "total_tokens": n + 4}
+    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 4, "total_tokens": n + 4,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
 
 
 async def test_max_completion_tokens_wins_over_max_tokens(frontend: Frontend, peer: EnginePeer) -> None:
