@@ -95,7 +95,12 @@ def test_completions_streaming_and_usage(client: openai.OpenAI) -> None:
         )
     )  # fmt: skip
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
-    assert chunks[-1].usage == whole.usage
+    streamed = chunks[-1].usage
+    assert streamed is not None and streamed.prompt_tokens_details is not None
+    assert (streamed.prompt_tokens, streamed.completion_tokens) == (whole.usage.prompt_tokens, 12)
+    # The second time, its full blocks come from the prefix cache (all but the block of its last token).
+    blocks = (whole.usage.prompt_tokens - 1) // 16
+    assert streamed.prompt_tokens_details.cached_tokens == 16 * blocks
 
 
 def pick_stop(text: str) -> tuple[str, int]:
