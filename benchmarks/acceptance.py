@@ -1,5 +1,6 @@
 """Speculative-decoding acceptance of one run: ``/metrics`` scraped before and after, the deltas as the seed's
-table (summed over engines and per engine), and the check against the engines' spec logs.
+table (summed over engines and per engine), and the check against the engines' spec logs. The same scrapes
+hold the prefix-cache counters (``prefix_cache.py``).
 
 Counters reach ``/metrics`` a little after the tokens (openinfer engines send them at least once a second),
 so each side of the run is a *settled* scrape: scraped again after ``SETTLE_INTERVAL_S`` until two agree.
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from openinfer.benchmarks.prefix_cache import PrefixCacheCounts, prefix_cache_counts
 from openinfer.tools.spec_tally import (
     AcceptanceTally,
     SpecLogTally,
@@ -30,13 +32,15 @@ SETTLE_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    """The spec-decode counters per engine of a settled scrape, and when its first agreeing scrape ran."""
+    """The spec-decode and prefix-cache counters per engine of a settled scrape, and when its first agreeing
+    scrape ran."""
 
     engines: dict[int, AcceptanceTally]
     has_histogram: bool  # openinfer:spec_decode_accepted_length_total is exported (vLLM has none)
     started: float  # unix seconds, just before the first of the two agreeing scrapes
     finished: float  # unix seconds, just after it
     settled: bool  # False: the counters still moved at SETTLE_TIMEOUT_S (other traffic)
+    prefix_cache: dict[str, PrefixCacheCounts] = field(default_factory=dict)  # by engine label; {}: none
 
 
 def scrape_settled(metrics_url: str, timeout: float = SETTLE_TIMEOUT_S) -> MetricsSnapshot:
@@ -46,17 +50,22 @@ def scrape_settled(metrics_url: str, timeout: float = SETTLE_TIMEOUT_S) -> Metri
     """
     deadline = time.monotonic() + timeout
     started = time.time()
-    engines = tally_metrics(scrape_metrics(metrics_url))
+    counters = _counters(scrape_metrics(metrics_url))
     finished = time.time()
     while True:
         time.sleep(SETTLE_INTERVAL_S)
         next_started = time.time()
-        next_engines = tally_metrics(scrape_metrics(metrics_url))
-        settled = next_engines == engines
+        next_counters = _counters(scrape_metrics(metrics_url))
+        settled = next_counters == counters
         if settled or time.monotonic() > deadline:
+            engines, prefix_cache = counters
             has_histogram = any(tally.hist for tally in engines.values())
-            return MetricsSnapshot(engines, has_histogram, started, finished, settled)
-        started, engines, finished = next_started, next_engines, time.time()
+            return MetricsSnapshot(engines, has_histogram, started, finished, settled, prefix_cache)
+        started, counters, finished = next_started, next_counters, time.time()
+
+
+def _counters(text: str) -> tuple[dict[int, AcceptanceTally], dict[str, PrefixCacheCounts]]:
+    return tally_metrics(text), prefix_cache_counts(text)
 
 
 @dataclass(frozen=True)

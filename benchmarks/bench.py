@@ -9,10 +9,12 @@
 Flags carry ``vllm bench serve``'s names. It sends streamed requests (completions or chat) at a Poisson
 ``--request-rate`` with at most ``--max-concurrency`` in flight, then prints vLLM's result block (throughput;
 TTFT, TPOT, ITL and E2E latency mean, median and p99 from real timestamps; failed requests and why) and the
-seed's acceptance table from the ``/metrics`` deltas, summed over engines and per engine. It works against
+seed's acceptance table from the ``/metrics`` deltas, summed over engines and per engine, and the run's
+prefix-cache hit rate (``vllm:prefix_cache_*`` deltas) and cached prompt tokens (usage). It works against
 vLLM too (its /metrics has no accepted-length histogram: those rows say "n/a"). ``--spec-logs DIR`` also
-checks the deltas against the engines' spec logs, bin by bin. Exit 0; 1 when no request succeeded or the
-spec logs disagree; 2 on a usage error or an unreachable server.
+checks the deltas against the engines' spec logs, bin by bin. ``--dataset-name prefix_repetition`` shares
+long prefixes between requests, ``multi_turn`` replays conversations turn by turn. Exit 0; 1 when no
+request succeeded or the spec logs disagree; 2 on a usage error or an unreachable server.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -35,17 +37,18 @@ from openinfer.benchmarks.acceptance import (
     check_spec_logs,
     scrape_settled,
 )
-from openinfer.benchmarks.datasets import DATASET_NAMES, DatasetConfig, SampledRequest, sample_requests
+from openinfer.benchmarks.conversations import Conversation, sample_conversations
+from openinfer.benchmarks.datasets import DATASET_NAMES
 from openinfer.benchmarks.load_report import LoadReport
-from openinfer.benchmarks.load_runner import run_load
+from openinfer.benchmarks.load_runner import run_conversations
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
-from openinfer.benchmarks.request_client import ENDPOINTS, SamplingConfig, send_request
+from openinfer.benchmarks.prefix_cache import PrefixCacheReport
+from openinfer.benchmarks.request_client import SamplingConfig, send_request
 from openinfer.benchmarks.vocabulary import load_tokenizer
+from openinfer.benchmarks.workload_flags import add_workload_args, check_workload_args, dataset_config
 from openinfer.engine_core.config import from_flags
 
 WARMUP_MAX_TOKENS = 16
-# vLLM's --endpoint values, accepted so that scripts carry over.
-ENDPOINT_ALIASES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
 class BenchError(Exception):
@@ -69,13 +72,15 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class BenchResult:
-    """One run: the load report, and the acceptance deltas (None when /metrics could not be read, and why)."""
+    """One run: the load report, the acceptance deltas (None when /metrics could not be read, and why) and the
+    prefix-cache figures."""
 
     model: str
     load: LoadReport
     acceptance: AcceptanceReport | None
     acceptance_error: str | None
     spec_logs: SpecLogCheck | None
+    prefix_cache: PrefixCacheReport
 
     def format(self) -> str:
         lines = [self.load.format(), " Speculative decoding (/metrics deltas) ".center(50, "-")]
@@ -84,6 +89,7 @@ class BenchResult:
         )
         if self.spec_logs is not None:
             lines.append(self.spec_logs.format())
+        lines += [" Prefix cache ".center(50, "-"), self.prefix_cache.format()]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, object]:
@@ -93,13 +99,15 @@ class BenchResult:
             "acceptance": self.acceptance.to_json() if self.acceptance else None,
             "acceptance_error": self.acceptance_error,
             "spec_logs": self.spec_logs.to_json() if self.spec_logs else None,
+            "prefix_cache": self.prefix_cache.to_json(),
         }
 
 
 async def run_benchmark(
-    config: RunConfig, requests: list[SampledRequest], sampling: SamplingConfig
+    config: RunConfig, conversations: list[Conversation], sampling: SamplingConfig
 ) -> BenchResult:
-    """Warm up, scrape /metrics (settled), send the load, scrape again, check the spec logs if asked.
+    """Warm up (the first turns, short), scrape /metrics (settled), send the load, scrape again, check the
+    spec logs if asked.
 
     Raises ``BenchError`` when the server cannot be reached or the warm-up fails.
     """
@@ -108,18 +116,17 @@ async def run_benchmark(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=config.request_timeout)
     connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as session:
-        for request in requests[: config.num_warmups]:
-            short = SampledRequest(
-                request.prompt, request.prompt_len, min(request.max_tokens, WARMUP_MAX_TOKENS)
-            )
+        for conversation in conversations[: config.num_warmups]:
+            first = conversation.turns[0]
+            short = replace(first, max_tokens=min(first.max_tokens, WARMUP_MAX_TOKENS))
             warmup = await send_request(session, base_url, short, sampling)
             if warmup.error is not None:
                 raise BenchError(f"the warm-up request to {base_url} failed: {warmup.error}")
         before, error = await _settled_metrics(f"{base_url}/metrics")
-        load = await run_load(
+        load = await run_conversations(
             session,
             base_url,
-            requests,
+            conversations,
             sampling,
             config.max_concurrency,
             config.request_rate,
@@ -134,7 +141,10 @@ async def run_benchmark(
             spec_logs = check_spec_logs(acceptance, config.spec_logs)
         except (OSError, ValueError) as e:
             raise BenchError(f"--spec-logs: {e}") from e
-    return BenchResult(sampling.model, load, acceptance, after_error, spec_logs)
+    prefix_cache = PrefixCacheReport(
+        before.prefix_cache if before else None, after.prefix_cache if after else None, load.cached_tokens
+    )
+    return BenchResult(sampling.model, load, acceptance, after_error, spec_logs, prefix_cache)
 
 
 async def _settled_metrics(url: str) -> tuple[MetricsSnapshot | None, str | None]:
@@ -163,59 +173,6 @@ async def first_model(base_url: str, api_key: str | None) -> str:
 # ---- command line ----
 
 
-def add_workload_args(parser: argparse.ArgumentParser) -> None:
-    """The flags a single run and a sweep share: what is sent and how (``vllm bench serve``'s names)."""
-    group = parser.add_argument_group("workload")
-    group.add_argument(
-        "--tokenizer",
-        type=Path,
-        help="tokenizer.json or its model folder: prompt lengths and random prompts "
-        "(default: the built-in model's; a sweep's --model's)",
-    )
-    group.add_argument("--num-prompts", type=int, default=16, help="requests in a run")
-    group.add_argument("--seed", type=int, default=0, help="picks the prompts and the arrival times")
-    group.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
-    )
-    group.add_argument("--ignore-eos", action="store_true", help="generate max tokens even past EOS (vLLM)")
-    group.add_argument("--max-tokens", type=int, help="every request's output length, over the dataset's own")
-    group.add_argument(
-        "--endpoint", default="completions", help="completions or chat (vLLM's /v1/... paths also work)"
-    )
-    group.add_argument(
-        "--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf)"
-    )
-    group.add_argument("--random-input-len", type=int, default=64)
-    group.add_argument("--random-output-len", type=int, default=64)
-    group.add_argument(
-        "--random-range-ratio", type=float, default=0.0, help="random lengths vary by ± this share"
-    )
-    group.add_argument("--text-input-len", type=int, default=64, help="text: prompt tokens")
-    group.add_argument("--text-output-len", type=int, default=64, help="text: output tokens")
-    group.add_argument("--num-warmups", type=int, default=1, help="uncounted requests before each run")
-    group.add_argument("--request-timeout", type=float, default=600, help="seconds a stream may stay silent")
-    group.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
-
-
-def dataset_config(args: argparse.Namespace, name: str, path: Path | None) -> DatasetConfig:
-    return from_flags(DatasetConfig, args, name=name, path=path)
-
-
-def endpoint_name(parser: argparse.ArgumentParser, value: str) -> str:
-    name = ENDPOINT_ALIASES.get(value, value)
-    if name not in ENDPOINTS:
-        parser.error(f"--endpoint {value!r}: use completions or chat")
-    return name
-
-
-def check_workload_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.request_rate <= 0:
-        parser.error("--request-rate must be positive (inf: all at once)")
-    if args.temperature < 0 or args.num_warmups < 0 or args.request_timeout <= 0:
-        parser.error("--temperature and --num-warmups must be >= 0, --request-timeout > 0")
-    args.endpoint = endpoint_name(parser, args.endpoint)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="openinfer-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,7 +180,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
     parser.add_argument("--model", help="model name to request (default: the first in /v1/models)")
     parser.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
-    parser.add_argument("--dataset-path", type=Path, help="the file for text, sharegpt and jsonl")
+    parser.add_argument(
+        "--dataset-path",
+        type=Path,
+        help="the file for every dataset but random (a text file for text, prefix_repetition, multi_turn)",
+    )
     parser.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: unbounded)")
     parser.add_argument(
         "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY"
@@ -257,16 +218,17 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        requests = sample_requests(dataset_config(args, args.dataset_name, args.dataset_path), tokenizer)
+        config = dataset_config(args, args.dataset_name, args.dataset_path)
+        conversations = sample_conversations(config, tokenizer)
     except ValueError as e:
         print(f"openinfer-bench: {e}", file=sys.stderr)
         return 2
     try:
         model = args.model or asyncio.run(first_model(args.base_url, args.api_key))
         sampling = SamplingConfig(model, args.endpoint, args.temperature, args.ignore_eos)
-        print(describe_run(args, model, requests), flush=True)
-        config = from_flags(RunConfig, args, progress=not args.disable_tqdm)
-        result = asyncio.run(run_benchmark(config, requests, sampling))
+        print(describe_run(args, model, conversations), flush=True)
+        run_config = from_flags(RunConfig, args, progress=not args.disable_tqdm)
+        result = asyncio.run(run_benchmark(run_config, conversations, sampling))
     except BenchError as e:
         print(f"openinfer-bench: {e}", file=sys.stderr)
         return 2
@@ -302,17 +264,25 @@ def json_config(args: argparse.Namespace, model: str) -> dict[str, object]:
         "temperature": args.temperature,
         "ignore_eos": args.ignore_eos,
         "max_tokens": args.max_tokens,
+        **{flag: value for flag, value in vars(args).items() if flag.startswith(f"{args.dataset_name}_")},
     }
 
 
-def describe_run(args: argparse.Namespace, model: str, requests: list[SampledRequest]) -> str:
+def describe_run(args: argparse.Namespace, model: str, conversations: list[Conversation]) -> str:
     """The header: what is sent where, the temperature always said."""
     mode = "greedy" if args.temperature == 0 else "sampling"
-    prompt_lens, output_lens = [r.prompt_len for r in requests], [r.max_tokens for r in requests]
+    turns = [turn for c in conversations for turn in c.turns]
+    prompt_lens, output_lens = [t.prompt_len for t in turns], [t.max_tokens for t in turns]
+    prompts = f"{len(turns)} prompts of {_span(prompt_lens)} tokens"
+    if max(len(c.turns) for c in conversations) > 1:
+        turn_counts = [len(c.turns) for c in conversations]
+        prompts = (
+            f"{len(conversations)} conversations of {_span(turn_counts)} turns ({len(turns)} requests), "
+            f"user messages of {_span(prompt_lens)} tokens"
+        )
     return (
         f"openinfer-bench: model {model} at {args.base_url} ({args.endpoint})\n"
-        f"dataset {args.dataset_name}: {len(requests)} prompts of {_span(prompt_lens)} tokens, "
-        f"{_span(output_lens)} output tokens, "
+        f"dataset {args.dataset_name}: {prompts}, {_span(output_lens)} output tokens, "
         f"seed {args.seed}; temperature {args.temperature} ({mode}), ignore_eos {args.ignore_eos}; "
         f"max concurrency {args.max_concurrency or 'unbounded'}, request rate {args.request_rate}"
     )

@@ -1,4 +1,5 @@
-"""The bench's workloads: ``random``, ``text``, ``sharegpt`` and ``jsonl`` prompts, each picked by a seed.
+"""The bench's workloads: ``random``, ``text``, ``prefix_repetition``, ``sharegpt`` and ``jsonl`` prompts, and
+``multi_turn`` conversations (``conversations.py``), each picked by a seed.
 
 Every loader returns :class:`SampledRequest` s; the same arguments and seed give the same requests. Prompt
 lengths are counted with the bench's tokenizer (the built-in model's unless ``--tokenizer``). A file that
@@ -16,9 +17,10 @@ from typing import TypeVar
 
 from tokenizers import Tokenizer
 
+from openinfer.benchmarks.text_windows import TextWindows
 from openinfer.benchmarks.vocabulary import text_token_ids
 
-DATASET_NAMES = ("random", "text", "sharegpt", "jsonl")
+DATASET_NAMES = ("random", "text", "prefix_repetition", "multi_turn", "sharegpt", "jsonl")
 # ShareGPT filtering as vLLM's benchmark does it: a conversation is skipped when its prompt or reply is
 # shorter than this many tokens, the prompt is longer than SHAREGPT_MAX_PROMPT, or both longer than
 # SHAREGPT_MAX_TOTAL.
@@ -31,11 +33,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SampledRequest:
-    """One request to send: its prompt text, its length in tokens and the output length asked for."""
+    """One request to send: its prompt text, its length in tokens and the output length asked for.
+
+    A later turn of a conversation also carries the messages before ``prompt`` (user and assistant in turn,
+    starting with the user's); ``prompt_len`` counts them too. Chat sends them as messages, completions as
+    one text: ``"".join(history) + prompt``.
+    """
 
     prompt: str
     prompt_len: int
     max_tokens: int
+    history: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ class DatasetConfig:
     flags)."""
 
     name: str  # one of DATASET_NAMES
-    path: Path | None  # the file for text, sharegpt and jsonl
+    path: Path | None  # the file for every dataset but random
     num_prompts: int
     seed: int
     random_input_len: int = 64
@@ -52,6 +60,13 @@ class DatasetConfig:
     random_range_ratio: float = 0.0  # random lengths vary by up to this fraction either way
     text_input_len: int = 64
     text_output_len: int = 64
+    prefix_repetition_prefix_len: int = 256  # tokens of each shared prefix (vLLM's defaults, these four)
+    prefix_repetition_suffix_len: int = 256  # tokens after it, a window of its own per request
+    prefix_repetition_num_prefixes: int = 10  # distinct prefixes; num_prompts // this requests share each
+    prefix_repetition_output_len: int = 128
+    multi_turn_num_turns: int = 4  # requests per conversation; num_prompts is the number of conversations
+    multi_turn_user_len: int = 64  # tokens of each user message
+    multi_turn_output_len: int = 64  # output tokens asked for per turn
     max_tokens: int | None = None  # every request's output length, over the dataset's own
 
     def __post_init__(self) -> None:
@@ -65,6 +80,18 @@ class DatasetConfig:
             raise ValueError("--text-*-len and --max-tokens must be positive")
         if not 0 <= self.random_range_ratio < 1:
             raise ValueError("--random-range-ratio must be in [0, 1)")
+        prefix_lens = (self.prefix_repetition_prefix_len, self.prefix_repetition_output_len)
+        if min(prefix_lens) < 1 or self.prefix_repetition_suffix_len < 0:
+            raise ValueError(
+                "--prefix-repetition-prefix-len and -output-len must be positive, -suffix-len >= 0"
+            )
+        if (
+            self.name == "prefix_repetition"
+            and not 1 <= self.prefix_repetition_num_prefixes <= self.num_prompts
+        ):
+            raise ValueError("--prefix-repetition-num-prefixes must be in [1, --num-prompts]")
+        if min(self.multi_turn_num_turns, self.multi_turn_user_len, self.multi_turn_output_len) < 1:
+            raise ValueError("--multi-turn-num-turns, -user-len and -output-len must be positive")
 
     def describe(self) -> str:
         """The dataset as the report names it, e.g. "text (tinyshakespeare.txt)"."""
@@ -84,9 +111,25 @@ def sample_requests(config: DatasetConfig, tokenizer: Tokenizer) -> list[Sampled
         )
     elif config.name == "text":
         assert config.path is not None  # __post_init__
-        text = _read_text(config.path)
+        text = read_text(config.path)
         requests = text_requests(
             text, tokenizer, config.num_prompts, config.text_input_len, config.text_output_len, config.seed
+        )
+    elif config.name == "prefix_repetition":
+        assert config.path is not None
+        requests = prefix_repetition_requests(
+            read_text(config.path),
+            tokenizer,
+            config.num_prompts,
+            config.prefix_repetition_prefix_len,
+            config.prefix_repetition_suffix_len,
+            config.prefix_repetition_num_prefixes,
+            config.prefix_repetition_output_len,
+            config.seed,
+        )
+    elif config.name == "multi_turn":
+        raise ValueError(
+            "multi_turn is a workload of conversations: conversations.sample_conversations builds it"
         )
     elif config.name == "sharegpt":
         assert config.path is not None
@@ -127,17 +170,55 @@ def random_requests(
 def text_requests(
     text: str, tokenizer: Tokenizer, num_prompts: int, input_len: int, output_len: int, seed: int
 ) -> list[SampledRequest]:
-    """Prompts of ``input_len`` consecutive tokens of ``text``, at seeded random token offsets."""
-    ids = tokenizer.encode(text).ids
-    if len(ids) < input_len + 1:
-        raise ValueError(f"the text has {len(ids)} tokens, too few for {input_len}-token prompts")
+    """Prompts of ``input_len`` consecutive tokens of ``text``, at seeded random token offsets (windows that
+    re-encode to themselves: ``TextWindows``)."""
+    windows = TextWindows(text, tokenizer)
+    windows.check_length(input_len)
     rng = random.Random(seed)
     requests = []
     for _ in range(num_prompts):
-        start = rng.randrange(0, len(ids) - input_len + 1)
-        requests.append(
-            SampledRequest(tokenizer.decode(ids[start : start + input_len]), input_len, output_len)
-        )
+        ids = windows.window(rng, input_len)
+        requests.append(SampledRequest(windows.decode(ids), windows.count(ids), output_len))
+    return requests
+
+
+def prefix_repetition_requests(
+    text: str,
+    tokenizer: Tokenizer,
+    num_prompts: int,
+    prefix_len: int,
+    suffix_len: int,
+    num_prefixes: int,
+    output_len: int,
+    seed: int,
+) -> list[SampledRequest]:
+    """vLLM's ``prefix_repetition`` cut from prose: ``num_prefixes`` prefixes of ``prefix_len`` tokens of
+    ``text``, each followed in ``num_prompts // num_prefixes`` requests (vLLM's count: the remainder is not
+    sent) by a ``suffix_len``-token window of its own, all in a seeded shuffled order.
+
+    Windows are drawn at seeded offsets (``TextWindows``) so that prefix + suffix re-encodes to exactly its
+    ids, the prefixes start with distinct tokens and so do the suffixes of each prefix: every prompt is then
+    ``prefix_len + suffix_len`` tokens, those of one prefix share exactly its ``prefix_len`` ids and those of
+    two prefixes none (a text too short or too repetitive for that is used as it is). ``prompt_len`` is the
+    prompt re-encoded with the bench tokenizer either way.
+    """
+    if num_prompts < num_prefixes:
+        raise ValueError(f"--num-prompts {num_prompts} is fewer than --prefix-repetition-num-prefixes")
+    windows = TextWindows(text, tokenizer)
+    windows.check_length(max(prefix_len, suffix_len))
+    rng = random.Random(seed)
+    requests = []
+    prefix_starts: set[int] = set()
+    for _ in range(num_prefixes):
+        prefix = windows.window(rng, prefix_len, avoid_first=prefix_starts)
+        prefix_starts.add(prefix[0])
+        suffix_starts: set[int] = set()
+        for _ in range(num_prompts // num_prefixes):
+            suffix = windows.window(rng, suffix_len, after=prefix, avoid_first=suffix_starts)
+            suffix_starts.update(suffix[:1])
+            ids = prefix + suffix
+            requests.append(SampledRequest(windows.decode(ids), windows.count(ids), output_len))
+    rng.shuffle(requests)
     return requests
 
 
@@ -183,7 +264,7 @@ def jsonl_requests(
     A line without ``max_tokens`` takes ``default_max_tokens`` (``--max-tokens``).
     """
     entries = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -219,7 +300,8 @@ def _cycled(items: list[T], count: int, empty_error: str) -> list[T]:
     return [items[i % len(items)] for i in range(count)]
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """A dataset file's text; ``ValueError`` saying why when it cannot be read."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -228,6 +310,6 @@ def _read_text(path: Path) -> str:
 
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(_read_text(path))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not JSON: {e}") from e

@@ -64,6 +64,12 @@ class LoadReport:
         return sum(o.output_tokens for o in self.ok)
 
     @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the successful requests' usage says were cached; None when none of them says."""
+        reported = [o.cached_tokens for o in self.ok if o.cached_tokens is not None]
+        return sum(reported) if reported else None
+
+    @property
     def request_throughput(self) -> float:
         return len(self.ok) / self.duration if self.duration > 0 else math.nan
 
@@ -126,7 +132,8 @@ class LoadReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, object]:
-        """Aggregates (milliseconds for latencies; NaN as null) and every request's outcome."""
+        """Aggregates (milliseconds for latencies; NaN as null) and every request's outcome, conversation by
+        conversation and turn by turn."""
         stats = {"ttft": self.ttft, "tpot": self.tpot, "itl": self.itl, "e2e": self.e2e}
         summary: dict[str, object] = {
             "completed": len(self.ok),
@@ -153,6 +160,7 @@ class LoadReport:
                 "tpot_s": o.tpot,
                 "e2e_s": o.e2e,
                 "itl_s": list(o.itl),
+                "cached_tokens": o.cached_tokens,
                 "error": o.error,
             }
             for o in self.outcomes

@@ -4,7 +4,8 @@ TTFT is the time from just before the POST to the first chunk carrying text; eac
 one inter-token latency (ITL: the gap since the previous one; a chunk may carry several tokens, e.g. an
 accepted draft, as vLLM's benchmark counts it); E2E is the time to ``data: [DONE]``. Output and prompt tokens
 come from the final usage chunk (``stream_options.include_usage``), else the number of chunks with text and
-the bench tokenizer's count.
+the bench tokenizer's count; prompt tokens the server's prefix cache held, from its
+``usage.prompt_tokens_details.cached_tokens`` when it reports them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class RequestOutcome:
     e2e: float | None = None
     itl: tuple[float, ...] = ()  # gaps between successive chunks with text
     error: str | None = None
+    output_text: str = ""  # the reply, as streamed (a conversation's next turn carries it)
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: not reported
 
     @property
     def tpot(self) -> float | None:
@@ -59,10 +62,13 @@ def request_body(request: SampledRequest, sampling: SamplingConfig) -> dict[str,
         "stream_options": {"include_usage": True},
     }
     if sampling.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": request.prompt}]
+        messages = [*request.history, request.prompt]  # user first, then in turn
+        body["messages"] = [
+            {"role": "assistant" if i % 2 else "user", "content": text} for i, text in enumerate(messages)
+        ]
         body["max_completion_tokens"] = request.max_tokens
     else:
-        body["prompt"] = request.prompt
+        body["prompt"] = "".join(request.history) + request.prompt
         body["max_tokens"] = request.max_tokens
     if sampling.ignore_eos:
         body["ignore_eos"] = True
@@ -78,9 +84,10 @@ async def send_request(
     last: float | None = None  # time of the latest chunk with text
     ttft: float | None = None
     itl: list[float] = []
-    text_chunks = 0
+    texts: list[str] = []  # each chunk's text, in order
     usage_tokens: int | None = None
     usage_prompt: int | None = None
+    cached_tokens: int | None = None
     done = False
     try:
         async with session.post(url, json=request_body(request, sampling)) as response:
@@ -98,19 +105,22 @@ async def send_request(
                 chunk = json.loads(data)
                 if "error" in chunk:
                     return RequestOutcome(request.prompt_len, error=f"stream error: {chunk['error']}")
-                if any(_chunk_text(choice) for choice in chunk.get("choices") or []):
+                text = "".join(_chunk_text(choice) for choice in chunk.get("choices") or [])
+                if text:
                     now = time.perf_counter()
                     if ttft is None:
                         ttft = now - start
                     elif last is not None:
                         itl.append(now - last)
                     last = now
-                    text_chunks += 1
-                usage = chunk.get("usage")
-                if usage and usage.get("completion_tokens") is not None:
+                    texts.append(text)
+                usage = chunk.get("usage") or {}
+                if usage.get("completion_tokens") is not None:
                     usage_tokens = int(usage["completion_tokens"])
-                if usage and usage.get("prompt_tokens") is not None:
+                if usage.get("prompt_tokens") is not None:
                     usage_prompt = int(usage["prompt_tokens"])
+                if (usage.get("prompt_tokens_details") or {}).get("cached_tokens") is not None:
+                    cached_tokens = int(usage["prompt_tokens_details"]["cached_tokens"])
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, UnicodeDecodeError) as e:
         return RequestOutcome(request.prompt_len, error=f"{type(e).__name__}: {e}")
     e2e = time.perf_counter() - start
@@ -118,9 +128,17 @@ async def send_request(
         return RequestOutcome(request.prompt_len, error="the stream ended without data: [DONE]")
     if ttft is None:
         return RequestOutcome(request.prompt_len, error="no output text")
-    output_tokens = usage_tokens if usage_tokens is not None else text_chunks
+    output_tokens = usage_tokens if usage_tokens is not None else len(texts)
     prompt_len = usage_prompt if usage_prompt is not None else request.prompt_len
-    return RequestOutcome(prompt_len, output_tokens, ttft, e2e, tuple(itl))
+    return RequestOutcome(
+        prompt_len,
+        output_tokens,
+        ttft,
+        e2e,
+        tuple(itl),
+        output_text="".join(texts),
+        cached_tokens=cached_tokens,
+    )
 
 
 def _chunk_text(choice: dict[str, Any]) -> str:

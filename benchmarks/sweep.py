@@ -8,10 +8,10 @@
 For each drafter it starts one ``openinfer-serve`` (the built-in model on the CPU unless ``--model``) on
 free loopback ports with every engine writing a spec log, runs each dataset at each concurrency (the same
 prompts for every drafter and concurrency), and stops it. It prints one markdown table, a row per run:
-throughput and latency, then the seed's acceptance figures from the ``/metrics`` deltas and whether the spec
-logs agree with them bin by bin. ``--plot`` draws one series per drafter and dataset (summed over the
-concurrencies). Exit 0; 1 when a run had no successful request or its spec logs disagree; 2 on a usage
-error or a server that does not start.
+throughput and latency, then the seed's acceptance figures from the ``/metrics`` deltas, whether the spec
+logs agree with them bin by bin, and the prefix-cache hit rate. ``--plot`` draws one series per drafter and
+dataset (summed over the concurrencies). Exit 0; 1 when a run had no successful request or its spec logs
+disagree; 2 on a usage error or a server that does not start.
 """
 
 from __future__ import annotations
@@ -27,21 +27,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.benchmarks.bench import (
-    BenchError,
-    BenchResult,
-    RunConfig,
-    add_workload_args,
-    check_workload_args,
-    dataset_config,
-    first_model,
-    run_benchmark,
-)
-from openinfer.benchmarks.datasets import DATASET_NAMES, DatasetConfig, SampledRequest, sample_requests
+from openinfer.benchmarks.bench import BenchError, BenchResult, RunConfig, first_model, run_benchmark
+from openinfer.benchmarks.conversations import Conversation, sample_conversations
+from openinfer.benchmarks.datasets import DATASET_NAMES, DatasetConfig
 from openinfer.benchmarks.local_server import Drafter, LocalServer, parse_drafter
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
 from openinfer.benchmarks.request_client import SamplingConfig
 from openinfer.benchmarks.vocabulary import load_tokenizer
+from openinfer.benchmarks.workload_flags import add_workload_args, check_workload_args, dataset_config
 from openinfer.engine_core.config import from_flags
 from openinfer.tools.spec_tally import AcceptanceTally, total
 
@@ -60,7 +53,7 @@ class SweepCell:
 
 
 def markdown_table(cells: list[SweepCell]) -> str:
-    """The seed's table for a sweep: a row per run, summed over engines."""
+    """The seed's table for a sweep: a row per run, summed over engines, the prefix-cache hit rate last."""
     header = [
         "dataset",
         "drafter",
@@ -77,6 +70,7 @@ def markdown_table(cells: list[SweepCell]) -> str:
         "histogram 0..K",
         "per-position rates",
         "spec logs",
+        "prefix-cache hit rate",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in cells:
@@ -89,6 +83,7 @@ def markdown_table(cells: list[SweepCell]) -> str:
             f"{load.ttft.median:.1f}",
             f"{load.tpot.median:.2f}",
             *_acceptance_cells(cell.result),
+            cell.result.prefix_cache.hit_rate_cell(),
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -210,7 +205,7 @@ def main(argv: list[str]) -> None:
 def run(args: argparse.Namespace, log_dir: Path) -> int:
     try:
         tokenizer = load_tokenizer(args.tokenizer or args.model)  # the served model's own, by default
-        workloads = [(config, sample_requests(config, tokenizer)) for config in args.datasets]
+        workloads = [(config, sample_conversations(config, tokenizer)) for config in args.datasets]
     except ValueError as e:
         print(f"openinfer-bench sweep: {e}", file=sys.stderr)
         return 2
@@ -248,7 +243,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> int:
 def sweep_drafter(
     args: argparse.Namespace,
     drafter: Drafter,
-    workloads: list[tuple[DatasetConfig, list[SampledRequest]]],
+    workloads: list[tuple[DatasetConfig, list[Conversation]]],
     log_dir: Path,
 ) -> list[SweepCell]:
     """Start a server with this drafter, run every dataset at every concurrency, stop it."""
@@ -267,7 +262,7 @@ def sweep_drafter(
     ) as server:
         model = asyncio.run(first_model(server.url, None))
         sampling = SamplingConfig(model, args.endpoint, args.temperature, args.ignore_eos)
-        for config, requests in workloads:
+        for config, conversations in workloads:
             for concurrency in args.max_concurrency:
                 run_config = from_flags(
                     RunConfig,
@@ -278,7 +273,7 @@ def sweep_drafter(
                     spec_logs=server.spec_log_dir if drafter.method else None,
                     progress=not args.disable_tqdm,
                 )
-                result = asyncio.run(run_benchmark(run_config, requests, sampling))
+                result = asyncio.run(run_benchmark(run_config, conversations, sampling))
                 cells.append(SweepCell(config.describe(), drafter.label, concurrency, result))
                 print(
                     f"  {config.describe()}, concurrency {concurrency}: {_summary(result)}", file=sys.stderr

@@ -1,5 +1,5 @@
 """openinfer-bench against real frontend and engine processes: its acceptance table is the engines' spec logs,
-and its latencies are real."""
+its latencies are real, and its shared-prefix workloads run and report the prefix-cache deltas of /metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,78 @@ def test_slowed_engine_shows_in_tpot(fake_cluster: Cluster, tmp_path: Path) -> N
     assert slow["load"]["median_itl_ms"] >= 1e3 * STEP_SLEEP_S  # one token per step and per chunk
     assert slow["load"]["mean_e2e_ms"] >= 7 * 1e3 * STEP_SLEEP_S  # 7 steps after the first token
     assert fast["load"]["median_tpot_ms"] < 1e3 * STEP_SLEEP_S
+
+
+def prefix_counters(url: str) -> tuple[int, int] | None:
+    """(queries, hits) summed over every vllm:prefix_cache_* series, read with a regex (as PromQL sum() would);
+    None when /metrics has neither."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    sums = []
+    for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        values = re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)
+        sums.append(round(sum(float(v) for v in values)) if values else None)
+    return None if sums == [None, None] else (sums[0] or 0, sums[1] or 0)
+
+
+def check_prefix_cache(
+    report: dict, stdout: str, before: tuple[int, int] | None, after: tuple[int, int] | None
+) -> None:
+    """The report's prefix-cache figures are what /metrics and the requests' usage said, whatever they were:
+    n/a without the counters, else the deltas; cached tokens are the usage's sum, and equal the hits."""
+    figures = report["prefix_cache"]
+    line = next(line for line in stdout.splitlines() if line.startswith("Prefix cache hit rate (/metrics):"))
+    if after is None:
+        assert before is None and (figures["queries"], figures["hits"], figures["hit_rate"]) == (None,) * 3
+        assert line.split(":", 1)[1].split()[0] == "n/a"
+    else:
+        queries, hits = after[0] - (before or (0, 0))[0], after[1] - (before or (0, 0))[1]
+        assert (figures["queries"], figures["hits"]) == (queries, hits)
+        assert figures["hit_rate"] == (hits / queries if queries else None)
+    cached = [r["cached_tokens"] for r in report["load"]["requests"] if r["cached_tokens"] is not None]
+    assert figures["cached_tokens"] == (sum(cached) if cached else None)
+    if cached and after is not None:
+        assert figures["cached_tokens"] == figures["hits"]  # every hit is a cached prompt token of a request
+
+
+def test_prefix_repetition_reports_the_prefix_cache_deltas(
+    fake_cluster: Cluster, sonnets_path: Path, tmp_path: Path
+) -> None:
+    """6 requests over 2 prefixes of 64 tokens (+ 16 of their own) to a fake engine: all complete with the
+    80-token prompts the server counts too, and the hit rate is the /metrics deltas (n/a while the engine
+    exports no prefix-cache counters)."""
+    before = prefix_counters(fake_cluster.url)
+    done, report = bench(
+        fake_cluster.url,
+        "--model", "fake", "--dataset-name", "prefix_repetition", "--dataset-path", str(sonnets_path),
+        "--prefix-repetition-prefix-len", "64", "--prefix-repetition-suffix-len", "16",
+        "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-output-len", "4", "--num-prompts", "6",
+        "--max-concurrency", "2", "--ignore-eos", "--num-warmups", "0", "--json", str(tmp_path / "out.json"),
+    )  # fmt: skip
+    after = prefix_counters(fake_cluster.url)
+    load = report["load"]
+    assert (load["completed"], load["failed"], load["total_output_tokens"]) == (6, 0, 6 * 4)
+    assert [r["prompt_len"] for r in load["requests"]] == [80] * 6  # the server's usage: 64 + 16
+    assert report["config"]["prefix_repetition_num_prefixes"] == 2
+    check_prefix_cache(report, done.stdout, before, after)
+
+
+def test_multi_turn_replays_conversations(fake_cluster: Cluster, sonnets_path: Path, tmp_path: Path) -> None:
+    """2 chat conversations of 3 turns: 6 requests, each turn's prompt (as the server counts it) longer than
+    the previous turn's by its reply and a 16-token user message at least; hit rate as /metrics says."""
+    before = prefix_counters(fake_cluster.url)
+    done, report = bench(
+        fake_cluster.url,
+        "--model", "fake", "--endpoint", "chat", "--dataset-name", "multi_turn",
+        "--dataset-path", str(sonnets_path), "--num-prompts", "2", "--multi-turn-num-turns", "3",
+        "--multi-turn-user-len", "16", "--multi-turn-output-len", "8", "--max-concurrency", "2",
+        "--ignore-eos", "--num-warmups", "0", "--json", str(tmp_path / "out.json"),
+    )  # fmt: skip
+    after = prefix_counters(fake_cluster.url)
+    assert "2 conversations of 3 turns (6 requests)" in done.stdout
+    load = report["load"]
+    assert (load["completed"], load["failed"], load["total_output_tokens"]) == (6, 0, 6 * 8)
+    prompt_lens = [r["prompt_len"] for r in load["requests"]]  # conversation by conversation, turn by turn
+    for turns in (prompt_lens[:3], prompt_lens[3:]):
+        assert turns[0] >= 16 and all(later > earlier + 16 for earlier, later in pairwise(turns))
+    check_prefix_cache(report, done.stdout, before, after)

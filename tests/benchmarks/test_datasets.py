@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,15 @@ from openinfer.benchmarks.datasets import (
     DatasetConfig,
     SampledRequest,
     jsonl_requests,
+    prefix_repetition_requests,
     random_requests,
     sample_requests,
     sharegpt_requests,
     text_requests,
 )
+from openinfer.benchmarks.text_windows import TextWindows
 from openinfer.benchmarks.vocabulary import load_tokenizer, text_token_ids
-from tests.benchmarks.conftest import WORDS
+from tests.benchmarks.conftest import SONNETS, WORDS
 
 HAMLET = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 4
 
@@ -79,6 +82,65 @@ def test_text_prompts_are_cut_from_the_file() -> None:
         assert len(tokenizer.encode(request.prompt).ids) <= 10
 
 
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def is_window(ids: list[int], of: list[int]) -> bool:
+    return any(of[i : i + len(ids)] == ids for i in range(len(of) - len(ids) + 1))
+
+
+def test_prefix_repetition_shares_exactly_the_prefix() -> None:
+    """10 prompts over 3 prefixes: 3 per prefix (vLLM's 10 // 3; the remainder is not sent), each 48 prefix
+    + 16 suffix tokens as the server re-encodes them; one prefix's prompts share exactly its 48 tokens, two
+    prefixes' prompts not even their first; every part is a window of the text; the order is shuffled."""
+    tokenizer = load_tokenizer()
+    text_ids = tokenizer.encode(SONNETS).ids
+    requests = prefix_repetition_requests(SONNETS, tokenizer, 10, 48, 16, 3, output_len=5, seed=0)
+    assert [(r.prompt_len, r.max_tokens) for r in requests] == [(64, 5)] * 9
+    prompts = [tokenizer.encode(r.prompt).ids for r in requests]
+    assert all(len(ids) == 64 for ids in prompts)  # prefix + suffix re-encode to themselves
+    groups: dict[tuple[int, ...], list[list[int]]] = {}
+    for ids in prompts:
+        groups.setdefault(tuple(ids[:48]), []).append(ids)
+    assert sorted(len(g) for g in groups.values()) == [3, 3, 3]
+    for group in groups.values():
+        assert {common_prefix_len(a, b) for a in group for b in group if a is not b} == {48}
+    assert len({prefix[0] for prefix in groups}) == 3  # prefixes part at their first token
+    assert all(
+        is_window(list(p), text_ids) and is_window(ids[48:], text_ids) for p, g in groups.items() for ids in g
+    )
+    order = [list(groups).index(tuple(ids[:48])) for ids in prompts]
+    assert order != sorted(order)  # shuffled, not prefix by prefix
+
+
+def test_prefix_repetition_suffix_len_zero_repeats_whole_prompts() -> None:
+    """No suffix: each prefix's requests are the same prompt (the whole prompt cached after the first)."""
+    requests = prefix_repetition_requests(SONNETS, load_tokenizer(), 4, 20, 0, 2, output_len=3, seed=1)
+    assert len({r.prompt for r in requests}) == 2 and [r.prompt_len for r in requests] == [20] * 4
+
+
+def test_prefix_repetition_refuses_fewer_prompts_than_prefixes(tmp_path: Path) -> None:
+    """Fewer --num-prompts than prefixes is refused (vLLM's rule), and so is a text shorter than a prefix."""
+    with pytest.raises(ValueError, match="num-prefixes must be in"):
+        DatasetConfig("prefix_repetition", tmp_path, num_prompts=3, seed=0, prefix_repetition_num_prefixes=4)
+    with pytest.raises(ValueError, match="too few"):
+        prefix_repetition_requests("to be", load_tokenizer(), 4, 64, 8, 2, output_len=3, seed=0)
+
+
+def test_windows_round_trip_after_what_precedes_them() -> None:
+    """A window drawn after a prefix re-encodes with it to exactly prefix + window; a lone window that
+    round-trips at once is the text_requests draw (one randrange)."""
+    windows = TextWindows(SONNETS, load_tokenizer())
+    rng = random.Random(0)
+    prefix = windows.window(rng, 40)
+    for _ in range(50):
+        ids = prefix + windows.window(rng, 9, after=prefix)
+        assert windows.tokenizer.encode(windows.decode(ids)).ids == ids
+    start = random.Random(3).randrange(0, len(windows.ids) - 12 + 1)
+    assert windows.window(random.Random(3), 12) == windows.ids[start : start + 12]
+
+
 def test_text_too_short_is_refused() -> None:
     """A file with fewer tokens than a prompt needs says so."""
     with pytest.raises(ValueError, match="too few"):
@@ -126,12 +188,14 @@ def test_jsonl_prompts_and_max_tokens(tmp_path: Path, word_tokenizer_path: Path)
         jsonl_requests(path, tokenizer, 1, default_max_tokens=9, seed=0)
 
 
-@pytest.mark.parametrize("name", ["random", "text", "sharegpt", "jsonl"])
+@pytest.mark.parametrize("name", ["random", "text", "prefix_repetition", "sharegpt", "jsonl"])
 def test_seeded_runs_pick_the_same_prompts(name: str, tmp_path: Path, word_tokenizer_path: Path) -> None:
-    """Every dataset: the same seed picks the same requests in the same order; another seed, others."""
+    """Every dataset of requests: the same seed picks the same requests in the same order; another seed,
+    others (multi_turn: test_conversations)."""
     reply = ("gpt", "that is the question")
     files = {
         "text": HAMLET,
+        "prefix_repetition": SONNETS,
         "sharegpt": json.dumps([conversation(("human", f"to be or not {w}"), reply) for w in WORDS]),
         "jsonl": "".join(
             json.dumps({"prompt": f"question {i}", "max_tokens": i + 1}) + "\n" for i in range(20)
@@ -141,10 +205,12 @@ def test_seeded_runs_pick_the_same_prompts(name: str, tmp_path: Path, word_token
     if name in files:
         path = tmp_path / f"data.{name}"
         path.write_text(files[name])
-    tokenizer = load_tokenizer(None if name == "text" else word_tokenizer_path)
+    tokenizer = load_tokenizer(None if name in ("text", "prefix_repetition") else word_tokenizer_path)
+    lengths = {"prefix_repetition_prefix_len": 16, "prefix_repetition_suffix_len": 8}
 
     def pick(seed: int) -> list[SampledRequest]:
-        return sample_requests(DatasetConfig(name, path, num_prompts=5, seed=seed), tokenizer)
+        config = DatasetConfig(name, path, 5, seed, prefix_repetition_num_prefixes=2, **lengths)
+        return sample_requests(config, tokenizer)
 
     assert pick(4) == pick(4)
     assert pick(4) != pick(5)

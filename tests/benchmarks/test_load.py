@@ -2,68 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from openinfer.benchmarks.datasets import SampledRequest
 from openinfer.benchmarks.load_report import LoadReport, percentile
 from openinfer.benchmarks.load_runner import arrival_gaps, run_load
 from openinfer.benchmarks.request_client import RequestOutcome, SamplingConfig, send_request
-
-CHUNK_GAP_S = 0.05  # the fake server's pause between text chunks
-
-
-def sse(payload: dict[str, Any] | str) -> bytes:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
-
-
-class FakeServer:
-    """An OpenAI-style server streaming 3 text chunks CHUNK_GAP_S apart, recording the bodies it got."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.app = web.Application()
-        self.app.router.add_post("/v1/completions", self.stream)
-        self.app.router.add_post("/v1/chat/completions", self.stream)
-
-    async def stream(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.bodies.append(body)
-        if body.get("model") == "missing":
-            return web.json_response({"error": {"message": "no such model"}}, status=404)
-        response = web.StreamResponse()
-        await response.prepare(request)
-        chat = "messages" in body
-        if chat:
-            await response.write(sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]}))
-        for text in ("a", "b", "c"):
-            choice = {"delta": {"content": text}} if chat else {"text": text}
-            await response.write(sse({"choices": [choice]}))
-            await asyncio.sleep(CHUNK_GAP_S)
-        if body.get("model") != "truncated":
-            await response.write(sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}))
-            await response.write(sse("[DONE]"))
-        return response
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[tuple[FakeServer, str]]:
-    fake = FakeServer()
-    server = TestServer(fake.app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield fake, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
-
+from tests.benchmarks.openai_fake import CACHED_TOKENS, CHUNK_GAP_S, REPLY, FakeServer
 
 REQUEST = SampledRequest("to be", prompt_len=2, max_tokens=3)
 
@@ -71,13 +19,15 @@ REQUEST = SampledRequest("to be", prompt_len=2, max_tokens=3)
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 async def test_timings_come_from_chunk_arrivals(fake: tuple[FakeServer, str], endpoint: str) -> None:
     """TTFT at the first chunk with text (not chat's empty role chunk); ITL the gaps between text chunks;
-    TPOT (E2E - TTFT) / (tokens - 1); token counts from the usage chunk."""
+    TPOT (E2E - TTFT) / (tokens - 1); token counts and cached prompt tokens from the usage chunk; the reply's
+    text kept."""
     server, url = fake
     sampling = SamplingConfig("m", endpoint, temperature=0.0, ignore_eos=True)
     async with aiohttp.ClientSession() as session:
         outcome = await send_request(session, url, REQUEST, sampling)
     assert outcome.error is None
     assert (outcome.prompt_len, outcome.output_tokens) == (7, 3)  # the server's usage, not our 2
+    assert (outcome.cached_tokens, outcome.output_text) == (CACHED_TOKENS, REPLY)
     assert len(outcome.itl) == 2 and all(gap >= CHUNK_GAP_S * 0.9 for gap in outcome.itl)
     assert outcome.ttft is not None and outcome.e2e is not None and outcome.ttft < CHUNK_GAP_S
     assert outcome.tpot is not None and outcome.tpot >= CHUNK_GAP_S * 0.9  # the last gap is in E2E too
@@ -132,7 +82,8 @@ def test_poisson_arrivals_are_seeded() -> None:
 
 
 def test_report_aggregates() -> None:
-    """Throughput over the run's wall time; latency stats over successful requests only, in ms."""
+    """Throughput over the run's wall time; latency stats over successful requests only, in ms; cached
+    prompt tokens summed over the requests whose usage reports them (None when none does)."""
     outcomes = [
         RequestOutcome(10, 5, ttft=0.1, e2e=0.5, itl=(0.1, 0.1, 0.1, 0.1)),
         RequestOutcome(20, 3, ttft=0.2, e2e=0.4, itl=(0.1, 0.1)),
@@ -154,6 +105,11 @@ def test_report_aggregates() -> None:
     assert "Failed requests:                         1" in text
     assert "failed (1x): HTTP 500: boom" in text
     assert report.to_json()["errors"] == {"HTTP 500: boom": 1}
+    assert report.cached_tokens is None  # no request's usage said
+    cached = [RequestOutcome(10, 1, 0.1, 0.1, cached_tokens=n) for n in (0, 6)] + [
+        RequestOutcome(5, 1, 0.1, 0.1)
+    ]
+    assert LoadReport(cached, 1.0, None, math.inf).cached_tokens == 6  # over the requests that reported it
 
 
 def test_percentile_interpolates_like_numpy() -> None:

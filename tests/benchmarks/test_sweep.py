@@ -12,6 +12,7 @@ from openinfer.benchmarks.bench import BenchResult
 from openinfer.benchmarks.load_report import LoadReport
 from openinfer.benchmarks.local_server import Drafter, parse_drafter
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
+from openinfer.benchmarks.prefix_cache import PrefixCacheCounts, PrefixCacheReport
 from openinfer.benchmarks.request_client import RequestOutcome
 from openinfer.benchmarks.sweep import SweepCell, markdown_table, parse_args, plot_series
 from openinfer.tools.spec_tally import AcceptanceTally
@@ -46,34 +47,39 @@ def test_dataset_paths_go_to_the_datasets_that_need_one() -> None:
         parse_args(["--dataset-name", "text"])
 
 
-def result(tally: AcceptanceTally | None, has_histogram: bool = True) -> BenchResult:
-    """A run of 2 requests of 11 tokens in 1 s, with these spec-decode deltas (None: no drafter)."""
+def result(
+    tally: AcceptanceTally | None, has_histogram: bool = True, prefix: PrefixCacheCounts | None = None
+) -> BenchResult:
+    """A run of 2 requests of 11 tokens in 1 s, with these spec-decode deltas (None: no drafter) and these
+    prefix-cache deltas (None: no prefix-cache counters)."""
     load = LoadReport([RequestOutcome(4, 11, 0.01, 0.11, (0.01,) * 10)] * 2, 1.0, 1, math.inf)
     engines = {} if tally is None else {0: tally}
     before = MetricsSnapshot({}, has_histogram, 0.0, 0.0, True)
     after = MetricsSnapshot(engines, has_histogram, 1.0, 1.0, True)
-    return BenchResult("m", load, AcceptanceReport(before, after), None, None)
+    prefix_cache = PrefixCacheReport({}, {} if prefix is None else {"0": prefix}, None)
+    return BenchResult("m", load, AcceptanceReport(before, after), None, None, prefix_cache)
 
 
 def test_markdown_table_rows() -> None:
     """A row per run: throughput and latency, then the seed's acceptance figures; "-" without a drafter and
-    "n/a" for the histogram a vLLM server does not export."""
+    "n/a" for the histogram a vLLM server does not export; the prefix-cache hit rate last, "n/a" without its
+    counters."""
     tally = AcceptanceTally(4, 8, 3, [2, 1], [1, 2, 1], 2)
     no_hist = AcceptanceTally(4, 8, 3, [2, 1], [], 2)
     cells = [
         SweepCell("random", "none", 1, result(None)),
-        SweepCell("random", "ngram:K=2", 4, result(tally)),
+        SweepCell("random", "ngram:K=2", 4, result(tally, prefix=PrefixCacheCounts(queries=80, hits=48))),
         SweepCell("text (a.txt)", "vllm", 8, result(no_hist, has_histogram=False)),
     ]
     lines = markdown_table(cells).splitlines()
     assert lines[0].startswith("| dataset | drafter | concurrency | output tok/s |")
-    assert lines[2] == "| random | none | 1 | 22 | 10.0 | 10.00 | - | - | - | - | - | - | - | - | - |"
+    assert lines[2] == "| random | none | 1 | 22 | 10.0 | 10.00 | - | - | - | - | - | - | - | - | - | n/a |"
     # 22 tokens in 1 s; TPOT (0.11 - 0.01) / 10; 3 of 8 draft tokens accepted in 4 rounds
     assert lines[3] == (
         "| random | ngram:K=2 | 4 | 22 | 10.0 | 10.00 | 4 | 0.750 | 1.750 | 37.5% | 25.0% | 25.0% "
-        "| 1 / 2 / 1 | 0.500 0.250 | - |"
+        "| 1 / 2 / 1 | 0.500 0.250 | - | 60.0% |"  # 48 of 80 prompt tokens hit
     )
-    assert lines[4].endswith("| 4 | 0.750 | 1.750 | 37.5% | n/a | n/a | n/a | 0.500 0.250 | - |")
+    assert lines[4].endswith("| 4 | 0.750 | 1.750 | 37.5% | n/a | n/a | n/a | 0.500 0.250 | - | n/a |")
 
 
 def test_plot_series_per_drafter_and_dataset(tmp_path: Path) -> None:
