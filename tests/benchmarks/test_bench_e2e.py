@@ -196,6 +196,10 @@ def test_prefix_repetition_reports_the_prefix_cache_deltas(
     assert [r["prompt_len"] for r in load["requests"]] == [80] * 6  # the server's usage: 64 + 16
     assert report["config"]["prefix_repetition_num_prefixes"] == 2
     check_prefix_cache(report, done.stdout, before, after)
+    # Engines cache prefixes by default: every request after the first of its prefix finds the prefix's 4
+    # blocks (its own 16 tokens, in the block of its last token, are computed).
+    hits = report["prefix_cache"]["hits"]
+    assert 4 * 64 <= hits <= 6 * 64 and hits % 16 == 0
 
 
 def test_multi_turn_replays_conversations(fake_cluster: Cluster, sonnets_path: Path, tmp_path: Path) -> None:
@@ -217,3 +221,4 @@ def test_multi_turn_replays_conversations(fake_cluster: Cluster, sonnets_path: P
     for turns in (prompt_lens[:3], prompt_lens[3:]):
         assert turns[0] >= 16 and all(later > earlier + 16 for earlier, later in pairwise(turns))
     check_prefix_cache(report, done.stdout, before, after)
+    assert report["prefix_cache"]["hits"] >= 2 * 16  # later turns find the earlier ones' full blocks
