@@ -244,7 +244,7 @@ serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/vllm.log" "$VLLM_PY
     --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
 # shellcheck disable=SC2086
 serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.serve \
-    --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec \
+    --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec --no-enable-prefix-caching \
     --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
     --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
 VLLM_STARTUP=$STARTUP_vllm
