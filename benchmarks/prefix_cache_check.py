@@ -10,8 +10,9 @@ with a few more tokens. Prints each request's ``usage.prompt_tokens_details.cach
 the servers' ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` deltas over the run
 (summed over engines), which must equal the prompt tokens sent and the cached tokens reported.
 
-Run it against vLLM and openinfer serving the same model with the same block size (vLLM's CPU build:
-``--block-size 16 --enable-prompt-tokens-details``); the cached-token columns must agree.
+Run it against vLLM and openinfer serving the same model with the same block size (vLLM's CPU build takes
+multiples of 32: ``--block-size 32 --enable-prompt-tokens-details``, and ``openinfer-engine --block-size 32``);
+the cached-token columns must agree.
 """
 
 from __future__ import annotations

@@ -166,6 +166,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--kv-cache-gb", type=float, help="openinfer-serve --kv-cache-gb")
     parser.add_argument("--max-model-len", type=int, help="openinfer-serve --max-model-len")
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="keep the servers' prefix caching on (off by default here: every concurrency resends the same "
+        "prompts, and a warm cache would make the cells incomparable)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for each server")
     parser.add_argument(
         "--log-dir", type=Path, help="servers' logs and spec logs (default: a temporary folder)"
@@ -252,6 +258,8 @@ def sweep_drafter(
         extra += ["--kv-cache-gb", str(args.kv_cache_gb)]
     if args.max_model_len is not None:
         extra += ["--max-model-len", str(args.max_model_len)]
+    if not args.enable_prefix_caching:
+        extra.append("--no-enable-prefix-caching")
     log_dir.mkdir(parents=True, exist_ok=True)
     print(
         f"starting openinfer-serve with drafter {drafter.label} (log: {log_dir})", file=sys.stderr, flush=True

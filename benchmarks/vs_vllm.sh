@@ -236,8 +236,7 @@ serve_and_bench() {  # $1 label, $2 url, $3 log, then the server's command line;
     stop_server
 }
 
-# No prefix caching for vLLM: openinfer has none, and the warm-ups and every concurrency resend the same
-# prompts.
+# No prefix caching on either server: the warm-ups and every concurrency resend the same prompts.
 # shellcheck disable=SC2086  # the *_EXTRA_ARGS are lists of flags
 serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \

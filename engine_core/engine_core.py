@@ -182,19 +182,21 @@ class EngineCore:
         return self.scheduler.has_work
 
     def step(self) -> list[EngineCoreOutput]:
-        """Run one model step over the scheduled requests and return what changed for the frontend."""
-        outputs, self._ended = self._ended, []
+        """Run one model step over the scheduled requests and return what changed for the frontend (the
+        outputs of requests ended since the last step first; a step that raises keeps them for the next)."""
         decided = self.scheduler.schedule()
         for request in decided.preempted:
             self.input_batch.remove(request)
         scheduled = decided.scheduled
+        outputs = []
         if scheduled:
             logits, aux = self._execute(scheduled)
-            outputs.extend(self._update(scheduled, logits, aux))
+            outputs = self._update(scheduled, logits, aux)
             self._propose(scheduled)
         if self.spec_log is not None:
             self.spec_log.flush()
-        return outputs
+        ended, self._ended = self._ended, []
+        return ended + outputs
 
     def _execute(self, scheduled: list[ScheduledRequest]) -> tuple[Tensor, Tensor | None]:
         """Run the model: logits at each sampling request's last token and its draft tokens; aux hidden

@@ -7,16 +7,18 @@ Prefix caching has vLLM's semantics, so the numbers agree:
 
 - Only full blocks are cached, each keyed by a hash chained over its parent block's key and its own token ids
   (SHA-256: a key names its whole prefix). A block is cached when the step that computes its last token is
-  scheduled; drafts are never part of a request's tokens, so a block holding draft slots is not full of
-  tokens until those positions are scheduled as real ones (and written again), and is never cached before.
+  scheduled. Drafts are never part of a request's tokens: a block holding draft slots is cached only once
+  they are verified (an accepted draft's keys and values are the ones its token has) and scheduled past.
 - A request admitted from the queue takes the longest chain of cached blocks that ends before its last
   token (the last token is always computed, for its logits) and computes the rest.
 - A block nobody holds any more stays cached in the free queue until it is reused, least recently freed
   first; blocks that are not cached are reused before any cached one.
+- A key names the first block cached under it while that block can be hit (vLLM keeps the first); a block
+  computed again under the same key replaces it only when the old one is no hit (see the drafter below).
 - A drafter that reads the target's hidden states (DFlash) keeps its own context keys and values in the same
   block ids. While one is loaded (``context_generation``), a cached block is a hit only if that drafter
-  generation wrote its context (``mark_drafted``); otherwise the chain stops there and the request computes
-  the rest, target and drafter context together.
+  generation wrote its context (``mark_drafted``, after the step); otherwise the chain stops there and the
+  request computes the rest, target and drafter context together.
 - Queries and hits are counted in tokens when a request is admitted for the first time (never again after a
   preemption): ``counters``, cumulative for the engine's life, None when caching is off.
 """
@@ -28,7 +30,7 @@ from array import array
 from collections import OrderedDict
 from typing import NamedTuple
 
-from openinfer.engine_core.request import Request, RequestStatus
+from openinfer.engine_core.request import Request
 from openinfer.protocol import PrefixCacheCounters
 
 
@@ -56,6 +58,7 @@ class KVCacheManager:
         self._cached: dict[bytes, int] = {}  # ... and the block of each key: one is set iff the other is
         self._drafted_by: list[int | None] = [None] * num_blocks  # drafter generation that wrote its context
         self.context_generation: int | None = None  # set while a drafter that reads hidden states is loaded
+        self.enable_caching = enable_caching
         self.counters = PrefixCacheCounters() if enable_caching else None
 
     @property
@@ -74,23 +77,21 @@ class KVCacheManager:
 
     def lookup(self, request: Request) -> PrefixHit:
         """The longest chain of cached blocks ``request`` can start from, ending before its last token."""
-        if self.counters is None:
+        if not self.enable_caching:
             return NO_HIT
         blocks: list[int] = []
         num_blocks = (request.num_tokens - 1) // self.block_size
         keys = self._keys(request, num_blocks)
         for i in range(num_blocks):
             block = self._cached.get(keys[i])
-            if block is None or (
-                self.context_generation is not None and self._drafted_by[block] != self.context_generation
-            ):
+            if block is None or not self._is_hit(block):
                 break
             blocks.append(block)
         return PrefixHit(tuple(blocks), len(blocks) * self.block_size)
 
-    def admit(self, request: Request, hit: PrefixHit, num_new_tokens: int) -> bool:
-        """Start a waiting request from ``hit`` with blocks for ``num_new_tokens`` more tokens, or return
-        False (nothing changed) when the blocks run out."""
+    def admit(self, request: Request, hit: PrefixHit, num_new_tokens: int, counted: bool) -> bool:
+        """Give a waiting request the blocks of ``hit`` and blocks for ``num_new_tokens`` more tokens, and
+        count the lookup when ``counted`` (its first admission); False (nothing changed) when blocks run out."""
         assert not request.block_ids, "a waiting request holds no blocks"
         needed = self.num_blocks_for(hit.num_tokens + num_new_tokens) - len(hit.blocks)
         idle_hits = sum(1 for block in hit.blocks if self._refs[block] == 0)  # counted in the free queue
@@ -103,10 +104,8 @@ class KVCacheManager:
         request.block_ids.extend(hit.blocks)
         request.block_ids.extend(self._take_free() for _ in range(needed))
         request.num_cached_blocks = len(hit.blocks)
-        request.num_computed_tokens = hit.num_tokens
-        if self.counters is not None and request.status != RequestStatus.PREEMPTED:
+        if self.counters is not None and counted:
             self.counters.record(request.num_tokens, hit.num_tokens)
-            request.num_cached_tokens = hit.num_tokens
         return True
 
     # ---- running requests ----
@@ -124,16 +123,18 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks among its first ``num_tokens`` tokens (scheduled this step: their
-        keys and values are written before anything reads them). A key cached before by another block now
-        names this one."""
+        keys and values are written before anything reads them). A key already naming a block that can be
+        hit keeps it."""
         full = num_tokens // self.block_size
-        if self.counters is None or full <= request.num_cached_blocks:  # the common case: none new
+        if not self.enable_caching or full <= request.num_cached_blocks:  # the common case: none new
             return
         keys = self._keys(request, full)
         for i in range(request.num_cached_blocks, full):
             block, key = request.block_ids[i], keys[i]
             previous = self._cached.get(key)
             if previous is not None:
+                if self._is_hit(previous):
+                    continue
                 self._key_of[previous] = None
             self._cached[key] = block
             self._key_of[block] = key
@@ -172,6 +173,10 @@ class KVCacheManager:
         self._cached.clear()
 
     # ---- internals ----
+
+    def _is_hit(self, block: int) -> bool:
+        """Whether a cached block serves a lookup now: always, unless a drafter needs context it lacks."""
+        return self.context_generation is None or self._drafted_by[block] == self.context_generation
 
     def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
         """The request's block keys, at least its first ``num_blocks`` (computed once, kept on the request:

@@ -108,8 +108,12 @@ class Scheduler:
             request = self.waiting[0]
             hit = self.kv_cache.lookup(request)  # its cached prefix, if any
             num_new = min(request.num_tokens - hit.num_tokens, budget)
-            if not self.kv_cache.admit(request, hit, num_new):
+            first = request.status != RequestStatus.PREEMPTED  # lookups are counted at the first admission
+            if not self.kv_cache.admit(request, hit, num_new, counted=first):
                 break
+            request.num_computed_tokens = hit.num_tokens
+            if first:
+                request.num_cached_tokens = hit.num_tokens
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)

@@ -4,7 +4,7 @@ reuse (uncached blocks first), shared blocks, first-admission counting, drafter 
 from __future__ import annotations
 
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.request import Request, RequestStatus
+from openinfer.engine_core.request import Request
 from openinfer.engine_core.scheduler import Scheduler
 from openinfer.protocol import PrefixCacheCounters, SamplingParams
 
@@ -17,10 +17,12 @@ def make_request(tokens: list[int], request_id: str = "r") -> Request:
 
 
 def admit(kv: KVCacheManager, tokens: list[int], request_id: str = "r") -> Request:
-    """Admit a request the way the scheduler does and cache the blocks its whole prompt fills."""
+    """Admit a new request the way the scheduler does (it computes from its hit on) and cache the blocks its
+    whole prompt fills."""
     request = make_request(tokens, request_id)
     hit = kv.lookup(request)
-    assert kv.admit(request, hit, request.num_tokens - hit.num_tokens)
+    assert kv.admit(request, hit, request.num_tokens - hit.num_tokens, counted=True)
+    request.num_computed_tokens = hit.num_tokens
     kv.cache_blocks(request, request.num_tokens)
     return request
 
@@ -29,7 +31,7 @@ def test_longest_chain_of_full_blocks_before_the_last_token() -> None:
     kv = KVCacheManager(32, BLOCK)
     prompt = list(range(100, 110))  # 10 tokens: 2 full blocks and 2 tokens
     first = admit(kv, prompt)
-    assert (first.num_computed_tokens, first.num_cached_tokens) == (0, 0)
+    assert first.num_computed_tokens == 0
     assert kv.lookup(make_request(prompt)).num_tokens == 8  # both full blocks
     assert kv.lookup(make_request(prompt[:8])).num_tokens == 4  # all cached: the last block is computed
     assert kv.lookup(make_request(prompt[:9])).num_tokens == 8
@@ -39,7 +41,7 @@ def test_longest_chain_of_full_blocks_before_the_last_token() -> None:
     assert kv.lookup(make_request([1, 2, 3, 4] + prompt[4:])).num_tokens == 0
     second = admit(kv, prompt[:8] + [7, 7])
     assert second.block_ids[:2] == first.block_ids[:2] and second.block_ids[2] != first.block_ids[2]
-    assert (second.num_computed_tokens, second.num_cached_tokens) == (8, 8)
+    assert second.num_computed_tokens == 8
     assert kv.counters == PrefixCacheCounters(queries=20, hits=8)
 
 
@@ -77,23 +79,30 @@ def test_admission_counts_idle_hit_blocks_against_the_free_ones() -> None:
     request = make_request(list(range(8)) + list(range(1, 10)))  # 17 tokens: 2 hit blocks + 3 new ones
     hit = kv.lookup(request)
     assert hit.num_tokens == 8
-    assert not kv.admit(request, hit, request.num_tokens - hit.num_tokens)
+    assert not kv.admit(request, hit, request.num_tokens - hit.num_tokens, counted=True)
     assert request.block_ids == [] and kv.num_free_blocks == 3 and kv.counters == PrefixCacheCounters(12, 0)
-    assert kv.admit(request, hit, 4)  # a chunk that fits: 2 hit blocks + 1 new one
-    assert kv.num_free_blocks == 0 and request.num_computed_tokens == 8
+    assert kv.admit(request, hit, 4, counted=True)  # a chunk that fits: 2 hit blocks + 1 new one
+    assert kv.num_free_blocks == 0 and kv.counters == PrefixCacheCounters(29, 8)
 
 
-def test_a_preempted_request_is_counted_once() -> None:
-    """vLLM counts queries and hits at a request's first admission only; its cached tokens are reported once."""
+def test_a_preempted_request_resumes_from_its_own_blocks_counted_once() -> None:
+    """vLLM counts queries and hits at a request's first admission only, not when it comes back after a
+    preemption (and finds the blocks it had cached itself); its cached tokens are reported once."""
     kv = KVCacheManager(16, BLOCK)
-    admit(kv, list(range(8)), "warm")
-    request = admit(kv, list(range(8)) + [9, 9, 9, 9, 9], "r")
+    scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64)
+    scheduler.add(make_request(list(range(8)), "warm"))
+    scheduler.add(make_request(list(range(8)) + [9, 9, 9, 9, 9], "r"))
+    first = scheduler.schedule()
+    assert [(s.start, s.num_new_tokens) for s in first.scheduled] == [(0, 8), (8, 5)]  # warm's 2 blocks
+    request = first.scheduled[1].request
+    for s in first.scheduled:  # what the engine does after the step
+        scheduler.commit(s, s.num_new_tokens)
+        s.request.all_token_ids.append(7)
     assert request.num_cached_tokens == 8 and kv.counters == PrefixCacheCounters(21, 8)
-    kv.free(request)
-    request.status, request.num_computed_tokens = RequestStatus.PREEMPTED, 0
-    hit = kv.lookup(request)
-    assert hit.num_tokens == 12  # its own blocks, cached when they were scheduled
-    assert kv.admit(request, hit, 1)
+    scheduler.running.remove(request)
+    scheduler._preempt(request)
+    (again,) = scheduler.schedule().scheduled[1:]
+    assert (again.start, again.num_new_tokens, again.admitted) == (12, 2, True)  # its 3 full blocks
     assert request.num_cached_tokens == 8 and kv.counters == PrefixCacheCounters(21, 8)
 
 
@@ -137,6 +146,51 @@ def test_reset_and_caching_off() -> None:
     admit(off, list(range(9)), "a")
     second = admit(off, list(range(9)), "b")
     assert second.num_computed_tokens == 0 and off.counters is None
+
+
+def test_a_reused_block_loses_its_drafter_mark() -> None:
+    """A block the drafter wrote, evicted and reused by another request, is no hit for the drafter until that
+    request's context is written there."""
+    kv = KVCacheManager(3, BLOCK)
+    kv.context_generation = 1
+    first = admit(kv, list(range(12)), "a")
+    kv.mark_drafted(first, 0, 12, generation=1)
+    kv.free(first)
+    kv.free(admit(kv, list(range(100, 112)), "y"))  # takes a's blocks, never marks them
+    assert kv.lookup(make_request(list(range(100, 112)))).num_tokens == 0
+
+
+def test_a_block_that_can_be_hit_keeps_its_key() -> None:
+    """A prompt all cached still computes its last block; when that block is cached again, the key keeps
+    naming the block the drafter wrote, so requests after it still hit."""
+    kv = KVCacheManager(16, BLOCK)
+    kv.context_generation = 1
+    first = admit(kv, list(range(12)) + [5], "a")
+    kv.mark_drafted(first, 0, 13, generation=1)
+    again = admit(kv, list(range(12)), "b")  # hits 2 blocks, computes the third: the same key as a's
+    assert again.num_computed_tokens == 8 and again.block_ids[2] != first.block_ids[2]
+    assert kv.lookup(make_request(list(range(12)) + [1])).blocks == tuple(first.block_ids[:3])
+
+
+def test_drafts_are_not_cached_until_they_are_real_tokens() -> None:
+    """A verify step schedules a token and 4 drafts: only the blocks full of real tokens are cached, and the
+    block holding the drafts once they are accepted and the next token is scheduled."""
+    kv = KVCacheManager(16, BLOCK)
+    scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64)
+    request = make_request(list(range(10)))
+    scheduler.add(request)
+    (prefill,) = scheduler.schedule().scheduled
+    scheduler.commit(prefill, 10)
+    request.all_token_ids.append(50)  # 11 tokens; drafts for positions 11..14
+    request.spec_token_ids = (51, 52, 53, 54)
+    (verify,) = scheduler.schedule().scheduled
+    assert (verify.num_new_tokens, verify.spec_token_ids) == (1, (51, 52, 53, 54))
+    assert request.num_cached_blocks == 2  # positions 8..11 hold the token at 10 and draft slots
+    scheduler.commit(verify, 1 + 2)  # two drafts accepted, then the bonus token
+    request.all_token_ids += [51, 52, 60]
+    request.spec_token_ids = ()
+    scheduler.schedule()
+    assert request.num_cached_blocks == 3
 
 
 def test_requests_share_blocks_as_soon_as_they_are_scheduled() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.engine_cli import load_runner
 from openinfer.engine_core.engine_core import EngineCore
 from openinfer.engine_core.models.dflash_config import AnchorLayout
+from openinfer.engine_core.request import Request
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, PrefixCacheCounters, SamplingParams
@@ -85,8 +87,8 @@ class Run:
             steps = 0
             while core.has_work:
                 steps += 1
-                if abort is not None and abort == (abort[0], steps):
-                    core.abort([abort[0]])
+                if abort is not None and steps == abort[1]:
+                    core.abort([abort[0]])  # ignored in waves it is not part of
                 for out in core.step():
                     if out.request_id not in self.cached:
                         self.cached[out.request_id] = out.num_cached_tokens
@@ -156,15 +158,15 @@ def test_eviction_preemption_and_abort_with_shared_blocks(target: Path) -> None:
     waves = [[(f"{request_id}-{i}", prompt) for request_id, prompt in wave] for i, wave in enumerate(waves)]
     aborted = "same-1"  # the first of its wave: admitted at once, aborted after two steps
     runs: dict[bool, Run] = {}
-    preempted: list[str] = []
+    preempted_sharing: list[bool] = []  # per preemption: did the request share a block with another?
     for caching in (True, False):
         core = make_core(target, enable_prefix_caching=caching, num_kv_blocks=12)
         if caching:
-            core.scheduler._preempt = observed(core.scheduler._preempt, preempted)  # type: ignore[method-assign]
+            core.scheduler._preempt = observed(core, preempted_sharing)  # type: ignore[method-assign]
         runs[caching] = Run(core, waves, abort=(aborted, 3))
     on, off = runs[True], runs[False]
     full = Run(make_core(target), waves)
-    assert preempted  # it ran short of blocks while they were shared
+    assert any(preempted_sharing)  # it ran short of blocks while they were shared
     assert 0 < len(on.outputs[aborted]) < MAX_TOKENS
     assert on.outputs[aborted] == full.outputs[aborted][: len(on.outputs[aborted])]
     del on.outputs[aborted], off.outputs[aborted]
@@ -174,11 +176,12 @@ def test_eviction_preemption_and_abort_with_shared_blocks(target: Path) -> None:
     assert on.counters.queries == full.counters.queries
 
 
-def observed(preempt, seen: list[str]):  # type: ignore[no-untyped-def]
-    """The scheduler's own preemption, noting which request it preempted."""
+def observed(core: EngineCore, sharing: list[bool]) -> Callable[[Request], None]:
+    """The scheduler's own preemption, noting whether the preempted request shared a block."""
+    preempt = core.scheduler._preempt
 
-    def preempt_and_note(request):  # type: ignore[no-untyped-def]
-        seen.append(request.request_id)
+    def preempt_and_note(request: Request) -> None:
+        sharing.append(any(core.kv_cache._refs[block] > 1 for block in request.block_ids))
         preempt(request)
 
     return preempt_and_note
@@ -213,7 +216,12 @@ def test_speculation_is_lossless_with_hits(
         runs[caching] = Run(core, waves, spec_log=log)
     on, off = runs[True], runs[False]
     assert on.outputs == off.outputs == baseline.outputs
-    assert on.counters is not None and on.counters.hits > 0
+    hits = expected_hits(waves, on.outputs)
+    if method == "ngram":
+        assert on.cached == hits
+    else:  # blocks computed in a step are hits for the drafter once it has written their context, after it
+        assert on.cached["other"] == hits["other"] == 32 and on.cached["other-again"] == 32
+        assert all(on.cached[r] <= hits[r] for r in hits)
     assert sum(n for rounds in on.rounds.values() for _, n in rounds) > 0  # drafts were accepted
     assert on.rounds == off.rounds
 
@@ -237,3 +245,29 @@ def test_a_new_dflash_drafter_reads_only_context_it_wrote(accepting_pair: tuple[
     assert all(
         run.outputs[request_id] == runs[0].outputs["a"] for run, request_id in zip(runs, "abcde", strict=True)
     )
+
+
+def test_a_failed_step_leaves_nothing_cached_and_loses_no_output(target: Path) -> None:
+    """A step that raises may have written anything into the blocks it scheduled: the engine forgets every
+    cached block (the next request computes its prompt); an abort answered before it is still sent."""
+    prompt = list(range(10, 60))
+    core = make_core(target)
+    Run(core, [[("a", prompt)]])
+    execute = core.runner.execute
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a broken step")
+
+    core.runner.execute = broken  # type: ignore[method-assign,assignment]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    core.add_request(EngineCoreRequest("b", prompt, params))
+    core.add_request(EngineCoreRequest("gone", prompt, params))
+    core.abort(["gone"])
+    with pytest.raises(RuntimeError):
+        core.step()
+    (failed,) = core.fail_running("the step failed")
+    assert (failed.request_id, failed.finish and failed.finish.kind) == ("b", "error")
+    core.runner.execute = execute  # type: ignore[method-assign]
+    (aborted,) = core.step()
+    assert (aborted.request_id, aborted.finish and aborted.finish.kind) == ("gone", "abort")
+    assert Run(core, [[("c", prompt)]]).cached == {"c": 0}
