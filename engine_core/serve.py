@@ -21,6 +21,11 @@ from openinfer.engine_core.builtin_model import (
 )
 from openinfer.engine_core.config import ATTENTION_BACKENDS
 from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
+from openinfer.frontend.openai.parsers.chat_parsers import (
+    add_chat_parser_args,
+    chat_parser_argv,
+    chat_parsers,
+)
 from openinfer.protocol import DrafterMethod
 
 logger = logging.getLogger("openinfer.serve")
@@ -82,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
+    add_chat_parser_args(parser)  # the frontend's
     parser.add_argument(
         "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
     )
@@ -95,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     drafter_options = args.num_spec_tokens is not None or args.draft_model
     if args.model is not None and args.spec_method is None and drafter_options:
         parser.error("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
+    try:
+        chat_parsers(args)
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 
@@ -170,7 +180,7 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
     )
     if args.api_key:
         command += ["--api-key", args.api_key]
-    return command
+    return command + chat_parser_argv(chat_parsers(args))
 
 
 def model_names(url: str, api_key: str | None) -> list[str]:

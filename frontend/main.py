@@ -19,6 +19,7 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.metrics.state_dir import StateDir, StateError
 from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.parsers.chat_parsers import add_chat_parser_args, chat_parsers
 
 logger = logging.getLogger("openinfer.frontend")
 
@@ -99,8 +100,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CurveZMQ: encrypt the engine sockets and admit only engines whose public key is in "
         "DIR/engines (keys made by openinfer-keys DIR)",
     )
+    add_chat_parser_args(parser)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.chat_parsers = chat_parsers(args)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
 
 
 def _engine_address(value: str) -> str:
@@ -168,7 +175,12 @@ async def _run(args: argparse.Namespace) -> None:
     saver = asyncio.create_task(_save_periodically(metrics, args.state_interval), name="state-saver")
     try:
         app = build_app(
-            client, metrics, args.api_key, args.per_request_spec_decode_metrics, args.drafter_timeout
+            client,
+            metrics,
+            args.api_key,
+            args.per_request_spec_decode_metrics,
+            args.drafter_timeout,
+            args.chat_parsers,
         )
         runner = await serve(app, args.host, args.port)
         try:

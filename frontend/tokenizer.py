@@ -93,9 +93,14 @@ class Tokenizer:
                 pass
         return self.token_text(token_id).encode("utf-8")
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the added token (``<think>``, ``<|im_start|>``) or vocabulary piece spelled ``text``
+        (a byte-level piece as the vocabulary spells it: "Ċ" for a newline); None if there is none."""
+        return self._tokenizer.token_to_id(text)
+
     def _named_token_id(self, token: object) -> int | None:
         content = _token_content(token)
-        return None if content is None else self._tokenizer.token_to_id(content)
+        return None if content is None else self.token_id(content)
 
 
 def _gpt2_byte_of_char() -> dict[str, int]:

@@ -36,12 +36,27 @@ QWEN3_0_6B_CONFIG: MappingProxyType[str, Any] = MappingProxyType(
 # generation_config.json stops on both: <|im_end|> ends a chat turn, <|endoftext|> a document.
 QWEN3_EOS_TOKEN_IDS = (QWEN3_TOKEN_IDS["<|im_end|>"], QWEN3_TOKEN_IDS["<|endoftext|>"])  # (151645, 151643)
 
-# Qwen3's ChatML template as its chat_template.jinja has it, without the tool-calling branches (openinfer
-# refuses `tools`): thinking kept only on assistant turns after the last user query, reasoning_content,
-# and `enable_thinking: false` answering with an empty think block.
+# Qwen3's ChatML template as its chat_template.jinja has it, written from Qwen3's documented format: the
+# tools as JSON lines in a <tools> block of the system turn, an assistant's tool_calls as
+# <tool_call>{"name", "arguments"}</tool_call> blocks, tool results as <tool_response> blocks of a user
+# turn, thinking kept only on assistant turns after the last user query, reasoning_content, and
+# `enable_thinking: false` answering with an empty think block.
 QWEN3_CHAT_TEMPLATE = """\
-{%- if messages[0].role == 'system' %}
-    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
 {%- endif %}
 {%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
 {%- for message in messages[::-1] %}
@@ -77,6 +92,25 @@ QWEN3_CHAT_TEMPLATE = """\
             {%- endif %}
         {%- else %}
             {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
         {%- endif %}
         {{- '<|im_end|>\\n' }}
     {%- elif message.role == "tool" %}

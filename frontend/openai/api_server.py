@@ -35,6 +35,7 @@ from openinfer.frontend.openai.middleware import (
     error_middleware,
     request_id_middleware,
 )
+from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.response_format import (
     FormatContext,
     ResponseExtras,
@@ -51,13 +52,15 @@ def build_app(
     api_key: str | None = None,
     per_request_spec_metrics: PerRequestSpecMetrics = PerRequestSpecMetrics.SUMMARY,
     drafter_timeout: float = 120.0,
+    chat_parsers: ChatParsers | None = None,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
 
     ``per_request_spec_metrics`` says what a request's final response tells of its speculative decoding;
-    ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply.
+    ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply; ``chat_parsers``
+    read reasoning and tool calls out of chat output (default: none, the output is left as written).
     """
-    api = _OpenAIApi(client, metrics, per_request_spec_metrics)
+    api = _OpenAIApi(client, metrics, per_request_spec_metrics, chat_parsers or ChatParsers())
     app = web.Application(
         middlewares=[error_middleware, request_id_middleware, auth_middleware(api_key)],
         client_max_size=MAX_BODY_BYTES,
@@ -107,11 +110,16 @@ class _OpenAIApi:
     """The route handlers, sharing the engine client and the metrics."""
 
     def __init__(
-        self, client: EngineClient, metrics: FrontendMetrics, spec_metrics: PerRequestSpecMetrics
+        self,
+        client: EngineClient,
+        metrics: FrontendMetrics,
+        spec_metrics: PerRequestSpecMetrics,
+        chat_parsers: ChatParsers,
     ) -> None:
         self._client = client
         self._metrics = metrics
         self._spec_metrics = spec_metrics
+        self._chat_parsers = chat_parsers
 
     async def health(self, request: web.Request) -> web.Response:
         """200 once at least one engine is up, else 503."""
@@ -148,8 +156,12 @@ class _OpenAIApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's chat completions endpoint: the messages through the model's chat template."""
         arrival = time.monotonic()
-        chat = parse_chat_request(await request.read())
-        return await self._generate(request, chat, "chatcmpl", ChatFormat, arrival)
+        chat = parse_chat_request(await request.read(), self._chat_parsers)
+
+        def chat_format(context: FormatContext) -> ChatFormat:
+            return ChatFormat(context, chat.output(context.tokenizer, context.prompt_token_ids))
+
+        return await self._generate(request, chat, "chatcmpl", chat_format, arrival)
 
     async def _generate(
         self,

@@ -6,8 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.chat_messages import template_messages
+from openinfer.frontend.openai.chat_output import ChatOutput
 from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
+from openinfer.frontend.openai.chat_tools import ChatTools, parse_chat_tools
 from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
+from openinfer.frontend.openai.parsers.qwen3_reasoning import Qwen3ReasoningParser
 from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     TYPE_MESSAGES,
@@ -16,19 +21,17 @@ from openinfer.frontend.openai.sampling_options import (
     SamplingOptions,
     check_logprobs_count,
 )
+from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import EngineCoreRequest
 
-_NO_TOOLS = "tool calling is not supported by openinfer: send no `tools` / `functions`"
-_MESSAGES = "`messages` must be a non-empty list of messages"
+_NO_FUNCTIONS = "the deprecated `functions` / `function_call` are not supported: send `tools` / `tool_choice`"
 
 # Chat's own parameters openinfer does not honour, with the values that mean "not used" and what to say
 # otherwise; those both endpoints refuse are in UNSUPPORTED.
 _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     **UNSUPPORTED,
-    "tools": ((None, []), _NO_TOOLS),
-    "functions": ((None, []), _NO_TOOLS),
-    "tool_choice": ((None, "none", "auto"), _NO_TOOLS),
-    "function_call": ((None, "none", "auto"), _NO_TOOLS),
+    "functions": ((None, []), _NO_FUNCTIONS),
+    "function_call": ((None, "none", "auto"), _NO_FUNCTIONS),
     "response_format": ((None, {"type": "text"}), "`response_format` other than text is not supported"),
     "continue_final_message": ((None, False), "`continue_final_message` is not supported by openinfer"),
     "chat_template": ((None,), "a per-request `chat_template` is not supported: the model's own is used"),
@@ -47,10 +50,13 @@ class ChatBody(SamplingBody):
     top_logprobs: int | None = None  # needs logprobs: true
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # default true
-    # Refused unless neutral (_UNSUPPORTED)
+    include_reasoning: bool | None = None  # vLLM extension, default true: false drops reasoning_content
+    # Checked by parse_chat_tools, which names the bad part (tools[0].function.name, ...)
     tools: Any = None
-    functions: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    # Refused unless neutral (_UNSUPPORTED)
+    functions: Any = None
     function_call: Any = None
     response_format: Any = None
     continue_final_message: Any = None
@@ -60,13 +66,17 @@ class ChatBody(SamplingBody):
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """What one chat completion asks for: messages (content as text), a model and the sampling options."""
+    """What one chat completion asks for: messages (content as text), a model, the sampling options, the
+    tools, and how the output is read."""
 
     messages: list[dict[str, Any]]  # each with a string "role" and string "content", other keys as given
     model: str | None  # None: the first served model
     options: SamplingOptions
     add_generation_prompt: bool  # vLLM extension, default true: end the prompt with the assistant's turn
     template_kwargs: dict[str, Any]  # vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}
+    tools: ChatTools
+    parsers: ChatParsers  # the server's
+    include_reasoning: bool  # vLLM extension, default true
 
     def to_engine_request(self, model: ServedModel, request_id: str) -> EngineCoreRequest:
         """Render the model's chat template (special tokens come from it, none are added) and tokenize."""
@@ -92,6 +102,7 @@ class ChatRequest:
                 model.tokenizer.special_tokens,
                 self.add_generation_prompt,
                 self.template_kwargs,
+                tools=self.tools.tools,
             )
         except ChatTemplateError as e:
             raise invalid_request(str(e), param="messages") from None
@@ -100,9 +111,24 @@ class ChatRequest:
             raise invalid_request("the chat template made an empty prompt of these messages", "messages")
         return self.options.engine_request(model, prompt_token_ids, request_id, prompt_param="messages")
 
+    def output(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> ChatOutput:
+        """The reader of this request's output (its prompt says whether the output starts in reasoning)."""
+        reasoning = None
+        if self.parsers.reasoning_parser is not None:
+            reasoning = Qwen3ReasoningParser.for_prompt(tokenizer, prompt_token_ids, self.template_kwargs)
+        return ChatOutput(
+            reasoning,
+            self.tools,
+            reasoning_fields=self.parsers.reasoning_parser is not None,
+            include_reasoning=self.include_reasoning,
+        )
 
-def parse_chat_request(body: bytes) -> ChatRequest:
-    """Decode and validate a request body; raise :class:`ApiError` (400) naming the bad parameter."""
+
+def parse_chat_request(body: bytes, parsers: ChatParsers | None = None) -> ChatRequest:
+    """Decode and validate a request body; raise :class:`ApiError` (400) naming the bad parameter.
+
+    ``parsers``: the server's output parsers, which decide what tool choices it takes (default: none)."""
+    parsers = parsers or ChatParsers()
     chat = decode_body(body, ChatBody, TYPE_MESSAGES)
     refuse_unsupported(chat, _UNSUPPORTED)
     logprobs = bool(chat.logprobs)
@@ -117,48 +143,12 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         chat, bound, max_tokens, logprobs=(top_logprobs or 0) if logprobs else None
     )
     return ChatRequest(
-        messages=_messages(chat.messages),
+        messages=template_messages(chat.messages),
         model=chat.model,
         options=options,
         add_generation_prompt=chat.add_generation_prompt is not False,
         template_kwargs=chat.chat_template_kwargs or {},
-    )
-
-
-def _messages(value: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """At least one message, each with a string role and text content."""
-    if not value:
-        raise invalid_request(_MESSAGES, param="messages")
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message.get("role"), str):
-            raise invalid_request(f"`messages[{i}]` must be an object with a string `role`", "messages")
-        messages.append({**message, "content": _text_content(message.get("content"), i)})
-    return messages
-
-
-def _text_content(content: object, index: int) -> str:
-    """A message's content as text: a string, null (""), or text parts joined by newlines (as vLLM)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise invalid_request(
-                    f"`messages[{index}].content` holds a {kind!r} part; openinfer serves text-only "
-                    'models and takes parts of type "text" with a string `text`',
-                    param="messages",
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise invalid_request(
-        f"`messages[{index}].content` must be a string or a list of text parts", param="messages"
+        tools=parse_chat_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, parsers),
+        parsers=parsers,
+        include_reasoning=chat.include_reasoning is not False,
     )

@@ -42,18 +42,20 @@ class ChatTemplate:
         special_tokens: dict[str, object],
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text for ``messages``.
 
-        The template sees ``messages``, ``add_generation_prompt``, ``tools`` and ``documents`` (None), the
-        named special tokens (``bos_token``, ``eos_token``, ...) and ``template_kwargs`` (vLLM's
-        ``chat_template_kwargs``, e.g. ``enable_thinking``), as transformers passes them.
+        The template sees ``messages``, ``add_generation_prompt``, ``tools`` (OpenAI's tool objects, or
+        None) and ``documents`` (None), the named special tokens (``bos_token``, ``eos_token``, ...) and
+        ``template_kwargs`` (vLLM's ``chat_template_kwargs``, e.g. ``enable_thinking``), as transformers
+        passes them.
         """
         context: dict[str, Any] = {
             **special_tokens,
             **(template_kwargs or {}),
             "messages": messages,
-            "tools": None,
+            "tools": tools,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }

@@ -147,3 +147,39 @@ async def test_chat_prompt_is_apply_chat_template(
     assert expected[0] == 151644
     assert expected[-3:] == ([271, 151668, 271] if template_kwargs else [151644, 77091, 198])
     assert answer["usage"]["prompt_tokens"] == len(expected)
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+]  # fmt: skip
+TOOL_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Verona"}'},
+}
+REPLY = {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'}
+THOUGHT = "<think>\nLook it up.\n</think>\n\n"
+
+
+async def test_chat_prompt_with_tools_is_apply_chat_template(
+    clusters: dict[str, Cluster], qwen3_model: Path
+) -> None:
+    """tools, an assistant's tool_calls and the tool's answer render as transformers renders the same
+    conversation (the tool call's arguments as an object, as its templates take them); tool_choice
+    "none" renders the tools on a frontend without tool parsing."""
+    messages = [*MESSAGES, {"role": "assistant", "content": THOUGHT, "tool_calls": [TOOL_CALL]}, REPLY]
+    body = {"model": "tiny", "messages": messages, "tools": TOOLS, "tool_choice": "none", "max_tokens": 1,
+            "return_token_ids": True}  # fmt: skip
+    answer = await post(f"{clusters['float32'].url}/v1/chat/completions", body)
+    call = {**TOOL_CALL, "function": {"name": "get_weather", "arguments": {"city": "Verona"}}}
+    expected_messages = [*MESSAGES, {"role": "assistant", "content": THOUGHT, "tool_calls": [call]}, REPLY]
+    hf_tokenizer = AutoTokenizer.from_pretrained(qwen3_model)
+    expected = hf_tokenizer.apply_chat_template(
+        expected_messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert answer["prompt_token_ids"] == expected
+    text = hf_tokenizer.decode(expected)
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Verona"}}\n</tool_call>' in text
+    assert '<tool_response>\n{"sky": "clear"}\n</tool_response>' in text

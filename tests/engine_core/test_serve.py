@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
-from openinfer.engine_core.serve import engine_command, parse_args, resolve_builtin
+from openinfer.engine_core.serve import engine_command, frontend_command, parse_args, resolve_builtin
 
 
 def engine_flags(*argv: str) -> list[str]:
@@ -102,3 +102,36 @@ def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -
     args = parse_args(["--model", "/m", "--engines", "2", *argv])
     resolve_builtin(args)
     assert [flag(engine_command(args, i), "--attention-backend") for i in range(2)] == [backend, backend]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--reasoning-parser", "qwen3"], ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes",
+     "--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"]],
+)  # fmt: skip
+def test_chat_parser_flags_reach_the_frontend(flags: list[str]) -> None:
+    """vLLM's --reasoning-parser, --tool-call-parser and --enable-auto-tool-choice go to the frontend."""
+    command = frontend_command(parse_args(flags))
+    after_log_level = command[command.index("--log-level") + 2 :]  # the frontend's flags end with these
+    assert after_log_level == flags
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["--reasoning-parser", "deepseek_r1"],
+            "unknown reasoning parser 'deepseek_r1'; openinfer has: qwen3",
+        ),
+        (["--tool-call-parser", "mistral"], "unknown tool call parser 'mistral'; openinfer has: hermes"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    ],
+)
+def test_parsers_that_cannot_work_are_refused_at_start(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown parser name, or auto tool choice without a tool parser: a usage error saying so, before
+    anything starts (openinfer-frontend says the same, tests/frontend/test_main.py)."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert words in capsys.readouterr().err

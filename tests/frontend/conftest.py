@@ -16,6 +16,7 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.metrics.state_dir import StateDir
 from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 __all__ = ["free_port_pair", "wait_until"]
@@ -57,6 +58,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         drafter_timeout: float = 120.0,
         state_dir: StateDir | None = None,
         engine_address: str | None = None,
+        chat_parsers: ChatParsers | None = None,
         **client_options: Any,
     ) -> Frontend:
         """``client_options``: EngineClient's keywords (max_queued_per_engine, curve_keys, ...)."""
@@ -64,7 +66,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         engine_address = engine_address or f"tcp://127.0.0.1:{free_port_pair()}"
         client = EngineClient(engine_address, metrics, engine_timeout=engine_timeout, **client_options)
         await client.start()
-        app = build_app(client, metrics, api_key, per_request_spec_metrics, drafter_timeout)
+        app = build_app(client, metrics, api_key, per_request_spec_metrics, drafter_timeout, chat_parsers)
         runner = await serve(app, "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         frontend = Frontend(f"http://{host}:{port}", engine_address, client, metrics, runner)

@@ -23,6 +23,7 @@ from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.conftest import free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
@@ -141,7 +142,8 @@ def harness() -> Iterator[Harness]:
         address = f"tcp://127.0.0.1:{free_port_pair()}"
         client = EngineClient(address, metrics)
         await client.start()
-        runner = await serve(build_app(client, metrics), "127.0.0.1", 0)
+        parsers = ChatParsers("qwen3", "hermes", enable_auto_tool_choice=True)  # the output parsers run too
+        runner = await serve(build_app(client, metrics, chat_parsers=parsers), "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         peer = EnginePeer(address, PeerConfig(refuse_drafter="refused by the fuzz peer"))
         await peer.start()
@@ -242,6 +244,22 @@ _FIELDS = {
     "seed": st.integers() | _JSON,
     "ignore_eos": st.booleans() | _JSON,
     "method": st.sampled_from(["ngram", "dflash", "x"]) | _JSON,
+    "tools": st.lists(
+        st.fixed_dictionaries(
+            {"type": st.just("function") | _JSON},
+            optional={
+                "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g h"]) | _JSON}) | _JSON
+            },
+        ),
+        max_size=2,
+    )
+    | _JSON,
+    "tool_choice": st.sampled_from(
+        ["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]
+    )
+    | _JSON,
+    "parallel_tool_calls": st.booleans() | _JSON,
+    "chat_template_kwargs": st.fixed_dictionaries({}, optional={"enable_thinking": st.booleans()}) | _JSON,
     "num_spec_tokens": st.integers(-1, 40) | _JSON,
 }
 _BODIES = st.one_of(
@@ -253,6 +271,16 @@ _BODIES = st.one_of(
 _VALID = [
     ("POST", "/v1/completions", {"model": "tiny", "prompt": [50, 60], "max_tokens": 3}),
     ("POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": '<think>a</think><tool_call>{"name": "f"'}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "max_tokens": 40,
+        },
+    ),  # fmt: skip
     ("POST", "/admin/engines/{i}/drafter", {"method": "ngram", "num_spec_tokens": 3}),
 ]
 _HEADERS = st.dictionaries(

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from openinfer.engine_core.local_cluster import free_port, free_port_pair
+from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
+from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.engine_peer import EnginePeer
 
 
@@ -131,3 +134,30 @@ async def test_unusable_state_dir_or_keys_exit_1_saying_why(tmp_path: Path) -> N
                     await process.wait()
     finally:
         holder.close()
+
+
+def test_chat_parser_flags() -> None:
+    """vLLM's flags make the chat parsers; none by default (the output is left as written)."""
+    assert parse_args([]).chat_parsers == ChatParsers()
+    argv = ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert parse_args(argv).chat_parsers == ChatParsers("qwen3", "hermes", enable_auto_tool_choice=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["--reasoning-parser", "deepseek_r1"],
+            "unknown reasoning parser 'deepseek_r1'; openinfer has: qwen3",
+        ),
+        (["--tool-call-parser", "pythonic"], "unknown tool call parser 'pythonic'; openinfer has: hermes"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    ],
+)
+def test_parsers_that_cannot_work_are_refused_at_start(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error naming the problem, before anything starts."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert words in capsys.readouterr().err

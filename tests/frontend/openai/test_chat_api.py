@@ -149,7 +149,7 @@ async def test_chat_carries_per_request_spec_metrics(
             "text-only",
         ),  # fmt: skip
         ({"messages": MESSAGES, "n": 2}, "n", "one choice per request"),
-        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools", "tool calling"),
+        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function", "Missing required"),
         ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs", "`logprobs: true`"),
         ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
         ({"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
