@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,7 +40,6 @@ def plan_logits(sampling: Sequence[ScheduledRequest]) -> LogitsPlan | None:
     return planner.plan() if planner is not None else None
 
 
-@torch.inference_mode()  # the runner's logits are inference tensors: updated in place under it
 def processed_logits(logits: Tensor, sampling: Sequence[ScheduledRequest]) -> Tensor:
     """``logits`` (rows as ``plan_logits`` says) after the step's logits processors: the tensor itself,
     processed in place, or a processed copy when some request asks for logprobs (those are of the raw
@@ -49,8 +47,12 @@ def processed_logits(logits: Tensor, sampling: Sequence[ScheduledRequest]) -> Te
     plan = plan_logits(sampling)
     if plan is None:
         return logits
-    if any(s.request.sampling_params.logprobs is not None for s in sampling):
-        logits = logits.clone()
+    keep_raw = any(s.request.sampling_params.logprobs is not None for s in sampling)
+    return _applied(logits.clone() if keep_raw else logits, plan)
+
+
+@torch.inference_mode()  # the runner's logits are inference tensors: updated in place under it
+def _applied(logits: Tensor, plan: LogitsPlan) -> Tensor:
     apply_plan(logits, plan)
     return logits
 
@@ -128,68 +130,34 @@ class _Planner:
         if not self.mask_rows and not self.bias_rows and penalties is None:
             return None  # e.g. min_tokens reached and nothing else asked
         return LogitsPlan(
-            _ints(self.mask_rows),
-            _ints(self.mask_tokens),
-            _ints(self.bias_rows),
-            _ints(self.bias_tokens),
-            np.array(self.bias_values, dtype=np.float32),
-            penalties,
+            self.mask_rows, self.mask_tokens, self.bias_rows, self.bias_tokens, self.bias_values, penalties
         )
 
 
 class _PenaltyPlanner:
-    """The penalised rows and their histories (see :class:`Penalties`)."""
+    """The penalised rows and their histories (see :class:`Penalties`), as plain lists."""
 
     def __init__(self) -> None:
-        self.rows: list[int] = []
-        self.requests: list[int] = []
-        self.values: list[tuple[float, float, float]] = []  # (presence, frequency, repetition) per row
-        self.outputs: list[list[int]] = []  # per penalised request
-        self.draft_rows: list[int] = []
-        self.draft_tokens: list[int] = []
-        self.prompts: list[list[int]] = []  # per penalised request; [] without a repetition penalty
+        self.penalties = Penalties([], [], [], [], [], [], [], [], [], [], [], 0)
 
     def add(self, request: Request, drafts: tuple[int, ...], first_row: int) -> None:
-        params = request.sampling_params
-        index = len(self.outputs)
-        self.outputs.append(request.output_token_ids)
-        self.prompts.append(request.prompt_token_ids if params.repetition_penalty != 1.0 else [])
-        values = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
+        params, p = request.sampling_params, self.penalties
+        index = p.num_requests
+        p.num_requests += 1
+        output = request.output_token_ids
+        p.output_requests += [index] * len(output)
+        p.output_tokens += output
+        if params.repetition_penalty != 1.0:
+            p.prompt_requests += [index] * request.num_prompt_tokens
+            p.prompt_tokens += request.prompt_token_ids
         for j in range(len(drafts) + 1):
-            self.draft_rows += [len(self.rows)] * j
-            self.draft_tokens += drafts[:j]
-            self.rows.append(first_row + j)
-            self.requests.append(index)
-            self.values.append(values)
+            p.draft_rows += [len(p.rows)] * j
+            p.draft_tokens += drafts[:j]
+            p.rows.append(first_row + j)
+            p.requests.append(index)
+            p.presence.append(params.presence_penalty)
+            p.frequency.append(params.frequency_penalty)
+            p.repetition.append(params.repetition_penalty)
 
     def plan(self) -> Penalties | None:
-        if not self.rows:
-            return None
-        values = np.array(self.values, dtype=np.float32).reshape(-1, 3)  # (P, 3)
-        output_requests, output_tokens = _pairs(self.outputs)
-        prompt_requests, prompt_tokens = _pairs(self.prompts)
-        return Penalties(
-            _ints(self.rows),
-            _ints(self.requests),
-            values[:, 0].copy(),
-            values[:, 1].copy(),
-            values[:, 2].copy(),
-            output_requests,
-            output_tokens,
-            _ints(self.draft_rows),
-            _ints(self.draft_tokens),
-            prompt_requests,
-            prompt_tokens,
-            len(self.outputs),
-        )
-
-
-def _ints(values: Sequence[int]) -> np.ndarray:
-    return np.array(values, dtype=np.int64)
-
-
-def _pairs(per_request: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(request index, token) of every token of every request's list, as two int64 arrays."""
-    lengths = [len(tokens) for tokens in per_request]
-    requests = np.repeat(np.arange(len(per_request), dtype=np.int64), lengths)
-    return requests, np.concatenate([np.asarray(tokens, dtype=np.int64) for tokens in per_request])
+        return self.penalties if self.penalties.rows else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor
@@ -17,12 +16,12 @@ from openinfer.kernels.sampling import SamplingBatch, processed_probs
 V = 64
 
 
-def ints(values: list[int]) -> np.ndarray:
-    return np.array(values, dtype=np.int64)
+def ints(values: list[int]) -> list[int]:
+    return values
 
 
-def floats(values: list[float]) -> np.ndarray:
-    return np.array(values, dtype=np.float32)
+def floats(values: list[float]) -> list[float]:
+    return values
 
 
 def penalty_plan(
