@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.penalty_pairs import PenaltyPairs
 from openinfer.engine_core.request import Request
 from openinfer.engine_core.scheduler import ScheduledRequest
-from openinfer.kernels.logits_processors import LogitsPlan, Penalties, apply_plan
+from openinfer.kernels.logits_processors import LogitsPlan, apply_plan
 from openinfer.protocol import SamplingParams
 
 
@@ -81,7 +83,7 @@ def check_logits_params(params: SamplingParams, vocab_size: int) -> str | None:
 
 
 class _Planner:
-    """Collects one step's (row, token) pairs as plain lists, then packs them into a LogitsPlan."""
+    """Collects one step's (row, token) pairs, then packs them into a LogitsPlan."""
 
     def __init__(self) -> None:
         self.mask_rows: list[int] = []
@@ -89,7 +91,7 @@ class _Planner:
         self.bias_rows: list[int] = []
         self.bias_tokens: list[int] = []
         self.bias_values: list[float] = []
-        self.penalties = _PenaltyPlanner()
+        self.penalties = PenaltyPairs()
 
     def add(self, request: Request, drafts: tuple[int, ...], first_row: int) -> None:
         """Request ``request``'s rows first_row .. first_row + len(drafts): row j follows drafts[:j]."""
@@ -126,38 +128,22 @@ class _Planner:
                     self.mask_tokens.append(word[-1])
 
     def plan(self) -> LogitsPlan | None:
-        penalties = self.penalties.plan()
-        if not self.mask_rows and not self.bias_rows and penalties is None:
+        if not self.mask_rows and not self.bias_rows and not self.penalties.lengths:
             return None  # e.g. min_tokens reached and nothing else asked
+        if self.penalties.lengths:
+            rows, tokens, scales, offsets = self.penalties.pairs()
+        else:
+            rows, tokens, scales, offsets = (
+                _ints([]),
+                _ints([]),
+                np.zeros(0, np.float32),
+                np.zeros(0, np.float32),
+            )
         return LogitsPlan(
-            self.mask_rows, self.mask_tokens, self.bias_rows, self.bias_tokens, self.bias_values, penalties
-        )
+            _ints(self.mask_rows), _ints(self.mask_tokens), _ints(self.bias_rows), _ints(self.bias_tokens),
+            np.array(self.bias_values, dtype=np.float32), rows, tokens, scales, offsets,
+        )  # fmt: skip
 
 
-class _PenaltyPlanner:
-    """The penalised rows and their histories (see :class:`Penalties`), as plain lists."""
-
-    def __init__(self) -> None:
-        self.penalties = Penalties([], [], [], [], [], [], [], [], [], [], [], 0)
-
-    def add(self, request: Request, drafts: tuple[int, ...], first_row: int) -> None:
-        params, p = request.sampling_params, self.penalties
-        index = p.num_requests
-        p.num_requests += 1
-        output = request.output_token_ids
-        p.output_requests += [index] * len(output)
-        p.output_tokens += output
-        if params.repetition_penalty != 1.0:
-            p.prompt_requests += [index] * request.num_prompt_tokens
-            p.prompt_tokens += request.prompt_token_ids
-        for j in range(len(drafts) + 1):
-            p.draft_rows += [len(p.rows)] * j
-            p.draft_tokens += drafts[:j]
-            p.rows.append(first_row + j)
-            p.requests.append(index)
-            p.presence.append(params.presence_penalty)
-            p.frequency.append(params.frequency_penalty)
-            p.repetition.append(params.repetition_penalty)
-
-    def plan(self) -> Penalties | None:
-        return self.penalties if self.penalties.rows else None
+def _ints(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)

@@ -111,6 +111,8 @@ def test_requests_without_processors_cost_nothing_and_keep_their_rows() -> None:
     after = processed_logits(before.clone(), mixed)
     assert torch.equal(after[:3], before[:3]) and torch.equal(after[5:], before[5:])
     assert not torch.equal(after[3:5], before[3:5])
+    biased = processed_logits(before[:1].clone(), [scheduled([5], [1], [], logit_bias={3: 1.5})])
+    assert torch.allclose(biased - before[:1], torch.eye(V)[3] * 1.5)  # a bias alone, no penalties
 
 
 def test_min_tokens_masks_stop_tokens_up_to_its_count_inside_the_drafts() -> None:
@@ -118,7 +120,7 @@ def test_min_tokens_masks_stop_tokens_up_to_its_count_inside_the_drafts() -> Non
     stop token; rows 2..4 do not."""
     plan = plan_logits([scheduled([9], [1, 2, 3], [4, 5, 6, 8], min_tokens=5)])
     assert plan is not None
-    assert sorted(zip(plan.mask_rows, plan.mask_tokens, strict=True)) == [
+    assert sorted(zip(plan.mask_rows.tolist(), plan.mask_tokens.tolist(), strict=True)) == [
         (0, 0), (0, 7), (1, 0), (1, 7)
     ]  # fmt: skip
 
@@ -128,10 +130,10 @@ def test_bad_word_context_runs_through_the_drafts() -> None:
     prompt is no context: a prompt ending in 4 masks nothing at the first output token."""
     plan = plan_logits([scheduled([1], [3, 4], [5, 4, 2], bad_words_token_ids=[[4, 5], [6]])])
     assert plan is not None
-    masked = sorted(zip(plan.mask_rows, plan.mask_tokens, strict=True))
+    masked = sorted(zip(plan.mask_rows.tolist(), plan.mask_tokens.tolist(), strict=True))
     assert masked == [(0, 5), (0, 6), (1, 6), (2, 5), (2, 6), (3, 6)]
     first = plan_logits([scheduled([4], [], [], bad_words_token_ids=[[4, 5]])])
-    assert first is None or not first.mask_rows
+    assert first is None or first.mask_rows.size == 0
 
 
 @pytest.mark.parametrize(

@@ -6,40 +6,39 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor
 
-from openinfer.kernels.logits_processors import LogitsPlan, Penalties, apply_plan
+from openinfer.kernels.logits_processors import LogitsPlan, apply_plan
 from openinfer.kernels.sampling import SamplingBatch, processed_probs
 
 V = 64
 
 
-def ints(values: list[int]) -> list[int]:
-    return values
+def ints(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
 
 
-def floats(values: list[float]) -> list[float]:
-    return values
+def floats(values: list[float]) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
 
 
 def penalty_plan(
     outputs: list[list[int]], prompts: list[list[int]], presence: float, frequency: float, repetition: float
 ) -> LogitsPlan:
-    """Row r penalised for outputs[r] (and prompts[r] when repetition != 1), no drafts."""
-    n = len(outputs)
-    prompts = prompts if repetition != 1.0 else [[] for _ in outputs]
+    """Row r penalised for outputs[r] (and prompts[r] when repetition != 1): one pair per seen token."""
+    rows, tokens, offsets = [], [], []
+    for r, (output, prompt) in enumerate(zip(outputs, prompts, strict=True)):
+        counts = Counter(output)
+        for token in sorted(set(output) | (set(prompt) if repetition != 1.0 else set())):
+            rows.append(r)
+            tokens.append(token)
+            offsets.append(frequency * counts[token] + (presence if counts[token] else 0.0))
     return LogitsPlan(
         ints([]), ints([]), ints([]), ints([]), floats([]),
-        Penalties(
-            ints(list(range(n))), ints(list(range(n))),
-            floats([presence] * n), floats([frequency] * n), floats([repetition] * n),
-            ints([r for r, o in enumerate(outputs) for _ in o]), ints([t for o in outputs for t in o]),
-            ints([]), ints([]),
-            ints([r for r, p in enumerate(prompts) for _ in p]), ints([t for p in prompts for t in p]),
-            n,
-        ),
+        ints(rows), ints(tokens), floats([repetition] * len(rows)), floats(offsets),
     )  # fmt: skip
 
 
@@ -87,7 +86,7 @@ def test_logit_bias_is_transformers_sequence_bias_and_masks_are_minus_infinity()
     plan = LogitsPlan(
         ints([0, 2]), ints([9, 7]),  # masks: row 0 token 9 (biased too), row 2 token 7
         ints([0] * 3 + [2] * 3), ints(list(bias) * 2), floats(list(bias.values()) * 2),
-        None,
+        ints([]), ints([]), floats([]), floats([]),
     )  # fmt: skip
     processed = logits.clone()
     apply_plan(processed, plan)
