@@ -60,7 +60,8 @@ def _applied(logits: Tensor, plan: LogitsPlan) -> Tensor:
 
 
 def check_logits_params(params: SamplingParams, vocab_size: int) -> str | None:
-    """What is wrong with a request's logits-processor parameters (vLLM's ranges), or None."""
+    """What is wrong with a request's logits-processor parameters (vLLM's ranges) or its stop token ids (its
+    min_tokens masks them), or None."""
     for name, value in (
         ("presence_penalty", params.presence_penalty),
         ("frequency_penalty", params.frequency_penalty),
@@ -73,6 +74,8 @@ def check_logits_params(params: SamplingParams, vocab_size: int) -> str | None:
         return f"min_p must be in [0, 1], got {params.min_p}"
     if not 0 <= params.min_tokens <= params.max_tokens:
         return f"min_tokens must be in [0, max_tokens={params.max_tokens}], got {params.min_tokens}"
+    if any(not 0 <= t < vocab_size for t in params.stop_token_ids):  # min_tokens masks them
+        return f"stop_token_ids must be in [0, {vocab_size})"
     if any(not 0 <= t < vocab_size for t in params.logit_bias):
         return f"logit_bias token ids must be in [0, {vocab_size})"
     if any(not math.isfinite(v) for v in params.logit_bias.values()):
@@ -130,15 +133,7 @@ class _Planner:
     def plan(self) -> LogitsPlan | None:
         if not self.mask_rows and not self.bias_rows and not self.penalties.lengths:
             return None  # e.g. min_tokens reached and nothing else asked
-        if self.penalties.lengths:
-            rows, tokens, scales, offsets = self.penalties.pairs()
-        else:
-            rows, tokens, scales, offsets = (
-                _ints([]),
-                _ints([]),
-                np.zeros(0, np.float32),
-                np.zeros(0, np.float32),
-            )
+        rows, tokens, scales, offsets = self.penalties.pairs()
         return LogitsPlan(
             _ints(self.mask_rows), _ints(self.mask_tokens), _ints(self.bias_rows), _ints(self.bias_tokens),
             np.array(self.bias_values, dtype=np.float32), rows, tokens, scales, offsets,

@@ -40,10 +40,11 @@ class PenaltyPairs:
 
     def pairs(self) -> tuple[IntArray, IntArray, NDArray[np.float32], NDArray[np.float32]]:
         """(Q,) logits rows, token ids, repetition scales and offsets of the distinct seen pairs."""
+        if not self.lengths:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.float32)
         num_prompt, num_output, num_drafts = np.array(self.lengths, dtype=np.int64).T  # (R,) each
-        presence, frequency, repetition, repeats = (
-            np.array(c) for c in zip(*self.values, strict=True)
-        )  # (R,)
+        presence, frequency, repetition, repeats = (np.array(c) for c in zip(*self.values, strict=True))
         num_requests = len(self.lengths)
         # Every token of every request, with its request, its position there and its kind (prompt 0,
         # output 1, draft 2).
@@ -55,9 +56,8 @@ class PenaltyPairs:
         counted = (kind > 0) | repeats[request]  # prompt tokens count only under a repetition penalty
         universe, key_of = np.unique(request[counted] * _KEY + tokens[counted], return_inverse=True)  # (U,)
         kind, request, pos = kind[counted], request[counted], pos[counted]
-        base = np.bincount(key_of[kind == 1], minlength=len(universe)).astype(
-            np.float32
-        )  # (U,) output counts
+        # (U,) each key's count in its request's output
+        base = np.bincount(key_of[kind == 1], minlength=len(universe)).astype(np.float32)
         in_prompt = np.zeros(len(universe), dtype=bool)
         in_prompt[key_of[kind == 0]] = True
         num_keys = np.bincount(universe // _KEY, minlength=num_requests)  # (R,) distinct tokens of each

@@ -145,6 +145,7 @@ def test_bad_word_context_runs_through_the_drafts() -> None:
         ({"min_p": 1.5}, "min_p must be in [0, 1]"),
         ({"min_tokens": 101}, "min_tokens must be in [0, max_tokens=100]"),
         ({"logit_bias": {V: 1.0}}, "logit_bias token ids"),
+        ({"stop_token_ids": [V]}, "stop_token_ids must be in [0, 48)"),
         ({"bad_words_token_ids": [[]]}, "bad_words_token_ids"),
         ({"bad_words_token_ids": [[1, V]]}, "bad_words_token_ids"),
     ],
