@@ -13,6 +13,7 @@ from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.executor import ModelExecutor
 from openinfer.engine_core.input_batch import InputBatch
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
+from openinfer.engine_core.logits_plan import check_logits_params, processed_logits
 from openinfer.engine_core.request import Request, RequestStatus
 from openinfer.engine_core.runtime_facts import RuntimeFacts
 from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler
@@ -159,6 +160,8 @@ class EngineCore:
             return f"top_k must be >= 1 or unset, got {params.top_k}"
         if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
             return f"logprobs must be in [0, {vocab}] or unset, got {params.logprobs}"
+        if (error := check_logits_params(params, vocab)) is not None:
+            return error
         longest = min(len(prompt) + params.max_tokens, max_model_len)
         if self.kv_cache.num_blocks_for(longest) > self.kv_cache.num_blocks:
             return (
@@ -213,7 +216,9 @@ class EngineCore:
         """Verify drafts, append tokens, stop requests, count drafts and hand new context to the drafter:
         one pass over the step's requests."""
         sampling = [s for s in scheduled if s.samples]
-        sampled = verify(logits, [s.spec_token_ids for s in sampling], self._sampling_batch(sampling, logits))
+        batch = self._sampling_batch(sampling, logits)
+        # Penalties, bias and masks at every verified row, drafts included; logprobs stay raw (vLLM's).
+        sampled = verify(processed_logits(logits, sampling), [s.spec_token_ids for s in sampling], batch)
         appended = iter(zip(sampled, sampled_logprobs(logits, sampling, sampled), strict=True))
         spec = self.spec
         new_rows: list[int] = []  # the last token of each request that goes on, for the input batch
@@ -270,6 +275,7 @@ class EngineCore:
             [r.sampling_params.top_p for r in requests],
             [r.generator or self.generator for r in requests],
             vocab_size=logits.shape[1],
+            min_ps=[r.sampling_params.min_p for r in requests],
         )
 
     def _append(self, request: Request, tokens: list[int]) -> int:

@@ -71,10 +71,22 @@ class Request:
     prefix_keys: list[bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+    # whether any of the logits processors applies to it (penalties, min_tokens, logit bias, bad words);
+    # derived from sampling_params once, so that a request without them costs nothing per step
+    processes_logits: bool = False
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        params = self.sampling_params
+        self.processes_logits = bool(
+            params.presence_penalty
+            or params.frequency_penalty
+            or params.repetition_penalty != 1.0
+            or params.min_tokens
+            or params.logit_bias
+            or params.bad_words_token_ids
+        )
         if self.sampling_params.logprobs is not None and self.unsent_logprobs is None:
             self.unsent_logprobs = []
 

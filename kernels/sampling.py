@@ -1,4 +1,5 @@
-"""The sampler's distribution (temperature, top-k, top-p) and seedable draws, all on the logits' device.
+"""The sampler's distribution (temperature, min-p, top-k, top-p, in vLLM's order) and seedable draws, all
+on the logits' device.
 
 Nothing here reads a value back to the host (draws are inverse-CDF lookups on the device), so a step needs
 no host sync until its sampled ids are read.
@@ -26,6 +27,7 @@ class SamplingBatch:
     top_ks: list[int]  # in [1, V]
     top_ps: list[float]  # in (0, 1]
     generators: list[torch.Generator | None]  # per request; None: the device's default generator
+    min_ps: list[float] | None = None  # in [0, 1] (0: off); None: no request sets one
 
     @classmethod
     def build(
@@ -35,13 +37,15 @@ class SamplingBatch:
         top_ps: list[float],
         generators: list[torch.Generator | None],
         vocab_size: int,
+        min_ps: list[float] | None = None,
     ) -> SamplingBatch:
-        """The batch of one step (top_k None or 0: the whole vocabulary). The values were checked when each
-        request was admitted (``EngineCore.add_request``), not again here on every step."""
-        if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators):
-            raise ValueError("sampling: every request needs a temperature, top_k, top_p and generator")
+        """The batch of one step (top_k None or 0: the whole vocabulary; min_ps None: no min-p). The values
+        were checked when each request was admitted (``EngineCore.add_request``), not again on every step."""
+        if not len(temperatures) == len(top_ks) == len(top_ps) == len(generators) == len(min_ps or top_ps):
+            raise ValueError("sampling: every request needs a temperature, top_k, top_p, min_p and generator")
         ks = [min(k or vocab_size, vocab_size) for k in top_ks]
-        return cls(list(temperatures), ks, list(top_ps), list(generators))
+        min_ps = list(min_ps) if min_ps is not None and any(min_ps) else None
+        return cls(list(temperatures), ks, list(top_ps), list(generators), min_ps)
 
     @classmethod
     def greedy(cls, num_reqs: int, vocab_size: int) -> SamplingBatch:
@@ -59,45 +63,70 @@ class SamplingBatch:
         top_ks = [self.top_ks[b] for b in requests for _ in range(repeats)]
         top_ps = [self.top_ps[b] for b in requests for _ in range(repeats)]
         filtered = any(k < vocab_size for k in top_ks) or any(p < 1 for p in top_ps)
+        min_ps = None
+        if self.min_ps is not None:
+            min_ps = host_to_device(
+                [self.min_ps[b] for b in requests for _ in range(repeats)], torch.float32, device
+            )
         return processed_probs(
             logits,
             host_to_device(temperatures, torch.float32, device),
             host_to_device(top_ks, torch.int64, device),
             host_to_device(top_ps, torch.float32, device),
             filtered,
+            min_ps,
         )
 
 
 def sorted_filtered_probs(
-    logits: Tensor, temperatures: Tensor, top_ks: Tensor, top_ps: Tensor
+    logits: Tensor, temperatures: Tensor, top_ks: Tensor, top_ps: Tensor, min_ps: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """The sampler's distribution per row, most likely token first (sampling and verification share it).
 
-    logits (R, V) float32, temperatures (R,) > 0, top_ks (R,) in [1, V], top_ps (R,) in (0, 1] -> probs
-    (R, V) sorted descending and order (R, V), the vocabulary id of each sorted column: softmax(logits /
-    temperature) restricted to the top_k most likely tokens, then to the nucleus (the smallest set of the
-    most likely tokens whose mass reaches top_p; at least one token). Not renormalised after the nucleus cut.
+    logits (R, V) float32, temperatures (R,) > 0, top_ks (R,) in [1, V], top_ps (R,) in (0, 1], min_ps (R,)
+    in [0, 1] or None -> probs (R, V) sorted descending and order (R, V), the vocabulary id of each sorted
+    column: softmax(logits / temperature) without the tokens below min_p times the top probability,
+    restricted to the top_k most likely tokens, then to the nucleus (the smallest set of the most likely
+    tokens whose mass reaches top_p; at least one token). Not renormalised after the nucleus cut.
     """
     rank = torch.arange(logits.shape[1], device=logits.device)  # (V,)
-    probs, order = torch.sort(logits / temperatures[:, None], dim=-1, descending=True)  # (R, V), best first
-    probs = probs.masked_fill(rank[None, :] >= top_ks[:, None], float("-inf")).softmax(dim=-1)  # top-k
+    scaled, order = torch.sort(logits / temperatures[:, None], dim=-1, descending=True)  # (R, V), best first
+    cut = rank[None, :] >= top_ks[:, None]  # (R, V): past the top-k
+    if min_ps is not None:
+        cut |= min_p_cut(scaled, min_ps)
+    probs = scaled.masked_fill(cut, float("-inf")).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # (R, V): mass of the strictly more likely tokens
     # Keep a token while the mass before it is short of top_p; the first token is always kept.
     return probs.masked_fill((mass_before >= top_ps[:, None]) & (rank[None, :] > 0), 0.0), order
 
 
 def processed_probs(
-    logits: Tensor, temperatures: Tensor, top_ks: Tensor, top_ps: Tensor, filtered: bool
+    logits: Tensor,
+    temperatures: Tensor,
+    top_ks: Tensor,
+    top_ps: Tensor,
+    filtered: bool,
+    min_ps: Tensor | None = None,
 ) -> Tensor:
     """The distribution the sampler draws from, renormalised, in vocabulary order: (R, V) float32.
 
-    ``filtered`` False (no row restricts top-k or top-p) skips the sort: a plain tempered softmax.
+    ``filtered`` False (no row restricts top-k or top-p) skips the sort: a tempered softmax, cut by min-p.
     """
     if not filtered:
-        return (logits / temperatures[:, None]).softmax(dim=-1)
-    probs, order = sorted_filtered_probs(logits, temperatures, top_ks, top_ps)  # (R, V) each
+        scaled = logits / temperatures[:, None]
+        if min_ps is not None:
+            scaled = scaled.masked_fill(min_p_cut(scaled, min_ps), float("-inf"))
+        return scaled.softmax(dim=-1)
+    probs, order = sorted_filtered_probs(logits, temperatures, top_ks, top_ps, min_ps)  # (R, V) each
     probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.empty_like(probs).scatter_(-1, order, probs)  # back to vocabulary order
+
+
+def min_p_cut(scaled: Tensor, min_ps: Tensor) -> Tensor:
+    """(R, V) bool: the tokens min-p drops from tempered logits ``scaled`` (R, V), those whose probability is
+    below min_ps (R,) times the row's top probability (vLLM's and transformers' rule; 0 drops nothing)."""
+    probs = scaled.softmax(dim=-1)
+    return probs < min_ps[:, None] * probs.amax(dim=-1, keepdim=True)
 
 
 def draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:

@@ -35,6 +35,18 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: each output token's logprob and the top k alternatives
+    # vLLM's logits processors, applied in its order: bad words and min_tokens mask, logit_bias adds, then the
+    # penalties; min_p comes after temperature. Output tokens are this request's, draft positions included.
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted once from each token already in the output
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0: a token in the prompt or output has its logit divided (>0) or
+    # multiplied (<0) by it
+    min_tokens: int = 0  # in [0, max_tokens]: stop_token_ids and EOS (unless ignore_eos) masked until then
+    logit_bias: dict[int, float] = {}  # token id -> added to its raw logit, in [-100, 100]
+    # token-id sequences (the frontend tokenizes the words): a sequence's last token is masked where the
+    # output ends with the tokens before it (a one-token sequence: always)
+    bad_words_token_ids: list[list[int]] = []
+    min_p: float = 0.0  # in [0, 1]: after temperature, tokens below min_p x the top probability are dropped
 
 
 class EngineCoreRequest(msgspec.Struct, tag="req", array_like=True, omit_defaults=True, gc=False):

@@ -11,6 +11,8 @@ import msgspec
 
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.logits_options import TYPE_MESSAGES as LOGITS_TYPE_MESSAGES
+from openinfer.frontend.openai.logits_options import LogitsBody, LogitsOptions
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
@@ -30,17 +32,13 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), _ONE_CHOICE.format("best_of")),
     "echo": ((None, False), "`echo` is not supported by openinfer"),
     "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
-    "logit_bias": ((None, {}), "`logit_bias` is not supported by openinfer"),
-    "presence_penalty": ((None, 0), "`presence_penalty` is not supported by openinfer"),
-    "frequency_penalty": ((None, 0), "`frequency_penalty` is not supported by openinfer"),
-    "repetition_penalty": ((None, 1), "`repetition_penalty` is not supported by openinfer"),
-    "min_tokens": ((None, 0), "`min_tokens` is not supported by openinfer"),
 }
 
 # Messages for fields whose types the generic "`x` must be ..." says badly.
 TYPE_MESSAGES = {
     "stop": "`stop` must be a string or a list of strings",
     "stop_token_ids": "`stop_token_ids` must be a list of non-negative integer token ids",
+    **LOGITS_TYPE_MESSAGES,
 }
 
 
@@ -50,9 +48,9 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool | None = None  # default false: a final chunk with the usage
 
 
-class SamplingBody(msgspec.Struct, frozen=True):
-    """The body fields both endpoints share. A null field means its default, as an absent one does; flags
-    default to false unless said."""
+class SamplingBody(LogitsBody):
+    """The body fields both endpoints share (the logits processors' in ``LogitsBody``). A null field means
+    its default, as an absent one does; flags default to false unless said."""
 
     model: str | None = None  # None: the first served model
     stream: bool | None = None
@@ -72,11 +70,6 @@ class SamplingBody(msgspec.Struct, frozen=True):
     best_of: Any = None
     echo: Any = None
     prompt_logprobs: Any = None
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-    min_tokens: Any = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +90,7 @@ class SamplingOptions:
     return_token_ids: bool  # vLLM extension: token ids in each choice
     stream: bool
     include_usage: bool  # stream_options.include_usage: a final usage chunk
+    logits: LogitsOptions = LogitsOptions()  # penalties, min_tokens, logit_bias, bad words, min_p
 
     @classmethod
     def from_body(
@@ -141,6 +135,7 @@ class SamplingOptions:
             return_token_ids=_or(body.return_token_ids, False),
             stream=stream,
             include_usage=include_usage,
+            logits=LogitsOptions.from_body(body, max_tokens_field, max_tokens),
         )
 
     def engine_request(
@@ -149,7 +144,7 @@ class SamplingOptions:
         """Bound the request for ``model``: prompt + output never exceed its max_model_len.
 
         EOS is not passed: the engine knows its EOS ids and honours ``ignore_eos``. ``prompt_param`` names
-        the field a bad prompt is blamed on ("messages" for chat).
+        the field a bad prompt is blamed on ("messages" for chat). Bad words become token ids here.
         """
         for name, ids in ((prompt_param, prompt_token_ids), ("stop_token_ids", self.stop_token_ids)):
             if any(token_id >= model.vocab_size for token_id in ids):
@@ -167,6 +162,8 @@ class SamplingOptions:
         # Each of SamplingParams' fields is the option of its name; stop strings and output shaping stay here.
         bounded = dataclasses.replace(self, max_tokens=max_tokens)
         params = msgspec.convert(bounded, SamplingParams, from_attributes=True)
+        logits = self.logits.engine_fields(model.tokenizer, model.vocab_size, max_tokens)
+        params = msgspec.structs.replace(params, **logits)
         return EngineCoreRequest(request_id, prompt_token_ids, params, arrival_time=time.time())
 
 
