@@ -44,9 +44,8 @@ class EngineCore:
         self.incarnation = incarnation
         self.runner = runner
         self.facts = RuntimeFacts.found(config, runner)
-        self.kv_cache = KVCacheManager(
-            self.facts.num_kv_blocks, self.facts.block_size, config.enable_prefix_caching
-        )
+        facts = self.facts
+        self.kv_cache = KVCacheManager(facts.num_kv_blocks, facts.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         # Drafts never run past the model length, so a row holds max_model_len tokens.
         self.input_batch = InputBatch(config.max_num_seqs, self.facts.max_model_len, self.facts.block_size)
