@@ -24,6 +24,22 @@ __all__ = ["MAX_SPEC_TOKENS", "PrefixCacheCounters", "SpecDecodeCounters"]  # re
 PROTOCOL_VERSION = 2
 
 
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+class StructuredOutputs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """A grammar the request's output must follow (vLLM's structured outputs, compiled by xgrammar)."""
+
+    kind: StructuredKind
+    # json: a JSON schema's text; json_object: ""; regex: a regular expression; choice: a JSON list of the
+    # strings allowed; grammar: an EBNF grammar (xgrammar's dialect, rule ``root``)
+    spec: str
+    any_whitespace: bool = True  # json kinds: any whitespace between tokens (vLLM: not disable_any_whitespace)
+    # None: the grammar applies from the first output token; a token id (a reasoning parser's ``</think>``):
+    # output is free until that token and follows the grammar after it
+    start_after_token_id: int | None = None
+
+
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """How one request samples and when it stops (the engine never sees strings)."""
 
@@ -47,6 +63,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     # output ends with the tokens before it (a one-token sequence: always)
     bad_words_token_ids: list[list[int]] = []
     min_p: float = 0.0  # in [0, 1]: after temperature, tokens below min_p x the top probability are dropped
+    structured_outputs: StructuredOutputs | None = None  # None: unconstrained
 
 
 class EngineCoreRequest(msgspec.Struct, tag="req", array_like=True, omit_defaults=True, gc=False):
@@ -121,6 +138,9 @@ class FinishReason(msgspec.Struct, array_like=True, frozen=True):
     kind: FinishKind
     stop_token_id: int | None = None
     message: str | None = None
+    # "error" only: the engine refused the request for what it asked (a grammar that does not compile, a
+    # prompt past the model length), a client's error (HTTP 400) rather than the engine's (500)
+    bad_request: bool = False
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
