@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import torch
@@ -13,14 +12,16 @@ from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.executor import ModelExecutor
 from openinfer.engine_core.input_batch import InputBatch
 from openinfer.engine_core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.logits_plan import check_logits_params, processed_logits
+from openinfer.engine_core.logits_plan import processed_logits
 from openinfer.engine_core.request import Request, RequestStatus
+from openinfer.engine_core.request_checks import refusal
 from openinfer.engine_core.runtime_facts import RuntimeFacts
 from openinfer.engine_core.scheduler import ScheduledRequest, Scheduler
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.step_logprobs import sampled_logprobs
+from openinfer.engine_core.structured_output import GrammarCompilers, GrammarQueue, apply_grammars
 from openinfer.kernels.sampling import SamplingBatch
 from openinfer.kernels.verification import verify
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LoadSnapshot
@@ -33,6 +34,9 @@ _FINISH_KIND = {
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_ERROR: "error",
 }
+
+
+_NO_ALLOWED_TOKEN = "the other sampling options leave no token the structured output allows"
 
 
 class EngineCore:
@@ -50,6 +54,9 @@ class EngineCore:
         # Drafts never run past the model length, so a row holds max_model_len tokens.
         self.input_batch = InputBatch(config.max_num_seqs, self.facts.max_model_len, self.facts.block_size)
         self.requests: dict[str, Request] = {}
+        # Requests whose grammar is compiling (the compiler is built for the first one)
+        tokenizer_json = config.model_path / "tokenizer.json"
+        self.grammars = GrammarQueue(GrammarCompilers(tokenizer_json, facts.vocab_size, facts.eos_token_ids))
         self._ended: list[EngineCoreOutput] = []  # outputs of requests ended outside a step
         # Requests without a seed of their own draw from this one (no global RNG state).
         self.generator = torch.Generator(device=runner.device).manual_seed(config.seed)
@@ -103,7 +110,7 @@ class EngineCore:
         for request in list(self.scheduler.running):
             request.finish = FinishReason("error", message=message)
             self._finish(request, RequestStatus.FINISHED_ERROR)
-            outputs.append(self._output(request))
+            outputs.append(request.take_output())
         return outputs
 
     def _drop_drafts(self) -> None:
@@ -115,10 +122,13 @@ class EngineCore:
 
     def add_request(self, message: EngineCoreRequest) -> None:
         """Queue a request, or end it at once with an error output saying what was wrong with it."""
-        error = self._validate(message)
+        error = refusal(message, self.facts, self.kv_cache)
+        if message.request_id in self.requests:
+            error = f"request id {message.request_id!r} is already running on this engine"
         if error is not None:
             logger.warning("request %s refused: %s", message.request_id, error)
-            self._ended.append(EngineCoreOutput(message.request_id, [], FinishReason("error", message=error)))
+            finish = FinishReason("error", message=error, bad_request=True)
+            self._ended.append(EngineCoreOutput(message.request_id, [], finish))
             return
         params = message.sampling_params
         generator = None
@@ -137,37 +147,29 @@ class EngineCore:
             stop_ids=frozenset(stop_ids),
         )
         self.requests[request.request_id] = request
-        self.scheduler.add(request)
+        if params.structured_outputs is None:
+            self.scheduler.add(request)
+        else:  # it joins the scheduler's queue when its grammar is compiled
+            self.grammars.add(request, params.structured_outputs)
 
-    def _validate(self, message: EngineCoreRequest) -> str | None:
-        params = message.sampling_params
-        prompt = message.prompt_token_ids
-        vocab, max_model_len = self.facts.vocab_size, self.facts.max_model_len
-        if message.request_id in self.requests:
-            return f"request id {message.request_id!r} is already running on this engine"
-        if not prompt:
-            return "the prompt is empty"
-        if any(t < 0 or t >= vocab for t in prompt):
-            return f"prompt token ids must be in [0, {vocab})"
-        if len(prompt) >= max_model_len:
-            return f"the prompt has {len(prompt)} tokens; this model's length is {max_model_len}"
-        if params.max_tokens < 1:
-            return f"max_tokens must be >= 1, got {params.max_tokens}"
-        if not (math.isfinite(params.temperature) and params.temperature >= 0 and 0 < params.top_p <= 1):
-            return "temperature must be a finite number >= 0 and top_p in (0, 1]"
-        if params.top_k is not None and params.top_k < 1:
-            return f"top_k must be >= 1 or unset, got {params.top_k}"
-        if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
-            return f"logprobs must be in [0, {vocab}] or unset, got {params.logprobs}"
-        if (error := check_logits_params(params, vocab)) is not None:
-            return error
-        longest = min(len(prompt) + params.max_tokens, max_model_len)
-        if self.kv_cache.num_blocks_for(longest) > self.kv_cache.num_blocks:
-            return (
-                f"the request needs up to {longest} tokens of KV cache but this engine holds "
-                f"{self.kv_cache.num_blocks * self.kv_cache.block_size}; raise --kv-cache-gb"
-            )
-        return None
+    def _admit_compiled(self) -> None:
+        """Queue the requests whose grammar is ready; end those whose constraint does not compile."""
+        if not self.grammars:
+            return
+        if not self.scheduler.has_work:  # nothing else to do: wait a little for a compilation
+            self.grammars.wait(0.005)
+        for request, error in self.grammars.take_ready():
+            if error is None:
+                self.scheduler.add(request)
+            else:
+                self._ended.append(self._refuse(request, error))
+
+    def _refuse(self, request: Request, message: str) -> EngineCoreOutput:
+        """End a request for what it asked (a client's error), and give its last output."""
+        logger.warning("request %s refused: %s", request.request_id, message)
+        request.finish = FinishReason("error", message=message, bad_request=True)
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        return request.take_output()
 
     def abort(self, request_ids: list[str]) -> None:
         """End these requests now (unknown or already ended ids are ignored)."""
@@ -175,17 +177,18 @@ class EngineCore:
             request = self.requests.get(request_id)
             if request is not None:
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
-                self._ended.append(self._output(request))
+                self._ended.append(request.take_output())
 
     # ---- the step -----------------------------------------------------------------------------------
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self.grammars)
 
     def step(self) -> list[EngineCoreOutput]:
         """Run one model step over the scheduled requests and return what changed for the frontend (the
         outputs of requests ended since the last step first; a step that raises keeps them for the next)."""
+        self._admit_compiled()
         decided = self.scheduler.schedule()
         for request in decided.preempted:
             self.input_batch.remove(request)
@@ -216,7 +219,9 @@ class EngineCore:
         one pass over the step's requests."""
         sampling = [s for s in scheduled if s.samples]
         batch = self._sampling_batch(sampling, logits)
-        # Penalties, bias and masks at every verified row, drafts included; logprobs stay raw (vLLM's).
+        # Grammars (logprobs see them, as vLLM's), then penalties, bias and masks (logprobs stay raw) at every
+        # verified row, drafts included.
+        apply_grammars(logits, sampling)
         sampled = verify(processed_logits(logits, sampling), [s.spec_token_ids for s in sampling], batch)
         appended = iter(zip(sampled, sampled_logprobs(logits, sampling, sampled), strict=True))
         spec = self.spec
@@ -225,6 +230,7 @@ class EngineCore:
         new_tokens: list[int] = []
         outputs = []
         context: list[ContextUpdate] = []
+        broken: list[Request] = []  # requests whose grammar refused a token other options forced
         row = 0  # first row of this request's tokens in aux
         for s in scheduled:
             request, start = s.request, s.start
@@ -237,6 +243,8 @@ class EngineCore:
                 num_accepted = len(tokens) - 1
                 num_valid += num_accepted
                 num_kept = self._append(request, tokens)
+                if request.grammar is not None and not request.grammar.advance(tokens[:num_kept]):
+                    broken.append(request)
                 if request.row is not None:
                     new_rows.append(request.row)
                     new_positions.append(len(request.all_token_ids) - 1)
@@ -248,7 +256,7 @@ class EngineCore:
                     if spec is not None:
                         # An accepted run cut by EOS or a stop token counts up to and including it.
                         spec.observe(request, len(s.spec_token_ids), min(num_kept, num_accepted))
-                outputs.append(self._output(request))
+                outputs.append(request.take_output())
             if self.scheduler.commit(s, num_valid):  # the KV manager freed rejected drafts' blocks
                 self.input_batch.trimmed(request)
             if aux is not None and spec is not None:
@@ -260,6 +268,9 @@ class EngineCore:
         if context and spec is not None:
             spec.drafter.extend_context(context)
         self.input_batch.append(new_rows, new_positions, new_tokens)
+        for request in broken:
+            if not request.status.is_finished:
+                outputs.append(self._refuse(request, _NO_ALLOWED_TOKEN))
         return outputs
 
     def _sampling_batch(self, sampling: list[ScheduledRequest], logits: Tensor) -> SamplingBatch:
@@ -314,30 +325,12 @@ class EngineCore:
                 request.spec_token_ids = tuple(drafts)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        self.grammars.remove(request)
         self.scheduler.finish(request, status)
         self.input_batch.remove(request)
         if request.finish is None:
             request.finish = FinishReason(_FINISH_KIND[status])
         del self.requests[request.request_id]
-
-    @staticmethod
-    def _output(request: Request) -> EngineCoreOutput:
-        """The request's output tokens (and logprobs) not yet sent; its finish and stats when it ended."""
-        start = len(request.prompt_token_ids) + request.num_sent_tokens
-        new_token_ids = request.all_token_ids[start:]
-        cached = request.num_cached_tokens if request.num_sent_tokens == 0 else 0  # on its first output
-        request.num_sent_tokens += len(new_token_ids)
-        logprobs = request.take_new_logprobs()
-        if request.status < RequestStatus.FINISHED_STOPPED:
-            return EngineCoreOutput(request.request_id, new_token_ids, None, cached, logprobs=logprobs)
-        return EngineCoreOutput(
-            request.request_id,
-            new_token_ids,
-            request.finish,
-            cached,
-            spec_stats=request.spec_stats,
-            logprobs=logprobs,
-        )
 
     def load_snapshot(self) -> LoadSnapshot:
         return LoadSnapshot(

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from openinfer.protocol import (
+    EngineCoreOutput,
     FinishReason,
     SamplingParams,
     SpecDecodeCounters,
     TokenLogprobs,
 )
+
+if TYPE_CHECKING:
+    from openinfer.engine_core.structured_output import RequestGrammar
 
 _MIN_TEMPERATURE = 1e-5
 
@@ -74,6 +79,8 @@ class Request:
     # whether any of the logits processors applies to it (penalties, min_tokens, logit bias, bad words);
     # derived from sampling_params once, so that a request without them costs nothing per step
     processes_logits: bool = False
+    # its place in its structured-output grammar (None: unconstrained, or its grammar is still compiling)
+    grammar: RequestGrammar | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -125,9 +132,21 @@ class Request:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
-    def take_new_logprobs(self) -> list[TokenLogprobs] | None:
-        """Logprobs of the output tokens not yet sent (``EngineCore._output`` takes both together), or None."""
-        if self.unsent_logprobs is None:
-            return None
-        new, self.unsent_logprobs = self.unsent_logprobs, []
-        return new
+    def take_output(self) -> EngineCoreOutput:
+        """The output tokens (and logprobs) not yet sent, now counted as sent; the finish and stats once it
+        ended."""
+        start = len(self.prompt_token_ids) + self.num_sent_tokens
+        new_token_ids = self.all_token_ids[start:]
+        cached = self.num_cached_tokens if self.num_sent_tokens == 0 else 0  # on its first output
+        self.num_sent_tokens += len(new_token_ids)
+        logprobs, self.unsent_logprobs = self.unsent_logprobs, None if self.unsent_logprobs is None else []
+        if not self.status.is_finished:
+            return EngineCoreOutput(self.request_id, new_token_ids, None, cached, logprobs=logprobs)
+        return EngineCoreOutput(
+            self.request_id,
+            new_token_ids,
+            self.finish,
+            cached,
+            spec_stats=self.spec_stats,
+            logprobs=logprobs,
+        )

@@ -162,7 +162,7 @@ class Scheduler:
         assert status.is_finished
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        elif not request.status.is_finished:
+        elif request in self.waiting:  # not there while its grammar compiles
             self.waiting.remove(request)
         request.status = status
         self.kv_cache.free(request)

@@ -1,79 +1,102 @@
 """Structured outputs through xgrammar: grammars compiled off the step loop, token bitmasks per step.
 
 A request's constraint (a JSON schema, any JSON object, a regex, a choice of strings, or an EBNF grammar) is
-compiled once per distinct constraint, in a background thread, into an xgrammar ``CompiledGrammar`` (cached);
-the request waits for it without holding up the others. While it runs, its :class:`RequestGrammar` gives the
-bitmask of the tokens the grammar allows at each logits row of a step: after its last token, and, when it
-verifies drafts, after each of them in turn (the first draft the grammar refuses ends the run; rows past it
-repeat that row's mask, since verification stops there). The masks are computed on a fork-free walk: drafts
-are accepted into the matcher, the rows' masks filled, and the drafts rolled back; once verification says which
-tokens the request keeps, ``advance`` accepts them for good.
+compiled once per distinct constraint, in a background thread, into an xgrammar ``CompiledGrammar`` (xgrammar
+caches them); the request waits for it outside the scheduler, so it holds up no other request. While it runs,
+its :class:`RequestGrammar` fills the bitmask of the tokens the grammar allows at each of its logits rows: after
+its last token and, when it verifies drafts, after each of them in turn. The first draft the grammar refuses
+ends the run (its row refuses it, so verification rejects it there, and the rows past it are never read); the
+drafts accepted into the matcher to fill the rows are rolled back, and once verification says which tokens the
+request keeps, ``advance`` accepts them for good.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import logging
+from collections.abc import Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Literal
 
 import torch
 import xgrammar as xgr
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+from openinfer.engine_core.request import Request
+from openinfer.engine_core.scheduler import ScheduledRequest
+from openinfer.protocol import StructuredOutputs
+
+logger = logging.getLogger(__name__)
+
+_CACHE_LIMIT_BYTES = 512 << 20  # compiled grammars xgrammar keeps for the next request with the same one
+
+
+def tokenizer_info(tokenizer_json: Path, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
+    """The vocabulary as xgrammar reads it: the model's vocab_size (rows past the tokenizer's are never
+    allowed), special tokens never spelled as text, the stop tokens ending every grammar."""
+    raw = Tokenizer.from_file(str(tokenizer_json))
+    found = xgr.TokenizerInfo.from_huggingface(  # its vocabulary type and prefix-space rule
+        PreTrainedTokenizerFast(tokenizer_object=raw),
+        vocab_size=vocab_size,
+        stop_token_ids=list(stop_token_ids),
+    )
+    # xgrammar reads an empty token as special.
+    special = {i for i, token in raw.get_added_tokens_decoder().items() if token.special}
+    vocab = ["" if i in special else raw.id_to_token(i) or "" for i in range(raw.get_vocab_size())]
+    return xgr.TokenizerInfo(
+        vocab,
+        found.vocab_type,
+        vocab_size=vocab_size,
+        stop_token_ids=list(stop_token_ids),
+        add_prefix_space=found.add_prefix_space,
+    )
 
 
 class GrammarCompilers:
-    """One xgrammar compiler for the engine's tokenizer and the compilations it has done or is doing."""
+    """One xgrammar compiler for the engine's tokenizer (built in the background on first use) and the
+    compilations in flight."""
 
-    def __init__(self, tokenizer_json: Path, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
-        raw = Tokenizer.from_file(str(tokenizer_json))
-        found = xgr.TokenizerInfo.from_huggingface(  # its vocabulary type and prefix-space rule
-            PreTrainedTokenizerFast(tokenizer_object=raw),
-            vocab_size=vocab_size,
-            stop_token_ids=list(stop_token_ids),
-        )
-        # Special tokens are never text a grammar may spell out (xgrammar reads an empty token as special);
-        # the stop tokens end it.
-        special = {i for i, token in raw.get_added_tokens_decoder().items() if token.special}
-        vocab = ["" if i in special else raw.id_to_token(i) or "" for i in range(raw.get_vocab_size())]
-        self.info = xgr.TokenizerInfo(
-            vocab,
-            found.vocab_type,
-            vocab_size=vocab_size,
-            stop_token_ids=list(stop_token_ids),
-            add_prefix_space=found.add_prefix_space,
-        )
-        self._compiler = xgr.GrammarCompiler(self.info)  # caches compiled grammars itself
+    def __init__(self, tokenizer_json: Path, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+        self._tokenizer = (tokenizer_json, vocab_size, tuple(sorted(stop_token_ids)))
+        self._compiler: xgr.GrammarCompiler | None = None  # only the pool's one thread touches it
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
-        self._compiling: dict[tuple[str, str], Future[xgr.CompiledGrammar]] = {}
+        self._in_flight: dict[StructuredOutputs, Future[xgr.CompiledGrammar]] = {}
 
-    def compile(self, kind: ConstraintKind, spec: str) -> Future[xgr.CompiledGrammar]:
-        """The compilation of one constraint, started now unless it already was; its result raises
+    def compile(self, constraint: StructuredOutputs) -> Future[xgr.CompiledGrammar]:
+        """The compilation of one constraint, started now unless it is under way; its result raises
         ``ValueError`` (with xgrammar's message) for a constraint that does not compile."""
-        key = (kind, spec)
-        future = self._compiling.get(key)
-        if future is None or (future.done() and future.exception() is not None):
-            future = self._compiling[key] = self._pool.submit(self._compile, kind, spec)
+        key = StructuredOutputs(constraint.kind, constraint.spec, constraint.any_whitespace)  # the grammar
+        self._in_flight = {k: f for k, f in self._in_flight.items() if not f.done()}
+        future = self._in_flight.get(key)
+        if future is None:
+            future = self._in_flight[key] = self._pool.submit(self._compile, key)
         return future
 
-    def _compile(self, kind: ConstraintKind, spec: str) -> xgr.CompiledGrammar:
+    def _compiler_now(self) -> xgr.GrammarCompiler:
+        if self._compiler is None:
+            info = tokenizer_info(*self._tokenizer)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=_CACHE_LIMIT_BYTES)
+        return self._compiler
+
+    def _compile(self, constraint: StructuredOutputs) -> xgr.CompiledGrammar:
+        compiler = self._compiler_now()
+        kind, spec = constraint.kind, constraint.spec
         try:
             if kind == "json":
-                return self._compiler.compile_json_schema(spec)
+                return compiler.compile_json_schema(spec, any_whitespace=constraint.any_whitespace)
             if kind == "json_object":
-                return self._compiler.compile_builtin_json_grammar()
+                return compiler.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=constraint.any_whitespace
+                )
             if kind == "regex":
-                return self._compiler.compile_regex(spec)
+                return compiler.compile_regex(spec)
             if kind == "choice":
                 choices = json.loads(spec)
-                return self._compiler.compile_grammar(
-                    "root ::= " + " | ".join(json.dumps(choice) for choice in choices)
-                )
-            return self._compiler.compile_grammar(spec)
+                if not choices or not all(isinstance(choice, str) for choice in choices):
+                    raise ValueError("a choice is a non-empty list of strings")
+                return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
+            return compiler.compile_grammar(spec)
         except (RuntimeError, ValueError, TypeError) as e:
             raise ValueError(f"the {kind} constraint does not compile: {e}") from None
 
@@ -82,38 +105,121 @@ class GrammarCompilers:
 
 
 class RequestGrammar:
-    """One request's place in its grammar, and the masks of the rows it samples from."""
+    """One request's place in its grammar, and the masks of the rows it samples from.
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+    With ``start_after_token_id`` (a reasoning parser's ``</think>``) the output is free until that token and
+    follows the grammar from the token after it on.
+    """
+
+    def __init__(self, compiled: xgr.CompiledGrammar, start_after_token_id: int | None = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
-        self._vocab_size = vocab_size
+        self._start_after = start_after_token_id
+        self._active = start_after_token_id is None
 
-    def masks(self, drafts: Sequence[int]) -> torch.Tensor:
-        """(1 + len(drafts), ceil(vocab / 32)) int32 bitmasks: row i allows what may follow the request's
-        tokens and drafts[:i]. The matcher ends where it began."""
-        rows = xgr.allocate_token_bitmask(1 + len(drafts), self._vocab_size)
-        accepted = 0
+    def fill(self, bitmask: torch.Tensor, first_row: int, drafts: Sequence[int]) -> list[int]:
+        """Fill rows first_row .. first_row + len(drafts) of ``bitmask`` (row i: what may follow the request's
+        tokens and drafts[:i]) where the grammar restricts them, and return those rows; the others keep what
+        they hold (all allowed, from ``xgr.allocate_token_bitmask``). The matcher ends where it began."""
+        rows: list[int] = []
+        active, accepted = self._active, 0
         for i in range(len(drafts) + 1):
-            self._matcher.fill_next_token_bitmask(rows, i)
-            if i == len(drafts) or not self._matcher.accept_token(drafts[i]):
-                rows[i + 1 :] = rows[i]  # verification stops at row i: what follows is never read
+            terminated = self._matcher.is_terminated()  # after a stop token: nothing left to constrain
+            if active and not terminated:
+                self._matcher.fill_next_token_bitmask(bitmask, first_row + i)
+                rows.append(first_row + i)
+            if i == len(drafts):
                 break
-            accepted += 1
+            if not active:
+                active = drafts[i] == self._start_after
+            elif not terminated:
+                if not self._matcher.accept_token(drafts[i]):
+                    break  # row i refuses draft i: verification ends the run there
+                accepted += 1
         if accepted:
             self._matcher.rollback(accepted)
         return rows
 
-    def advance(self, tokens: Sequence[int]) -> None:
-        """Accept the tokens the step kept (accepted drafts, then the sampled token)."""
+    def advance(self, tokens: Sequence[int]) -> bool:
+        """Accept the tokens the step kept (accepted drafts, then the sampled token); False when one breaks
+        the grammar (only possible where other options masked every token the grammar allowed)."""
         for token in tokens:
-            if not self._matcher.accept_token(token):
-                raise ValueError(f"token {token} breaks the grammar its mask allowed")
+            if not self._active:
+                self._active = token == self._start_after
+            elif not self._matcher.is_terminated() and not self._matcher.accept_token(token):
+                return False
+        return True
 
     @property
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
 
 
-def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> None:
-    """Set the logits of tokens the masks refuse to -inf, in place (rows of logits and masks correspond)."""
-    xgr.apply_token_bitmask_inplace(logits, masks.to(logits.device, non_blocking=True))
+class GrammarQueue:
+    """Requests whose grammar is compiling, in arrival order; they join the scheduler's queue when it is
+    ready."""
+
+    def __init__(self, compilers: GrammarCompilers) -> None:
+        self.compilers = compilers
+        self._waiting: list[tuple[Request, Future[xgr.CompiledGrammar]]] = []
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, request: Request, constraint: StructuredOutputs) -> None:
+        self._waiting.append((request, self.compilers.compile(constraint)))
+
+    def take_ready(self) -> list[tuple[Request, str | None]]:
+        """The requests whose compilation ended, each with None (its ``grammar`` is set) or why it failed."""
+        ready: list[tuple[Request, str | None]] = []
+        still: list[tuple[Request, Future[xgr.CompiledGrammar]]] = []
+        for request, future in self._waiting:
+            if not future.done():
+                still.append((request, future))
+                continue
+            error = future.exception()
+            if error is None:
+                constraint = request.sampling_params.structured_outputs
+                start_after = constraint.start_after_token_id if constraint is not None else None
+                request.grammar = RequestGrammar(future.result(), start_after)
+            ready.append((request, None if error is None else str(error)))
+        self._waiting = still
+        return ready
+
+    def remove(self, request: Request) -> bool:
+        """Forget a request (aborted while it waited); False when it was not waiting here."""
+        kept = [(r, f) for r, f in self._waiting if r is not request]
+        removed = len(kept) < len(self._waiting)
+        self._waiting = kept
+        return removed
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a compilation ends or ``timeout_s`` passes (an engine with nothing else to do)."""
+        wait([future for _, future in self._waiting], timeout_s, return_when=FIRST_COMPLETED)
+
+
+def allocate_masks(num_rows: int, vocab_size: int) -> torch.Tensor:
+    """(num_rows, ceil(vocab / 32)) int32 bitmasks, every token allowed."""
+    return xgr.allocate_token_bitmask(num_rows, vocab_size)
+
+
+@torch.inference_mode()  # the runner's logits are inference tensors: updated in place under it
+def apply_masks(logits: torch.Tensor, masks: torch.Tensor, rows: list[int] | None = None) -> None:
+    """Set the logits the masks refuse to -inf, in place (``rows``: only those rows; masks has as many rows
+    as logits)."""
+    xgr.apply_token_bitmask_inplace(logits, masks.to(logits.device, non_blocking=True), indices=rows)
+
+
+def apply_grammars(logits: torch.Tensor, sampling: Sequence[ScheduledRequest]) -> None:
+    """Mask one step's logits rows (``len(drafts) + 1`` per sampling request, back to back) by the requests'
+    grammars, in place; a step with no constrained request costs one pass over its requests."""
+    if all(s.request.grammar is None for s in sampling):
+        return
+    masks = allocate_masks(logits.shape[0], logits.shape[1])
+    rows: list[int] = []
+    row = 0
+    for s in sampling:
+        if s.request.grammar is not None:
+            rows += s.request.grammar.fill(masks, row, s.spec_token_ids)
+        row += len(s.spec_token_ids) + 1
+    if rows:
+        apply_masks(logits, masks, rows)
