@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         config = config_from_args(args)
         keys = curve_client_keys(config.curve_keys, config.engine_index) if config.curve_keys else None
         core = EngineCore(config, load_runner(config), incarnation=random.getrandbits(64))
+        core.grammars.compilers.warm()
         process = EngineProcess(config, core, keys)
     except (ValueError, FileNotFoundError, ImportError) as e:
         logger.error("%s", e)

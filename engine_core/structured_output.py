@@ -73,6 +73,11 @@ class GrammarCompilers:
             future = self._in_flight[key] = self._pool.submit(self._compile, key)
         return future
 
+    def warm(self) -> None:
+        """Build the compiler for the vocabulary now, in the background (seconds for Qwen3's), so that the
+        first constrained request waits only for its own grammar."""
+        self._pool.submit(self._compiler_now)
+
     def _compiler_now(self) -> xgr.GrammarCompiler:
         if self._compiler is None:
             info = tokenizer_info(*self._tokenizer)

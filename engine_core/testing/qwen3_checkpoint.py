@@ -4,6 +4,7 @@ real Qwen vocabulary, generation_config.json's two EOS ids and the chat template
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -143,17 +144,20 @@ def make_qwen3_0_6b_shaped_checkpoint(
     init_std: float = 0.2,
     dtype: torch.dtype = torch.bfloat16,
     num_shards: int = 2,
+    widths: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a Qwen3-0.6B-shaped checkpoint with random weights (make_tiny_checkpoint's draw) into
     ``folder``: config.json, the weights in ``dtype`` split into ``num_shards`` safetensors files with
     ``model.safetensors.index.json``, generation_config.json (EOS 151645 and 151643), Qwen3's tokenizer
     files and chat_template.jinja (tokenizer_config.json holds no template, as transformers 5 saves it).
-    Two layers take ~190M parameters (the tied embedding is 155M of them): ~10 s and 380 MB in bf16."""
+    Two layers take ~190M parameters (the tied embedding is 155M of them): ~10 s and 380 MB in bf16.
+    ``widths`` overrides config fields (``{"hidden_size": 64, ...}``: a small model of the real vocabulary)."""
     folder = Path(folder)
     overrides = {
         **QWEN3_0_6B_CONFIG,
         "num_hidden_layers": num_hidden_layers,
         "max_position_embeddings": max_position_embeddings,
+        **(widths or {}),
     }
     make_tiny_checkpoint(
         folder, seed=seed, init_std=init_std, overrides=overrides, dtype=dtype, num_shards=num_shards
