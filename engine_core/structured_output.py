@@ -86,13 +86,14 @@ class GrammarCompilers:
 
     def _compile(self, constraint: StructuredOutputs) -> xgr.CompiledGrammar:
         compiler = self._compiler_now()
-        kind, spec = constraint.kind, constraint.spec
+        kind, spec, any_whitespace = constraint.kind, constraint.spec, constraint.any_whitespace
         try:
-            if kind == "json":
-                return compiler.compile_json_schema(spec, any_whitespace=constraint.any_whitespace)
-            if kind == "json_object":
+            if kind in ("json", "json_object"):
+                schema = spec if kind == "json" else '{"type": "object"}'
+                # Without any whitespace, JSON is compact (vLLM's separators): {"a":1,"b":[2,3]}
+                separators = None if any_whitespace else (",", ":")
                 return compiler.compile_json_schema(
-                    '{"type": "object"}', any_whitespace=constraint.any_whitespace
+                    schema, any_whitespace=any_whitespace, separators=separators
                 )
             if kind == "regex":
                 return compiler.compile_regex(spec)
