@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -173,6 +174,8 @@ class _OpenAIApi:
     ) -> web.StreamResponse:
         """Run a parsed request on its model; ``prefix`` starts its response id (vLLM's "cmpl-")."""
         model = self._model(parsed.model)
+        if parsed.options.structured is not None:  # off the loop: the first check imports xgrammar (seconds)
+            await asyncio.to_thread(parsed.options.structured.check_compiles)
         ids = _response_ids(request, prefix, model)
         engine_request = parsed.to_engine_request(model, _engine_request_id(request, ids))
         options = parsed.options

@@ -49,8 +49,8 @@ class ChatTools:
         """The JSON schema the output must satisfy for the call to be certain: a named function's
         arguments, or the array of calls of "required" (vLLM's forms); None for "auto" and "none".
 
-        Structured outputs (xgrammar) constrain decoding to this schema; until the engine request carries
-        a constraint, nothing forces the model to write it, and :meth:`forced_calls` finds no call then.
+        The chat request makes it the engine request's JSON constraint (structured outputs, xgrammar), so
+        the model writes an output of this form and :meth:`forced_calls` reads the calls back.
         """
         functions = {
             tool["function"]["name"]: tool["function"].get("parameters") for tool in self.tools or []
