@@ -26,7 +26,7 @@ from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.completion_format import CompletionFormat
 from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
-from openinfer.frontend.openai.errors import ApiError, engine_failed, no_engine
+from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError, Generation
 from openinfer.frontend.openai.middleware import (
     MAX_BODY_BYTES,
@@ -210,8 +210,7 @@ class _OpenAIApi:
         try:
             return _json(await generation.response())
         except EngineRequestError as e:
-            logger.warning("request %s failed on its engine: %s", generation.request_id, e)
-            raise engine_failed(str(e)) from None
+            raise _engine_error(generation, e) from None
 
     async def _stream(self, request: web.Request, generation: Generation) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -230,13 +229,22 @@ class _OpenAIApi:
 
 
 async def _stream_events(generation: Generation) -> AsyncGenerator[dict[str, Any]]:
-    """The generation's chunks; an engine error becomes an error event."""
+    """The generation's chunks; an engine error becomes an error event (a refusal's is a 400's body)."""
     try:
         async for chunk in generation.chunks():
             yield chunk
     except EngineRequestError as e:
-        logger.warning("request %s failed on its engine: %s", generation.request_id, e)
-        yield engine_failed(str(e)).body()
+        yield _engine_error(generation, e).body()
+
+
+def _engine_error(generation: Generation, error: EngineRequestError) -> ApiError:
+    """What the client is told of an engine's error finish: a 400 where the engine refused what the request
+    asks, else a 500 (a stream's error event carries its body)."""
+    if error.bad_request:
+        logger.info("request %s refused by its engine: %s", generation.request_id, error)
+        return invalid_request(str(error))
+    logger.warning("request %s failed on its engine: %s", generation.request_id, error)
+    return engine_failed(str(error))
 
 
 def _response_ids(request: web.Request, prefix: str, model: ServedModel) -> ResponseIds:
