@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
 from openinfer.protocol import StructuredKind, StructuredOutputs
 
 RESPONSE_FORMAT = "response_format"
@@ -134,7 +134,7 @@ def _response_format(value: object) -> tuple[StructuredKind, Any] | None:
         return None
     kind = fields.get("type")
     if kind is None:
-        raise _missing("response_format.type", RESPONSE_FORMAT)
+        raise missing_parameter("response_format.type", RESPONSE_FORMAT)
     if kind == "structural_tag":
         raise invalid_request(
             '`response_format` of type "structural_tag" is not supported by openinfer: use "json_schema", '
@@ -164,7 +164,7 @@ def _json_schema_format(value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _wrong("response_format.json_schema", "an object", RESPONSE_FORMAT)
     if value.get("name") is None:
-        raise _missing("response_format.json_schema.name", RESPONSE_FORMAT)
+        raise missing_parameter("response_format.json_schema.name", RESPONSE_FORMAT)
     for key, kind_ok, words in (
         ("name", str, "a string"),
         ("description", str, "a string"),
@@ -174,7 +174,7 @@ def _json_schema_format(value: object) -> dict[str, Any]:
             raise _wrong(f"response_format.json_schema.{key}", words, RESPONSE_FORMAT)
     schema = value.get("schema")
     if schema is None:
-        raise _missing("response_format.json_schema.schema", RESPONSE_FORMAT)
+        raise missing_parameter("response_format.json_schema.schema", RESPONSE_FORMAT)
     if not isinstance(schema, dict):
         raise _wrong("response_format.json_schema.schema", "an object (a JSON schema)", RESPONSE_FORMAT)
     return schema
@@ -260,9 +260,3 @@ def _compact_json(value: object) -> str:
 
 def _wrong(path: str, words: str, param: str) -> ApiError:
     return invalid_request(f"`{path}` must be {words}", param=param)
-
-
-def _missing(path: str, param: str) -> ApiError:
-    return ApiError(
-        400, f"Missing required parameter: '{path}'.", param=param, code="missing_required_parameter"
-    )
