@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -25,7 +26,7 @@ from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.completion_format import CompletionFormat
 from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
-from openinfer.frontend.openai.errors import ApiError, engine_failed, no_engine
+from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError, Generation
 from openinfer.frontend.openai.middleware import (
     MAX_BODY_BYTES,
@@ -173,6 +174,8 @@ class _OpenAIApi:
     ) -> web.StreamResponse:
         """Run a parsed request on its model; ``prefix`` starts its response id (vLLM's "cmpl-")."""
         model = self._model(parsed.model)
+        if parsed.options.structured is not None:  # off the loop: the first check imports xgrammar (seconds)
+            await asyncio.to_thread(parsed.options.structured.check_compiles)
         ids = _response_ids(request, prefix, model)
         engine_request = parsed.to_engine_request(model, _engine_request_id(request, ids))
         options = parsed.options
@@ -207,8 +210,7 @@ class _OpenAIApi:
         try:
             return _json(await generation.response())
         except EngineRequestError as e:
-            logger.warning("request %s failed on its engine: %s", generation.request_id, e)
-            raise engine_failed(str(e)) from None
+            raise _engine_error(generation, e) from None
 
     async def _stream(self, request: web.Request, generation: Generation) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -227,13 +229,22 @@ class _OpenAIApi:
 
 
 async def _stream_events(generation: Generation) -> AsyncGenerator[dict[str, Any]]:
-    """The generation's chunks; an engine error becomes an error event."""
+    """The generation's chunks; an engine error becomes an error event (a refusal's is a 400's body)."""
     try:
         async for chunk in generation.chunks():
             yield chunk
     except EngineRequestError as e:
-        logger.warning("request %s failed on its engine: %s", generation.request_id, e)
-        yield engine_failed(str(e)).body()
+        yield _engine_error(generation, e).body()
+
+
+def _engine_error(generation: Generation, error: EngineRequestError) -> ApiError:
+    """What the client is told of an engine's error finish: a 400 where the engine refused what the request
+    asks, else a 500 (a stream's error event carries its body)."""
+    if error.bad_request:
+        logger.info("request %s refused by its engine: %s", generation.request_id, error)
+        return invalid_request(str(error))
+    logger.warning("request %s failed on its engine: %s", generation.request_id, error)
+    return engine_failed(str(error))
 
 
 def _response_ids(request: web.Request, prefix: str, model: ServedModel) -> ResponseIds:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_c
 from openinfer.frontend.openai.chat_tools import ChatTools, parse_chat_tools
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from openinfer.frontend.openai.parsers.qwen3_reasoning import Qwen3ReasoningParser
+from openinfer.frontend.openai.parsers.qwen3_reasoning import THINK_END, Qwen3ReasoningParser
 from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     TYPE_MESSAGES,
@@ -21,6 +22,7 @@ from openinfer.frontend.openai.sampling_options import (
     SamplingOptions,
     check_logprobs_count,
 )
+from openinfer.frontend.openai.structured_options import StructuredConstraint, json_constraint
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import EngineCoreRequest
 
@@ -32,7 +34,6 @@ _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     **UNSUPPORTED,
     "functions": ((None, []), _NO_FUNCTIONS),
     "function_call": ((None, "none", "auto"), _NO_FUNCTIONS),
-    "response_format": ((None, {"type": "text"}), "`response_format` other than text is not supported"),
     "continue_final_message": ((None, False), "`continue_final_message` is not supported by openinfer"),
     "chat_template": ((None,), "a per-request `chat_template` is not supported: the model's own is used"),
     "modalities": ((None, ["text"]), 'openinfer serves text only: `modalities` must be ["text"]'),
@@ -58,7 +59,6 @@ class ChatBody(SamplingBody):
     # Refused unless neutral (_UNSUPPORTED)
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     continue_final_message: Any = None
     chat_template: Any = None
     modalities: Any = None
@@ -109,7 +109,24 @@ class ChatRequest:
         prompt_token_ids = model.tokenizer.encode(prompt, add_special_tokens=False)
         if not prompt_token_ids:
             raise invalid_request("the chat template made an empty prompt of these messages", "messages")
-        return self.options.engine_request(model, prompt_token_ids, request_id, prompt_param="messages")
+        start_after = None
+        if self.options.structured is not None:
+            start_after = self._reasoning_end_token(model.tokenizer, prompt_token_ids)
+        return self.options.engine_request(
+            model, prompt_token_ids, request_id, prompt_param="messages", structured_start_after=start_after
+        )
+
+    def _reasoning_end_token(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> int | None:
+        """``</think>``'s token id where the output starts in reasoning, which the constraint follows (as
+        vLLM applies it once reasoning ends); None without a reasoning parser, with thinking off, after a
+        prompt that closed the think block, or where ``</think>`` is not one token."""
+        if self.parsers.reasoning_parser is None:
+            return None
+        reasoning = Qwen3ReasoningParser.for_prompt(tokenizer, prompt_token_ids, self.template_kwargs)
+        if reasoning is None or not reasoning.in_reasoning:
+            return None
+        think_end = tokenizer.encode(THINK_END, add_special_tokens=False)
+        return think_end[0] if len(think_end) == 1 else None
 
     def output(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> ChatOutput:
         """The reader of this request's output (its prompt says whether the output starts in reasoning)."""
@@ -142,13 +159,32 @@ def parse_chat_request(body: bytes, parsers: ChatParsers | None = None) -> ChatR
     options = SamplingOptions.from_body(
         chat, bound, max_tokens, logprobs=(top_logprobs or 0) if logprobs else None
     )
+    tools = parse_chat_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, parsers)
+    options = dataclasses.replace(options, structured=_forced_call_constraint(tools, options.structured))
     return ChatRequest(
         messages=template_messages(chat.messages),
         model=chat.model,
         options=options,
         add_generation_prompt=chat.add_generation_prompt is not False,
         template_kwargs=chat.chat_template_kwargs or {},
-        tools=parse_chat_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, parsers),
+        tools=tools,
         parsers=parsers,
         include_reasoning=chat.include_reasoning is not False,
     )
+
+
+def _forced_call_constraint(
+    tools: ChatTools, structured: StructuredConstraint | None
+) -> StructuredConstraint | None:
+    """A named or "required" tool_choice is a JSON constraint (:meth:`ChatTools.output_schema`), so the call
+    is certain; a request that also sets its own constraint is refused, as vLLM refuses it."""
+    schema = tools.output_schema()
+    if schema is None:
+        return structured
+    if structured is not None:
+        raise invalid_request(
+            "You can only either use constraints for structured outputs or tools, not both: a named or "
+            '"required" tool_choice constrains the output to its call',
+            param=structured.param,
+        )
+    return json_constraint(schema, param="tools")

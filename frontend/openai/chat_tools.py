@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.parsers.forced_calls import (
     named_call_schema,
@@ -49,8 +49,8 @@ class ChatTools:
         """The JSON schema the output must satisfy for the call to be certain: a named function's
         arguments, or the array of calls of "required" (vLLM's forms); None for "auto" and "none".
 
-        Structured outputs (xgrammar) constrain decoding to this schema; until the engine request carries
-        a constraint, nothing forces the model to write it, and :meth:`forced_calls` finds no call then.
+        The chat request makes it the engine request's JSON constraint (structured outputs, xgrammar), so
+        the model writes an output of this form and :meth:`forced_calls` reads the calls back.
         """
         functions = {
             tool["function"]["name"]: tool["function"].get("parameters") for tool in self.tools or []
@@ -122,10 +122,10 @@ def _check_tool(tool: object, path: str) -> None:
         )
     function = tool.get("function")
     if not isinstance(function, dict):
-        raise _missing(f"{path}.function") if function is None else _not_object(f"{path}.function")
+        raise missing_parameter(f"{path}.function") if function is None else _not_object(f"{path}.function")
     name = function.get("name")
     if name is None:
-        raise _missing(f"{path}.function.name")
+        raise missing_parameter(f"{path}.function.name")
     if not isinstance(name, str) or FUNCTION_NAME.fullmatch(name) is None:
         raise invalid_request(
             f"Invalid '{path}.function.name': {name!r} does not match pattern. Expected a string that "
@@ -180,12 +180,6 @@ def _check_allowed(choice: ToolChoice, parsers: ChatParsers) -> None:
     if choice not in ("none", "auto") and parsers.tool_call_parser is None:
         described = f'function "{choice.name}"' if isinstance(choice, NamedToolChoice) else f'"{choice}"'
         raise invalid_request(f"tool_choice={described} requires --tool-call-parser to be set", "tool_choice")
-
-
-def _missing(path: str) -> ApiError:
-    return ApiError(
-        400, f"Missing required parameter: '{path}'.", param=path, code="missing_required_parameter"
-    )
 
 
 def _not_object(path: str) -> ApiError:

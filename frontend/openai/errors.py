@@ -43,6 +43,16 @@ def invalid_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def missing_parameter(path: str, param: str | None = None) -> ApiError:
+    """400, OpenAI's words: the body lacks the required ``path`` (``param`` names its field; default: it)."""
+    return ApiError(
+        400,
+        f"Missing required parameter: '{path}'.",
+        param=path if param is None else param,
+        code="missing_required_parameter",
+    )
+
+
 def engine_failed(message: str) -> ApiError:
     """500: the engine ended the request with an error (or died while running it)."""
     return ApiError(500, message, type_="server_error", code="engine_error")

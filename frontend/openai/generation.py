@@ -26,7 +26,14 @@ _NORMAL_FINISHES: dict[str, FinishKind] = {kind: kind for kind in get_args(Finis
 
 
 class EngineRequestError(Exception):
-    """The engine ended the request with an error, or died while running it; the message says which."""
+    """The engine ended the request with an error, or died while running it; the message says which.
+
+    ``bad_request``: the engine refused what the request asks (a grammar that does not compile), the
+    client's error (HTTP 400) rather than the engine's (500)."""
+
+    def __init__(self, message: str, bad_request: bool = False) -> None:
+        super().__init__(message)
+        self.bad_request = bad_request
 
 
 class Generation:
@@ -122,7 +129,8 @@ class Generation:
                 last_output_time = now
             finish = output.finish
             if finish is not None and finish.kind not in _NORMAL_FINISHES:
-                raise EngineRequestError(finish.message or f"the engine ended the request ({finish.kind})")
+                message = finish.message or f"the engine ended the request ({finish.kind})"
+                raise EngineRequestError(message, bad_request=finish.kind == "error" and finish.bad_request)
             delta = self._delta(output)
             if delta.finish_reason is None:
                 if delta.text or delta.token_ids:

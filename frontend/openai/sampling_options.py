@@ -13,6 +13,7 @@ from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.logits_options import TYPE_MESSAGES as LOGITS_TYPE_MESSAGES
 from openinfer.frontend.openai.logits_options import LogitsBody, LogitsOptions
+from openinfer.frontend.openai.structured_options import StructuredConstraint, parse_structured
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
@@ -24,6 +25,7 @@ T = TypeVar("T")
 _ONE_CHOICE = (
     "openinfer returns one choice per request: send `{}` = 1 (or leave it out) and make several requests"
 )
+_GUIDED = 'vLLM\'s deprecated `guided_{0}` is not supported: send `structured_outputs: {{"{0}": ...}}`'
 
 # OpenAI / vLLM parameters of both endpoints that openinfer does not support, with the values that mean
 # "not used" and what to say about any other value: it is refused rather than silently ignored.
@@ -32,6 +34,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), _ONE_CHOICE.format("best_of")),
     "echo": ((None, False), "`echo` is not supported by openinfer"),
     "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
+    **{f"guided_{kind}": ((None,), _GUIDED.format(kind)) for kind in ("json", "regex", "choice", "grammar")},
 }
 
 # Messages for fields whose types the generic "`x` must be ..." says badly.
@@ -65,11 +68,18 @@ class SamplingBody(LogitsBody):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None  # default true
     return_token_ids: bool | None = None
+    # Checked by parse_structured, which names the bad part (response_format.json_schema.schema, ...)
+    response_format: Any = None
+    structured_outputs: Any = None
     # Refused unless neutral (UNSUPPORTED); typed Any so that any value reaches its own message.
     n: Any = None
     best_of: Any = None
     echo: Any = None
     prompt_logprobs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class SamplingOptions:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a final usage chunk
     logits: LogitsOptions = LogitsOptions()  # penalties, min_tokens, logit_bias, bad words, min_p
+    structured: StructuredConstraint | None = None  # response_format / structured_outputs; None: free
 
     @classmethod
     def from_body(
@@ -136,15 +147,23 @@ class SamplingOptions:
             stream=stream,
             include_usage=include_usage,
             logits=LogitsOptions.from_body(body, max_tokens_field, max_tokens),
+            structured=parse_structured(body.response_format, body.structured_outputs),
         )
 
     def engine_request(
-        self, model: ServedModel, prompt_token_ids: list[int], request_id: str, prompt_param: str = "prompt"
+        self,
+        model: ServedModel,
+        prompt_token_ids: list[int],
+        request_id: str,
+        prompt_param: str = "prompt",
+        structured_start_after: int | None = None,
     ) -> EngineCoreRequest:
         """Bound the request for ``model``: prompt + output never exceed its max_model_len.
 
         EOS is not passed: the engine knows its EOS ids and honours ``ignore_eos``. ``prompt_param`` names
         the field a bad prompt is blamed on ("messages" for chat). Bad words become token ids here.
+        ``structured_start_after``: the token after which the constraint applies (chat's ``</think>``
+        where the output starts in reasoning); None: from the first output token.
         """
         for name, ids in ((prompt_param, prompt_token_ids), ("stop_token_ids", self.stop_token_ids)):
             if any(token_id >= model.vocab_size for token_id in ids):
@@ -164,6 +183,10 @@ class SamplingOptions:
         params = msgspec.convert(bounded, SamplingParams, from_attributes=True)
         logits = self.logits.engine_fields(model.tokenizer, model.vocab_size, max_tokens)
         params = msgspec.structs.replace(params, **logits)
+        if self.structured is not None:
+            outputs = self.structured.outputs
+            outputs = msgspec.structs.replace(outputs, start_after_token_id=structured_start_after)
+            params = msgspec.structs.replace(params, structured_outputs=outputs)
         return EngineCoreRequest(request_id, prompt_token_ids, params, arrival_time=time.time())
 
 

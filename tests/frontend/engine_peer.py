@@ -36,6 +36,9 @@ class PeerConfig:
     vocab_size: int = 300  # the model's (its hello's); above the tiny tokenizer's 300 ids: padding rows
     protocol_version: int = protocol.PROTOCOL_VERSION
     fail_with: str | None = None  # end every request with this error message after its first token
+    # end every request at once, before any token, with this error as the client's fault (bad_request): an
+    # engine refusing what a request asks, such as a grammar that does not compile
+    refuse_with: str | None = None
     silent_on_request: bool = False  # stop sending anything once a request arrives (a hung engine)
     spec: protocol.SpecDecodeCounters | None = (
         None  # the counters its hello carries (copied; None: no drafter)
@@ -206,6 +209,10 @@ class EnginePeer:
         params = request.sampling_params
         prompt = request.prompt_token_ids
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
+        if self.config.refuse_with is not None:
+            refusal = protocol.FinishReason("error", message=self.config.refuse_with, bad_request=True)
+            await self._finish(request, [], refusal)
+            return
         for i in range(params.max_tokens):
             await asyncio.sleep(self.config.token_delay_s)
             cached = self.config.num_cached_tokens if i == 0 else 0

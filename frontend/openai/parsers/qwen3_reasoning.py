@@ -49,6 +49,11 @@ class Qwen3ReasoningParser:
             return None
         return cls(in_reasoning=_prompt_leaves_reasoning_open(tokenizer, prompt_token_ids))
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text fed so far leaves the output in reasoning (before any: what the prompt says)."""
+        return self._in_reasoning
+
     def feed(self, text: str) -> ReasoningSplit:
         """The reasoning and content ``text`` releases (the start of a tag may wait for the next text)."""
         return self._split(self._scanner.feed(text))

@@ -257,6 +257,26 @@ async def test_engine_error_is_500_with_its_message(frontend: Frontend, start_pe
     assert events[-2]["error"]["message"] == "CUDA out of memory"
 
 
+async def test_engine_refusal_is_400_with_its_message(frontend: Frontend, start_peer: PeerFactory) -> None:
+    """An engine's error finish marked bad_request (the client's fault, e.g. a grammar that does not
+    compile) is a 400 invalid_request_error carrying its message; streaming: that error's event, [DONE]."""
+    refusal = "the regex does not compile: Unclosed '['"
+    await start_peer(frontend, PeerConfig(refuse_with=refusal))
+    status, body = await post(frontend, {"prompt": "hello world", "max_tokens": 5})
+    assert status == 400
+    assert_openai_error(body, "invalid_request_error")
+    assert body["error"]["message"] == refusal
+
+    events = await stream(frontend, {"prompt": "hello world", "max_tokens": 5})
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"] == {
+        "message": refusal,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+
+
 async def test_silent_engine_is_marked_down_and_its_request_fails(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:

@@ -161,9 +161,9 @@ async def test_chat_carries_per_request_spec_metrics(
         ({"messages": MESSAGES, "stop": [None]}, "stop", "a string or a list of strings"),
         ({"messages": MESSAGES, "add_generation_prompt": "no"}, "add_generation_prompt", "true or false"),
         (
-            {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+            {"messages": MESSAGES, "response_format": {"type": "structural_tag"}},
             "response_format",
-            "other than text",
+            "not supported",
         ),
     ],
 )

@@ -1,5 +1,5 @@
 """tools / tool_choice / parallel_tool_calls: OpenAI's 400s naming the bad part, vLLM's answers per server
-flags, and the forced-call schema (the seam structured outputs will constrain decoding to) with its parse."""
+flags, and the forced-call schema (the JSON constraint of a forced call's decoding) with its parse."""
 
 from __future__ import annotations
 
