@@ -26,6 +26,7 @@ from openinfer.frontend.openai.parsers.chat_parsers import (
     chat_parser_argv,
     chat_parsers,
 )
+from openinfer.frontend.openai.structured_options import add_structured_outputs_arg
 from openinfer.protocol import DrafterMethod
 
 logger = logging.getLogger("openinfer.serve")
@@ -88,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health")
     add_chat_parser_args(parser)  # the frontend's
+    add_structured_outputs_arg(parser)
     parser.add_argument(
         "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
     )
@@ -180,7 +182,7 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
     )
     if args.api_key:
         command += ["--api-key", args.api_key]
-    return command + chat_parser_argv(chat_parsers(args))
+    return command + chat_parser_argv(chat_parsers(args)) + args.structured_outputs_config.argv()
 
 
 def model_names(url: str, api_key: str | None) -> list[str]:

@@ -20,6 +20,7 @@ from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetric
 from openinfer.frontend.metrics.state_dir import StateDir, StateError
 from openinfer.frontend.openai.api_server import build_app, serve
 from openinfer.frontend.openai.parsers.chat_parsers import add_chat_parser_args, chat_parsers
+from openinfer.frontend.openai.structured_options import add_structured_outputs_arg
 
 logger = logging.getLogger("openinfer.frontend")
 
@@ -101,6 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "DIR/engines (keys made by openinfer-keys DIR)",
     )
     add_chat_parser_args(parser)
+    add_structured_outputs_arg(parser)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     try:
@@ -181,6 +183,7 @@ async def _run(args: argparse.Namespace) -> None:
             args.per_request_spec_decode_metrics,
             args.drafter_timeout,
             args.chat_parsers,
+            args.structured_outputs_config,
         )
         runner = await serve(app, args.host, args.port)
         try:

@@ -34,7 +34,8 @@ class StructuredOutputs(msgspec.Struct, array_like=True, omit_defaults=True, fro
     # json: a JSON schema's text; json_object: ""; regex: a regular expression; choice: a JSON list of the
     # strings allowed; grammar: an EBNF grammar (xgrammar's dialect, rule ``root``)
     spec: str
-    any_whitespace: bool = True  # json kinds: any whitespace between tokens (vLLM: not disable_any_whitespace)
+    # json kinds: any whitespace between tokens (vLLM: not disable_any_whitespace); else compact
+    any_whitespace: bool = True
     # None: the grammar applies from the first output token; a token id (a reasoning parser's ``</think>``):
     # output is free until that token and follows the grammar after it
     start_after_token_id: int | None = None

@@ -43,6 +43,7 @@ from openinfer.frontend.openai.response_format import (
     ResponseFormat,
     ResponseIds,
 )
+from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +55,22 @@ def build_app(
     per_request_spec_metrics: PerRequestSpecMetrics = PerRequestSpecMetrics.SUMMARY,
     drafter_timeout: float = 120.0,
     chat_parsers: ChatParsers | None = None,
+    structured_config: StructuredOutputsConfig | None = None,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
 
     ``per_request_spec_metrics`` says what a request's final response tells of its speculative decoding;
     ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply; ``chat_parsers``
-    read reasoning and tool calls out of chat output (default: none, the output is left as written).
+    read reasoning and tool calls out of chat output (default: none, the output is left as written);
+    ``structured_config`` is the server's side of structured outputs.
     """
-    api = _OpenAIApi(client, metrics, per_request_spec_metrics, chat_parsers or ChatParsers())
+    api = _OpenAIApi(
+        client,
+        metrics,
+        per_request_spec_metrics,
+        chat_parsers or ChatParsers(),
+        structured_config or StructuredOutputsConfig(),
+    )
     app = web.Application(
         middlewares=[error_middleware, request_id_middleware, auth_middleware(api_key)],
         client_max_size=MAX_BODY_BYTES,
@@ -116,8 +125,10 @@ class _OpenAIApi:
         metrics: FrontendMetrics,
         spec_metrics: PerRequestSpecMetrics,
         chat_parsers: ChatParsers,
+        structured_config: StructuredOutputsConfig,
     ) -> None:
         self._client = client
+        self._structured_config = structured_config
         self._metrics = metrics
         self._spec_metrics = spec_metrics
         self._chat_parsers = chat_parsers
@@ -178,6 +189,7 @@ class _OpenAIApi:
             await asyncio.to_thread(parsed.options.structured.check_compiles)
         ids = _response_ids(request, prefix, model)
         engine_request = parsed.to_engine_request(model, _engine_request_id(request, ids))
+        engine_request = self._structured_config.applied(engine_request)
         options = parsed.options
         extras = ResponseExtras(options.include_usage, self._spec_metrics)
         context = FormatContext(

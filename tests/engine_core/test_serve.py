@@ -107,10 +107,12 @@ def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -
 @pytest.mark.parametrize(
     "flags",
     [[], ["--reasoning-parser", "qwen3"], ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes",
-     "--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"]],
+     "--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"],
+     ["--structured-outputs-config", '{"disable_any_whitespace": true}']],
 )  # fmt: skip
 def test_chat_parser_flags_reach_the_frontend(flags: list[str]) -> None:
-    """vLLM's --reasoning-parser, --tool-call-parser and --enable-auto-tool-choice go to the frontend."""
+    """vLLM's --reasoning-parser, --tool-call-parser, --enable-auto-tool-choice and
+    --structured-outputs-config go to the frontend."""
     command = frontend_command(parse_args(flags))
     after_log_level = command[command.index("--log-level") + 2 :]  # the frontend's flags end with these
     assert after_log_level == flags

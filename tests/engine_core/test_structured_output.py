@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 
 import pytest
 import torch

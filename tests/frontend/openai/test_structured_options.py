@@ -13,8 +13,12 @@ import pytest
 from openinfer.frontend.openai.chat_request import parse_chat_request
 from openinfer.frontend.openai.completion_request import parse_completion_request
 from openinfer.frontend.openai.errors import ApiError
-from openinfer.frontend.openai.structured_options import StructuredConstraint, without_additional_properties
-from openinfer.protocol import StructuredOutputs
+from openinfer.frontend.openai.structured_options import (
+    StructuredConstraint,
+    StructuredOutputsConfig,
+    without_additional_properties,
+)
+from openinfer.protocol import EngineCoreRequest, SamplingParams, StructuredOutputs
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 SCHEMA_TEXT = '{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}'
@@ -214,3 +218,29 @@ def test_without_xgrammar_the_check_leaves_it_to_the_engine(monkeypatch: pytest.
     compile (a bad_request error finish, a 400 too)."""
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
     from_fields("regex", "[a-z").check_compiles()
+
+
+def test_the_servers_structured_outputs_config() -> None:
+    """vLLM's --structured-outputs-config: disable_any_whitespace makes every JSON constraint compact; what
+    openinfer does not have is refused by name."""
+    config = StructuredOutputsConfig.parse('{"backend": "xgrammar", "disable_any_whitespace": true}')
+    assert config.argv() == ["--structured-outputs-config", '{"disable_any_whitespace": true}']
+    assert (
+        StructuredOutputsConfig.parse("{}") == StructuredOutputsConfig()
+        and StructuredOutputsConfig().argv() == []
+    )
+    outputs = StructuredOutputs("json", "{}", start_after_token_id=7)
+    request = EngineCoreRequest("r", [1], SamplingParams(4, structured_outputs=outputs))
+    applied = config.applied(request).sampling_params.structured_outputs
+    assert applied == StructuredOutputs("json", "{}", any_whitespace=False, start_after_token_id=7)
+    free = EngineCoreRequest("r", [1], SamplingParams(4))
+    assert config.applied(free) is free and StructuredOutputsConfig().applied(request) is request
+    for text, says in (
+        ("[]", "JSON object"),
+        ("{", "JSON object"),
+        ('{"backend": "guidance"}', "xgrammar"),
+        ('{"disable_fallback": true}', "no disable_fallback"),
+        ('{"disable_any_whitespace": 1}', "true or false"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            StructuredOutputsConfig.parse(text)
