@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -30,6 +32,8 @@ from openinfer.protocol import StructuredOutputs
 logger = logging.getLogger(__name__)
 
 _CACHE_LIMIT_BYTES = 512 << 20  # compiled grammars xgrammar keeps for the next request with the same one
+COMPILE_THREADS = 2
+COMPILE_TIMEOUT_S = 30.0  # a request waits at most this long for its grammar (vLLM: 5 s for a regex)
 
 
 def tokenizer_info(tokenizer_json: Path, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
@@ -59,8 +63,10 @@ class GrammarCompilers:
 
     def __init__(self, tokenizer_json: Path, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
         self._tokenizer = (tokenizer_json, vocab_size, tuple(sorted(stop_token_ids)))
-        self._compiler: xgr.GrammarCompiler | None = None  # only the pool's one thread touches it
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._compiler: xgr.GrammarCompiler | None = None  # built under the lock, by the pool's threads
+        self._lock = threading.Lock()
+        # Two threads: a constraint xgrammar takes long over leaves one for the others.
+        self._pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="grammar")
         self._in_flight: dict[StructuredOutputs, Future[xgr.CompiledGrammar]] = {}
 
     def compile(self, constraint: StructuredOutputs) -> Future[xgr.CompiledGrammar]:
@@ -79,10 +85,13 @@ class GrammarCompilers:
         self._pool.submit(self._compiler_now)
 
     def _compiler_now(self) -> xgr.GrammarCompiler:
-        if self._compiler is None:
-            info = tokenizer_info(*self._tokenizer)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=_CACHE_LIMIT_BYTES)
-        return self._compiler
+        with self._lock:
+            if self._compiler is None:
+                info = tokenizer_info(*self._tokenizer)
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=1, cache_limit_bytes=_CACHE_LIMIT_BYTES
+                )
+            return self._compiler
 
     def _compile(self, constraint: StructuredOutputs) -> xgr.CompiledGrammar:
         compiler = self._compiler_now()
@@ -164,23 +173,31 @@ class GrammarQueue:
     """Requests whose grammar is compiling, in arrival order; they join the scheduler's queue when it is
     ready."""
 
-    def __init__(self, compilers: GrammarCompilers) -> None:
+    def __init__(self, compilers: GrammarCompilers, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
         self.compilers = compilers
-        self._waiting: list[tuple[Request, Future[xgr.CompiledGrammar]]] = []
+        self.timeout_s = timeout_s
+        self._waiting: list[tuple[Request, Future[xgr.CompiledGrammar], float]] = []  # ..., its deadline
 
     def __len__(self) -> int:
         return len(self._waiting)
 
     def add(self, request: Request, constraint: StructuredOutputs) -> None:
-        self._waiting.append((request, self.compilers.compile(constraint)))
+        deadline = time.monotonic() + self.timeout_s
+        self._waiting.append((request, self.compilers.compile(constraint), deadline))
 
     def take_ready(self) -> list[tuple[Request, str | None]]:
-        """The requests whose compilation ended, each with None (its ``grammar`` is set) or why it failed."""
+        """The requests whose compilation ended, each with None (its ``grammar`` is set) or why it failed;
+        a request still waiting past its deadline fails (a constraint xgrammar takes too long over must not
+        hang its request)."""
         ready: list[tuple[Request, str | None]] = []
-        still: list[tuple[Request, Future[xgr.CompiledGrammar]]] = []
-        for request, future in self._waiting:
+        still: list[tuple[Request, Future[xgr.CompiledGrammar], float]] = []
+        now = time.monotonic()
+        for request, future, deadline in self._waiting:
             if not future.done():
-                still.append((request, future))
+                if now < deadline:
+                    still.append((request, future, deadline))
+                else:
+                    ready.append((request, f"the constraint did not compile within {self.timeout_s:g} s"))
                 continue
             error = future.exception()
             if error is None:
@@ -193,14 +210,14 @@ class GrammarQueue:
 
     def remove(self, request: Request) -> bool:
         """Forget a request (aborted while it waited); False when it was not waiting here."""
-        kept = [(r, f) for r, f in self._waiting if r is not request]
+        kept = [entry for entry in self._waiting if entry[0] is not request]
         removed = len(kept) < len(self._waiting)
         self._waiting = kept
         return removed
 
     def wait(self, timeout_s: float) -> None:
         """Block until a compilation ends or ``timeout_s`` passes (an engine with nothing else to do)."""
-        wait([future for _, future in self._waiting], timeout_s, return_when=FIRST_COMPLETED)
+        wait([future for _, future, _ in self._waiting], timeout_s, return_when=FIRST_COMPLETED)
 
 
 def allocate_masks(num_rows: int, vocab_size: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.structured_output import COMPILE_THREADS
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams, StructuredOutputs
 from tests.engine_core.test_logits_spec_decode import generate, pair
 from tests.engine_core.test_spec_decode import make_core, make_prompts
@@ -124,7 +125,8 @@ def run_all(core: EngineCore) -> list[EngineCoreOutput]:
 def test_a_request_waiting_for_its_grammar_holds_up_no_one(pair: tuple[Path, Path]) -> None:
     core = make_core(pair[0])
     busy = threading.Event()
-    core.grammars.compilers._pool.submit(busy.wait, 60)  # the compiler's thread is busy
+    for _ in range(COMPILE_THREADS):  # the compiler's threads are busy
+        core.grammars.compilers._pool.submit(busy.wait, 60)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     core.add_request(
         EngineCoreRequest("waits", [5, 6, 7], SamplingParams(8, structured_outputs=CONSTRAINTS["regex"]))
@@ -162,3 +164,23 @@ def test_a_constraint_that_does_not_compile_is_the_clients_error(pair: tuple[Pat
         finish = ends[request_id]
         assert finish is not None and finish.kind == "error" and finish.bad_request
         assert says in (finish.message or ""), finish
+
+
+def test_a_grammar_that_takes_too_long_ends_its_request(pair: tuple[Path, Path]) -> None:
+    """Past the compile timeout the request is refused (the compilation may go on; others are served)."""
+    core = make_core(pair[0])
+    core.grammars.timeout_s = 0.2
+    busy = threading.Event()
+    for _ in range(COMPILE_THREADS):
+        core.grammars.compilers._pool.submit(busy.wait, 60)
+    core.add_request(
+        EngineCoreRequest("slow", [5, 6], SamplingParams(8, structured_outputs=CONSTRAINTS["regex"]))
+    )
+    core.add_request(EngineCoreRequest("free", [5, 6], SamplingParams(3, ignore_eos=True)))
+    try:
+        ends = {out.request_id: out.finish for out in run_all(core) if out.finish is not None}
+    finally:
+        busy.set()
+    assert ends["free"] is not None and ends["free"].kind == "length"
+    slow = ends["slow"]
+    assert slow is not None and slow.bad_request and "did not compile within 0.2 s" in (slow.message or "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from tokenizers import Tokenizer
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.structured_output import (
+    COMPILE_THREADS,
     GrammarCompilers,
     RequestGrammar,
     allocate_masks,
@@ -128,9 +130,13 @@ def test_special_tokens_are_never_text() -> None:
 
 def test_compilations_are_shared_and_bad_constraints_say_why(compilers: GrammarCompilers) -> None:
     regex = StructuredOutputs("regex", "[ab]+")
-    assert compilers.compile(regex) is compilers.compile(
-        StructuredOutputs("regex", "[ab]+", start_after_token_id=5)
-    )
+    busy = threading.Event()
+    for _ in range(COMPILE_THREADS):  # the compiler's threads are busy: both calls find it in flight
+        compilers._pool.submit(busy.wait, 60)
+    first = compilers.compile(regex)
+    assert first is compilers.compile(StructuredOutputs("regex", "[ab]+", start_after_token_id=5))
+    busy.set()
+    first.result(timeout=60)
     with pytest.raises(ValueError, match="json constraint does not compile"):
         compilers.compile(StructuredOutputs("json", '{"type": "nonsense"}')).result(timeout=60)
     with pytest.raises(ValueError, match="grammar constraint does not compile"):
