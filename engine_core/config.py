@@ -41,7 +41,8 @@ class EngineConfig:
     dtype: str = "auto"  # weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16...
     engine_index: int = 0  # this engine's index behind the frontend (one per GPU)
     frontend_address: str = "tcp://127.0.0.1:5555"  # the frontend's ROUTER; its PULL is on the next port
-    kv_cache_gb: float | None = None  # KV cache GiB; None: gpu_memory_utilization's share (CUDA), 1 (CPU)
+    # KV cache GiB; None (the CLI's default): gpu_memory_utilization's share on CUDA, 1 GiB on the CPU
+    kv_cache_gb: float | None = DEFAULT_CPU_KV_CACHE_GB
     gpu_memory_utilization: float = 0.9  # CUDA: this engine's fraction of the GPU (vLLM's flag)
     num_kv_blocks: int | None = None  # exact KV block count (tests use it to force preemption)
     block_size: int = 16  # tokens per KV block

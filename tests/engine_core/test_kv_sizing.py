@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.engine_args import config_from_args, parse_args
 from openinfer.engine_core.kv_sizing import (
     CUDA_RESERVE_BYTES,
     GIB,
@@ -78,8 +79,8 @@ def test_checkpoint_bytes_count_every_tensor_at_the_engine_dtype(tmp_path: Path)
 
 
 def test_which_flag_sizes_the_cache(tmp_path: Path) -> None:
-    """--num-kv-blocks wins, then --kv-cache-gb (also on CUDA), then the GPU share on CUDA; the CPU without
-    either takes 1 GiB and ignores --gpu-memory-utilization."""
+    """--num-kv-blocks wins, then --kv-cache-gb (also on CUDA), then the GPU share on CUDA (the CLI's default,
+    kv_cache_gb None); the CPU without either takes 1 GiB and ignores --gpu-memory-utilization."""
     target = make_tiny_checkpoint(tmp_path / "t")
     model = ModelConfig.from_folder(target)
     block = 1 << 20  # 1 MiB a block, for round numbers
@@ -90,11 +91,14 @@ def test_which_flag_sizes_the_cache(tmp_path: Path) -> None:
 
     assert blocks(H200, num_kv_blocks=7, kv_cache_gb=2.0) == 7
     assert blocks(H200, kv_cache_gb=2.0) == 2048
-    assert blocks(None) == blocks(None, gpu_memory_utilization=0.1) == 1024
+    assert (
+        blocks(None, kv_cache_gb=None) == blocks(None, kv_cache_gb=None, gpu_memory_utilization=0.1) == 1024
+    )
+    assert blocks(H200) == 1024  # a config made in code (tests, benchmarks) keeps 1 GiB unless told
     weights = checkpoint_bytes(target, torch.float32)
     activations = activation_bytes(model, 512, 64, 0, torch.float32)
     expected = (int(0.5 * H200.total) - weights - activations - CUDA_RESERVE_BYTES) // block
-    assert blocks(H200, gpu_memory_utilization=0.5) == expected
+    assert blocks(H200, kv_cache_gb=None, gpu_memory_utilization=0.5) == expected
 
 
 def test_a_start_time_dflash_drafter_is_counted(tmp_path: Path) -> None:
@@ -102,13 +106,19 @@ def test_a_start_time_dflash_drafter_is_counted(tmp_path: Path) -> None:
     target = make_tiny_checkpoint(tmp_path / "t")
     draft = make_tiny_dflash_checkpoint(tmp_path / "d", target, target_layer_ids=(0,))
     model = ModelConfig.from_folder(target)
-    plain = EngineConfig(model_path=target, served_model_name="t")
-    drafting = EngineConfig(
-        model_path=target, served_model_name="t", speculative=DrafterSpec("dflash", 7, draft)
-    )
+    plain = EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=None)
+    spec = DrafterSpec("dflash", 7, draft)
+    drafting = EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=None, speculative=spec)
     extra = checkpoint_bytes(draft, torch.float32)
     extra += activation_bytes(model, 512, 64, 7, torch.float32) - activation_bytes(
         model, 512, 64, 0, torch.float32
     )
     kv = [num_kv_blocks(c, model, torch.float32, 1, H200) for c in (plain, drafting)]
     assert kv[0] - kv[1] == extra
+
+
+def test_the_cli_sizes_by_the_gpu_share_unless_told() -> None:
+    """openinfer-engine (and openinfer-serve) without --kv-cache-gb leaves it to --gpu-memory-utilization."""
+    assert config_from_args(parse_args([])).kv_cache_gb is None
+    assert config_from_args(parse_args(["--kv-cache-gb", "2"])).kv_cache_gb == 2.0
+    assert config_from_args(parse_args(["--gpu-memory-utilization", "0.5"])).gpu_memory_utilization == 0.5
