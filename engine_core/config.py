@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound="DataclassInstance")
 # --attention-backend choices; kernels/attention.py select_backend builds them
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+DEFAULT_CPU_KV_CACHE_GB = 1.0  # the KV cache on the CPU without --kv-cache-gb
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class EngineConfig:
     dtype: str = "auto"  # weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16...
     engine_index: int = 0  # this engine's index behind the frontend (one per GPU)
     frontend_address: str = "tcp://127.0.0.1:5555"  # the frontend's ROUTER; its PULL is on the next port
-    kv_cache_gb: float = 1.0  # KV cache memory; ignored when num_kv_blocks is set
+    # KV cache GiB; None (the CLI's default): gpu_memory_utilization's share on CUDA, 1 GiB on the CPU
+    kv_cache_gb: float | None = DEFAULT_CPU_KV_CACHE_GB
+    gpu_memory_utilization: float = 0.9  # CUDA: this engine's fraction of the GPU (vLLM's flag)
     num_kv_blocks: int | None = None  # exact KV block count (tests use it to force preemption)
     block_size: int = 16  # tokens per KV block
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on the CPU), torch, triton or flash_attn
@@ -61,12 +64,15 @@ class EngineConfig:
     curve_keys: Path | None = None  # --zmq-curve-keys: CurveZMQ keys folder made by openinfer-keys
     enforce_eager: bool = False  # --enforce-eager: no CUDA graphs (vLLM's flag)
     enable_prefix_caching: bool = True  # --no-enable-prefix-caching: every prompt computed (vLLM's flag)
+    allowed_drafter_dirs: tuple[Path, ...] = ()  # run-time drafters must lie under one; none: no path loads
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:
             raise ValueError(f"--engine-index must be >= 0, got {self.engine_index}")
-        if self.kv_cache_gb <= 0:
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
             raise ValueError(f"--kv-cache-gb must be positive, got {self.kv_cache_gb}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
         if self.block_size < 1:

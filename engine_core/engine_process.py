@@ -13,6 +13,7 @@ import zmq
 from openinfer import protocol
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.tokenizer_files import read_tokenizer_config
 
@@ -143,6 +144,9 @@ class EngineProcess:
         elif isinstance(command, protocol.UnloadDrafter):
             self.core.unload_drafter()
             self._reply(command, True, "speculative decoding is off")
+        elif command.draft_model and not is_allowed(command.draft_model, self.config.allowed_drafter_dirs):
+            logger.warning("drafter load refused: %r is outside --allowed-drafter-dir", command.draft_model)
+            self._reply(command, False, NOT_ALLOWED.format(path=command.draft_model))
         else:
             spec = DrafterSpec(
                 command.method,
@@ -163,8 +167,8 @@ class EngineProcess:
         try:
             self._reply(command, True, f"loaded {self.core.install_drafter(future.result())}")
         except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
-            logger.warning("drafter load refused: %s", e)
-            self._reply(command, False, f"{type(e).__name__}: {e}")
+            logger.warning("drafter load refused: %s: %s", type(e).__name__, e)
+            self._reply(command, False, _load_failure(command, e))
 
     def _reply(self, command: protocol.LoadDrafter | protocol.UnloadDrafter, ok: bool, message: str) -> None:
         spec_decoder = self.core.spec
@@ -216,6 +220,16 @@ class EngineProcess:
         seq = self.seq
         self.seq += 1
         return seq
+
+
+def _load_failure(command: protocol.LoadDrafter, error: Exception) -> str:
+    """What a client is told of a failed load: a checkpoint read from a path says nothing of the files
+    (that they exist, what they hold); a load that read no files (n-gram) says what was wrong."""
+    if command.method == "dflash" and command.draft_model:
+        return CANNOT_LOAD.format(path=command.draft_model)
+    if command.method == "dflash":
+        return "cannot load the engine's default drafter; the engine's log says why"
+    return f"{type(error).__name__}: {error}"
 
 
 def main(argv: list[str] | None = None) -> None:

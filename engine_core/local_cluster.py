@@ -127,6 +127,23 @@ class ProcessGroup:
                 process.wait()
 
 
+def serve_children(pid: int) -> dict[str, int]:
+    """The processes ``openinfer-serve`` (``pid``) runs now, by role: "frontend", "engine0", "engine1"...,
+    read from /proc (Linux): its restarted engines have new pids."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    roles = {}
+    for child in map(int, children.read_text().split() if children.exists() else []):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if b"openinfer.frontend.main" in argv:
+            roles["frontend"] = child
+        elif b"--engine-index" in argv:
+            roles[f"engine{int(argv[argv.index(b'--engine-index') + 1])}"] = child
+    return roles
+
+
 def wait_healthy(
     url: str,
     group: ProcessGroup,

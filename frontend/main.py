@@ -44,6 +44,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="require `Authorization: Bearer KEY` on every route but /health and /metrics "
         "(default: $OPENINFER_API_KEY; none when unset)",
     )
+    add_frontend_args(parser)
+    parser.add_argument(
+        "--zmq-curve-keys",
+        type=Path,
+        metavar="DIR",
+        help="CurveZMQ: encrypt the engine sockets and admit only engines whose public key is in "
+        "DIR/engines (keys made by openinfer-keys DIR)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+    try:
+        args.chat_parsers = chat_parsers(args)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Every flag about how the frontend serves, not where it listens or with which keys (those are
+    :func:`parse_args`' own): ``openinfer-serve`` takes these and passes them on to its frontend as given."""
     parser.add_argument(
         "--engine-timeout",
         type=_positive_seconds,
@@ -94,22 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1024,
         help="unfinished requests the frontend holds in all; past it new requests get 503 with Retry-After",
     )
-    parser.add_argument(
-        "--zmq-curve-keys",
-        type=Path,
-        metavar="DIR",
-        help="CurveZMQ: encrypt the engine sockets and admit only engines whose public key is in "
-        "DIR/engines (keys made by openinfer-keys DIR)",
-    )
     add_chat_parser_args(parser)
     add_structured_outputs_arg(parser)
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    args = parser.parse_args(argv)
-    try:
-        args.chat_parsers = chat_parsers(args)
-    except ValueError as e:
-        parser.error(str(e))
-    return args
 
 
 def _engine_address(value: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from openinfer.engine_core.local_cluster import HOST, LocalCluster, free_port, free_port_pair
+from openinfer.engine_core.local_cluster import HOST, LocalCluster, free_port, free_port_pair, serve_children
 
-__all__ = ["HOST", "Cluster", "free_port", "free_port_pair"]
+__all__ = ["HOST", "Cluster", "cmdline", "free_port", "free_port_pair", "serve_children"]
 
 
 class Cluster(LocalCluster):
@@ -30,3 +30,14 @@ class Cluster(LocalCluster):
         return super().start_serve(
             "--model", model, "--served-model-name", "tiny", "--kv-cache-gb", "0.05", *extra
         )
+
+    def start_serve_fake(self, *extra: str) -> subprocess.Popen[bytes]:
+        """``openinfer-serve --fake-model`` (engines of no model, served as "fake")."""
+        return super().start_serve(
+            "--fake-model", "--served-model-name", "fake", "--num-kv-blocks", "2048", *extra
+        )
+
+
+def cmdline(pid: int) -> list[str]:
+    """A process's argv, as `ps` shows it to every user (Linux)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]

@@ -1,4 +1,5 @@
-"""openinfer-serve: one command starts a frontend and N engines on the built-in model and stops them all."""
+"""openinfer-serve: one command starts a frontend and N engines on the built-in model and stops them all; a
+positional model, CurveZMQ keys it makes itself, an API key kept off command lines; vLLM flags it lacks."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.e2e.processes import HOST, free_port, free_port_pair
+import pytest
+
+from openinfer.engine_core.local_cluster import LocalCluster
+from tests.e2e.processes import HOST, Cluster, cmdline, free_port, free_port_pair, serve_children
 
 
 def child_pids(pid: int) -> list[int]:
@@ -84,3 +89,63 @@ def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
     log_text = (tmp_path / "serve.log").read_text()
     assert "openinfer is serving openinfer-tiny-qwen3" in log_text
     assert "speculative decoding: dflash K=7" in log_text
+
+
+def test_serve_model_positional_with_curve_keys_and_an_api_key(tmp_path: Path, tiny_model: Path) -> None:
+    """`openinfer-serve MODEL --zmq-curve-keys DIR --api-key KEY`: keys are made in the empty DIR and the
+    frontend and engine run with them; one request with the key is served (401 without); the key is on
+    neither child's command line (what `ps` shows): the frontend has it in its environment."""
+    keys = tmp_path / "keys"
+    cluster = Cluster(tmp_path / "logs")
+    seen: list[int] = []
+    try:
+        serve = LocalCluster.start_serve(
+            cluster, str(tiny_model), "--served-model-name", "tiny", "--kv-cache-gb", "0.05",
+            "--zmq-curve-keys", str(keys), "--api-key", "k3y-for-the-test",
+        )  # fmt: skip
+        cluster.wait_healthy(90)
+        roles = serve_children(serve.pid)
+        seen += roles.values()
+        assert sorted(roles) == ["engine0", "frontend"]
+        for pid in roles.values():
+            assert not any("k3y-for-the-test" in arg for arg in cmdline(pid))
+            assert f"--zmq-curve-keys={keys}" in cmdline(pid)
+        environ = Path(f"/proc/{roles['frontend']}/environ").read_bytes().split(b"\0")
+        assert b"OPENINFER_API_KEY=k3y-for-the-test" in environ
+        assert (keys / "frontend.key").is_file() and (keys / "engines" / "engine-0.key_secret").is_file()
+        body = json.dumps({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}).encode()
+        headers = {"Content-Type": "application/json"}
+        request = urllib.request.Request(f"{cluster.url}/v1/completions", body, headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401
+        headers["Authorization"] = "Bearer k3y-for-the-test"
+        request = urllib.request.Request(f"{cluster.url}/v1/completions", body, headers)
+        completion = json.load(urllib.request.urlopen(request, timeout=30))
+        assert completion["model"] == "tiny" and completion["usage"]["completion_tokens"] == 4
+    finally:
+        cluster.stop(30)
+        for pid in seen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["-tp", "2"], "--tensor-parallel-size 2 is vLLM's; openinfer runs the whole model on each GPU"),
+        (
+            ["--quantization", "fp8"],
+            "--quantization fp8 is vLLM's; openinfer serves unquantized weights only",
+        ),
+    ],
+)
+def test_serve_refuses_vllm_flags_it_lacks(flags: list[str], words: str) -> None:
+    """A vLLM command line with a flag openinfer lacks: exit 2 at once, saying what to do instead."""
+    done = subprocess.run(
+        [sys.executable, "-m", "openinfer.engine_core.serve", *flags],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and words in done.stderr

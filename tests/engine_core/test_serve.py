@@ -2,48 +2,55 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
+from openinfer.engine_core.engine_args import config_from_args
+from openinfer.engine_core.engine_args import parse_args as engine_args
 from openinfer.engine_core.serve import engine_command, frontend_command, parse_args, resolve_builtin
+from openinfer.frontend.main import parse_args as frontend_args
 
 
-def engine_flags(*argv: str) -> list[str]:
+def engine_flags(*argv: str, index: int = 0) -> argparse.Namespace:
+    """What engine ``index`` reads from the command line ``openinfer-serve argv`` gives it."""
     args = parse_args(list(argv))
     resolve_builtin(args)
-    return engine_command(args, 0)
+    return engine_args(engine_command(args, index)[3:])  # after `python -m module`
 
 
-def flag(command: list[str], name: str) -> str | None:
-    return command[command.index(name) + 1] if name in command else None
+def frontend_flags(*argv: str) -> argparse.Namespace:
+    """What the frontend reads from the command line ``openinfer-serve argv`` gives it."""
+    return frontend_args(frontend_command(parse_args(list(argv)))[3:])
 
 
 def test_no_arguments_serve_the_builtin_pair() -> None:
     """No arguments: the built-in target as openinfer-tiny-qwen3 with the built-in DFlash drafter, K=7."""
-    command = engine_flags()
-    assert flag(command, "--model") == str(builtin_target_folder())
-    assert flag(command, "--served-model-name") == "openinfer-tiny-qwen3"
-    assert flag(command, "--spec-method") == "dflash"
-    assert flag(command, "--num-spec-tokens") == "7"
-    assert flag(command, "--draft-model") == str(builtin_drafter_folder())
+    engine = engine_flags()
+    assert engine.model == str(builtin_target_folder())
+    assert engine.served_model_name == "openinfer-tiny-qwen3"
+    assert (engine.spec_method, engine.num_spec_tokens) == ("dflash", 7)
+    assert engine.draft_model == str(builtin_drafter_folder())
 
 
 @pytest.mark.parametrize(
     ("argv", "method", "k", "draft"),
     [
-        (["--spec-method", "ngram"], "ngram", "7", None),  # K defaults to 7 for any drafter
+        (["--spec-method", "ngram"], "ngram", 7, None),  # K defaults to 7 for any drafter
         (["--no-spec"], None, None, None),
-        (["--num-spec-tokens", "3"], "dflash", "3", str(builtin_drafter_folder())),
-        (["--spec-method", "dflash", "--draft-model", "/d"], "dflash", "7", "/d"),
+        (["--num-spec-tokens", "3"], "dflash", 3, str(builtin_drafter_folder())),
+        (["--spec-method", "dflash", "--draft-model", "/d"], "dflash", 7, "/d"),
         (["--model", "/m"], None, None, None),  # a model of one's own drafts only when asked
-        (["--model", "/m", "--spec-method", "ngram"], "ngram", "7", None),
+        (["--model", "/m", "--spec-method", "ngram"], "ngram", 7, None),
+        (["/m", "--spec-method", "ngram"], "ngram", 7, None),  # the model as `vllm serve MODEL`
+        (["--fake-model", "--spec-method", "ngram"], "ngram", 7, None),  # no model: nothing built in
     ],
 )
-def test_switches(argv: list[str], method: str | None, k: str | None, draft: str | None) -> None:
-    """--spec-method ngram and --no-spec switch the built-in drafter; --model assumes nothing."""
-    command = engine_flags(*argv)
-    assert (flag(command, "--spec-method"), flag(command, "--num-spec-tokens")) == (method, k)
-    assert flag(command, "--draft-model") == draft
+def test_switches(argv: list[str], method: str | None, k: int | None, draft: str | None) -> None:
+    """--spec-method ngram and --no-spec switch the built-in drafter; a model of one's own assumes nothing."""
+    engine = engine_flags(*argv)
+    assert (engine.spec_method, engine.num_spec_tokens, engine.draft_model) == (method, k, draft)
 
 
 @pytest.mark.parametrize(
@@ -60,50 +67,6 @@ def test_contradictions_are_refused(argv: list[str]) -> None:
         parse_args(argv)
 
 
-@pytest.mark.parametrize(("argv", "dtype"), [([], "auto"), (["--dtype", "bfloat16"], "bfloat16")])
-def test_dtype_reaches_every_engine(argv: list[str], dtype: str) -> None:
-    """--dtype (vLLM's flag and openinfer-engine's choices) is passed to each engine; auto by default."""
-    args = parse_args(["--model", "/m", "--engines", "2", *argv])
-    resolve_builtin(args)
-    assert [flag(engine_command(args, i), "--dtype") for i in range(2)] == [dtype, dtype]
-
-
-def test_unknown_dtype_is_refused() -> None:
-    """Only auto, float32, bfloat16 and float16 are dtypes."""
-    with pytest.raises(SystemExit):
-        parse_args(["--dtype", "int8"])
-
-
-def test_enforce_eager_reaches_every_engine_and_its_config() -> None:
-    """--enforce-eager (vLLM's flag) goes to each engine, whose config then turns CUDA graphs off."""
-    from openinfer.engine_core.engine_cli import config_from_args
-    from openinfer.engine_core.engine_cli import parse_args as engine_args
-
-    command = engine_flags("--enforce-eager")
-    assert "--enforce-eager" in command and "--enforce-eager" not in engine_flags()
-    assert config_from_args(engine_args(command[command.index("--model") :])).enforce_eager
-    assert not config_from_args(engine_args([])).enforce_eager
-
-
-@pytest.mark.parametrize(("argv", "caching"), [([], True), (["--no-enable-prefix-caching"], False)])
-def test_prefix_caching_is_on_unless_turned_off(argv: list[str], caching: bool) -> None:
-    """--no-enable-prefix-caching (vLLM's flag) reaches each engine's config; caching is on by default."""
-    from openinfer.engine_core.engine_cli import config_from_args
-    from openinfer.engine_core.engine_cli import parse_args as engine_args
-
-    command = engine_flags(*argv)
-    assert config_from_args(engine_args(command[command.index("--model") :])).enable_prefix_caching is caching
-    assert config_from_args(engine_args(argv)).enable_prefix_caching is caching
-
-
-@pytest.mark.parametrize(("argv", "backend"), [([], "auto"), (["--attention-backend", "triton"], "triton")])
-def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -> None:
-    """--attention-backend (openinfer-engine's choices) is passed to each engine; auto by default."""
-    args = parse_args(["--model", "/m", "--engines", "2", *argv])
-    resolve_builtin(args)
-    assert [flag(engine_command(args, i), "--attention-backend") for i in range(2)] == [backend, backend]
-
-
 @pytest.mark.parametrize(
     "flags",
     [[], ["--reasoning-parser", "qwen3"], ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes",
@@ -112,10 +75,10 @@ def test_attention_backend_reaches_every_engine(argv: list[str], backend: str) -
 )  # fmt: skip
 def test_chat_parser_flags_reach_the_frontend(flags: list[str]) -> None:
     """vLLM's --reasoning-parser, --tool-call-parser, --enable-auto-tool-choice and
-    --structured-outputs-config go to the frontend."""
-    command = frontend_command(parse_args(flags))
-    after_log_level = command[command.index("--log-level") + 2 :]  # the frontend's flags end with these
-    assert after_log_level == flags
+    --structured-outputs-config go to the frontend, which reads them as given."""
+    assert frontend_flags(*flags).chat_parsers == frontend_args(flags).chat_parsers
+    assert frontend_flags(*flags).structured_outputs_config == frontend_args(flags).structured_outputs_config
+    assert not set(flags) & set(engine_command(parse_args(["/m", *flags]), 0))  # none reaches an engine
 
 
 @pytest.mark.parametrize(
@@ -137,3 +100,47 @@ def test_parsers_that_cannot_work_are_refused_at_start(
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "model"),
+    [
+        (["/m"], "/m"),
+        (["/m", "--model", "/m"], "/m"),
+        (["--model", "/m"], "/m"),
+        ([], str(builtin_target_folder())),
+    ],
+)
+def test_the_model_is_positional_or_a_flag(argv: list[str], model: str) -> None:
+    """`openinfer-serve MODEL` is `--model MODEL` (as `vllm serve MODEL`); no model: the built-in target."""
+    assert engine_flags(*argv).model == model
+
+
+def test_two_different_models_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A positional model and a different --model: a usage error naming both."""
+    with pytest.raises(SystemExit):
+        parse_args(["/m", "--model", "/n"])
+    assert "the model is given twice (/m and --model /n)" in capsys.readouterr().err
+
+
+def test_every_engine_gets_its_own_index_device_and_spec_log() -> None:
+    """Engine i: --engine-index i, GPU i under --device cuda, DIR/spec-engine<i>.jsonl; the rest alike."""
+    argv = ["/m", "--engines", "2", "--device", "cuda", "--spec-log-dir", "/logs", "--max-num-seqs", "8"]
+    engines = [engine_flags(*argv, index=i) for i in range(2)]
+    assert [(e.engine_index, e.gpu, str(e.spec_log)) for e in engines] == [
+        (0, 0, "/logs/spec-engine0.jsonl"),
+        (1, 1, "/logs/spec-engine1.jsonl"),
+    ]
+    assert [e.max_num_seqs for e in engines] == [8, 8]
+    assert config_from_args(engines[1]).device == "cuda:1"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--spec-log", "/s.jsonl", "--engines", "2"], ["--spec-log", "/s.jsonl", "--spec-log-dir", "/logs"]],
+)
+def test_one_spec_log_for_many_engines_is_refused(argv: list[str]) -> None:
+    """--spec-log names one file: with several engines (or --spec-log-dir too) it is a usage error."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert str(engine_flags("--spec-log", "/s.jsonl").spec_log) == "/s.jsonl"  # with one engine it is passed

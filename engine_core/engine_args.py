@@ -1,0 +1,192 @@
+"""``openinfer-engine``'s flags and the :class:`EngineConfig` they make, without torch (``openinfer-serve``
+takes the same flags and passes them on to each of its engines).
+
+:func:`add_engine_args` holds every flag about what an engine serves and how; the flags that place one engine
+(its device, index, frontend, keys, log level) are :func:`parse_args`' own, since a launcher sets those per
+engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args
+
+from openinfer.engine_core.builtin_model import (
+    BUILTIN_MODEL_NAME,
+    builtin_drafter_folder,
+    builtin_target_folder,
+    builtin_tokenizer_folder,
+)
+from openinfer.engine_core.config import (
+    ATTENTION_BACKENDS,
+    DEFAULT_CPU_KV_CACHE_GB,
+    DrafterSpec,
+    EngineConfig,
+    from_flags,
+)
+from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders
+from openinfer.protocol import DFlashAnchor, DrafterMethod
+
+FAKE_MODEL_NAME = "openinfer-fake"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``openinfer-engine``'s command line: one engine's placement, then :func:`add_engine_args`."""
+    parser = argparse.ArgumentParser(
+        prog="openinfer-engine",
+        description="One engine-core process, connected to a frontend over ZeroMQ.",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--gpu", type=int, metavar="N", help="run on CUDA device N")
+    where.add_argument("--device", choices=["cpu", "cuda"], help="run on this device (cuda: device 0)")
+    parser.add_argument(
+        "--frontend",
+        dest="frontend_address",
+        default="tcp://127.0.0.1:5555",
+        help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)",
+    )
+    parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument(
+        "--zmq-curve-keys",
+        dest="curve_keys",
+        type=Path,
+        metavar="DIR",
+        help="encrypt and authenticate the frontend connection with CurveZMQ keys made by openinfer-keys DIR",
+    )
+    parser.add_argument("--log-level", default="info")
+    add_engine_args(parser)
+    return parser.parse_args(argv)
+
+
+def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Every flag about what an engine serves and how (not where it runs: see :func:`parse_args`)."""
+    parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
+    parser.add_argument("--served-model-name", help="the model name clients use (default: --model as given)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV cache (auto: float32 on the CPU, bfloat16 on CUDA)",
+    )
+    parser.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        help="KV cache memory in GiB (default: --gpu-memory-utilization's share on CUDA, "
+        f"{DEFAULT_CPU_KV_CACHE_GB:g} on the CPU)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="CUDA: the fraction of the GPU's memory this engine may use; the KV cache gets what the weights "
+        "and activations leave of it, unless --kv-cache-gb or --num-kv-blocks (vLLM's flag). No effect on "
+        "the CPU",
+    )
+    parser.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gb)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=ATTENTION_BACKENDS,
+        help="auto: triton on CUDA, torch on the CPU; flash_attn needs flash-attn and a --block-size multiple of 256",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1: best decode latency when engines share the cores)",
+    )
+    parser.add_argument("--spec-method", choices=get_args(DrafterMethod), help="drafter (default: none)")
+    parser.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
+    parser.add_argument(
+        "--draft-model",
+        help="DFlash checkpoint folder (z-lab layout; default without --model: the built-in drafter)",
+    )
+    parser.add_argument(
+        "--dflash-anchor",
+        choices=get_args(DFlashAnchor),
+        help="which DFlash block slots carry drafts when the checkpoint's config does not say",
+    )
+    parser.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
+    parser.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram to match")
+    parser.add_argument("--spec-log", type=Path, help="append one JSON line per draft to this file")
+    parser.add_argument(
+        "--allowed-drafter-dir",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="drafters loaded at run time (the admin API) must lie under DIR, after symlinks and '..' are "
+        "resolved; repeatable (default: the folders that hold --model and --draft-model)",
+    )
+    parser.add_argument(
+        "--fake-model",
+        action="store_true",
+        help="no model: cheap deterministic tokens (a 32-token cycle) with the built-in tokenizer, for "
+        "measuring the frontend; works with --spec-method ngram",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no CUDA graphs for decode and verify steps (vLLM's flag)",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV of cached prompt prefixes (on by default; vLLM's flag)",
+    )
+    parser.add_argument(
+        "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The engine's config from its flags; ValueError, naming the flag, for what cannot work."""
+    if args.fake_model:
+        if args.model is not None:
+            raise ValueError("--fake-model serves no model: drop --model")
+        model_path = builtin_tokenizer_folder()
+        name = args.served_model_name or FAKE_MODEL_NAME
+    elif args.model is None:
+        model_path = builtin_target_folder()
+        name = args.served_model_name or BUILTIN_MODEL_NAME
+    else:
+        model_path = Path(args.model)
+        name = args.served_model_name or args.model
+    # The built-in target comes with its DFlash drafter: --spec-method dflash needs no --draft-model there.
+    default_draft = builtin_drafter_folder() if args.model is None and not args.fake_model else None
+    draft_model = Path(args.draft_model) if args.draft_model else default_draft
+    speculative = None
+    if args.spec_method is not None:
+        if args.num_spec_tokens is None:
+            raise ValueError("--spec-method needs --num-spec-tokens K")
+        speculative = DrafterSpec(
+            args.spec_method,
+            args.num_spec_tokens,
+            draft_model,
+            args.prompt_lookup_min,
+            args.prompt_lookup_max,
+            args.dflash_anchor,
+        )
+    elif args.num_spec_tokens is not None or args.draft_model is not None:
+        raise ValueError("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
+    if args.gpu is not None:
+        device = f"cuda:{args.gpu}"
+    else:
+        device = "cuda:0" if args.device == "cuda" else "cpu"
+    allowed = args.allowed_drafter_dir or default_drafter_folders(model_path, draft_model)
+    return from_flags(
+        EngineConfig,
+        args,
+        model_path=model_path,
+        served_model_name=name,
+        device=device,
+        speculative=speculative,
+        default_draft_model=default_draft,
+        allowed_drafter_dirs=tuple(allowed),
+    )

@@ -1,0 +1,128 @@
+"""How many KV blocks an engine allocates.
+
+``--num-kv-blocks`` if given, else what ``--kv-cache-gb`` buys, else on CUDA what ``--gpu-memory-utilization``
+leaves (vLLM's rule: the engine may use that fraction of the GPU's total memory; the KV cache gets what the
+weights, the activations and a fixed reserve leave of it), else, on the CPU, 1 GiB.
+
+vLLM measures the weights and profiles a forward pass; openinfer counts instead, before anything is loaded:
+the weights are the checkpoints' tensors (target and start-time drafter) at the engine's dtype, and the
+activations a bound on one step's peak (below). Both are logged at start.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from openinfer.engine_core.config import DEFAULT_CPU_KV_CACHE_GB, EngineConfig
+from openinfer.engine_core.models.config import ModelConfig
+
+logger = logging.getLogger("openinfer.engine")
+
+GIB = 2**30
+CUDA_RESERVE_BYTES = GIB  # CUDA graphs' memory pool, cuBLAS and Triton workspaces, allocator slack
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """``torch.cuda.mem_get_info`` at engine start, after the CUDA context exists."""
+
+    free: int  # bytes free on the device now (others' use and this process's context already taken)
+    total: int  # bytes on the device
+
+
+@dataclass(frozen=True)
+class CudaKvBudget:
+    """The arithmetic behind a ``--gpu-memory-utilization`` KV cache, in bytes."""
+
+    requested: int  # utilization x total: what this engine may use in all
+    weights: int  # the checkpoints' tensors at the engine's dtype
+    activations: int  # a bound on one step's peak
+    reserve: int = CUDA_RESERVE_BYTES
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.requested - self.weights - self.activations - self.reserve
+
+    def describe(self) -> str:
+        kv, requested, weights, activations, reserve = (
+            n / GIB for n in (self.kv_bytes, self.requested, self.weights, self.activations, self.reserve)
+        )
+        return (
+            f"KV cache {kv:.2f} GiB = {requested:.2f} GiB allowed - weights {weights:.2f} - activations "
+            f"{activations:.2f} - reserve {reserve:.2f}"
+        )
+
+
+def cuda_kv_budget(memory: GpuMemory, utilization: float, weights: int, activations: int) -> CudaKvBudget:
+    """The KV bytes ``utilization`` of this GPU leaves; ValueError saying what to change when the GPU lacks
+    that much free memory (as vLLM: other processes' memory is not taken from the share, it must be free)
+    or when nothing is left for the KV cache."""
+    budget = CudaKvBudget(int(utilization * memory.total), weights, activations)
+    if memory.free < budget.requested:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization:g} asks for {budget.requested / GIB:.2f} GiB of this GPU's "
+            f"{memory.total / GIB:.2f} GiB, but only {memory.free / GIB:.2f} GiB are free: lower it, free the "
+            "GPU, or give --kv-cache-gb"
+        )
+    if budget.kv_bytes <= 0:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization:g} leaves no KV cache ({budget.describe()}): raise it, "
+            "lower --max-num-batched-tokens or --max-num-seqs, or give --kv-cache-gb"
+        )
+    return budget
+
+
+def activation_bytes(
+    model: ModelConfig,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    num_spec_tokens: int,
+    dtype: torch.dtype,
+) -> int:
+    """A bound on one step's activations: every token of a full step holding one layer's widest tensors at
+    once (the residual, its normed copy and the layer's output; q, k, v; the MLP's gate, up and product),
+    plus three float32 vocabulary-wide rows (logits, probabilities, sampling scratch) for each token that
+    samples (at most max_num_seqs x (K + 1), never more than the step's tokens)."""
+    kv_width = model.num_key_value_heads * model.head_dim
+    per_token = 3 * model.hidden_size + model.q_width + 2 * kv_width + 3 * model.intermediate_size
+    sampled = min(max_num_batched_tokens, max_num_seqs * (num_spec_tokens + 1))
+    return max_num_batched_tokens * per_token * dtype.itemsize + 3 * sampled * model.vocab_size * 4
+
+
+def checkpoint_bytes(folder: Path, dtype: torch.dtype) -> int:
+    """Bytes the tensors of ``folder``'s safetensors files take at ``dtype`` (read from their headers)."""
+    numel = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                shape = f.get_slice(name).get_shape()
+                count = 1
+                for size in shape:
+                    count *= size
+                numel += count
+    return numel * dtype.itemsize
+
+
+def num_kv_blocks(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, block_bytes: int, gpu: GpuMemory | None
+) -> int:
+    """The engine's KV block count (see the module's docstring); ``gpu`` is None on the CPU."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if config.kv_cache_gb is not None or gpu is None:
+        gib = config.kv_cache_gb if config.kv_cache_gb is not None else DEFAULT_CPU_KV_CACHE_GB
+        return int(gib * GIB // block_bytes)
+    spec = config.speculative
+    weights = checkpoint_bytes(config.model_path, dtype)
+    if spec is not None and spec.method == "dflash" and spec.draft_model is not None:
+        weights += checkpoint_bytes(spec.draft_model, dtype)
+    k = spec.num_spec_tokens if spec is not None else 0
+    activations = activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs, k, dtype)
+    budget = cuda_kv_budget(gpu, config.gpu_memory_utilization, weights, activations)
+    logger.info("%s (--gpu-memory-utilization %g)", budget.describe(), config.gpu_memory_utilization)
+    return budget.kv_bytes // block_bytes

@@ -1,0 +1,104 @@
+"""``vllm serve`` flags that openinfer does not have: ``openinfer-serve`` takes them so that a vLLM command line
+gets a clear answer, accepts their neutral values and refuses the rest, saying what openinfer does instead."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SCALE_OUT = "to use several GPUs, run one engine per GPU: --engines N --device cuda"
+
+
+@dataclass(frozen=True)
+class UnsupportedFlag:
+    """One vLLM flag: values in ``neutral`` are accepted (they ask for nothing openinfer lacks)."""
+
+    names: tuple[str, ...]  # option strings, the long one first
+    neutral: tuple[Any, ...]  # accepted values; the first is the default
+    refusal: str  # what openinfer does instead, for the error
+    type: Callable[[str], Any] | None = str  # None: a switch (store_true)
+    nargs: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return "vllm_" + self.names[0].lstrip("-").replace("-", "_")
+
+
+UNSUPPORTED: tuple[UnsupportedFlag, ...] = (
+    UnsupportedFlag(
+        ("--tensor-parallel-size", "-tp"), (1,),
+        f"openinfer runs the whole model on each GPU: it has no tensor parallelism; {SCALE_OUT}", int,
+    ),
+    UnsupportedFlag(
+        ("--pipeline-parallel-size", "-pp"), (1,), f"openinfer has no pipeline parallelism; {SCALE_OUT}", int
+    ),
+    UnsupportedFlag(
+        ("--data-parallel-size", "-dp"), (1,),
+        "openinfer-serve's data parallelism is --engines N (with --device cuda, engine i on GPU i)", int,
+    ),
+    UnsupportedFlag(
+        ("--quantization", "-q"), (None, "none"),
+        "openinfer serves unquantized weights only: --dtype auto|float32|bfloat16|float16",
+    ),
+    UnsupportedFlag(
+        ("--kv-cache-dtype",), ("auto",), "openinfer's KV cache has the weights' dtype (--dtype)"
+    ),
+    UnsupportedFlag(("--enable-lora",), (False,), "openinfer serves no LoRA adapters", None),
+    UnsupportedFlag(("--lora-modules",), (None,), "openinfer serves no LoRA adapters", str, "+"),
+    UnsupportedFlag(
+        ("--speculative-config",), (None,),
+        "openinfer's speculative decoding is --spec-method ngram|dflash --num-spec-tokens K "
+        "[--draft-model PATH] [--prompt-lookup-min N] [--prompt-lookup-max N]",
+    ),
+    UnsupportedFlag(("--cpu-offload-gb",), (0.0,), "openinfer keeps every weight on the engine's device", float),
+    UnsupportedFlag(
+        ("--tokenizer",), (None,), "openinfer reads the tokenizer from the model folder (tokenizer.json)"
+    ),
+)  # fmt: skip
+
+
+def add_unsupported_vllm_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The flags above, plus ``--trust-remote-code``, accepted and ignored: openinfer runs no code from a
+    checkpoint."""
+    for flag in UNSUPPORTED:
+        if flag.type is None:
+            parser.add_argument(*flag.names, dest=flag.dest, action="store_true", help=argparse.SUPPRESS)
+        else:
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                type=flag.type,
+                nargs=flag.nargs,
+                default=flag.neutral[0],
+                help=argparse.SUPPRESS,
+            )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="vLLM's flag, accepted and ignored: openinfer runs no code from checkpoints",
+    )
+
+
+def unsupported_vllm_flag(args: argparse.Namespace) -> str | None:
+    """The error for the first vLLM flag given a value openinfer cannot honour; None when there is none."""
+    for flag in UNSUPPORTED:
+        value = vars(args)[flag.dest]
+        if value not in flag.neutral:
+            shown = flag.names[0] if flag.type is None else f"{flag.names[0]} {_shown(value)}"
+            return f"{shown} is vLLM's; {flag.refusal}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def unsupported_flags_epilog() -> str:
+    """A line for --help naming the vLLM flags that are refused."""
+    names = ", ".join(flag.names[0] for flag in UNSUPPORTED)
+    return (
+        f"vLLM flags openinfer does not have are refused, saying what to use instead: {names} (their neutral "
+        "values, such as 1 or none, are accepted)"
+    )
