@@ -10,7 +10,6 @@ from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.drafter_commands import DrafterCommands
 from openinfer.frontend.engines.handshake import Handshake
-from openinfer.frontend.engines.index_claims import IndexClaims
 from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
 from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel
@@ -70,8 +69,7 @@ class EngineClient:
         self._input_codec = protocol.EngineInputCodec()
         self._output_codec = protocol.EngineOutputCodec()
         liveness = Liveness(engine_timeout)
-        self._claims = IndexClaims(self.registry, liveness, metrics, self._send, self._join)
-        self._handshake = Handshake(self.registry, self._send, self._claims, metrics)
+        self._handshake = Handshake(self.registry, self._send, metrics, liveness, self._join)
         self._warnings = LogRateLimiter()
         self._watch = LivenessWatch(self.registry, liveness, metrics, self._warnings, self._mark_down)
         self._sockets: EngineSockets | None = None
@@ -89,7 +87,7 @@ class EngineClient:
             asyncio.create_task(self._stray_loop(), name="engine-client-strays"),
             asyncio.create_task(self._watch.watch_events(self._sockets), name="engine-client-events"),
             asyncio.create_task(self._watch.run(), name="engine-client-liveness"),
-            asyncio.create_task(self._claims.run(), name="engine-client-claims"),
+            asyncio.create_task(self._handshake.claims.run(), name="engine-client-claims"),
         ]
         curve = ", CurveZMQ" if self._curve_keys is not None else ""
         logger.info("engine sockets bound: requests %s, outputs %s%s", *self.addresses, curve)

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from openinfer.frontend.engines.index_claims import IndexClaims
+from openinfer.frontend.engines.index_claims import IndexClaims, Join
+from openinfer.frontend.engines.liveness import Liveness
 from openinfer.frontend.engines.registry import EngineRegistry
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
@@ -112,12 +113,12 @@ class Handshake:
     claims on engine indices, hello requests."""
 
     def __init__(
-        self, registry: EngineRegistry, send: Send, claims: IndexClaims, metrics: FrontendMetrics
+        self, registry: EngineRegistry, send: Send, metrics: FrontendMetrics, liveness: Liveness, join: Join
     ) -> None:
         self._registry = registry
         self._send = send
-        self._claims = claims
         self._metrics = metrics
+        self.claims = IndexClaims(registry, liveness, self._refuse, join)  # its run() is the caller's task
         self._tokenizers = TokenizerCache()
         self._asks = IdentityThrottle()
         self._refusal_repeats = IdentityThrottle()
@@ -156,13 +157,13 @@ class Handshake:
             raise ProtocolError("tokenizer", refusal) from None
         if self._registry.current(index, incarnation) is not None:
             return tokenizer
-        return tokenizer if await self._claims.claim(hello, tokenizer, fd) else None
+        return tokenizer if await self.claims.claim(hello, tokenizer, fd) else None
 
     async def unknown_sender(self, engine_index: int, incarnation: int) -> None:
         """A message from an incarnation that is not its index's current one (it is dropped): nothing for a
         replaced one or one whose claim waits; a refused one's is a protocol error ("refused"), and it is
         told again; one we have no hello from (we started after it) is asked for its hello."""
-        if self._claims.is_contested(engine_index, incarnation):
+        if self.claims.is_contested(engine_index, incarnation):
             return
         identity = engine_identity(engine_index, incarnation)
         if self._registry.is_refused(engine_index, incarnation):
@@ -175,11 +176,14 @@ class Handshake:
             await self.ask_for_hello(engine_index, incarnation)
 
     async def _refuse(self, hello: EngineHello, reason: str, refusal: str) -> None:
-        """Retire a hello's incarnation, count the refusal and tell the engine (the caller logs it)."""
+        """Retire a hello's incarnation, count the refusal under ``reason`` and tell the engine (the caller
+        logs it); a repeat of the refusal waits a second from now."""
         index, incarnation = hello.engine_index, hello.incarnation
+        identity = engine_identity(index, incarnation)
         self._registry.retire(index, incarnation, refused=True)
         self._metrics.count_hello_refused(index, reason)
-        await self._send(engine_identity(index, incarnation), HelloRefused(PROTOCOL_VERSION, refusal))
+        self._refusal_repeats.should_ask(identity, time.monotonic())
+        await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
 
     async def ask_for_hello(self, engine_index: int, incarnation: int) -> None:
         """An incarnation we have no hello from (we started after it): ask it to say hello again."""

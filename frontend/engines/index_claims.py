@@ -7,9 +7,10 @@ open) is contested. It waits, unanswered, until one of two things happens:
 
 - the current engine proves alive: a message of it is read at least ``DISCONNECT_PROBE_QUIET_S`` after the
   contested hello (earlier ones may have been sent before that hello: the frontend can lag behind its
-  socket). The newcomer is refused: ``HelloRefused`` is sent to it, a warning logged, it is counted
-  (``openinfer:engine_hellos_refused_total{reason="engine_alive"}``) and retired, so that its outputs are
-  protocol errors, never merged. A live engine heart-beats every second, so a stranger waits about that.
+  socket). The newcomer is refused (by the handshake: ``HelloRefused`` is sent to it, it is counted in
+  ``openinfer:engine_hellos_refused_total{reason="engine_alive"}`` and retired, so that its outputs are
+  protocol errors, never merged) and a warning logged. A live engine heart-beats every second, so a
+  stranger waits about that.
 - the current engine stops holding it: its connection closes (a restarted engine's predecessor, whose
   close the frontend may read just after the new hello), or it is silent past the timeout. The newcomer is
   taken, as a restart.
@@ -28,16 +29,15 @@ from dataclasses import dataclass
 
 from openinfer.frontend.engines.liveness import DISCONNECT_PROBE_QUIET_S, TICK_S, Liveness
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry
-from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
-from openinfer.protocol import PROTOCOL_VERSION, EngineHello, EngineInput, HelloRefused, engine_identity
+from openinfer.protocol import EngineHello, engine_identity
 
 logger = logging.getLogger(__name__)
 
 _MAX_CONTESTED = 64  # contested hellos waiting at once; past it a contested hello is refused at once
 
-# Sends one message to one engine identity; True once sent.
-Send = Callable[[bytes, EngineInput], Awaitable[bool]]
+# Refuses a hello: (hello, reason, message) - retired, counted under reason, told message.
+Refuse = Callable[[EngineHello, str, str], Awaitable[None]]
 # Makes a hello's incarnation the current one of its index.
 Join = Callable[[EngineHello, Tokenizer, int | None], None]
 
@@ -55,18 +55,10 @@ class ContestedHello:
 class IndexClaims:
     """The contested hellos and their verdicts, taken when one comes and every liveness tick."""
 
-    def __init__(
-        self,
-        registry: EngineRegistry,
-        liveness: Liveness,
-        metrics: FrontendMetrics,
-        send: Send,
-        join: Join,
-    ) -> None:
+    def __init__(self, registry: EngineRegistry, liveness: Liveness, refuse: Refuse, join: Join) -> None:
         self._registry = registry
         self._liveness = liveness
-        self._metrics = metrics
-        self._send = send
+        self._refuse_hello = refuse
         self._join = join
         self._contested: dict[bytes, ContestedHello] = {}  # by engine identity
 
@@ -120,12 +112,10 @@ class IndexClaims:
 
     async def _refuse(self, hello: EngineHello, holder: EngineRecord, now: float) -> None:
         index, incarnation = hello.engine_index, hello.incarnation
-        self._registry.retire(index, incarnation, refused=True)
-        self._metrics.count_hello_refused(index, "engine_alive")
         message = (
             f"engine index {index} is held by a live engine (incarnation {holder.incarnation:016x}, heard "
             f"from {now - holder.last_seen:.1f} s ago); a second engine with the same index never replaces "
             "it: give this engine another --engine-index, or stop the other one first"
         )
         logger.warning("refused a hello from engine %d incarnation %016x: %s", index, incarnation, message)
-        await self._send(engine_identity(index, incarnation), HelloRefused(PROTOCOL_VERSION, message))
+        await self._refuse_hello(hello, "engine_alive", message)
