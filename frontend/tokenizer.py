@@ -62,9 +62,10 @@ class Tokenizer:
         ``add_special_tokens=False`` for a rendered chat template, which writes its special tokens itself
         (transformers' ``apply_chat_template`` and vLLM do the same).
         """
-        # encode_batch releases the GIL while it works (encode does not), so a long prompt tokenized in a
-        # thread leaves the event loop running; for one text the ids and the cost are encode's.
-        ids = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        # encode_batch_fast releases the GIL while it works (encode holds it throughout), so a long prompt
+        # tokenized in a thread leaves the event loop running; it keeps no character offsets, which makes it
+        # faster and its result quick to free (under the GIL). Its ids are encode's.
+        ids = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
         if not add_special_tokens:
             return ids
         if self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
