@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         config.frontend_address,
     )
     process.run()
+    if process.refusal is not None:
+        sys.exit(3)  # the frontend refused it (logged): a status of its own, for supervisors
     logger.info("engine %d stopped", config.engine_index)
 
 

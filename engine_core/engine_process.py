@@ -57,6 +57,7 @@ class EngineProcess:
         self.outputs.setsockopt(zmq.LINGER, 1000)
         self.outputs.connect(config.output_address)
         self._stopping = False
+        self.refusal: str | None = None  # why the frontend refused this engine (then run() returns)
         # A drafter being loaded in the background, and the command that asked for it.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-load")
         self._pending_load: tuple[protocol.LoadDrafter, Future[SpecDecoder]] | None = None
@@ -120,13 +121,15 @@ class EngineProcess:
                 self.core.abort(message.request_ids)
             elif isinstance(message, protocol.HelloRequest):
                 self._send_hello()
-            elif isinstance(message, protocol.HelloRefused):
+            elif isinstance(message, protocol.HelloRefused):  # final: the engine stops (exit status 3)
                 logger.error(
-                    "the frontend refused this engine (it speaks protocol version %d, this engine %d): %s",
+                    "the frontend refused this engine, which stops (frontend protocol %d, engine %d): %s",
                     message.protocol_version,
                     protocol.PROTOCOL_VERSION,
                     message.message,
                 )
+                self.refusal = message.message
+                self._stopping = True
             else:
                 self._change_drafter(message)
 

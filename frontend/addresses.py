@@ -7,6 +7,7 @@ binds both (``--engine-bind``); an engine connects to both (``--frontend``).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import NamedTuple
 
 
@@ -19,13 +20,30 @@ class EngineAddresses(NamedTuple):
 
 def engine_addresses(address: str) -> EngineAddresses:
     """Split ``tcp://HOST:PORT`` into the request and output endpoints; ``ValueError`` if it is not one."""
+    host, port = split_address(address)
+    return EngineAddresses(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """(HOST, PORT) of ``tcp://HOST:PORT``; ``ValueError`` if it is not one."""
     scheme, sep, rest = address.partition("://")
     host, colon, port_text = rest.rpartition(":")
     if scheme != "tcp" or not sep or not colon or not host or not port_text.isdigit():
         raise ValueError(
-            f"engine address {address!r} must look like tcp://HOST:PORT, e.g. tcp://0.0.0.0:5555"
+            f"engine address {address!r} must look like tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"
         )
     port = int(port_text)
     if not 0 < port < 65535:
         raise ValueError(f"engine address {address!r}: PORT must be 1..65534 (PORT+1 is used too)")
-    return EngineAddresses(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}")
+    return host, port
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on ``host`` is reachable from this machine only: ``localhost``, 127.0.0.0/8 or
+    ``::1`` (bracketed or not). Anything else (0.0.0.0, ``*``, an interface name, a host name) is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False

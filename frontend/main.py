@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from openinfer.frontend.addresses import engine_addresses
+from openinfer.frontend.addresses import engine_addresses, is_loopback_host, split_address
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.server_keys import load_server_keys
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
@@ -30,19 +30,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="openinfer-frontend",
         description="Serve the OpenAI-compatible API and /metrics for the openinfer engines that connect.",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="HTTP address to listen on")
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="HTTP address to listen on (vLLM's default, every interface; a warning without an API key)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
     parser.add_argument(
         "--engine-bind",
         type=_engine_address,
-        default="tcp://0.0.0.0:5555",
-        help="tcp://HOST:PORT for engines: requests go out on PORT, outputs come in on PORT+1",
+        default="tcp://127.0.0.1:5555",
+        help="tcp://HOST:PORT for engines: requests go out on PORT, outputs come in on PORT+1 (default: "
+        "this host only; engines elsewhere need tcp://0.0.0.0:5555, and --zmq-curve-keys)",
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("OPENINFER_API_KEY") or None,  # an empty variable means no key
-        help="require `Authorization: Bearer KEY` on every route but /health and /metrics "
-        "(default: $OPENINFER_API_KEY; none when unset)",
+        default=_env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
+        help="require `Authorization: Bearer KEY` on every route but /health and /metrics (default: "
+        "$OPENINFER_API_KEY, else $VLLM_API_KEY, which keep it out of `ps`; none when unset)",
+    )
+    parser.add_argument(
+        "--admin-api-key",
+        default=_env_key("OPENINFER_ADMIN_API_KEY"),
+        help="the key of the /admin routes, instead of --api-key (default: $OPENINFER_ADMIN_API_KEY); "
+        "without either they are off",
     )
     add_frontend_args(parser)
     parser.add_argument(
@@ -118,6 +129,11 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
     add_structured_outputs_arg(parser)
 
 
+def _env_key(*names: str) -> str | None:
+    """The first of these environment variables that is set and not empty (empty means no key)."""
+    return next((os.environ[name] for name in names if os.environ.get(name)), None)
+
+
 def _engine_address(value: str) -> str:
     try:
         engine_addresses(value)
@@ -179,6 +195,7 @@ async def _run(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     await client.start()
+    _warn_exposure(args)
     spec_log = asyncio.create_task(metrics.spec_decode_log.run(args.spec_log_interval), name="spec-log")
     saver = asyncio.create_task(_save_periodically(metrics, args.state_interval), name="state-saver")
     try:
@@ -190,6 +207,7 @@ async def _run(args: argparse.Namespace) -> None:
             args.drafter_timeout,
             args.chat_parsers,
             args.structured_outputs_config,
+            args.admin_api_key,
         )
         runner = await serve(app, args.host, args.port)
         try:
@@ -207,6 +225,28 @@ async def _run(args: argparse.Namespace) -> None:
         metrics.save()
         if state_dir is not None:
             state_dir.close()
+
+
+def _warn_exposure(args: argparse.Namespace) -> None:
+    """Loud warnings for what anyone on the network could do: join as an engine, or use the API."""
+    host, port = split_address(args.engine_bind)
+    if not is_loopback_host(host) and args.zmq_curve_keys is None:
+        logger.warning(
+            "SECURITY: the engine sockets listen on %s (ports %d and %d) without --zmq-curve-keys: anyone "
+            "who can reach them can join as an engine, read every prompt and write every answer. Bind "
+            "127.0.0.1, or make keys with `openinfer-keys DIR` and give --zmq-curve-keys DIR here and to "
+            "every engine",
+            host,
+            port,
+            port + 1,
+        )
+    if not is_loopback_host(args.host) and args.api_key is None:
+        logger.warning(
+            "SECURITY: HTTP listens on %s:%d without an API key: anyone who can reach it can use the API. "
+            "Set OPENINFER_API_KEY (or --api-key), or listen on 127.0.0.1",
+            args.host,
+            args.port,
+        )
 
 
 async def _save_periodically(metrics: FrontendMetrics, interval: float) -> None:

@@ -43,8 +43,13 @@ class Tokenizer:
         self._added_token_ids = frozenset(added)  # their text is literal, not byte-level encoded
         self._token_texts: dict[int, str] = {}  # token_text's cache: at most one entry per vocabulary id
         self._byte_level = _is_byte_level(tokenizer_json)
+        vocab = self._tokenizer.get_vocab(with_added_tokens=True)
         # Ids below this may have a token, no other does (the highest id + 1: added tokens may leave gaps).
-        self._num_ids = max(self._tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self._num_ids = max(vocab.values(), default=-1) + 1
+        # The longest token, in characters of its vocabulary spelling (vLLM's max_chars_per_token): a prompt
+        # of more than max_model_len times this many characters cannot fit, whatever its tokens. Sound for
+        # byte-level vocabularies, whose spelling has one character per byte (a text character is 1-4).
+        self.max_chars_per_token = max(map(len, vocab), default=1)
 
     @property
     def vocab_size(self) -> int:
@@ -57,7 +62,10 @@ class Tokenizer:
         ``add_special_tokens=False`` for a rendered chat template, which writes its special tokens itself
         (transformers' ``apply_chat_template`` and vLLM do the same).
         """
-        ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch_fast releases the GIL while it works (encode holds it throughout), so a long prompt
+        # tokenized in a thread leaves the event loop running; it keeps no character offsets, which makes it
+        # faster and its result quick to free (under the GIL). Its ids are encode's.
+        ids = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
         if not add_special_tokens:
             return ids
         if self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:

@@ -18,6 +18,7 @@ from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
 from openinfer.frontend.engines.sockets import EngineSockets
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,10 @@ class EngineClient:
     when the connection its outputs came over closes and it is not heard from again within about a second
     (a killed process); its in-flight requests that got no output yet move to another live engine of the
     model, the others end with an error saying why. A new incarnation of an index ends the old one's the
-    same way. One that comes back with the same incarnation (it was paused) is taken back; outputs it sends
-    for requests that already ended here are dropped and those requests aborted on it.
+    same way, once the old one no longer holds the index (:mod:`~openinfer.frontend.engines.index_claims`:
+    while it is alive the newcomer is refused). One that comes back with the same incarnation (it was
+    paused) is taken back; outputs it sends for requests that already ended here are dropped and those
+    requests aborted on it.
 
     Bounds: at most ``max_queued_total`` unfinished requests in all and ``max_queued_per_engine`` per
     engine; past them :meth:`add_request` raises :class:`EngineOverloadedError` at once. In-flight requests
@@ -65,11 +68,10 @@ class EngineClient:
         self._curve_keys = curve_keys
         self._input_codec = protocol.EngineInputCodec()
         self._output_codec = protocol.EngineOutputCodec()
-        self._handshake = Handshake(self.registry, self._send)
+        liveness = Liveness(engine_timeout)
+        self._handshake = Handshake(self.registry, self._send, metrics, liveness, self._join)
         self._warnings = LogRateLimiter()
-        self._watch = LivenessWatch(
-            self.registry, Liveness(engine_timeout), metrics, self._warnings, self._mark_down
-        )
+        self._watch = LivenessWatch(self.registry, liveness, metrics, self._warnings, self._mark_down)
         self._sockets: EngineSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._resends: set[asyncio.Task[None]] = set()
@@ -85,6 +87,7 @@ class EngineClient:
             asyncio.create_task(self._stray_loop(), name="engine-client-strays"),
             asyncio.create_task(self._watch.watch_events(self._sockets), name="engine-client-events"),
             asyncio.create_task(self._watch.run(), name="engine-client-liveness"),
+            asyncio.create_task(self._handshake.claims.run(), name="engine-client-claims"),
         ]
         curve = ", CurveZMQ" if self._curve_keys is not None else ""
         logger.info("engine sockets bound: requests %s, outputs %s%s", *self.addresses, curve)
@@ -203,20 +206,25 @@ class EngineClient:
                 DrafterCommands.on_reply(record, message)
 
     async def _on_hello(self, hello: protocol.EngineHello, fd: int | None) -> None:
-        tokenizer = await self._handshake.accept(hello)
+        tokenizer = await self._handshake.accept(hello, fd)
         if tokenizer is None:
             return
         index, incarnation = hello.engine_index, hello.incarnation
         record = self.registry.current(index, incarnation)
-        if record is not None:  # a hello we asked for again, or a repeat
-            if hello.seq <= record.last_seq:
-                raise protocol.ProtocolError(
-                    "seq", f"engine {index} sent a hello of seq {hello.seq} after {record.last_seq}"
-                )
-            record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
-            record.num_spec_tokens = hello.num_spec_tokens
-            self._heard_from(record, hello.load, fd)
+        if record is None:
+            self._join(hello, tokenizer, fd)
             return
+        if hello.seq <= record.last_seq:  # a hello we asked for again, or a repeat
+            raise protocol.ProtocolError(
+                "seq", f"engine {index} sent a hello of seq {hello.seq} after {record.last_seq}"
+            )
+        record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
+        record.num_spec_tokens = hello.num_spec_tokens
+        self._heard_from(record, hello.load, fd)
+
+    def _join(self, hello: protocol.EngineHello, tokenizer: Tokenizer, fd: int | None) -> None:
+        """A new incarnation becomes its index's current one; the one it replaces ends as restarted."""
+        index, incarnation = hello.engine_index, hello.incarnation
         record = EngineRecord(
             hello, tokenizer, time.monotonic(), hello.seq, hello.load, hello.num_spec_tokens, fd=fd
         )
@@ -249,8 +257,7 @@ class EngineClient:
         index, incarnation = message.engine_index, message.incarnation
         record = self.registry.current(index, incarnation)
         if record is None:
-            if not self.registry.is_retired(index, incarnation):
-                await self._handshake.ask_for_hello(index, incarnation)
+            await self._handshake.unknown_sender(index, incarnation)
             return None
         if message.seq <= record.last_seq:
             raise protocol.ProtocolError(

@@ -1,5 +1,6 @@
 """The handshake: checks on an engine's hello (its protocol version, its tokenizer, built once per distinct
-one), refusals sent back, and hello requests to incarnations heard from before their hello."""
+one, the index it claims: :mod:`~openinfer.frontend.engines.index_claims`), refusals sent back, and hello
+requests to incarnations heard from before their hello."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from openinfer.frontend.engines.index_claims import IndexClaims, Join
+from openinfer.frontend.engines.liveness import Liveness
 from openinfer.frontend.engines.registry import EngineRegistry
+from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import (
     PROTOCOL_VERSION,
@@ -75,23 +79,24 @@ def version_refusal(version: int, source: str) -> str:
     )
 
 
-_HELLO_REQUEST_INTERVAL_S = 1.0  # at most one HelloRequest a second per incarnation we have no hello from
-_MAX_HELLO_REQUESTS = 1024  # times remembered (strangers can name any number of incarnations)
+_ASK_INTERVAL_S = 1.0  # at most one HelloRequest (or repeated HelloRefused) a second per incarnation
+_MAX_ASKS = 1024  # times remembered (strangers can name any number of incarnations)
 
 
-class HelloAsks:
-    """When to ask an incarnation we have no hello from (we started after it) to say hello again."""
+class IdentityThrottle:
+    """When to tell an incarnation something again: ask one we have no hello from (we started after it) to
+    say hello, or repeat a refusal to one that still sends (it may have missed the first)."""
 
     def __init__(self) -> None:
         self._asked: dict[bytes, float] = {}  # engine identity -> time.monotonic() of the last ask
 
     def should_ask(self, identity: bytes, now: float) -> bool:
         """True at most once per interval per identity (and then the ask counts as made)."""
-        if now - self._asked.get(identity, -_HELLO_REQUEST_INTERVAL_S) < _HELLO_REQUEST_INTERVAL_S:
+        if now - self._asked.get(identity, -_ASK_INTERVAL_S) < _ASK_INTERVAL_S:
             return False
         self._asked[identity] = now
-        if len(self._asked) > _MAX_HELLO_REQUESTS:
-            self._asked = {key: t for key, t in self._asked.items() if now - t < _HELLO_REQUEST_INTERVAL_S}
+        if len(self._asked) > _MAX_ASKS:
+            self._asked = {key: t for key, t in self._asked.items() if now - t < _ASK_INTERVAL_S}
         return True
 
     def answered(self, identity: bytes) -> None:
@@ -104,13 +109,19 @@ Send = Callable[[bytes, EngineInput], Awaitable[bool]]
 
 
 class Handshake:
-    """The frontend's side of the hello: refusals (with the reason sent back), tokenizers, hello requests."""
+    """The frontend's side of the hello: refusals (with the reason sent back, logged and counted), tokenizers,
+    claims on engine indices, hello requests."""
 
-    def __init__(self, registry: EngineRegistry, send: Send) -> None:
+    def __init__(
+        self, registry: EngineRegistry, send: Send, metrics: FrontendMetrics, liveness: Liveness, join: Join
+    ) -> None:
         self._registry = registry
         self._send = send
+        self._metrics = metrics
+        self.claims = IndexClaims(registry, liveness, self._refuse, join)  # its run() is the caller's task
         self._tokenizers = TokenizerCache()
-        self._asks = HelloAsks()
+        self._asks = IdentityThrottle()
+        self._refusal_repeats = IdentityThrottle()
 
     async def refuse_foreign(self, frame: bytes | memoryview) -> None:
         """A frame our codec cannot decode: if it is another version's hello, refuse it (both sides log why)
@@ -120,28 +131,59 @@ class Handshake:
             return
         version, index, incarnation = foreign
         refusal = version_refusal(version, f" from engine {index}" if index is not None else "")
+        self._metrics.count_hello_refused(index, "version")
         if index is not None and incarnation is not None:
             await self._send(engine_identity(index, incarnation), HelloRefused(PROTOCOL_VERSION, refusal))
         raise ProtocolError("version", refusal)
 
-    async def accept(self, hello: EngineHello) -> Tokenizer | None:
-        """The tokenizer of an acceptable hello; None for a retired incarnation (ignored). A hello of another
-        version or with a broken tokenizer retires its incarnation and raises ``ProtocolError``."""
+    async def accept(self, hello: EngineHello, fd: int | None) -> Tokenizer | None:
+        """The tokenizer of a hello to act on now: a repeat from the current incarnation, or one that may
+        join. None when it is ignored (a retired incarnation) or its claim on the index waits or is refused.
+        A hello of another version or with a broken tokenizer is refused and raises ``ProtocolError``."""
         index, incarnation = hello.engine_index, hello.incarnation
         identity = engine_identity(index, incarnation)
         self._asks.answered(identity)
         if self._registry.is_retired(index, incarnation):
             return None
         if hello.protocol_version != PROTOCOL_VERSION:
-            self._registry.retire(index, incarnation)
             refusal = version_refusal(hello.protocol_version, f" from engine {index}")
-            await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
+            await self._refuse(hello, "version", refusal)
             raise ProtocolError("version", refusal)
         try:
-            return self._tokenizers.get(hello.tokenizer_json, hello.tokenizer_config_json)
+            tokenizer = self._tokenizers.get(hello.tokenizer_json, hello.tokenizer_config_json)
         except ValueError as e:
-            self._registry.retire(index, incarnation)
-            raise ProtocolError("tokenizer", f"refused engine {index}: {e}") from None
+            refusal = f"refused engine {index}: {e}"
+            await self._refuse(hello, "tokenizer", refusal)
+            raise ProtocolError("tokenizer", refusal) from None
+        if self._registry.current(index, incarnation) is not None:
+            return tokenizer
+        return tokenizer if await self.claims.claim(hello, tokenizer, fd) else None
+
+    async def unknown_sender(self, engine_index: int, incarnation: int) -> None:
+        """A message from an incarnation that is not its index's current one (it is dropped): nothing for a
+        replaced one or one whose claim waits; a refused one's is a protocol error ("refused"), and it is
+        told again; one we have no hello from (we started after it) is asked for its hello."""
+        if self.claims.is_contested(engine_index, incarnation):
+            return
+        identity = engine_identity(engine_index, incarnation)
+        if self._registry.is_refused(engine_index, incarnation):
+            self._metrics.count_protocol_error("refused")
+            if self._refusal_repeats.should_ask(identity, time.monotonic()):
+                message = f"engine {engine_index} incarnation {incarnation:016x} was refused: see the frontend's log"
+                await self._send(identity, HelloRefused(PROTOCOL_VERSION, message))
+            return
+        if not self._registry.is_retired(engine_index, incarnation):
+            await self.ask_for_hello(engine_index, incarnation)
+
+    async def _refuse(self, hello: EngineHello, reason: str, refusal: str) -> None:
+        """Retire a hello's incarnation, count the refusal under ``reason`` and tell the engine (the caller
+        logs it); a repeat of the refusal waits a second from now."""
+        index, incarnation = hello.engine_index, hello.incarnation
+        identity = engine_identity(index, incarnation)
+        self._registry.retire(index, incarnation, refused=True)
+        self._metrics.count_hello_refused(index, reason)
+        self._refusal_repeats.should_ask(identity, time.monotonic())
+        await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
 
     async def ask_for_hello(self, engine_index: int, incarnation: int) -> None:
         """An incarnation we have no hello from (we started after it): ask it to say hello again."""

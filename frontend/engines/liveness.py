@@ -44,6 +44,15 @@ class Liveness:
             record.disconnected_at = now
         return suspects
 
+    def holds_index(self, record: EngineRecord, now: float) -> bool:
+        """Whether ``record`` keeps its index from a new incarnation (DESIGN.md: a stranger never evicts a
+        live engine): it is up, heard within the timeout, and its connection is open, or it was heard from
+        late enough after the close to prove it reconnected. A restarted engine's predecessor fails this."""
+        if not record.up or now - record.last_seen > self.engine_timeout:
+            return False
+        closed = record.disconnected_at
+        return closed is None or record.last_seen - closed >= DISCONNECT_PROBE_QUIET_S
+
     def verdict(self, record: EngineRecord, now: float) -> tuple[str, bool] | None:
         """Why a live engine is dead now, and whether it may still be connected (then it can be told to
         drop its requests); None while it is alive."""

@@ -84,8 +84,9 @@ class EngineRegistry:
 
     def __init__(self) -> None:
         self._records: dict[int, EngineRecord] = {}
-        # (index, incarnation) whose messages are ignored, oldest first; bounded, as strangers can make many
-        self._retired: dict[tuple[int, int], None] = {}
+        # (index, incarnation) whose messages are ignored -> whether it was refused (not replaced), oldest
+        # first; bounded, as strangers can make many
+        self._retired: dict[tuple[int, int], bool] = {}
 
     def get(self, engine_index: int) -> EngineRecord | None:
         return self._records.get(engine_index)
@@ -110,14 +111,18 @@ class EngineRegistry:
             return previous
         return None
 
-    def retire(self, engine_index: int, incarnation: int) -> None:
-        """Ignore this incarnation from now on (it was refused, or it was replaced)."""
-        self._retired[(engine_index, incarnation)] = None
+    def retire(self, engine_index: int, incarnation: int, refused: bool = False) -> None:
+        """Ignore this incarnation from now on: it was ``refused``, or it was replaced."""
+        self._retired[(engine_index, incarnation)] = refused
         if len(self._retired) > _MAX_RETIRED:
             del self._retired[next(iter(self._retired))]
 
     def is_retired(self, engine_index: int, incarnation: int) -> bool:
         return (engine_index, incarnation) in self._retired
+
+    def is_refused(self, engine_index: int, incarnation: int) -> bool:
+        """Whether this incarnation's hello was refused (its messages are protocol errors)."""
+        return self._retired.get((engine_index, incarnation), False)
 
     def pick(self, model_name: str, has_room: Callable[[EngineRecord], bool]) -> EngineRecord | None:
         """The least-loaded live engine serving ``model_name`` (the lowest index on a tie) that ``has_room``

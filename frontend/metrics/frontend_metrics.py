@@ -112,6 +112,12 @@ class FrontendMetrics:
         self.protocol_errors = t.counter(
             "openinfer:protocol_errors", "Bad frames dropped, by kind.", ("kind",)
         )
+        self.hellos_refused = t.counter(
+            "openinfer:engine_hellos_refused",
+            "Engine hellos refused, by the index claimed and why (engine_alive: a live engine holds that "
+            "index; version; tokenizer).",
+            ("engine", "reason"),
+        )
 
         # Speculative decoding: exact deltas of each engine's cumulative counters, and the periodic log line.
         self.spec_decode = SpecDecodeMetrics(t, self.protocol_errors)
@@ -191,6 +197,10 @@ class FrontendMetrics:
 
     def count_protocol_error(self, kind: str) -> None:
         self.protocol_errors.inc((kind,))
+
+    def count_hello_refused(self, engine_index: int | None, reason: str) -> None:
+        """A hello refused (None: another version's hello that does not say its index)."""
+        self.hellos_refused.inc(("unknown" if engine_index is None else str(engine_index), reason))
 
     # ---- requests ----
 

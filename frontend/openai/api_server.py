@@ -56,8 +56,10 @@ def build_app(
     drafter_timeout: float = 120.0,
     chat_parsers: ChatParsers | None = None,
     structured_config: StructuredOutputsConfig | None = None,
+    admin_api_key: str | None = None,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
+    The /admin routes need ``admin_api_key`` (or, without it, ``api_key``) and are off without either.
 
     ``per_request_spec_metrics`` says what a request's final response tells of its speculative decoding;
     ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply; ``chat_parsers``
@@ -72,7 +74,7 @@ def build_app(
         structured_config or StructuredOutputsConfig(),
     )
     app = web.Application(
-        middlewares=[error_middleware, request_id_middleware, auth_middleware(api_key)],
+        middlewares=[error_middleware, request_id_middleware, auth_middleware(api_key, admin_api_key)],
         client_max_size=MAX_BODY_BYTES,
     )
     app.on_response_prepare.append(echo_request_id)
@@ -188,7 +190,11 @@ class _OpenAIApi:
         if parsed.options.structured is not None:  # off the loop: the first check imports xgrammar (seconds)
             await asyncio.to_thread(parsed.options.structured.check_compiles)
         ids = _response_ids(request, prefix, model)
-        engine_request = parsed.to_engine_request(model, _engine_request_id(request, ids))
+        request_id = _engine_request_id(request, ids)
+        if parsed.prepares_off_loop:  # a long prompt to tokenize, a template to render: not on the loop
+            engine_request = await asyncio.to_thread(parsed.to_engine_request, model, request_id)
+        else:
+            engine_request = parsed.to_engine_request(model, request_id)
         engine_request = self._structured_config.applied(engine_request)
         options = parsed.options
         extras = ResponseExtras(options.include_usage, self._spec_metrics)

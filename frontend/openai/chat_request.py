@@ -78,6 +78,9 @@ class ChatRequest:
     parsers: ChatParsers  # the server's
     include_reasoning: bool  # vLLM extension, default true
 
+    # Rendering a template is Python (jinja2) and messages can be long: it always runs in a thread.
+    prepares_off_loop = True
+
     def to_engine_request(self, model: ServedModel, request_id: str) -> EngineCoreRequest:
         """Render the model's chat template (special tokens come from it, none are added) and tokenize."""
         source = model.tokenizer.chat_template
@@ -106,6 +109,7 @@ class ChatRequest:
             )
         except ChatTemplateError as e:
             raise invalid_request(str(e), param="messages") from None
+        self.options.check_before_tokenizing(model, prompt, "messages")
         prompt_token_ids = model.tokenizer.encode(prompt, add_special_tokens=False)
         if not prompt_token_ids:
             raise invalid_request("the chat template made an empty prompt of these messages", "messages")

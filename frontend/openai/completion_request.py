@@ -19,6 +19,10 @@ from openinfer.frontend.openai.sampling_options import (
 )
 from openinfer.protocol import EngineCoreRequest
 
+# A text prompt up to this long is tokenized on the event loop (well under a millisecond), a longer one in
+# a thread (the tokenizer releases the GIL), so that no request stalls the others.
+INLINE_PROMPT_CHARS = 4096
+
 _PROMPT_FORMS = (
     "`prompt` must be a string, a list of non-negative integer token ids, or a list of one of those"
 )
@@ -51,12 +55,16 @@ class CompletionRequest:
     model: str | None  # None: the first served model
     options: SamplingOptions
 
+    @property
+    def prepares_off_loop(self) -> bool:
+        """Whether :meth:`to_engine_request` should run in a thread: a long text takes long to tokenize."""
+        return isinstance(self.prompt, str) and len(self.prompt) > INLINE_PROMPT_CHARS
+
     def to_engine_request(self, model: ServedModel, request_id: str) -> EngineCoreRequest:
         """Tokenize (with the model's special tokens) and bound the request for ``model``."""
-        if isinstance(self.prompt, str):
-            prompt_token_ids = model.tokenizer.encode(self.prompt)
-        else:
-            prompt_token_ids = self.prompt
+        text = self.prompt if isinstance(self.prompt, str) else None
+        self.options.check_before_tokenizing(model, text, "prompt")
+        prompt_token_ids = self.prompt if text is None else model.tokenizer.encode(text)
         return self.options.engine_request(model, prompt_token_ids, request_id)
 
 

@@ -103,19 +103,38 @@ def _http_error(request: web.Request, error: web.HTTPException) -> web.Response:
     return response
 
 
-def auth_middleware(api_key: str | None) -> Middleware:
-    expected = f"Bearer {api_key}".encode()
+def auth_middleware(api_key: str | None, admin_api_key: str | None = None) -> Middleware:
+    """``Authorization: Bearer KEY`` checks: ``api_key`` on every route but :data:`OPEN_PATHS` and /admin;
+    on /admin, ``admin_api_key`` when set, else ``api_key``. The admin routes are off (403) without either:
+    they change what engines run, so they are never open."""
+    admin_key = admin_api_key if admin_api_key is not None else api_key
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if api_key is not None and request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+        path = request.path
+        if path == "/admin" or path.startswith("/admin/"):
+            if admin_key is None:
                 raise ApiError(
-                    401,
-                    "Incorrect or missing API key: send the server's key as `Authorization: Bearer KEY`.",
-                    code="invalid_api_key",
+                    403,
+                    "The admin API is off: start openinfer-frontend with --admin-api-key or --api-key (or "
+                    "$OPENINFER_API_KEY) to use it, with that key as `Authorization: Bearer KEY`.",
+                    type_="permission_error",
+                    code="admin_api_disabled",
                 )
+            _check_key(request, admin_key)
+        elif api_key is not None and path not in OPEN_PATHS:
+            _check_key(request, api_key)
         return await handler(request)
 
     return auth
+
+
+def _check_key(request: web.Request, key: str) -> None:
+    """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time)."""
+    given = request.headers.get("Authorization", "").encode()
+    if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+        raise ApiError(
+            401,
+            "Incorrect or missing API key: send the server's key as `Authorization: Bearer KEY`.",
+            code="invalid_api_key",
+        )

@@ -10,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.context_limits import check_max_tokens, check_prompt_chars, output_room
 from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.logits_options import TYPE_MESSAGES as LOGITS_TYPE_MESSAGES
 from openinfer.frontend.openai.logits_options import LogitsBody, LogitsOptions
@@ -102,6 +103,7 @@ class SamplingOptions:
     include_usage: bool  # stream_options.include_usage: a final usage chunk
     logits: LogitsOptions = LogitsOptions()  # penalties, min_tokens, logit_bias, bad words, min_p
     structured: StructuredConstraint | None = None  # response_format / structured_outputs; None: free
+    max_tokens_param: str = "max_tokens"  # the body field max_tokens came from (chat: max_completion_tokens)
 
     @classmethod
     def from_body(
@@ -148,7 +150,15 @@ class SamplingOptions:
             include_usage=include_usage,
             logits=LogitsOptions.from_body(body, max_tokens_field, max_tokens),
             structured=parse_structured(body.response_format, body.structured_outputs),
+            max_tokens_param=max_tokens_field,
         )
+
+    def check_before_tokenizing(self, model: ServedModel, prompt_text: str | None, prompt_param: str) -> None:
+        """The cheap refusals, before a prompt is tokenized (vLLM's order): an output bound past the model's
+        context, then a ``prompt_text`` too long for it whatever its tokens (None: a prompt of token ids)."""
+        check_max_tokens(self.max_tokens, self.max_tokens_param, model)
+        if prompt_text is not None:
+            check_prompt_chars(prompt_text, prompt_param, model)
 
     def engine_request(
         self,
@@ -158,25 +168,21 @@ class SamplingOptions:
         prompt_param: str = "prompt",
         structured_start_after: int | None = None,
     ) -> EngineCoreRequest:
-        """Bound the request for ``model``: prompt + output never exceed its max_model_len.
+        """Bound the request for ``model``: prompt + output never exceed its max_model_len (an output bound
+        that would is cut to the room the prompt leaves, as vLLM cuts it; one past the context is a 400).
 
         EOS is not passed: the engine knows its EOS ids and honours ``ignore_eos``. ``prompt_param`` names
         the field a bad prompt is blamed on ("messages" for chat). Bad words become token ids here.
         ``structured_start_after``: the token after which the constraint applies (chat's ``</think>``
         where the output starts in reasoning); None: from the first output token.
         """
+        check_max_tokens(self.max_tokens, self.max_tokens_param, model)
+        room = output_room(len(prompt_token_ids), prompt_param, model)  # before the O(prompt) checks
         for name, ids in ((prompt_param, prompt_token_ids), ("stop_token_ids", self.stop_token_ids)):
             if any(token_id >= model.vocab_size for token_id in ids):
                 raise invalid_request(
                     f"`{name}` holds a token id >= the vocabulary size {model.vocab_size}", name
                 )
-        room = model.max_model_len - len(prompt_token_ids)
-        if room <= 0:
-            raise invalid_request(
-                f"this model's maximum context length is {model.max_model_len} tokens and the prompt has "
-                f"{len(prompt_token_ids)}, which leaves no room for output: shorten the prompt",
-                param=prompt_param,
-            )
         max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
         # Each of SamplingParams' fields is the option of its name; stop strings and output shaping stay here.
         bounded = dataclasses.replace(self, max_tokens=max_tokens)

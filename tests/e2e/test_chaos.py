@@ -18,7 +18,7 @@ import pytest
 from openinfer.protocol.spec_log import parse_spec_log_line
 from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics
 from tests.e2e.load import Load, Scraper
-from tests.e2e.processes import Cluster
+from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 
 K = 4
 ENGINE_TIMEOUT_S = 2.0
@@ -39,7 +39,9 @@ def start_engine(c: Cluster, index: int) -> None:
 
 
 def admin_engines(c: Cluster) -> dict[int, dict]:
-    with urllib.request.urlopen(f"{c.url}/admin/engines", timeout=2) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{c.url}/admin/engines", headers=ADMIN_HEADERS), timeout=2
+    ) as r:
         return {e["index"]: e for e in json.load(r)["engines"]}
 
 
@@ -119,6 +121,7 @@ async def test_chaos_with_state_dir(chaos_cluster: Cluster) -> None:
     /metrics equals the spec logs exactly."""
     c = chaos_cluster
     frontend_args = ("--state-dir", str(c.log_dir / "state"), "--engine-timeout", str(ENGINE_TIMEOUT_S))
+    frontend_args += ("--admin-api-key", ADMIN_KEY)
     c.start_frontend(*frontend_args)
     for index in range(3):
         start_engine(c, index)

@@ -26,7 +26,7 @@ from openinfer.protocol import (
     SpecDecodeCounters,
 )
 from tests.e2e.load import counter_samples
-from tests.e2e.processes import HOST, Cluster
+from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, HOST, Cluster
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def curve_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cl
     assert made.returncode == 0, made.stderr
     c = Cluster(logs)
     try:
-        c.start_frontend("--zmq-curve-keys", str(keys))
+        c.start_frontend("--zmq-curve-keys", str(keys), "--admin-api-key", ADMIN_KEY)
         c.start_fake_engine(
             0, "--zmq-curve-keys", str(keys), "--spec-method", "ngram", "--num-spec-tokens", "3"
         )
@@ -58,14 +58,18 @@ def scrape(c: Cluster) -> dict:  # type: ignore[type-arg]
         return counter_samples(r.read().decode())
 
 
+def admin_engines(c: Cluster) -> list[dict]:  # type: ignore[type-arg]
+    request = urllib.request.Request(f"{c.url}/admin/engines", headers=ADMIN_HEADERS)
+    with urllib.request.urlopen(request, timeout=5) as r:
+        return list(json.load(r)["engines"])
+
+
 def incarnation(c: Cluster) -> str:
-    with urllib.request.urlopen(f"{c.url}/admin/engines", timeout=5) as r:
-        return str(json.load(r)["engines"][0]["incarnation"])
+    return str(admin_engines(c)[0]["incarnation"])
 
 
 def engines(c: Cluster) -> list[int]:
-    with urllib.request.urlopen(f"{c.url}/admin/engines", timeout=5) as r:
-        return [e["index"] for e in json.load(r)["engines"]]
+    return [e["index"] for e in admin_engines(c)]
 
 
 def forged_messages() -> list[bytes]:

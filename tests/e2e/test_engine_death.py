@@ -13,7 +13,7 @@ import pytest
 
 from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 from tests.e2e.load import Load
-from tests.e2e.processes import Cluster
+from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def fake_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     slowed fake engines with n-gram speculation."""
     c = Cluster(tmp_path_factory.mktemp("death"))
     try:
-        c.start_frontend("--engine-timeout", "30")
+        c.start_frontend("--engine-timeout", "30", "--admin-api-key", ADMIN_KEY)
         for index in (0, 1):
             c.start_fake_engine(
                 index, "--step-sleep", "0.05", "--spec-method", "ngram", "--num-spec-tokens", "3"
@@ -68,6 +68,6 @@ async def test_killed_engine_fails_its_requests_in_about_a_second(fake_cluster: 
         assert "engine 0" in outcome.message and "connection closed" in outcome.message
         assert outcome.ended - killed < 2.0
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"{fake_cluster.url}/admin/engines") as r:
+        async with session.get(f"{fake_cluster.url}/admin/engines", headers=ADMIN_HEADERS) as r:
             up = {e["index"]: e["up"] for e in (await r.json())["engines"]}
     assert up == {0: False, 1: True}

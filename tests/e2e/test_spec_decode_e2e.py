@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from openinfer.tools.spec_tally import read_spec_logs, tally_metrics, total
-from tests.e2e.processes import Cluster
+from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 
 K = 7
 
@@ -25,7 +25,7 @@ def spec_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
     """A frontend and two CPU engines with ngram K=7, each writing a spec log."""
     c = Cluster(tmp_path_factory.mktemp("spec"))
     try:
-        c.start_frontend("--spec-log-interval", "1")
+        c.start_frontend("--spec-log-interval", "1", "--admin-api-key", ADMIN_KEY)
         for index in (0, 1):
             c.start_engine(
                 tiny_model,
@@ -134,7 +134,7 @@ async def test_drafter_unload_and_reload_with_new_k(spec_cluster: Cluster) -> No
     """Admin API on a real engine: unload, reload with K=3 (its position labels appear), K=33 refused;
     nothing ever goes down, and /metrics still equals the logs."""
     url = spec_cluster.url
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as s:
         async with s.get(f"{url}/metrics") as r:
             before = tally_metrics(await r.text())
         async with s.delete(f"{url}/admin/engines/1/drafter") as r:

@@ -59,6 +59,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         state_dir: StateDir | None = None,
         engine_address: str | None = None,
         chat_parsers: ChatParsers | None = None,
+        admin_api_key: str | None = None,
         **client_options: Any,
     ) -> Frontend:
         """``client_options``: EngineClient's keywords (max_queued_per_engine, curve_keys, ...)."""
@@ -66,7 +67,15 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         engine_address = engine_address or f"tcp://127.0.0.1:{free_port_pair()}"
         client = EngineClient(engine_address, metrics, engine_timeout=engine_timeout, **client_options)
         await client.start()
-        app = build_app(client, metrics, api_key, per_request_spec_metrics, drafter_timeout, chat_parsers)
+        app = build_app(
+            client,
+            metrics,
+            api_key,
+            per_request_spec_metrics,
+            drafter_timeout,
+            chat_parsers,
+            admin_api_key=admin_api_key,
+        )
         runner = await serve(app, "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         frontend = Frontend(f"http://{host}:{port}", engine_address, client, metrics, runner)

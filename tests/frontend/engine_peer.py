@@ -47,6 +47,7 @@ class PeerConfig:
     prefix_cache: protocol.PrefixCacheCounters | None = None  # what its load carries (copied; None: off)
     num_cached_tokens: int = 0  # put on every request's first output
     tokenizer_config_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
+    tokenizer_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command
 
@@ -130,7 +131,7 @@ class EnginePeer:
             num_spec_tokens=None if self.spec is None else self.spec.num_spec_tokens,
             vocab_size=c.vocab_size,
             eos_token_ids=c.eos_token_ids,
-            tokenizer_json=tiny_tokenizer.tokenizer_json(),
+            tokenizer_json=c.tokenizer_json or tiny_tokenizer.tokenizer_json(),
             tokenizer_config_json=c.tokenizer_config_json or tiny_tokenizer.tokenizer_config_json(),
             load=self._load(),
         )

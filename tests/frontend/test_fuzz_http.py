@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.frontend.test_fuzz import FUZZ, Harness, harness  # noqa: F401 - harness is the fixture
+from tests.frontend.test_fuzz import FUZZ, FUZZ_ADMIN_KEY, Harness, harness  # noqa: F401 - harness is the fixture
 
 _JSON = st.recursive(
     st.none()
@@ -130,6 +130,7 @@ def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:  # noqa:
     succeeded = {"generations": 0}
 
     async def request(method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {FUZZ_ADMIN_KEY}", **headers}
         async with harness.session.request(method, harness.url + path, data=body, headers=headers) as r:
             return r.status, await r.read()
 

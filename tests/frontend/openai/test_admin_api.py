@@ -1,4 +1,5 @@
-"""Admin routes against engine peers: drafter load/unload through DrafterReply, validation, errors, auth."""
+"""Admin routes against engine peers: drafter load/unload through DrafterReply, validation, errors, auth
+(off without a key, their own key or the API key)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ from openinfer.protocol import LoadDrafter, UnloadDrafter
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
+ADMIN_KEY = "admin-sesame"
+
+
+@pytest.fixture
+async def frontend(start_frontend: FrontendFactory) -> Frontend:
+    """A frontend whose admin routes are on: they need a key."""
+    return await start_frontend(admin_api_key=ADMIN_KEY)
+
 
 async def admin(
-    frontend: Frontend, method: str, path: str, body: object = None, key: str | None = None
+    frontend: Frontend, method: str, path: str, body: object = None, key: str | None = ADMIN_KEY
 ) -> tuple[int, Any]:
+    """(status, JSON body) of an admin request sent with ``key`` (None: no Authorization header)."""
     headers = {"Authorization": f"Bearer {key}"} if key else None
     async with aiohttp.ClientSession() as session:
         async with session.request(method, f"{frontend.url}{path}", json=body, headers=headers) as response:
@@ -102,7 +112,7 @@ async def test_unknown_engine_is_404(frontend: Frontend, peer: EnginePeer) -> No
 
 async def test_no_reply_is_504(start_frontend: FrontendFactory, start_peer: PeerFactory) -> None:
     """An engine that never answers: 504 after the drafter timeout."""
-    frontend = await start_frontend(drafter_timeout=0.2)
+    frontend = await start_frontend(drafter_timeout=0.2, admin_api_key=ADMIN_KEY)
     peer = await start_peer(frontend, PeerConfig(ignore_drafter_commands=True))
     status, body = await admin(frontend, "DELETE", "/admin/engines/0/drafter")
     assert status == 504 and "did not answer UnloadDrafter within 0.2 s" in body["error"]["message"]
@@ -134,3 +144,43 @@ async def test_admin_routes_need_the_api_key(
     assert peer.drafter_commands == []
     assert (await admin(frontend, "GET", "/admin/engines", key="sesame"))[0] == 200
     assert (await admin(frontend, "POST", "/admin/engines/0/drafter", load, key="sesame"))[0] == 200
+
+
+async def test_admin_routes_are_off_without_a_key(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """Neither --api-key nor --admin-api-key: every admin route is a 403 saying how to turn them on, with
+    any key or none; nothing reaches the engine, and the API itself serves."""
+    frontend = await start_frontend()
+    peer = await start_peer(frontend)
+    load = {"method": "ngram", "num_spec_tokens": 2}
+    for key in (None, "anything"):
+        for method, path, body in [
+            ("GET", "/admin/engines", None),
+            ("POST", "/admin/engines/0/drafter", load),
+            ("DELETE", "/admin/engines/0/drafter", None),
+            ("GET", "/admin/nothing", None),
+        ]:
+            status, got = await admin(frontend, method, path, body, key=key)
+            assert (status, got["error"]["code"], got["error"]["type"]) == (
+                403,
+                "admin_api_disabled",
+                "permission_error",
+            )
+            assert "--admin-api-key or --api-key" in got["error"]["message"]
+    assert peer.drafter_commands == []
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{frontend.url}/v1/models") as response:
+            assert response.status == 200
+
+
+async def test_admin_api_key_is_separate_from_the_api_key(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """With both keys, /admin takes only the admin key and /v1 only the API key (least privilege)."""
+    frontend = await start_frontend(api_key="user-key", admin_api_key=ADMIN_KEY)
+    await start_peer(frontend)
+    assert (await admin(frontend, "GET", "/admin/engines", key="user-key"))[0] == 401
+    assert (await admin(frontend, "GET", "/admin/engines", key=ADMIN_KEY))[0] == 200
+    assert (await admin(frontend, "GET", "/v1/models", key=ADMIN_KEY))[0] == 401
+    assert (await admin(frontend, "GET", "/v1/models", key="user-key"))[0] == 200

@@ -17,10 +17,12 @@ TOKENIZER = tiny_tokenizer.make_tokenizer()
 EOS = tiny_tokenizer.EOS_TOKEN_ID
 
 
-async def post(frontend: Frontend, body: object, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+async def post(
+    frontend: Frontend, body: object, headers: dict[str, str] | None = None, path: str = "/v1/completions"
+) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as session:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with session.post(f"{frontend.url}/v1/completions", data=data, headers=headers) as response:
+        async with session.post(f"{frontend.url}{path}", data=data, headers=headers) as response:
             return response.status, await response.json()
 
 
@@ -100,11 +102,34 @@ async def test_eos_and_stop_token_ids_finish_with_stop(frontend: Frontend, peer:
     assert (body["choices"][0]["finish_reason"], body["choices"][0]["stop_reason"]) == ("stop", 60)
 
 
-async def test_max_tokens_is_capped_by_max_model_len(frontend: Frontend, peer: EnginePeer) -> None:
-    """A 60-token prompt on a 64-token model gets at most 4 output tokens, then "length"."""
-    status, body = await post(frontend, {"prompt": [50] * 60, "max_tokens": 100})
+async def test_max_tokens_within_the_context_is_cut_to_the_room_left(
+    frontend: Frontend, peer: EnginePeer
+) -> None:
+    """A 60-token prompt on a 64-token model with max_tokens 10 gets at most 4 output tokens, then
+    "length" (vLLM's get_max_tokens cuts a bound within the context to the room the prompt leaves)."""
+    status, body = await post(frontend, {"prompt": [50] * 60, "max_tokens": 10})
     assert status == 200
     assert (body["choices"][0]["finish_reason"], body["usage"]["completion_tokens"]) == ("length", 4)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+async def test_max_tokens_past_the_context_is_400(
+    frontend: Frontend, peer: EnginePeer, endpoint: str
+) -> None:
+    """max_tokens above max_model_len (64) is vLLM's 400, in its words, naming the field; none reaches
+    the engine."""
+    if endpoint == "completions":
+        body: dict[str, object] = {"prompt": [50] * 3, "max_tokens": 65}
+        path, field = "/v1/completions", "max_tokens"
+    else:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 65}
+        path, field = "/v1/chat/completions", "max_completion_tokens"
+    status, got = await post(frontend, body, path=path)
+    assert status == 400 and got["error"]["param"] == field
+    assert got["error"]["message"] == (
+        f"{field}=65 cannot be greater than max_model_len=64. Please request fewer output tokens."
+    )
+    assert peer.requests == {}
 
 
 async def test_streaming_chunks_concatenate_to_the_completion(frontend: Frontend, peer: EnginePeer) -> None:

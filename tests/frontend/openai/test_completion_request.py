@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 
 import pytest
@@ -20,6 +22,17 @@ def make_model(max_model_len: int = 16) -> ServedModel:
     return ServedModel(
         "tiny", tiny_tokenizer.make_tokenizer(), max_model_len, vocab_size=300, eos_token_ids=(0,)
     )
+
+
+def _untokenizable(model: ServedModel) -> ServedModel:
+    """``model`` with a tokenizer that fails the test if it is asked to encode anything."""
+    tokenizer = copy.copy(model.tokenizer)
+
+    def encode(text: str, add_special_tokens: bool = True) -> list[int]:
+        raise AssertionError("the prompt was tokenized")
+
+    tokenizer.encode = encode  # type: ignore[method-assign]
+    return dataclasses.replace(model, tokenizer=tokenizer)
 
 
 def test_defaults() -> None:
@@ -218,11 +231,56 @@ def test_engine_request_carries_the_sampling_params() -> None:
     assert (params.stop_token_ids, params.ignore_eos) == ([9], True)
 
 
-def test_max_tokens_is_capped_by_the_model_length() -> None:
-    """Prompt + output never exceed max_model_len: 16 - 10 prompt tokens leaves 6."""
-    request = parse(prompt=list(range(2, 12)), max_tokens=100)
+def test_max_tokens_is_cut_to_the_room_the_prompt_leaves() -> None:
+    """Prompt + output never exceed max_model_len: 16 - 10 prompt tokens leaves 6 of the 16 asked (vLLM
+    cuts a bound within the context, as its get_max_tokens does)."""
+    request = parse(prompt=list(range(2, 12)), max_tokens=16)
     engine_request = request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
     assert engine_request.sampling_params.max_tokens == 6
+
+
+def test_max_tokens_past_the_context_is_400_in_vllms_words() -> None:
+    """max_tokens 17 on a 16-token model: vLLM's TokenizeParams message, naming the field."""
+    request = parse(prompt=[5], max_tokens=17)
+    with pytest.raises(ApiError) as raised:
+        request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
+    assert (raised.value.status, raised.value.param) == (400, "max_tokens")
+    assert raised.value.message == (
+        "max_tokens=17 cannot be greater than max_model_len=16. Please request fewer output tokens."
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "words"),
+    [
+        (17, "your prompt contains 17 input tokens, which exceeds this limit even without any output tokens"),
+        (16, "your prompt contains 16 input tokens, which leaves no room for output tokens (at least 1)"),
+    ],
+)
+def test_prompt_past_or_filling_the_context_is_400(prompt_len: int, words: str) -> None:
+    """vLLM's words for a prompt the context cannot hold, and for one that leaves no room for output."""
+    request = parse(prompt=[5] * prompt_len)
+    with pytest.raises(ApiError) as raised:
+        request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
+    assert raised.value.message.startswith("This model's maximum context length is 16 tokens. However, ")
+    assert words in raised.value.message and raised.value.param == "prompt"
+
+
+def test_text_too_long_for_any_tokens_is_400_before_tokenizing() -> None:
+    """More characters than 16 tokens of the tiny tokenizer's longest piece could spell: vLLM's 400, without
+    tokenizing (a tokenizer that would fail proves it); exactly that many are tokenized."""
+    model = make_model(max_model_len=16)
+    bound = 16 * model.tokenizer.max_chars_per_token
+    with pytest.raises(ApiError) as raised:
+        parse(prompt="a" * (bound + 1)).to_engine_request(_untokenizable(model), "cmpl-1")
+    assert raised.value.message == (
+        f"This model's maximum context length is 16 tokens. However, your prompt contains {bound + 1} "
+        f"characters (more than {bound} characters, which is the upper bound for 16 input tokens). Please "
+        "reduce the length of the input prompt."
+    )
+    with pytest.raises(ApiError) as tokenized:  # within the bound: tokenized, then too many tokens
+        parse(prompt="a " * (bound // 2)).to_engine_request(model, "cmpl-1")
+    assert "input tokens" in tokenized.value.message
 
 
 @pytest.mark.parametrize(("prompt_len", "vocab_id"), [(16, 5), (2, 300)])

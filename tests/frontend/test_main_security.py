@@ -1,0 +1,163 @@
+"""`openinfer-frontend` is safe by default: keys from the environment (out of `ps`), engine ports on loopback,
+loud warnings for what is open to the network, the admin routes off without a key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import aiohttp
+import pytest
+
+from openinfer.engine_core.local_cluster import free_port, free_port_pair
+from openinfer.frontend.addresses import is_loopback_host
+from openinfer.frontend.main import parse_args
+
+_KEY_VARIABLES = ("OPENINFER_API_KEY", "VLLM_API_KEY", "OPENINFER_ADMIN_API_KEY")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in _KEY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "api_key", "admin_api_key"),
+    [
+        ({}, [], None, None),
+        ({"VLLM_API_KEY": "v"}, [], "v", None),  # vLLM's variable
+        ({"OPENINFER_API_KEY": "o", "VLLM_API_KEY": "v"}, [], "o", None),  # ours first
+        ({"OPENINFER_API_KEY": "", "VLLM_API_KEY": "v"}, [], "v", None),  # empty means unset
+        ({"OPENINFER_API_KEY": "o"}, ["--api-key", "flag"], "flag", None),  # the flag wins
+        ({"OPENINFER_ADMIN_API_KEY": "a"}, [], None, "a"),
+        ({}, ["--admin-api-key", "a"], None, "a"),
+    ],
+)
+def test_keys_come_from_flags_or_the_environment(
+    clean_env: pytest.MonkeyPatch,
+    env: dict[str, str],
+    argv: list[str],
+    api_key: str | None,
+    admin_api_key: str | None,
+) -> None:
+    """--api-key, else $OPENINFER_API_KEY, else $VLLM_API_KEY; --admin-api-key, else $OPENINFER_ADMIN_API_KEY."""
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    args = parse_args(argv)
+    assert (args.api_key, args.admin_api_key) == (api_key, admin_api_key)
+
+
+def test_engine_ports_bind_on_loopback_by_default(clean_env: pytest.MonkeyPatch) -> None:
+    """Engines elsewhere need an explicit --engine-bind; HTTP keeps vLLM's every-interface default."""
+    args = parse_args([])
+    assert (args.engine_bind, args.host) == ("tcp://127.0.0.1:5555", "0.0.0.0")
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("*", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("eth0", False),  # a ZeroMQ interface name: off-host
+        ("frontend.example", False),
+    ],
+)
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    """Only addresses nothing off this machine can reach count as loopback."""
+    assert is_loopback_host(host) is loopback
+
+
+async def run_frontend(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
+    """The frontend as a process with these key variables (and no others from this environment)."""
+    child_env = {k: v for k, v in os.environ.items() if k not in _KEY_VARIABLES} | env
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openinfer.frontend.main", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=child_env,
+    )  # fmt: skip
+
+
+async def wait_listening(url: str, timeout: float = 15.0) -> None:
+    """Until HTTP answers at all (/health is 503 without engines)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"{url}/health"):
+                    return
+            except aiohttp.ClientConnectionError:
+                assert asyncio.get_running_loop().time() < deadline, "the frontend never listened"
+                await asyncio.sleep(0.05)
+
+
+async def stop(process: asyncio.subprocess.Process) -> str:
+    """SIGTERM, then its whole log (killed if it does not stop in 10 s)."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), timeout=10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.stdout is not None
+    return (await process.stdout.read()).decode()
+
+
+async def test_off_host_listening_without_keys_warns_loudly() -> None:
+    """Engine ports on 0.0.0.0 without --zmq-curve-keys, HTTP on 0.0.0.0 without a key: a SECURITY warning
+    each, naming the fix."""
+    http_port, engine_port = free_port(), free_port_pair()
+    process = await run_frontend(
+        {}, "--host", "0.0.0.0", "--port", str(http_port), "--engine-bind", f"tcp://0.0.0.0:{engine_port}"
+    )
+    try:
+        await wait_listening(f"http://127.0.0.1:{http_port}")
+    finally:
+        log = await stop(process)
+    engines = f"SECURITY: the engine sockets listen on 0.0.0.0 (ports {engine_port} and {engine_port + 1})"
+    assert engines in log and "--zmq-curve-keys DIR" in log
+    assert f"SECURITY: HTTP listens on 0.0.0.0:{http_port} without an API key" in log
+    assert "OPENINFER_API_KEY" in log
+
+
+async def test_env_key_guards_the_api_and_opens_admin_and_loopback_is_quiet() -> None:
+    """$VLLM_API_KEY alone (no flag, so not in `ps`): /v1 and /admin need it, /health does not; on loopback
+    with a key nothing is warned about."""
+    http_port, engine_port = free_port(), free_port_pair()
+    url = f"http://127.0.0.1:{http_port}"
+    argv = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--engine-bind",
+        f"tcp://127.0.0.1:{engine_port}",
+    ]
+    process = await run_frontend({"VLLM_API_KEY": "from-env"}, *argv)
+    try:
+        await wait_listening(url)
+        async with aiohttp.ClientSession() as session:
+            key = {"Authorization": "Bearer from-env"}
+            for path, headers, status in [
+                ("/v1/models", None, 401),
+                ("/v1/models", key, 200),
+                ("/admin/engines", None, 401),
+                ("/admin/engines", key, 200),
+                ("/health", None, 503),  # no engine; open without a key
+            ]:
+                async with session.get(f"{url}{path}", headers=headers) as response:
+                    assert response.status == status, (path, headers)
+    finally:
+        log = await stop(process)
+    assert "SECURITY" not in log and "from-env" not in log
