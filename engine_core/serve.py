@@ -104,10 +104,10 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
 
 
 def frontend_env(args: argparse.Namespace) -> dict[str, str] | None:
-    """What the frontend's environment adds to this one's: the API key, where no other process's
+    """What the frontend's environment adds to this one's: the API keys, where no other process's
     command line (``ps``) shows it."""
-    key = api_key(args)
-    return {"OPENINFER_API_KEY": key} if key else None
+    env = {"OPENINFER_API_KEY": api_key(args), "OPENINFER_ADMIN_API_KEY": admin_api_key(args)}
+    return {name: key for name, key in env.items() if key} or None
 
 
 def curve_keys(folder: Path, engines: int) -> None:
@@ -123,6 +123,11 @@ def curve_keys(folder: Path, engines: int) -> None:
             f"--zmq-curve-keys {folder} has no key for engine(s) {', '.join(map(str, missing))}: make "
             f"keys for {engines} engines in an empty folder (openinfer-keys DIR --engines {engines})"
         )
+
+
+def admin_api_key(args: argparse.Namespace) -> str | None:
+    """--admin-api-key, else $OPENINFER_ADMIN_API_KEY; an empty one is none."""
+    return args.admin_api_key or os.environ.get("OPENINFER_ADMIN_API_KEY") or None
 
 
 def model_names(url: str, key: str | None) -> list[str]:

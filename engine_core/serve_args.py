@@ -93,6 +93,11 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         "keep it out of `ps`); the frontend gets it in its environment, never on its command line",
     )
     group.add_argument(
+        "--admin-api-key",
+        help="the key of the frontend's /admin routes, instead of --api-key (default: "
+        "$OPENINFER_ADMIN_API_KEY); without either they are off. Passed in the environment too",
+    )
+    group.add_argument(
         "--zmq-curve-keys",
         type=Path,
         metavar="DIR",

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from openinfer.engine_core.local_cluster import HOST, LocalCluster, free_port, free_port_pair, serve_children
 
-__all__ = ["ADMIN_HEADERS", "ADMIN_KEY", "HOST", "Cluster", "cmdline", "free_port", "free_port_pair", "serve_children"]
+__all__ = [
+    "ADMIN_HEADERS",
+    "ADMIN_KEY",
+    "HOST",
+    "Cluster",
+    "cmdline",
+    "free_port",
+    "free_port_pair",
+    "serve_children",
+]
 
 # The admin routes are off without a key: tests that use them start the frontend with --admin-api-key.
 ADMIN_KEY = "e2e-admin-key"
