@@ -28,6 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer.engine_core.local_cluster import LocalCluster, serve_children
 
+# The admin routes are off without a key: serve gets this one in its environment, as a user would give it.
+ADMIN_KEY = "engine-restart-benchmark"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
 
 async def client(
     session: aiohttp.ClientSession, url: str, model: str, stop: asyncio.Event, errors: list[str]
@@ -47,7 +51,7 @@ async def client(
 
 async def engine0(session: aiohttp.ClientSession, url: str) -> tuple[str, bool, float]:
     """Engine 0's (incarnation, up) at the frontend and the requests it finished (all incarnations)."""
-    async with session.get(f"{url}/admin/engines") as r:
+    async with session.get(f"{url}/admin/engines", headers=ADMIN_HEADERS) as r:
         record = next(e for e in (await r.json())["engines"] if e["index"] == 0)
     async with session.get(f"{url}/metrics") as r:
         text = await r.text()
@@ -117,6 +121,7 @@ def main() -> None:
     backoff = str(args.engine_restart_backoff)
     serve_flags += ["--engines", str(args.engines), "--engine-restart-backoff", backoff]
     serve_flags += ["--engine-restart-backoff-max", backoff, "--engine-restart-limit", str(args.trials + 1)]
+    os.environ["OPENINFER_ADMIN_API_KEY"] = ADMIN_KEY
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="openinfer-restart-"))
     cluster = LocalCluster(log_dir)
     try:

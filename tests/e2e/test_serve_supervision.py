@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.load import Load, counter_samples
-from tests.e2e.processes import Cluster, serve_children
+from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster, serve_children
 
 
 class Serve:
@@ -53,7 +53,7 @@ class Serve:
 
 
 async def engines(session: aiohttp.ClientSession, url: str) -> dict[int, dict]:  # type: ignore[type-arg]
-    async with session.get(f"{url}/admin/engines") as r:
+    async with session.get(f"{url}/admin/engines", headers=ADMIN_HEADERS) as r:
         return {e["index"]: e for e in (await r.json())["engines"]}
 
 
@@ -67,7 +67,8 @@ async def engine_counter(session: aiohttp.ClientSession, url: str, name: str, en
 def serve(tmp_path: Path) -> Iterator[Serve]:
     """Two slowed fake engines (50 ms a step, no speculation: a 200-token stream takes 10 s), restarted
     0.2 s after a death."""
-    under_test = Serve(tmp_path, "--engines", "2", "--step-sleep", "0.05", "--engine-restart-backoff", "0.2")
+    flags = ("--engines", "2", "--step-sleep", "0.05", "--engine-restart-backoff", "0.2")
+    under_test = Serve(tmp_path, *flags, "--admin-api-key", ADMIN_KEY)  # the frontend gets it in its env
     try:
         under_test.cluster.wait_healthy(90, engines=2)
         yield under_test
