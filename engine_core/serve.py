@@ -174,13 +174,16 @@ def main(argv: list[str] | None = None) -> None:
     url = f"http://{args.host}:{args.port}"
     exit_code = 0
     try:
+        why = f"not healthy at {url}/health after --startup-timeout {args.startup_timeout:g} s"
         try:
             healthy = wait_healthy(url, children, 1, args.startup_timeout, abort=lambda: stopping)
-        except (RuntimeError, TimeoutError):
+        except RuntimeError as e:  # a child exited before serving: its error is in the log above
+            healthy, why = False, str(e).split(":\n", 1)[0]
+        except TimeoutError:
             healthy = False
         if not healthy:
             if not stopping:
-                logger.error("openinfer did not become healthy at %s/health; stopping", url)
+                logger.error("openinfer did not start (%s); stopping", why)
                 exit_code = 1
         else:
             logger.info(
