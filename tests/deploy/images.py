@@ -85,7 +85,9 @@ def digest(*parts: bytes | str) -> str:
 
 
 class Storage:
-    """buildah and podman on a vfs container storage of our own, with our containers.conf."""
+    """buildah and podman on a container storage of our own, with our containers.conf: the overlay driver
+    where the kernel lets containers/storage mount it (containers start in a second), else vfs (a full copy
+    of the image per container and per build). OPENINFER_IMAGE_STORAGE_DRIVER chooses one."""
 
     def __init__(self, cache: Path = CACHE) -> None:
         self.cache = cache
@@ -93,20 +95,27 @@ class Storage:
         conf = cache / "containers.conf"
         conf.write_text(CONTAINERS_CONF)
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-        self.flags = [
-            "--root",
-            str(cache / "storage"),
-            "--runroot",
-            str(cache / "run"),
-            "--storage-driver",
-            "vfs",
-        ]
+        self.driver = os.environ.get("OPENINFER_IMAGE_STORAGE_DRIVER", "")
+        for driver in [self.driver] if self.driver else ["overlay", "vfs"]:
+            self.driver = driver
+            self.flags = [
+                "--root",
+                str(cache / f"storage-{driver}"),
+                "--runroot",
+                str(cache / f"run-{driver}"),
+            ]
+            self.flags += ["--storage-driver", driver]
+            try:  # containers/storage test-mounts an overlay when it sets the driver up
+                self.podman("info", "--format", "{{.Store.GraphDriverName}}", timeout=60)
+                break
+            except RuntimeError:
+                continue
 
     def podman(self, *args: str, timeout: float = 120) -> str:
         runtime = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
         return run(["podman", *self.flags, *runtime, *args], timeout, self.env)
 
-    def buildah(self, *args: str, timeout: float, log: Path) -> str:
+    def buildah(self, *args: str, timeout: float, log: Path | None = None) -> str:
         return run(["buildah", *self.flags, *args], timeout, self.env, log)
 
     def has_image(self, ref: str) -> bool:
@@ -148,7 +157,7 @@ def base_image(storage: Storage) -> str:
     if not tarball.exists():
         for old in storage.cache.glob("base-*.tar"):
             old.unlink()
-        partial = tarball.with_suffix(".partial")
+        partial = tarball.with_name(f"partial-{tarball.name}")  # mmdebstrap writes a tarball for *.tar
         run(
             ["mmdebstrap", *options, SUITE, str(partial), MIRROR],
             900,
@@ -194,13 +203,20 @@ def build(
     """`buildah bud` ``dockerfile`` as ``tag`` on ``base``, then drop the repository's older tags. RUN steps
     share the host's network (pip reaches PyPI, and a wheel mirror on loopback)."""
     ignore_file = dockerfile.with_name(dockerfile.name + ".dockerignore")
-    flags = ["--isolation", "chroot", "--network", "host", "--force-rm", "-f", str(dockerfile), "-t", tag]
+    flags = ["--isolation", "chroot", "--network", "host", "-f", str(dockerfile), "-t", tag]
     if ignore_file.exists():
         flags += ["--ignorefile", str(ignore_file)]
     for name, value in {"BASE_IMAGE": base, **args}.items():
         flags += ["--build-arg", f"{name}={value}"]
     log = storage.cache / "logs" / f"{tag.rsplit('/', 1)[1].split(':')[0]}.log"
-    storage.buildah("bud", *flags, str(context), timeout=1800, log=log)
+    before = set(storage.buildah("containers", "--quiet", timeout=60).split())
+    try:
+        storage.buildah("bud", *flags, str(context), timeout=1800, log=log)
+    except (RuntimeError, TimeoutError):
+        # a failed build leaves its working container behind: remove the ones it made, by id
+        for container in set(storage.buildah("containers", "--quiet", timeout=60).split()) - before:
+            storage.buildah("rm", container, timeout=120)
+        raise
     storage.keep_only(tag)
 
 
