@@ -20,8 +20,9 @@ from tests.deploy.stack import PROMETHEUS_DIR, LiveFrontend, Prometheus
 class Containers:
     """Containers started here, by name, each removed by its id in `stop`."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, work_dir: Path) -> None:
         self.storage = storage
+        self.dir = work_dir  # the containers' id files
         self.ids: dict[str, str] = {}
 
     def start(
@@ -39,10 +40,15 @@ class Containers:
             flags += ["-v", f"{source}:{target}:{options}"]
         for key, value in (env or {}).items():
             flags += ["-e", f"{key}={value}"]
-        # vfs copies the whole image for each container: a few seconds per GB.
-        container_id = self.storage.podman("run", "-d", *flags, image, *args, timeout=300).strip()
-        self.ids[name] = container_id
-        return container_id
+        # The id file is written once the container exists: `stop` removes it even if `podman run` then
+        # fails or is killed past its time (vfs copies the whole image for each container, seconds per GB).
+        cidfile = self.dir / f"{name}.cid"
+        try:
+            self.storage.podman("run", "-d", "--cidfile", str(cidfile), *flags, image, *args, timeout=300)
+        finally:
+            if cidfile.exists():
+                self.ids[name] = cidfile.read_text().strip()
+        return self.ids[name]
 
     def state(self, name: str) -> dict[str, Any]:
         (info,) = json.loads(self.storage.podman("inspect", "--type", "container", self.ids[name]))
@@ -65,7 +71,8 @@ class Containers:
     def stop(self) -> None:
         """Remove every container started here, by id, with its anonymous volumes (SIGKILL after 5 s)."""
         if self.ids:
-            self.storage.podman("rm", "--force", "--volumes", "--time", "5", *self.ids.values(), timeout=300)
+            ids = self.ids.values()
+            self.storage.podman("rm", "--force", "--ignore", "--volumes", "--time", "5", *ids, timeout=300)
             self.ids.clear()
 
 

@@ -2,7 +2,8 @@
 
 The base image is a Debian root bootstrapped by mmdebstrap from Debian's packages: bookworm's Python 3.11 (the
 Python of python:3.11-slim, the Dockerfiles' default base) in a venv on PATH, so that `pip` installs as it
-does in python:3.11-slim. It is imported into a vfs storage of our own under the cache directory
+does in python:3.11-slim (OPENINFER_DEBIAN_MIRROR: another mirror than deb.debian.org). It is imported into
+a container storage of our own (overlay, or vfs where overlay cannot mount) under the cache directory
 (OPENINFER_IMAGE_CACHE, default ~/.cache/openinfer-images), and the Dockerfiles take it as BASE_IMAGE. Each
 image is tagged with a hash of everything that goes into it, so an unchanged image is never built again.
 Every command here runs in its own process group, killed past its time limit.
@@ -10,6 +11,7 @@ Every command here runs in its own process group, killed past its time limit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import http.server
@@ -34,7 +36,8 @@ TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
 INSTALL = "apt-get install -y --no-install-recommends podman buildah runc mmdebstrap"
 
 # Debian 12: Python 3.11, as python:3.11-slim and a cp311 torch wheel need.
-SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
+SUITE = "bookworm"
+MIRROR = os.environ.get("OPENINFER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 VENV = "/opt/venv"
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -68,6 +71,10 @@ def run(argv: list[str], timeout: float, env: dict[str, str] | None = None, log:
             os.killpg(process.pid, signal.SIGKILL)
             out, _ = process.communicate()
             raise TimeoutError(f"{argv[:3]}...: not done after {timeout:.0f} s\n{out[-4000:]}") from None
+        except BaseException:  # pytest-timeout's or Ctrl-C's exception: the command must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
     if log is not None:
         log.write_text(out)
     if process.returncode != 0:
@@ -95,8 +102,9 @@ class Storage:
         conf = cache / "containers.conf"
         conf.write_text(CONTAINERS_CONF)
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-        self.driver = os.environ.get("OPENINFER_IMAGE_STORAGE_DRIVER", "")
-        for driver in [self.driver] if self.driver else ["overlay", "vfs"]:
+        chosen = os.environ.get("OPENINFER_IMAGE_STORAGE_DRIVER", "")
+        errors = []
+        for driver in [chosen] if chosen else ["overlay", "vfs"]:
             self.driver = driver
             self.flags = [
                 "--root",
@@ -108,8 +116,10 @@ class Storage:
             try:  # containers/storage test-mounts an overlay when it sets the driver up
                 self.podman("info", "--format", "{{.Store.GraphDriverName}}", timeout=60)
                 break
-            except RuntimeError:
-                continue
+            except (RuntimeError, TimeoutError) as error:
+                errors.append(f"{driver}: {error}")
+        else:
+            raise RuntimeError("podman works with no storage driver here:\n" + "\n".join(errors))
 
     def podman(self, *args: str, timeout: float = 120) -> str:
         runtime = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
@@ -155,6 +165,8 @@ def base_image(storage: Storage) -> str:
         return tag
     tarball = storage.cache / f"base-{key}.tar"
     if not tarball.exists():
+        if not reachable(f"{MIRROR}/dists/{SUITE}/Release"):
+            pytest.skip(f"the Debian mirror {MIRROR} is unreachable (OPENINFER_DEBIAN_MIRROR names another)")
         for old in storage.cache.glob("base-*.tar"):
             old.unlink()
         partial = tarball.with_name(f"partial-{tarball.name}")  # mmdebstrap writes a tarball for *.tar
@@ -211,9 +223,9 @@ def build(
     log = storage.cache / "logs" / f"{tag.rsplit('/', 1)[1].split(':')[0]}.log"
     before = set(storage.buildah("containers", "--quiet", timeout=60).split())
     try:
-        storage.buildah("bud", *flags, str(context), timeout=1800, log=log)
-    except (RuntimeError, TimeoutError):
-        # a failed build leaves its working container behind: remove the ones it made, by id
+        storage.buildah("bud", *flags, str(context), timeout=900, log=log)
+    except BaseException:
+        # a failed or interrupted build leaves its working container behind: remove the ones it made, by id
         for container in set(storage.buildah("containers", "--quiet", timeout=60).split()) - before:
             storage.buildah("rm", container, timeout=120)
         raise

@@ -1,7 +1,7 @@
 """deploy/Dockerfile (the CUDA engine image) as far as it can be checked without a GPU or its base image: its
 pins agree with each other and with the CPU image, and the Python packages it installs resolve for its
-Python (Ubuntu 24.04's 3.12) on x86_64. Building it needs the nvidia/cuda images; docker-compose.yml's GPU
-profiles are validated by test_compose.py."""
+Python (Ubuntu 24.04's 3.12) on x86_64, and docker-compose.yml's GPU profiles validate and build every GPU
+engine from it (test_compose.py checks their wiring). Building it needs the nvidia/cuda images."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 
 from tests.deploy.images import reachable
 from tests.deploy.stack import DEPLOY
+from tests.deploy.test_compose import active, compose_config
 
 ROOT = DEPLOY.parent
 UBUNTU_PYTHON = "3.12"  # python3 of ubuntu24.04, the UBUNTU the Dockerfile names
@@ -93,3 +94,17 @@ def test_python_requirements_resolve() -> None:
     flash_attn = cuda["FLASH_ATTN_VERSION"][0]
     with urllib.request.urlopen("https://pypi.org/simple/flash-attn/", timeout=30) as r:
         assert f"flash_attn-{flash_attn}.tar.gz" in r.read().decode()
+
+
+def test_compose_gpu_profiles_build_this_image() -> None:
+    """`docker-compose config` validates the gpu-8 profile, and each of its engines builds deploy/Dockerfile
+    from the repository root as the one engine image, reserving an NVIDIA GPU."""
+    services = active(compose_config("--profile", "gpu-8"), {"gpu-8"})
+    engines = {name: service for name, service in services.items() if name.startswith("engine-")}
+    assert sorted(engines) == [f"engine-{i}" for i in range(8)]
+    for name, engine in engines.items():
+        assert engine["build"]["dockerfile"] == "deploy/Dockerfile", name
+        assert Path(engine["build"]["context"]).resolve() == ROOT, name
+        assert engine["image"] == "openinfer-engine:latest", name
+        (device,) = engine["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia", name
