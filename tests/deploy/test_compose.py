@@ -96,8 +96,8 @@ def test_number_of_engines_is_a_profile() -> None:
     """gpu-N runs engine-0 .. engine-(N-1) on N distinct GPUs; GPU ids and the frontend's address come from
     the environment."""
     for n in range(1, 9):
-        engines = set(active(compose_config(), {f"gpu-{n}"})) - ALWAYS
-        assert engines == {f"engine-{i}" for i in range(n)}, n
+        running = set(active(compose_config(), {f"gpu-{n}"})) - ALWAYS
+        assert running == {f"engine-{i}" for i in range(n)}, n
     config = compose_config(ENGINE_1_GPU="5", OPENINFER_FRONTEND="tcp://10.0.0.5:5555")
     engines = {name: s for name, s in active(config, {"gpu-8"}).items() if name.startswith("engine-")}
     gpus = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in engines.values()]

@@ -84,7 +84,9 @@ def test_python_requirements_resolve() -> None:
     )
     assert report.returncode == 0, report.stderr[-4000:]
     installs = json.loads(report.stdout)["install"]
-    resolved = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}
+    resolved: dict[str, str] = {
+        canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in installs
+    }
     assert resolved["torch"].split("+")[0] == torch_version
     for dependency in map(Requirement, dependencies):
         assert dependency.specifier.contains(

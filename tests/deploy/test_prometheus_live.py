@@ -100,7 +100,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             prometheus = Prometheus(processes, f"prometheus-{name}", work, env={"OPENINFER_HOST": name})
             hosts[name] = Host(name, frontend, prometheus)
         for host in hosts.values():
-            wait_until(host.frontend.healthy, 90, f"{host.frontend.name} with its engines", processes)
+            wait_until(host.frontend.healthy, 90, f"frontend-{host.name} with its engines", processes)
         # Prometheus only now: its first scrape sees every engine's counters at 0.
         fleet = Prometheus(processes, "prometheus-global", work)
         for host in hosts.values():
@@ -244,7 +244,7 @@ def test_frontends_needed_only_the_image_packages(stack: Stack) -> None:
     """The frontends ran with only deploy/frontend-requirements.txt's packages importable (as in the slim
     image), and openinfer never tried to import anything else."""
     for host in stack.hosts.values():
-        log = (stack.processes.log_dir / f"{host.frontend.name}.log").read_text()
+        log = (stack.processes.log_dir / f"frontend-{host.name}.log").read_text()
         refused = re.findall(r"slim-frontend: refused import of (\S+) \(by (\S+)\)", log)
         assert not [(module, by) for module, by in refused if by.startswith(("openinfer", "__main__"))], (
             refused
