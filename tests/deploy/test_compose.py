@@ -148,8 +148,11 @@ def test_frontend_image_installs_no_torch() -> None:
     requirements = (DEPLOY / "frontend-requirements.txt").read_text().splitlines()
     assert not [line for line in requirements if "torch" in line and not line.startswith("#")]
     engine = (DEPLOY / "Dockerfile").read_text()
-    assert "FROM nvidia/cuda:" in engine and '".[gpu]"' in engine and "TORCH_VERSION=" in engine
-    assert "--index-url https://download.pytorch.org/whl/cpu" in (DEPLOY / "Dockerfile.cpu").read_text()
+    assert "ARG BASE_IMAGE=nvidia/cuda:" in engine and "FROM ${BASE_IMAGE}" in engine
+    assert '".[gpu]"' in engine and "TORCH_VERSION=" in engine
+    cpu = (DEPLOY / "Dockerfile.cpu").read_text()  # torch from PyTorch's CPU index unless told otherwise
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in cpu
+    assert '--index-url "${TORCH_INDEX_URL}"' in cpu
 
 
 def test_commands_parse_with_the_real_clis() -> None:
