@@ -14,7 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
@@ -44,18 +44,35 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         return json.load(response)
 
 
-class Frontend:
+class LiveFrontend:
+    """A frontend on loopback and its engines' spec logs, however they run (processes, containers)."""
+
+    def __init__(self, http_port: int) -> None:
+        self.http_port = http_port
+        self.url = f"http://{HOST}:{http_port}"
+        self.target = f"{HOST}:{http_port}"
+        self.spec_logs: list[Path] = []
+        self.num_engines = 0
+
+    def healthy(self) -> bool:
+        try:
+            return get_json(f"{self.url}/health", timeout=1)["engines_up"] >= self.num_engines
+        except (urllib.error.URLError, OSError, KeyError):
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+
+class Frontend(LiveFrontend):
     """A slim frontend (tests/deploy/slim_frontend.py) and its CPU engines with n-gram speculation."""
 
     def __init__(self, processes: ProcessGroup, name: str) -> None:
+        super().__init__(free_port())
         self.processes = processes
         self.name = name
-        self.http_port = free_port()
         self.engine_port = free_port_pair()
-        self.url = f"http://{HOST}:{self.http_port}"
-        self.target = f"{HOST}:{self.http_port}"
-        self.spec_logs: list[Path] = []
-        self.num_engines = 0
         processes.spawn(
             name,
             [
@@ -99,18 +116,8 @@ class Frontend:
             ],
         )
 
-    def healthy(self) -> bool:
-        try:
-            return get_json(f"{self.url}/health", timeout=1)["engines_up"] >= self.num_engines
-        except (urllib.error.URLError, OSError, KeyError):
-            return False
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
-            return response.read().decode()
-
-
-def host_config(frontend: Frontend, self_target: str) -> dict[str, Any]:
+def host_config(frontend: LiveFrontend, self_target: str) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml for a test host: its frontend on loopback, scrape and rules every 1 s."""
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     config["global"]["scrape_interval"] = "1s"
@@ -197,7 +204,15 @@ class Prometheus:
         return [(float(t), float(v)) for t, v in result[0]["values"]] if result else []
 
 
-def wait_until(condition: Any, timeout: float, what: str, processes: ProcessGroup) -> None:
+class Watched(Protocol):
+    """What wait_until watches while it polls: a ProcessGroup, or tests/deploy/images.py's Containers."""
+
+    def check_alive(self) -> None: ...
+
+    def logs(self, chars: int = 3000) -> str: ...
+
+
+def wait_until(condition: Any, timeout: float, what: str, processes: Watched) -> None:
     """Poll ``condition()`` every 0.1 s; raise with the children's logs after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():

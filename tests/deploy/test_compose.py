@@ -96,8 +96,8 @@ def test_number_of_engines_is_a_profile() -> None:
     """gpu-N runs engine-0 .. engine-(N-1) on N distinct GPUs; GPU ids and the frontend's address come from
     the environment."""
     for n in range(1, 9):
-        engines = set(active(compose_config(), {f"gpu-{n}"})) - ALWAYS
-        assert engines == {f"engine-{i}" for i in range(n)}, n
+        running = set(active(compose_config(), {f"gpu-{n}"})) - ALWAYS
+        assert running == {f"engine-{i}" for i in range(n)}, n
     config = compose_config(ENGINE_1_GPU="5", OPENINFER_FRONTEND="tcp://10.0.0.5:5555")
     engines = {name: s for name, s in active(config, {"gpu-8"}).items() if name.startswith("engine-")}
     gpus = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in engines.values()]
@@ -148,8 +148,11 @@ def test_frontend_image_installs_no_torch() -> None:
     requirements = (DEPLOY / "frontend-requirements.txt").read_text().splitlines()
     assert not [line for line in requirements if "torch" in line and not line.startswith("#")]
     engine = (DEPLOY / "Dockerfile").read_text()
-    assert "FROM nvidia/cuda:" in engine and '".[gpu]"' in engine and "TORCH_VERSION=" in engine
-    assert "--index-url https://download.pytorch.org/whl/cpu" in (DEPLOY / "Dockerfile.cpu").read_text()
+    assert "ARG BASE_IMAGE=nvidia/cuda:" in engine and "FROM ${BASE_IMAGE}" in engine
+    assert '".[gpu]"' in engine and "TORCH_VERSION=" in engine
+    cpu = (DEPLOY / "Dockerfile.cpu").read_text()  # torch from PyTorch's CPU index unless told otherwise
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in cpu
+    assert '--index-url "${TORCH_INDEX_URL}"' in cpu
 
 
 def test_commands_parse_with_the_real_clis() -> None:

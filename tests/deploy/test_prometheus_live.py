@@ -22,19 +22,18 @@ weighting exactly, and the federated totals exactly.
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import aiohttp
 import pytest
 import yaml
 
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics, total
+from openinfer.tools.spec_tally import total
+from tests.deploy.live_host import WINDOW, Host, run_load, wait_for_final_counters, wait_for_zero_scrape
 from tests.deploy.recorded_checks import REL, check_host_ratios, check_totals
 from tests.deploy.stack import (
     DEPLOY,
@@ -61,7 +60,6 @@ SMALL = {
     "max_position_embeddings": 256,
 }
 HOSTS = {"a": (7, 3), "b": (5,)}  # host label -> K of each engine
-WINDOW = 60.0  # the rules' rate window, seconds
 
 # deploy/README.md's fleet-wide queries, run on the global Prometheus.
 FLEET_ACCEPTANCE_RATE = (
@@ -80,104 +78,11 @@ FLEET_ACCEPTED_TOKENS = "sum by (model_name) (model_name:spec_decode_num_accepte
 
 
 @dataclass
-class Host:
-    name: str
-    frontend: Frontend
-    prometheus: Prometheus
-    t_zero: float = 0.0  # timestamp of the first scrape: every spec-decode counter at 0
-    t_final: float = 0.0  # after this, every scrape sees the final counters
-    t_eval: float = 0.0  # a rules evaluation whose window holds the zero scrape and a final one
-    logs: dict[int, AcceptanceTally] = field(default_factory=dict)  # the spec logs, per engine index
-
-
-@dataclass
 class Stack:
     hosts: dict[str, Host]
     fleet: Prometheus
     t_fleet: float  # the global Prometheus holds both hosts' evaluations from their exact windows by now
     processes: ProcessGroup
-
-
-def prompts(n: int, seed: int) -> list[str | list[int]]:
-    """Repetitive text and repeated token ids (n-gram lookups hit), random token ids (they mostly miss)."""
-    rng = random.Random(seed)
-    repeated = "To be, or not to be, that is the question. " * 4
-    pool: list[str | list[int]] = [
-        repeated,
-        [rng.randrange(3, 512) for _ in range(9)] * 3,
-        repeated[5:],
-        [rng.randrange(3, 512) for _ in range(40)],
-    ]
-    return [pool[i % len(pool)] for i in range(n)]
-
-
-async def run_load(frontends: list[tuple[Frontend, int]]) -> None:
-    """``n`` concurrent greedy completions on each frontend; returns when all have finished."""
-
-    async def one(session: aiohttp.ClientSession, url: str, prompt: str | list[int]) -> None:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            await r.read()
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        await asyncio.gather(
-            *(one(session, f.url, p) for i, (f, n) in enumerate(frontends) for p in prompts(n, seed=i))
-        )
-
-
-def spec_series(prometheus: Prometheus, at: float | None = None) -> list[dict]:
-    return prometheus.query(
-        '{__name__=~"vllm:spec_decode_.+_total|openinfer:spec_decode_accepted_length_total"}[5m]', at
-    )
-
-
-def wait_for_zero_scrape(host: Host, processes: ProcessGroup) -> None:
-    """Until the host's Prometheus has scraped every engine's series; they must all start at 0, together."""
-    engines = host.frontend.num_engines
-    wait_until(
-        lambda: len(host.prometheus.query("vllm:spec_decode_num_drafts_total")) == engines,
-        30,
-        f"host {host.name}'s first scrape",
-        processes,
-    )
-    series = spec_series(host.prometheus)
-    firsts = {(float(s["values"][0][0]), s["values"][0][1]) for s in series}
-    assert len(firsts) == 1, f"host {host.name}: series did not all start in one scrape at 0: {firsts}"
-    ((host.t_zero, value),) = firsts
-    assert float(value) == 0
-
-
-def wait_for_final_counters(host: Host, processes: ProcessGroup) -> None:
-    """Until the frontend's /metrics equals its engines' spec logs; then every later scrape is final."""
-    engines = range(host.frontend.num_engines)
-
-    def final() -> bool:
-        logs = read_spec_logs(host.frontend.spec_logs)
-        assert not logs.malformed, logs.malformed
-        metrics = tally_metrics(host.frontend.metrics())
-        if any(metrics[e].bins() != logs.engines.get(e, AcceptanceTally()).bins() for e in engines):
-            return False
-        host.logs = {e: logs.engines.get(e, AcceptanceTally()) for e in engines}
-        return True
-
-    wait_until(final, 15, f"host {host.name}'s /metrics to equal its spec logs", processes)
-    host.t_final = time.time()
-    # The first rules evaluation at least one scrape interval (plus a margin to commit it) after t_final.
-    earliest = host.t_final + 1.5
-
-    def evaluated() -> bool:
-        stamps = [t for t, _ in host.prometheus.samples("model_name:spec_decode_num_drafts:sum[10s]")]
-        later = [t for t in stamps if t >= earliest]
-        if later:
-            host.t_eval = min(later)
-        return bool(later)
-
-    wait_until(evaluated, 10, f"host {host.name}'s rules evaluation after the load", processes)
-    assert host.t_eval <= host.t_zero + WINDOW - 0.5, (
-        f"host {host.name}: the load ended too late ({host.t_eval - host.t_zero:.1f} s after the first "
-        f"scrape) for the {WINDOW:.0f} s window to still hold the zero scrape"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +100,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             prometheus = Prometheus(processes, f"prometheus-{name}", work, env={"OPENINFER_HOST": name})
             hosts[name] = Host(name, frontend, prometheus)
         for host in hosts.values():
-            wait_until(host.frontend.healthy, 90, f"{host.frontend.name} with its engines", processes)
+            wait_until(host.frontend.healthy, 90, f"frontend-{host.name} with its engines", processes)
         # Prometheus only now: its first scrape sees every engine's counters at 0.
         fleet = Prometheus(processes, "prometheus-global", work)
         for host in hosts.values():
@@ -339,7 +244,7 @@ def test_frontends_needed_only_the_image_packages(stack: Stack) -> None:
     """The frontends ran with only deploy/frontend-requirements.txt's packages importable (as in the slim
     image), and openinfer never tried to import anything else."""
     for host in stack.hosts.values():
-        log = (stack.processes.log_dir / f"{host.frontend.name}.log").read_text()
+        log = (stack.processes.log_dir / f"frontend-{host.name}.log").read_text()
         refused = re.findall(r"slim-frontend: refused import of (\S+) \(by (\S+)\)", log)
         assert not [(module, by) for module, by in refused if by.startswith(("openinfer", "__main__"))], (
             refused

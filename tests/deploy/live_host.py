@@ -1,0 +1,110 @@
+"""One live host of the deploy tests: a frontend, its engines' spec logs and its Prometheus, a load, and the
+waits after which the host's recorded values must equal its spec logs exactly (tests/deploy/
+test_prometheus_live.py says why). Its frontend and Prometheus may run as processes or as containers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics
+from tests.deploy.stack import LiveFrontend, Prometheus, Watched, wait_until
+
+WINDOW = 60.0  # the rules' rate window, seconds
+
+
+@dataclass
+class Host:
+    name: str
+    frontend: LiveFrontend
+    prometheus: Prometheus
+    t_zero: float = 0.0  # timestamp of the first scrape: every spec-decode counter at 0
+    t_final: float = 0.0  # after this, every scrape sees the final counters
+    t_eval: float = 0.0  # a rules evaluation whose window holds the zero scrape and a final one
+    logs: dict[int, AcceptanceTally] = field(default_factory=dict)  # the spec logs, per engine index
+
+
+def prompts(n: int, seed: int) -> list[str | list[int]]:
+    """Repetitive text and repeated token ids (n-gram lookups hit), random token ids (they mostly miss)."""
+    rng = random.Random(seed)
+    repeated = "To be, or not to be, that is the question. " * 4
+    pool: list[str | list[int]] = [
+        repeated,
+        [rng.randrange(3, 512) for _ in range(9)] * 3,
+        repeated[5:],
+        [rng.randrange(3, 512) for _ in range(40)],
+    ]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+async def run_load(frontends: list[tuple[LiveFrontend, int]]) -> None:
+    """``n`` concurrent greedy completions on each frontend; returns when all have finished."""
+
+    async def one(session: aiohttp.ClientSession, url: str, prompt: str | list[int]) -> None:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        async with session.post(f"{url}/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            await r.read()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(
+            *(one(session, f.url, p) for i, (f, n) in enumerate(frontends) for p in prompts(n, seed=i))
+        )
+
+
+def spec_series(prometheus: Prometheus, at: float | None = None) -> list[dict]:
+    return prometheus.query(
+        '{__name__=~"vllm:spec_decode_.+_total|openinfer:spec_decode_accepted_length_total"}[5m]', at
+    )
+
+
+def wait_for_zero_scrape(host: Host, processes: Watched) -> None:
+    """Until the host's Prometheus has scraped every engine's series; they must all start at 0, together."""
+    engines = host.frontend.num_engines
+    wait_until(
+        lambda: len(host.prometheus.query("vllm:spec_decode_num_drafts_total")) == engines,
+        30,
+        f"host {host.name}'s first scrape",
+        processes,
+    )
+    series = spec_series(host.prometheus)
+    firsts = {(float(s["values"][0][0]), s["values"][0][1]) for s in series}
+    assert len(firsts) == 1, f"host {host.name}: series did not all start in one scrape at 0: {firsts}"
+    ((host.t_zero, value),) = firsts
+    assert float(value) == 0
+
+
+def wait_for_final_counters(host: Host, processes: Watched) -> None:
+    """Until the frontend's /metrics equals its engines' spec logs; then every later scrape is final."""
+    engines = range(host.frontend.num_engines)
+
+    def final() -> bool:
+        logs = read_spec_logs(host.frontend.spec_logs)
+        assert not logs.malformed, logs.malformed
+        metrics = tally_metrics(host.frontend.metrics())
+        if any(metrics[e].bins() != logs.engines.get(e, AcceptanceTally()).bins() for e in engines):
+            return False
+        host.logs = {e: logs.engines.get(e, AcceptanceTally()) for e in engines}
+        return True
+
+    wait_until(final, 15, f"host {host.name}'s /metrics to equal its spec logs", processes)
+    host.t_final = time.time()
+    # The first rules evaluation at least one scrape interval (plus a margin to commit it) after t_final.
+    earliest = host.t_final + 1.5
+
+    def evaluated() -> bool:
+        stamps = [t for t, _ in host.prometheus.samples("model_name:spec_decode_num_drafts:sum[10s]")]
+        later = [t for t in stamps if t >= earliest]
+        if later:
+            host.t_eval = min(later)
+        return bool(later)
+
+    wait_until(evaluated, 10, f"host {host.name}'s rules evaluation after the load", processes)
+    assert host.t_eval <= host.t_zero + WINDOW - 0.5, (
+        f"host {host.name}: the load ended too late ({host.t_eval - host.t_zero:.1f} s after the first "
+        f"scrape) for the {WINDOW:.0f} s window to still hold the zero scrape"
+    )

@@ -1,0 +1,139 @@
+"""deploy/'s frontend and CPU engine images, built from the project's own files and run as containers.
+
+buildah builds deploy/Dockerfile.frontend and deploy/Dockerfile.cpu unchanged but for their BASE_IMAGE, a
+Debian bookworm root bootstrapped here (tests/deploy/images.py: no image registry is reachable), and podman
+runs the frontend, two CPU engines (the built-in model with its DFlash drafter, K=7 and K=4, writing spec
+logs) and Prometheus (Debian's package in an image on the same base, with deploy/prometheus/'s config and
+rules at 1 s intervals) on the host's network. After a load, /metrics equals the spec logs and the recorded
+acceptance rate, mean acceptance length, per-position curve and accepted-length distribution equal the
+logs' to 1e-12 relative, as in test_prometheus_live.py (which says why). Images are cached by a hash of
+their inputs under OPENINFER_IMAGE_CACHE (default ~/.cache/openinfer-images); the first run builds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from openinfer.tools.spec_tally import total
+from tests.deploy.containers import Containers, FrontendContainers, PrometheusContainer
+from tests.deploy.images import (
+    CACHE,
+    Storage,
+    WheelIndex,
+    base_image,
+    build,
+    cpu_torch_wheels,
+    image_tag,
+    reachable,
+    require_image_tools,
+)
+from tests.deploy.live_host import Host, run_load, wait_for_final_counters, wait_for_zero_scrape
+from tests.deploy.recorded_checks import check_host_ratios, check_totals
+from tests.deploy.stack import DEPLOY, host_config, wait_until
+
+pytestmark = pytest.mark.timeout(1200)  # a first run bootstraps the base and builds every image (4-6 min)
+
+KS = (7, 4)  # K of each engine (the built-in drafter drafts up to 7)
+TORCH_VERSION = re.search(r"ARG TORCH_VERSION=(\S+)", (DEPLOY / "Dockerfile.cpu").read_text()).group(1)  # type: ignore[union-attr]
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+@dataclass
+class Images:
+    storage: Storage
+    frontend: str
+    cpu: str
+    prometheus: str
+
+
+@pytest.fixture(scope="module")
+def images() -> Images:
+    """The three images, built unless an image with the same inputs' hash exists."""
+    require_image_tools()
+    if not reachable("https://pypi.org/simple/pip/"):
+        pytest.skip("PyPI is unreachable: the images' `pip install` steps cannot run here")
+    storage = Storage()
+    started = time.monotonic()
+    base = base_image(storage)
+    frontend = image_tag("localhost/openinfer-frontend", DEPLOY / "Dockerfile.frontend", base, {})
+    if not storage.has_image(frontend):
+        build(storage, frontend, DEPLOY / "Dockerfile.frontend", base, {})
+    cpu_args = {"TORCH_VERSION": TORCH_VERSION}
+    cpu = image_tag("localhost/openinfer-cpu", DEPLOY / "Dockerfile.cpu", base, cpu_args)
+    if not storage.has_image(cpu):
+        if reachable(f"{PYTORCH_CPU_INDEX}/torch/"):
+            build(storage, cpu, DEPLOY / "Dockerfile.cpu", base, cpu_args)
+        else:
+            # The same wheels as PyTorch's CPU index would give, through this machine's pip, on loopback.
+            with WheelIndex(cpu_torch_wheels(TORCH_VERSION, storage.cache)) as index:
+                build(
+                    storage, cpu, DEPLOY / "Dockerfile.cpu", base, {**cpu_args, "TORCH_INDEX_URL": index.url}
+                )
+    dockerfile = Path(__file__).with_name("Dockerfile.prometheus")
+    prometheus = image_tag("localhost/openinfer-prometheus", dockerfile, base, {})
+    if not storage.has_image(prometheus):
+        with tempfile.TemporaryDirectory() as empty:
+            build(storage, prometheus, dockerfile, base, {}, context=Path(empty))
+    print(
+        f"\nimages ready in {time.monotonic() - started:.0f} s (cache: {CACHE}): {frontend} {cpu} {prometheus}"
+    )
+    return Images(storage, frontend, cpu, prometheus)
+
+
+@pytest.fixture(scope="module")
+def host(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """The containers, their zero scrape, a load, and the final counters scraped and evaluated."""
+    work = tmp_path_factory.mktemp("images")
+    containers = Containers(images.storage, work)
+    try:
+        frontend = FrontendContainers(containers, images.frontend, work / "spec-logs")
+        for index, k in enumerate(KS):
+            frontend.start_engine(images.cpu, index, k)
+        wait_until(frontend.healthy, 180, "the frontend container with both engines", containers)
+        # Prometheus only now: its first scrape sees every engine's counters at 0.
+        prometheus = PrometheusContainer(containers, images.prometheus, work, env={"OPENINFER_HOST": "a"})
+        prometheus.start(host_config(frontend, prometheus.target))
+        wait_until(prometheus.ready, 120, "the Prometheus container ready", containers)
+        live = Host("a", frontend, prometheus)
+        wait_for_zero_scrape(live, containers)
+        asyncio.run(run_load([(frontend, 8)]))
+        wait_for_final_counters(live, containers)
+        yield live
+    finally:
+        containers.stop()
+
+
+def test_container_metrics_equal_spec_logs(host: Host) -> None:
+    """The frontend container's /metrics equals the engine containers' spec logs (wait_for_final_counters
+    waits for exactly that), and the Prometheus container's recorded ratios and totals equal the logs'."""
+    check_host_ratios(host.prometheus, host.t_eval, host.logs, KS)
+    check_totals(host.prometheus, host.t_eval, total(host.logs.values()), max(KS))
+    assert all(tally.num_drafts for tally in host.logs.values())  # both engines drafted
+
+
+def test_frontend_image_has_no_torch(images: Images) -> None:
+    """The frontend image runs without torch, numpy or transformers installed."""
+    probe = (
+        "import importlib.util as u; print([m for m in ('torch', 'numpy', 'transformers') if u.find_spec(m)])"
+    )
+    out = images.storage.podman("run", "--rm", "--entrypoint", "python", images.frontend, "-c", probe)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_cpu_image_has_the_cpu_torch(images: Images) -> None:
+    """The CPU engine image holds torch's CPU build at the pinned version and no triton, and structured outputs
+    (xgrammar, which lists triton as a requirement) import without it."""
+    probe = (
+        "import importlib.util as u, torch, xgrammar, openinfer.engine_core.structured_output; "
+        "print(torch.__version__, torch.version.cuda, u.find_spec('triton') is not None)"
+    )
+    out = images.storage.podman("run", "--rm", "--entrypoint", "python", images.cpu, "-c", probe)
+    assert out.strip().splitlines()[-1] == f"{TORCH_VERSION}+cpu None False"
