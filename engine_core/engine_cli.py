@@ -56,6 +56,11 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     ``--kv-cache-gb``, ``--gpu-memory-utilization``).
     """
     device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device cuda (or --gpu): this torch ({torch.__version__}) sees no CUDA device; install a CUDA "
+            "build of torch on a GPU machine, or run with --device cpu"
+        )
     dtype = resolve_dtype(config.dtype, device)
     if config.fake_model:  # the test double behind a user flag: imported only when asked for
         from openinfer.engine_core.testing.fake_model_runner import FAKE_MODEL_CONFIG, FakeModelRunner

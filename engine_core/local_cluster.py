@@ -4,6 +4,7 @@ the end-to-end and deployment tests and the benchmarks. Children are started and
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 HOST = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def free_port() -> int:
@@ -46,6 +48,13 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def _die_with_parent() -> None:
+    """In a child before it execs (Linux): SIGTERM it when the thread that started it dies, so that a
+    SIGKILLed launcher leaves no frontend or engine behind still holding its ports."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class ProcessGroup:
     """Child processes by name. With a `log_dir` each writes to log_dir/NAME.log (unbuffered, one torch
     thread); without, they share this process's output and environment."""
@@ -63,11 +72,15 @@ class ProcessGroup:
         if cpus is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", cpus, *argv]
         if self.log_dir is None:
-            process = subprocess.Popen(argv, env=None if env is None else dict(os.environ, **env))
+            process = subprocess.Popen(
+                argv, env=None if env is None else dict(os.environ, **env), preexec_fn=_die_with_parent
+            )
         else:
             log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
             child_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=child_env, preexec_fn=_die_with_parent
+            )
         self.processes[name] = process
         return process
 
@@ -150,14 +163,16 @@ def wait_healthy(
     engines: int = 1,
     timeout: float = 60.0,
     abort: Callable[[], bool] = lambda: False,
+    check: Callable[[], None] | None = None,
 ) -> bool:
     """Poll `url`/health until it answers 200 with at least `engines` engines up: True. False when `abort()`
-    says to stop waiting; RuntimeError (with the logs) when a child exits; TimeoutError after `timeout`."""
+    says to stop waiting; RuntimeError when `check()` raises it (by default: a child exited, with the logs);
+    TimeoutError after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if abort():
             return False
-        group.check_alive()
+        (check or group.check_alive)()
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
                 if response.status == 200 and json.load(response).get("engines_up", 0) >= engines:

@@ -14,7 +14,7 @@ class RuntimeFacts:
 
     num_kv_blocks: int  # KV blocks the runner holds (--num-kv-blocks, or what --kv-cache-gb buys)
     block_size: int  # tokens per KV block
-    max_model_len: int  # prompt + output limit: --max-model-len capped at the model's max positions
+    max_model_len: int  # prompt + output limit: --max-model-len, else the model's max positions
     eos_token_ids: frozenset[int]  # the model's EOS ids (a request stops on one unless ignore_eos)
     vocab_size: int  # token ids are in [0, vocab_size)
 
@@ -26,6 +26,11 @@ class RuntimeFacts:
     def found(cls, config: EngineConfig, runner: ModelExecutor) -> RuntimeFacts:
         model = runner.model_config
         max_positions = model.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > max_positions:
+            raise ValueError(  # vLLM refuses it too: positions past the model's were never trained
+                f"--max-model-len {config.max_model_len} is greater than the model's "
+                f"max_position_embeddings {max_positions}: give at most {max_positions}, or leave it out"
+            )
         return cls(
             num_kv_blocks=runner.num_kv_blocks,
             block_size=runner.block_size,

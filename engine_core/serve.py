@@ -174,16 +174,23 @@ def main(argv: list[str] | None = None) -> None:
     url = f"http://{args.host}:{args.port}"
     exit_code = 0
     try:
-        why = f"not healthy at {url}/health after --startup-timeout {args.startup_timeout:g} s"
+        why = f"not healthy at {url}/health after --startup-timeout {args.startup_timeout:g} s; stopping"
+
+        def supervise() -> None:  # an engine that dies while the others start is started again, as later
+            if (reason := supervisor.poll()) is not None:
+                raise RuntimeError(reason)
+
         try:
-            healthy = wait_healthy(url, children, 1, args.startup_timeout, abort=lambda: stopping)
-        except RuntimeError as e:  # a child exited before serving: its error is in the log above
-            healthy, why = False, str(e).split(":\n", 1)[0]
+            healthy = wait_healthy(
+                url, children, args.engines, args.startup_timeout, abort=lambda: stopping, check=supervise
+            )
+        except RuntimeError as e:  # the frontend died, or an engine could not start: said in the log above
+            healthy, why = False, str(e)
         except TimeoutError:
             healthy = False
         if not healthy:
             if not stopping:
-                logger.error("openinfer did not start (%s); stopping", why)
+                logger.error("openinfer did not start: %s", why)
                 exit_code = 1
         else:
             logger.info(

@@ -19,6 +19,10 @@ from openinfer.engine_core.local_cluster import ProcessGroup
 
 logger = logging.getLogger("openinfer.serve")
 
+CONFIG_ERROR = (
+    2  # openinfer-engine's exit status for flags or a model it cannot use: starting it again cannot help
+)
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -106,6 +110,9 @@ class Supervisor:
                 continue
             if not child.restartable:
                 return f"{name} {describe_exit(code)}; stopping everything"
+            if code == CONFIG_ERROR:
+                wrong = "its flags or its model are wrong (its log says how)"
+                return f"{name} {describe_exit(code)}: {wrong}; stopping everything"
             delay = self.histories[name].next_delay(now)
             if delay is None:
                 return (

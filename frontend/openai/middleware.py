@@ -116,8 +116,9 @@ def auth_middleware(api_key: str | None, admin_api_key: str | None = None) -> Mi
             if admin_key is None:
                 raise ApiError(
                     403,
-                    "The admin API is off: start openinfer-frontend with --admin-api-key or --api-key (or "
-                    "$OPENINFER_API_KEY) to use it, with that key as `Authorization: Bearer KEY`.",
+                    "The admin API is off: start openinfer-frontend or openinfer-serve with --admin-api-key "
+                    "(or $OPENINFER_ADMIN_API_KEY) or --api-key (or $OPENINFER_API_KEY) to use it, with that "
+                    "key as `Authorization: Bearer KEY`.",
                     type_="permission_error",
                     code="admin_api_disabled",
                 )

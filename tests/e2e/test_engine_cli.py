@@ -1,4 +1,5 @@
-"""openinfer-engine refuses bad speculative settings at start, with a clear message and no silent clamp."""
+"""openinfer-engine refuses bad speculative settings and a context past the model's at start, with a clear
+message and no silent clamp."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ import pytest
         (["--spec-method", "ngram"], "--num-spec-tokens"),
         (["--num-spec-tokens", "4"], "--spec-method"),
         (["--spec-method", "dflash", "--num-spec-tokens", "4"], "--draft-model"),
+        (
+            ["--max-model-len", "1000000"],
+            "is greater than the model's max_position_embeddings",
+        ),  # vLLM's rule
     ],
 )
 def test_engine_refuses_bad_spec_settings(tiny_model: Path, args: list[str], message: str) -> None:

@@ -137,3 +137,22 @@ def test_an_engine_that_keeps_dying_makes_serve_give_up(tmp_path: Path) -> None:
             assert not status.exists() or "zombie" in status.read_text()
     finally:
         serve.close()
+
+
+def test_a_killed_serve_leaves_no_child_behind(tmp_path: Path) -> None:
+    """kill -9 of serve itself (it cannot stop its children): they are told to stop as their parent dies,
+    so no frontend or engine keeps serving or holding the ports."""
+    serve = Serve(tmp_path, "--engines", "2")
+    try:
+        serve.cluster.wait_healthy(90, engines=2)
+        children = [serve.wait_for(role) for role in ("frontend", "engine0", "engine1")]
+        os.kill(serve.process.pid, signal.SIGKILL)
+        serve.process.wait(10)
+        deadline = time.monotonic() + 30
+        alive = children
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]
+        assert not alive, f"children {alive} outlived a kill -9 of serve"
+    finally:
+        serve.close()

@@ -104,3 +104,20 @@ def test_a_dead_frontend_stops_everything(tmp_path: Path) -> None:
         assert reason == "the frontend exited with code 3; stopping everything"
     finally:
         group.stop()
+
+
+def test_an_engine_that_cannot_start_is_not_started_again(tmp_path: Path) -> None:
+    """Exit status 2 (openinfer-engine's for flags or a model it cannot use): no restart, a reason at once."""
+    group = ProcessGroup(tmp_path)
+    supervisor = Supervisor(group, RestartPolicy())
+    try:
+        supervisor.start("the frontend", RUNS, None, restartable=False)
+        supervisor.start("engine 0", ["/bin/sh", "-c", "exit 2"], None, restartable=True)
+        wait_exited(group, "engine 0")
+        assert supervisor.poll() == (
+            "engine 0 exited with code 2: its flags or its model are wrong (its log says how); "
+            "stopping everything"
+        )
+        assert supervisor.restarts["engine 0"] == 0
+    finally:
+        group.stop()
