@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# vLLM's other names for --dtype's values.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
 def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Every flag about what an engine serves and how (not where it runs: see :func:`parse_args`)."""
     parser.add_argument("--model", help="Hugging Face Qwen3 folder (default: the built-in tiny model)")
@@ -66,8 +70,9 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     parser.add_argument(
         "--dtype",
         default="auto",
+        type=lambda name: DTYPE_ALIASES.get(name, name),
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights and KV cache (auto: float32 on the CPU, bfloat16 on CUDA)",
+        help="weights and KV cache (auto: float32 on the CPU, bfloat16 on CUDA; vLLM's half and float too)",
     )
     parser.add_argument(
         "--kv-cache-gb",

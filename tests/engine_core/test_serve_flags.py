@@ -175,3 +175,11 @@ def test_engine_flags_that_cannot_work_stop_serve_before_it_starts(argv: list[st
     """An engine's own checks run in the launcher first: an error naming the flag, nothing started."""
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         prepare(parse_args(argv))
+
+
+@pytest.mark.parametrize(
+    ("given", "dtype"), [("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16")]
+)
+def test_vllm_dtype_names_are_accepted(given: str, dtype: str) -> None:
+    """vLLM's --dtype half and float are float16 and float32."""
+    assert engine_args(["--dtype", given]).dtype == dtype
