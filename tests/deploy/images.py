@@ -121,6 +121,13 @@ class Storage:
         else:
             raise RuntimeError("podman works with no storage driver here:\n" + "\n".join(errors))
 
+    def unmount(self) -> None:
+        """Undo the mount the overlay driver leaves on its own folder (``storage-overlay/overlay``), else the
+        cache cannot be deleted; the next Storage mounts it again. Nothing to do for vfs, or when unmounted."""
+        folder = self.cache / "storage-overlay" / "overlay"
+        if self.driver == "overlay" and folder.exists():  # a bind mount on itself: ismount cannot tell
+            subprocess.run(["umount", str(folder)], capture_output=True, timeout=60, check=False)
+
     def podman(self, *args: str, timeout: float = 120) -> str:
         runtime = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
         return run(["podman", *self.flags, *runtime, *args], timeout, self.env)

@@ -55,12 +55,20 @@ class Images:
 
 
 @pytest.fixture(scope="module")
-def images() -> Images:
-    """The three images, built unless an image with the same inputs' hash exists."""
+def images() -> Iterator[Images]:
+    """The three images, built unless an image with the same inputs' hash exists; the storage unmounted at
+    the end (so that the cache folder can be deleted)."""
     require_image_tools()
     if not reachable("https://pypi.org/simple/pip/"):
         pytest.skip("PyPI is unreachable: the images' `pip install` steps cannot run here")
     storage = Storage()
+    try:
+        yield ready_images(storage)
+    finally:
+        storage.unmount()
+
+
+def ready_images(storage: Storage) -> Images:
     started = time.monotonic()
     base = base_image(storage)
     frontend = image_tag("localhost/openinfer-frontend", DEPLOY / "Dockerfile.frontend", base, {})
