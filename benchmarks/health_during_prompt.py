@@ -25,6 +25,7 @@ import string
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -52,8 +53,12 @@ def random_words(num_chars: int, seed: int = 0) -> str:
     return " ".join(words)[:num_chars]
 
 
-async def measure(url: str, model: str, prompt: str) -> dict[str, object]:
-    """Send the prompt once and poll /health meanwhile: the prompt's status and seconds, /health's latency."""
+async def post_while_polling_health(
+    url: str, path: str, body: dict[str, Any], interval: float = 0.01
+) -> tuple[int, Any, float, list[float]]:
+    """POST ``body`` to ``url + path`` once, polling /health every ``interval`` seconds from the moment it is
+    sent until it is answered: (its status, its JSON, seconds it took, each /health's latency). A /health
+    other than 200 is an error."""
     latencies: list[float] = []
     done = asyncio.Event()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
@@ -63,17 +68,28 @@ async def measure(url: str, model: str, prompt: str) -> dict[str, object]:
                 started = time.monotonic()
                 async with session.get(f"{url}/health") as r:
                     await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"/health answered {r.status} while the prompt was in flight")
                 latencies.append(time.monotonic() - started)
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(interval)
 
-        started = time.monotonic()
         poller = asyncio.create_task(poll())
-        body = {"model": model, "prompt": prompt, "max_tokens": 1}
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            status, answer = r.status, await r.json()
-        took = time.monotonic() - started
-        done.set()
-        await poller
+        await asyncio.sleep(0)  # the first poll is in flight with the request
+        started = time.monotonic()
+        try:
+            async with session.post(f"{url}{path}", json=body) as r:
+                status, answer = r.status, await r.json()
+            took = time.monotonic() - started
+        finally:
+            done.set()
+            await poller
+    return status, answer, took, latencies
+
+
+async def measure(url: str, model: str, prompt: str) -> dict[str, object]:
+    """Send the prompt once and poll /health meanwhile: the prompt's status and seconds, /health's latency."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1}
+    status, answer, took, latencies = await post_while_polling_health(url, "/v1/completions", body)
     message = answer.get("error", {}).get("message", "") if isinstance(answer, dict) else ""
     return {
         "prompt_chars": len(prompt),

@@ -4,14 +4,13 @@ cut to the room left; the admin routes are off without a key."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
+from openinfer.benchmarks.health_during_prompt import post_while_polling_health
 from tests.e2e.processes import Cluster
 
 MAX_MODEL_LEN = 2048  # the fake model's positions
@@ -40,25 +39,9 @@ async def test_huge_prompt_is_refused_at_once_and_health_stays_fast(limits_clust
     """10.5 MB of text: 400 naming the character bound in well under a second; /health, polled every 20 ms
     meanwhile, never takes more than 0.3 s; a normal request is served after it."""
     url = limits_cluster.url
-    latencies: list[float] = []
-    done = asyncio.Event()
+    huge = {"model": "fake", "prompt": "Hello world. " * 807_693}
+    status, body, took, latencies = await post_while_polling_health(url, "/v1/completions", huge, 0.02)
     async with aiohttp.ClientSession() as session:
-
-        async def poll() -> None:
-            while not done.is_set():
-                started = time.monotonic()
-                async with session.get(f"{url}/health") as r:
-                    assert r.status == 200
-                latencies.append(time.monotonic() - started)
-                await asyncio.sleep(0.02)
-
-        poller = asyncio.create_task(poll())
-        await asyncio.sleep(0.1)
-        started = time.monotonic()
-        status, body = await post(session, url, {"model": "fake", "prompt": "Hello world. " * 807_693})
-        took = time.monotonic() - started
-        done.set()
-        await poller
         assert (await post(session, url, {"model": "fake", "prompt": "Hello", "max_tokens": 2}))[0] == 200
     assert status == 400 and body["error"]["param"] == "prompt"
     assert (
