@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -49,11 +48,6 @@ def describe_speculation(args: argparse.Namespace) -> str:
     if args.spec_method is None:
         return "no speculative decoding"
     return f"speculative decoding: {args.spec_method} K={args.num_spec_tokens}"
-
-
-def api_key(args: argparse.Namespace) -> str | None:
-    """--api-key, else $OPENINFER_API_KEY, else vLLM's $VLLM_API_KEY; an empty one is none."""
-    return args.api_key or os.environ.get("OPENINFER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 def engine_command(args: argparse.Namespace, index: int) -> list[str]:
@@ -106,7 +100,7 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
 def frontend_env(args: argparse.Namespace) -> dict[str, str] | None:
     """What the frontend's environment adds to this one's: the API keys, where no other process's
     command line (``ps``) shows it."""
-    env = {"OPENINFER_API_KEY": api_key(args), "OPENINFER_ADMIN_API_KEY": admin_api_key(args)}
+    env = {"OPENINFER_API_KEY": args.api_key, "OPENINFER_ADMIN_API_KEY": args.admin_api_key}
     return {name: key for name, key in env.items() if key} or None
 
 
@@ -123,11 +117,6 @@ def curve_keys(folder: Path, engines: int) -> None:
             f"--zmq-curve-keys {folder} has no key for engine(s) {', '.join(map(str, missing))}: make "
             f"keys for {engines} engines in an empty folder (openinfer-keys DIR --engines {engines})"
         )
-
-
-def admin_api_key(args: argparse.Namespace) -> str | None:
-    """--admin-api-key, else $OPENINFER_ADMIN_API_KEY; an empty one is none."""
-    return args.admin_api_key or os.environ.get("OPENINFER_ADMIN_API_KEY") or None
 
 
 def model_names(url: str, key: str | None) -> list[str]:
@@ -195,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             logger.info(
                 "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
-                ", ".join(model_names(url, api_key(args))),
+                ", ".join(model_names(url, args.api_key)),
                 url,
                 args.engines,
                 describe_speculation(args),

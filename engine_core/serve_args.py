@@ -22,7 +22,7 @@ from openinfer.engine_core.vllm_flags import (
     unsupported_flags_epilog,
     unsupported_vllm_flag,
 )
-from openinfer.frontend.main import add_frontend_args
+from openinfer.frontend.main import add_frontend_args, env_key
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
 
 ENGINE, FRONTEND = "engine", "frontend"
@@ -89,11 +89,13 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--api-key",
+        default=env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
         help="require `Authorization: Bearer KEY` (default: $OPENINFER_API_KEY, else $VLLM_API_KEY, which "
         "keep it out of `ps`); the frontend gets it in its environment, never on its command line",
     )
     group.add_argument(
         "--admin-api-key",
+        default=env_key("OPENINFER_ADMIN_API_KEY"),
         help="the key of the frontend's /admin routes, instead of --api-key (default: "
         "$OPENINFER_ADMIN_API_KEY); without either they are off. Passed in the environment too",
     )

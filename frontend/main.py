@@ -45,13 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api-key",
-        default=_env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
+        default=env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
         help="require `Authorization: Bearer KEY` on every route but /health and /metrics (default: "
         "$OPENINFER_API_KEY, else $VLLM_API_KEY, which keep it out of `ps`; none when unset)",
     )
     parser.add_argument(
         "--admin-api-key",
-        default=_env_key("OPENINFER_ADMIN_API_KEY"),
+        default=env_key("OPENINFER_ADMIN_API_KEY"),
         help="the key of the /admin routes, instead of --api-key (default: $OPENINFER_ADMIN_API_KEY); "
         "without either they are off",
     )
@@ -129,7 +129,7 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
     add_structured_outputs_arg(parser)
 
 
-def _env_key(*names: str) -> str | None:
+def env_key(*names: str) -> str | None:
     """The first of these environment variables that is set and not empty (empty means no key)."""
     return next((os.environ[name] for name in names if os.environ.get(name)), None)
 
