@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from openinfer.engine_core.builtin_model import builtin_drafter_folder
 from openinfer.tools.spec_tally import read_spec_logs, tally_metrics, total
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 
@@ -161,3 +162,22 @@ async def test_drafter_unload_and_reload_with_new_k(spec_cluster: Cluster) -> No
     logs = read_spec_logs(sorted(spec_cluster.log_dir.glob("spec*.jsonl")))
     for engine in (0, 1):
         assert after[engine].bins(K, K + 1) == logs.engines[engine].bins(K, K + 1), engine
+
+
+async def test_a_drafter_outside_the_allowed_folders_is_refused_saying_nothing_of_the_files(
+    spec_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Admin API on a real engine (the allowed folders default to its model's): the built-in DFlash
+    drafter, a real checkpoint outside them, and a path that does not exist get the same 400, naming only
+    the path sent; the engine keeps drafting with its n-gram lookup."""
+    answers = []
+    async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as s:
+        for path in (str(builtin_drafter_folder()), str(tmp_path / "missing")):
+            body = {"method": "dflash", "num_spec_tokens": 3, "draft_model": path}
+            async with s.post(f"{spec_cluster.url}/admin/engines/0/drafter", json=body) as r:
+                answers.append((r.status, (await r.json())["error"]["message"].replace(path, "PATH")))
+        async with s.get(f"{spec_cluster.url}/admin/engines") as r:
+            engine0 = next(e for e in (await r.json())["engines"] if e["index"] == 0)
+    assert answers[0] == answers[1] and answers[0][0] == 400, answers
+    assert "not under a folder this engine loads drafters from (--allowed-drafter-dir)" in answers[0][1]
+    assert engine0["num_spec_tokens"] == K
