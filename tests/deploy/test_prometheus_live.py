@@ -13,7 +13,8 @@ again one scrape. So while that zero scrape is inside the window (t <= t_zero + 
 multiplies every series of the host: it cancels in every ratio the rules record (acceptance rate, mean
 acceptance length, per-position rates, accepted-length shares), which must then equal the spec logs' ratios
 up to float rounding, 1e-12 relative. The test reads the rules' evaluation at a time t_eval in that window
-and after the load ended and a scrape saw the final counters. The recorded totals (model_name:*:sum) are
+and after the load ended and a scrape saw the final counters, one that read a single scrape throughout
+(live_host.whole_evaluation says why another may not). The recorded totals (model_name:*:sum) are
 exact integers. Across hosts the extrapolation factors differ (their scrapes are not simultaneous), so a
 fleet-wide rate ratio weighs each host's exact ratio by its recorded denominator rate; the test checks that
 weighting exactly, and the federated totals exactly.
