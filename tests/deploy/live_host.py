@@ -129,15 +129,17 @@ def whole_evaluation(host: Host, at: float) -> bool:
     return bool(factors) and not any(zeros) and all(abs(f / factors[0] - 1) < 1e-12 for f in factors)
 
 
+# engine:spec_decode_NAME:rate1m -> the AcceptanceTally bin it is the rate of (formatted with its labels).
+RATED_BINS = {
+    "num_drafts": "drafts",
+    "num_draft_tokens": "draft_tokens",
+    "num_accepted_tokens": "accepted_tokens",
+    "num_accepted_tokens_per_pos": "per_pos[{position}]",
+    "accepted_length": "hist[{accepted}]",
+}
+
+
 def rated_count(tally: AcceptanceTally, metric: dict[str, str]) -> int:
     """The spec-log count of one engine that an engine:spec_decode_*:rate1m series is the rate of."""
     name = metric["__name__"].removeprefix("engine:spec_decode_").removesuffix(":rate1m")
-    if name == "num_accepted_tokens_per_pos":
-        return dict(enumerate(tally.per_pos)).get(int(metric["position"]), 0)
-    if name == "accepted_length":
-        return dict(enumerate(tally.hist)).get(int(metric["accepted"]), 0)
-    return {
-        "num_drafts": tally.num_drafts,
-        "num_draft_tokens": tally.num_draft_tokens,
-        "num_accepted_tokens": tally.num_accepted_tokens,
-    }[name]
+    return tally.bins().get(RATED_BINS[name].format(**metric), 0)
