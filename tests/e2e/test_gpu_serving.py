@@ -1,7 +1,9 @@
-"""A real engine on a GPU (`--gpu 0`) behind the frontend: the tokens are transformers' greedy tokens."""
+"""A real engine on a GPU (`--gpu 0`) behind the frontend: the tokens are transformers' greedy tokens, and its
+KV cache is sized by --gpu-memory-utilization."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,13 +12,24 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
+from openinfer.engine_core.kv_sizing import GIB
 from tests.e2e.processes import Cluster
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+UTILIZATION = 0.1  # of the GPU's memory, for the engine: its KV cache is what the weights and the rest leave
+
 
 @pytest.fixture(scope="module")
-def gpu_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Cluster]:
+def free_before() -> int:
+    """Free device memory before the engine starts (this process's CUDA context already taken)."""
+    return torch.cuda.mem_get_info()[0]
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, free_before: int
+) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("gpu-logs"))
     try:
         c.start_frontend()
@@ -34,8 +47,8 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> I
                 "tiny",
                 "--frontend",
                 f"tcp://127.0.0.1:{c.engine_port}",
-                "--kv-cache-gb",
-                "0.05",
+                "--gpu-memory-utilization",
+                str(UTILIZATION),
             ],
         )
         c.wait_healthy(120)
@@ -67,3 +80,15 @@ async def test_gpu_engine_tokens_are_transformers_greedy(gpu_cluster: Cluster, t
     for i, token in enumerate(output_ids):
         row = logits[len(prompt_ids) - 1 + i]
         assert (row.max() - row[token]).item() <= 1e-3
+
+
+def test_gpu_memory_utilization_sizes_the_kv_cache(gpu_cluster: Cluster, free_before: int) -> None:
+    """Without --kv-cache-gb the engine logs the arithmetic of its KV cache; the device memory it took holds
+    that KV cache and stays within its share of the GPU (plus its own CUDA context, taken before it counts)."""
+    log = (gpu_cluster.log_dir / "engine0.log").read_text()
+    found = re.search(rf"KV cache ([0-9.]+) GiB = .* \(--gpu-memory-utilization {UTILIZATION:g}\)", log)
+    assert found, log
+    kv_bytes = float(found.group(1)) * GIB
+    free_after, total = torch.cuda.mem_get_info()
+    taken = free_before - free_after
+    assert 0.99 * kv_bytes <= taken <= UTILIZATION * total + GIB, (taken / GIB, kv_bytes / GIB, total / GIB)
