@@ -20,9 +20,9 @@ from openinfer.engine_core.builtin_model import (
 )
 from openinfer.engine_core.engine_args import config_from_args
 from openinfer.engine_core.engine_args import parse_args as engine_args
-from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
+from openinfer.engine_core.local_cluster import ProcessGroup, answers_health, python_module, wait_healthy
 from openinfer.engine_core.serve_args import parse_args
-from openinfer.engine_core.supervisor import Supervisor
+from openinfer.engine_core.supervisor import Readiness, Supervisor
 from openinfer.tools.curve_keys import make_keys
 
 __all__ = ["engine_command", "frontend_command", "frontend_env", "main", "parse_args", "resolve_builtin"]
@@ -157,10 +157,13 @@ def main(argv: list[str] | None = None) -> None:
 
     children = ProcessGroup()  # they share this process's output
     supervisor = Supervisor(children, args.restart_policy)
-    supervisor.start("the frontend", frontend_command(args), frontend_env(args), restartable=False)
-    for i in range(args.engines):
-        supervisor.start(f"engine {i}", engine_command(args, i), None, restartable=True)
     url = f"http://{args.host}:{args.port}"
+    # A frontend that dies once it answered is started again on the same ports; the engines keep running
+    # and reconnect to it. One that dies before it answered cannot start (its log says why): everything stops.
+    answers = Readiness(f"answering {url}/health", lambda: answers_health(url))
+    supervisor.start("the frontend", frontend_command(args), frontend_env(args), answers)
+    for i in range(args.engines):
+        supervisor.start(f"engine {i}", engine_command(args, i), None)
     exit_code = 0
     try:
         why = f"not healthy at {url}/health after --startup-timeout {args.startup_timeout:g} s; stopping"
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
             healthy = wait_healthy(
                 url, children, args.engines, args.startup_timeout, abort=lambda: stopping, check=supervise
             )
-        except RuntimeError as e:  # the frontend died, or an engine could not start: said in the log above
+        except RuntimeError as e:  # a child could not start, or died too often: said in the log above
             healthy, why = False, str(e)
         except TimeoutError:
             healthy = False
