@@ -18,7 +18,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
-from openinfer.engine_core.engine_args import config_from_args
+from openinfer.engine_core.engine_args import FAKE_MODEL_NAME, config_from_args
 from openinfer.engine_core.engine_args import parse_args as engine_args
 from openinfer.engine_core.local_cluster import ProcessGroup, answers_health, python_module, wait_healthy
 from openinfer.engine_core.serve_args import parse_args
@@ -119,12 +119,17 @@ def curve_keys(folder: Path, engines: int) -> None:
         )
 
 
-def model_names(url: str, key: str | None) -> list[str]:
+def served_models(url: str, args: argparse.Namespace) -> str:
+    """The models the frontend lists, for the announcement; the name the engines were given when the frontend
+    cannot say (it died right after it answered /health, and is being started again)."""
     request = urllib.request.Request(f"{url}/v1/models")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return [m["id"] for m in json.load(response)["data"]]
+    if args.api_key:
+        request.add_header("Authorization", f"Bearer {args.api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return ", ".join(m["id"] for m in json.load(response)["data"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(args.served_model_name or args.model or FAKE_MODEL_NAME)  # as the engines resolve it
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             logger.info(
                 "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
-                ", ".join(model_names(url, args.api_key)),
+                served_models(url, args),
                 url,
                 args.engines,
                 describe_speculation(args),
