@@ -52,8 +52,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[argparse.Action, str]]
     parser = argparse.ArgumentParser(
         prog="openinfer-serve",
         description="A frontend and N local engines in one command; an engine or the frontend that dies is "
-        "restarted. "
-        "Runs until Ctrl-C or SIGTERM.",
+        "restarted. Runs until Ctrl-C or SIGTERM.",
         epilog=unsupported_flags_epilog(),
         allow_abbrev=False,  # so that every flag reaches its child exactly as typed
     )
