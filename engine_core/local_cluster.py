@@ -157,6 +157,19 @@ def serve_children(pid: int) -> dict[str, int]:
     return roles
 
 
+def answers_health(url: str, timeout: float = 0.5) -> bool:
+    """True when ``url``/health answers at all (200, or 503 while no engine is up): the server got through its
+    start and listens."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout):
+            return True
+    except urllib.error.HTTPError as e:
+        e.close()
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def wait_healthy(
     url: str,
     group: ProcessGroup,

@@ -18,11 +18,11 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
-from openinfer.engine_core.engine_args import config_from_args
+from openinfer.engine_core.engine_args import FAKE_MODEL_NAME, config_from_args
 from openinfer.engine_core.engine_args import parse_args as engine_args
-from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
+from openinfer.engine_core.local_cluster import ProcessGroup, answers_health, python_module, wait_healthy
 from openinfer.engine_core.serve_args import parse_args
-from openinfer.engine_core.supervisor import Supervisor
+from openinfer.engine_core.supervisor import Readiness, Supervisor
 from openinfer.tools.curve_keys import make_keys
 
 __all__ = ["engine_command", "frontend_command", "frontend_env", "main", "parse_args", "resolve_builtin"]
@@ -119,12 +119,17 @@ def curve_keys(folder: Path, engines: int) -> None:
         )
 
 
-def model_names(url: str, key: str | None) -> list[str]:
+def served_models(url: str, args: argparse.Namespace) -> str:
+    """The models the frontend lists, for the announcement; the name the engines were given when the frontend
+    cannot say (it died right after it answered /health, and is being started again)."""
     request = urllib.request.Request(f"{url}/v1/models")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return [m["id"] for m in json.load(response)["data"]]
+    if args.api_key:
+        request.add_header("Authorization", f"Bearer {args.api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return ", ".join(m["id"] for m in json.load(response)["data"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(args.served_model_name or args.model or FAKE_MODEL_NAME)  # as the engines resolve it
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -157,10 +162,13 @@ def main(argv: list[str] | None = None) -> None:
 
     children = ProcessGroup()  # they share this process's output
     supervisor = Supervisor(children, args.restart_policy)
-    supervisor.start("the frontend", frontend_command(args), frontend_env(args), restartable=False)
-    for i in range(args.engines):
-        supervisor.start(f"engine {i}", engine_command(args, i), None, restartable=True)
     url = f"http://{args.host}:{args.port}"
+    # A frontend that dies once it answered is started again on the same ports; the engines keep running
+    # and reconnect to it. One that dies before it answered cannot start (its log says why): everything stops.
+    answers = Readiness(f"answering {url}/health", lambda: answers_health(url))
+    supervisor.start("the frontend", frontend_command(args), frontend_env(args), answers)
+    for i in range(args.engines):
+        supervisor.start(f"engine {i}", engine_command(args, i), None)
     exit_code = 0
     try:
         why = f"not healthy at {url}/health after --startup-timeout {args.startup_timeout:g} s; stopping"
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             healthy = wait_healthy(
                 url, children, args.engines, args.startup_timeout, abort=lambda: stopping, check=supervise
             )
-        except RuntimeError as e:  # the frontend died, or an engine could not start: said in the log above
+        except RuntimeError as e:  # a child could not start, or died too often: said in the log above
             healthy, why = False, str(e)
         except TimeoutError:
             healthy = False
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             logger.info(
                 "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
-                ", ".join(model_names(url, args.api_key)),
+                served_models(url, args),
                 url,
                 args.engines,
                 describe_speculation(args),

@@ -51,8 +51,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[argparse.Action, str]]
     """The parser, and which child each passed-on flag belongs to."""
     parser = argparse.ArgumentParser(
         prog="openinfer-serve",
-        description="A frontend and N local engines in one command; an engine that dies is restarted. "
-        "Runs until Ctrl-C or SIGTERM.",
+        description="A frontend and N local engines in one command; an engine or the frontend that dies is "
+        "restarted. Runs until Ctrl-C or SIGTERM.",
         epilog=unsupported_flags_epilog(),
         allow_abbrev=False,  # so that every flag reaches its child exactly as typed
     )
@@ -114,13 +114,15 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         "--engine-restart-limit",
         type=int,
         default=defaults.max_restarts,
-        help="restarts of one engine allowed within a minute; when it dies once more, stop everything",
+        help="restarts of one engine, or of the frontend, allowed within a minute; when it dies once more, "
+        "stop everything",
     )
     group.add_argument(
         "--engine-restart-backoff",
         type=float,
         default=defaults.backoff,
-        help="seconds before an engine is restarted, doubled for each restart of it in the last minute",
+        help="seconds before an engine, or the frontend, is restarted, doubled for each restart of it in "
+        "the last minute",
     )
     group.add_argument(
         "--engine-restart-backoff-max",

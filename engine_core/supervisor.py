@@ -1,9 +1,18 @@
-"""``openinfer-serve``'s watch over its children: an engine that dies is started again with the same index and
-flags, after a backoff, a bounded number of times a minute; a frontend that dies, or an engine that keeps
-dying, ends everything.
+"""``openinfer-serve``'s watch over its children: a child that dies is started again with the same command
+and environment, after a backoff, a bounded number of times a minute; one that keeps dying, or that cannot
+start at all, ends everything.
 
-The frontend takes a restarted engine back by itself (a hello with a new incarnation, once the old one's
-connection is closed or silent); only the requests the dead engine held end with an error.
+An engine restarted this way is taken back by the frontend by itself (a hello with a new incarnation, once
+the old one's connection is closed or silent); only the requests the dead engine held end with an error. A
+restarted frontend binds the same ports, and the engines, which kept running, reconnect to it by themselves;
+with ``--state-dir`` it continues every counter series from the baselines it saved (DESIGN.md, frontend
+diffing). Its requests in flight ended with it (their clients lost the connection); the engines' outputs for
+them reach the new frontend, which aborts them there.
+
+A child cannot start when it exits with status 2 (``openinfer-engine``'s, and argparse's, for flags or a model
+it cannot use) or, for a child with a :class:`Readiness` (the frontend), when it dies before it got ready
+after its start or restart (a port taken, an unusable ``--state-dir`` or keys: it exits 1 then, as it also
+does on a crash later, so the status alone cannot tell). Starting it again could not help, so it is not.
 """
 
 from __future__ import annotations
@@ -19,16 +28,14 @@ from openinfer.engine_core.local_cluster import ProcessGroup
 
 logger = logging.getLogger("openinfer.serve")
 
-CONFIG_ERROR = (
-    2  # openinfer-engine's exit status for flags or a model it cannot use: starting it again cannot help
-)
+CONFIG_ERROR = 2  # openinfer-engine's (and argparse's) exit status for flags or a model it cannot use
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """When a dead engine is started again (``--engine-restart-*``)."""
+    """When a dead child (an engine, or the frontend) is started again (``--engine-restart-*``)."""
 
-    max_restarts: int = 5  # restarts of one engine within `window`; one more death and the launcher gives up
+    max_restarts: int = 5  # restarts of one child within `window`; one more death and the launcher gives up
     window: float = 60.0  # seconds: the sliding window `max_restarts` counts in
     backoff: float = 1.0  # seconds before a restart with none in the window; doubled for each one there
     max_backoff: float = 30.0  # the longest wait before a restart
@@ -47,7 +54,7 @@ class RestartPolicy:
 
 @dataclass
 class RestartHistory:
-    """One engine's restarts within the policy's sliding window."""
+    """One child's restarts within the policy's sliding window."""
 
     policy: RestartPolicy
     deaths: deque[float] = field(default_factory=deque)  # monotonic times of the deaths restarted from
@@ -65,16 +72,35 @@ class RestartHistory:
 
 
 @dataclass(frozen=True)
+class Readiness:
+    """How to tell that a child got through its start (the frontend: it answers ``/health``)."""
+
+    what: str  # what ready means, for the log: "answering http://127.0.0.1:8000/health"
+    check: Callable[[], bool]  # True once ready; called at each poll until then, so it must be quick
+
+
+@dataclass(frozen=True)
 class Child:
     """How to start one child again."""
 
     argv: list[str]
-    env: dict[str, str] | None
-    restartable: bool  # an engine; the frontend is not (its death ends everything)
+    env: dict[str, str] | None  # added to this process's environment
+    readiness: Readiness | None  # None: only its exit status tells that it cannot start
+
+
+@dataclass
+class ChildState:
+    """What the supervisor knows of one child between polls."""
+
+    history: RestartHistory
+    restarts: int = 0
+    due: float | None = None  # when a dead child is started again
+    died: float | None = None  # when its last death was seen (logged once it is ready again)
+    ready: bool = False  # its readiness check said so since it was last started
 
 
 class Supervisor:
-    """Starts the children and, polled, restarts dead engines; :meth:`poll` says why to stop everything."""
+    """Starts the children and, polled, restarts dead ones; :meth:`poll` says why to stop everything."""
 
     def __init__(
         self, group: ProcessGroup, policy: RestartPolicy, clock: Callable[[], float] = time.monotonic
@@ -83,44 +109,72 @@ class Supervisor:
         self.policy = policy
         self.clock = clock
         self.children: dict[str, Child] = {}
-        self.histories: dict[str, RestartHistory] = {}
-        self.due: dict[str, float] = {}  # name -> when a dead engine is started again
-        self.restarts: dict[str, int] = {}
+        self.states: dict[str, ChildState] = {}
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None, restartable: bool) -> None:
-        self.children[name] = Child(argv, env, restartable)
-        self.histories[name] = RestartHistory(self.policy)
-        self.restarts[name] = 0
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None, readiness: Readiness | None = None
+    ) -> None:
+        self.children[name] = Child(argv, env, readiness)
+        self.states[name] = ChildState(RestartHistory(self.policy))
         self.group.spawn(name, argv, env)
 
+    def restarts(self, name: str) -> int:
+        """How many times ``name`` was started again."""
+        return self.states[name].restarts
+
     def poll(self) -> str | None:
-        """Restart what is due, schedule a restart for each engine that died; the reason to stop everything
-        (the frontend died, or an engine died too often), else None."""
+        """Restart what is due, schedule a restart for each child that died, note children that became
+        ready; the reason to stop everything (a child cannot start, or died too often), else None."""
         now = self.clock()
         for name, child in self.children.items():
-            if name in self.due:
-                if now >= self.due[name]:
-                    del self.due[name]
-                    self.restarts[name] += 1
+            state = self.states[name]
+            if state.due is not None:
+                if now >= state.due:
+                    state.due, state.ready = None, False
+                    state.restarts += 1
                     pid = self.group.spawn(name, child.argv, child.env).pid
-                    logger.warning("%s started again (pid %d, restart %d)", name, pid, self.restarts[name])
+                    logger.warning("%s started again (pid %d, restart %d)", name, pid, state.restarts)
                 continue
             code = self.group.processes[name].poll()
             if code is None:
+                self._check_ready(name, child, state, now)
                 continue
-            if not child.restartable:
-                return f"{name} {describe_exit(code)}; stopping everything"
-            if code == CONFIG_ERROR:
-                wrong = "its flags or its model are wrong (its log says how)"
-                return f"{name} {describe_exit(code)}: {wrong}; stopping everything"
-            delay = self.histories[name].next_delay(now)
-            if delay is None:
-                return (
-                    f"{name} {describe_exit(code)}, after {self.policy.max_restarts} restart(s) in the last "
-                    f"{self.policy.window:g} s (--engine-restart-limit); giving up and stopping everything"
-                )
-            logger.warning("%s %s; starting it again in %.1f s", name, describe_exit(code), delay)
-            self.due[name] = now + delay
+            reason = self._on_death(name, child, state, code, now)
+            if reason is not None:
+                return reason
+        return None
+
+    def _check_ready(self, name: str, child: Child, state: ChildState, now: float) -> None:
+        if child.readiness is None or state.ready or not child.readiness.check():
+            return
+        state.ready = True
+        if state.died is not None:
+            logger.warning(
+                "%s is %s again, %.1f s after its death was seen",
+                name,
+                child.readiness.what,
+                now - state.died,
+            )
+            state.died = None
+
+    def _on_death(self, name: str, child: Child, state: ChildState, code: int, now: float) -> str | None:
+        """Schedule the restart of a child that exited with ``code``, or say why everything must stop."""
+        died = describe_exit(code)
+        if child.readiness is not None and not state.ready:
+            return (
+                f"{name} {died} before {child.readiness.what}: it cannot start as configured (its log says "
+                "why); stopping everything"
+            )
+        if code == CONFIG_ERROR:
+            return f"{name} {died}: its flags or its model are wrong (its log says how); stopping everything"
+        delay = state.history.next_delay(now)
+        if delay is None:
+            return (
+                f"{name} {died}, after {self.policy.max_restarts} restart(s) in the last "
+                f"{self.policy.window:g} s (--engine-restart-limit); giving up and stopping everything"
+            )
+        logger.warning("%s %s; starting it again in %.1f s", name, died, delay)
+        state.due, state.died = now + delay, now
         return None
 
 

@@ -235,6 +235,9 @@ class EngineClient:
         logger.info("%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec)
         self.metrics.set_engine_up(index, True)
         self.metrics.observe_load(index, incarnation, record.model_name, hello.load)
+        # Saved at once, not at the next --state-interval: a frontend killed before then would restart
+        # without an engine index seen here first, take its next snapshot as the baseline and lose the rest.
+        self.metrics.save_logged()
         if previous is not None:
             logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
             if previous.model_name != record.model_name:

@@ -155,6 +155,13 @@ class FrontendMetrics:
         if self._state_dir is not None:
             self._state_dir.save(self.state())
 
+    def save_logged(self) -> None:
+        """:meth:`save`, with a failure logged instead of raised (a later save tries again)."""
+        try:
+            self.save()
+        except OSError as e:
+            logger.error("could not save the frontend state: %s", e)
+
     # ---- engines ----
 
     def engine_joined(self, engine_index: int, incarnation: int) -> None:

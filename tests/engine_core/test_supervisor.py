@@ -1,5 +1,5 @@
-"""openinfer-serve's restarts: exponential backoff, a bounded number a minute, then it gives up; a dead
-frontend ends everything at once."""
+"""openinfer-serve's restarts: exponential backoff, a bounded number a minute, then it gives up; a child that
+cannot start (exit status 2, or a frontend that dies before it was ready) ends everything at once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from openinfer.engine_core.local_cluster import ProcessGroup
-from openinfer.engine_core.supervisor import RestartHistory, RestartPolicy, Supervisor, describe_exit
+from openinfer.engine_core.supervisor import (
+    Readiness,
+    RestartHistory,
+    RestartPolicy,
+    Supervisor,
+    describe_exit,
+)
 
 EXITS = ["/bin/sh", "-c", "exit 3"]  # a child that dies at once
 RUNS = ["/bin/sh", "-c", "sleep 30"]
@@ -70,8 +76,8 @@ def test_a_dead_engine_is_started_again_after_its_backoff(tmp_path: Path) -> Non
     group, clock = ProcessGroup(tmp_path), Clock()
     supervisor = Supervisor(group, RestartPolicy(max_restarts=1, backoff=2, max_backoff=2), clock)
     try:
-        supervisor.start("frontend", RUNS, None, restartable=False)
-        supervisor.start("engine 0", EXITS, None, restartable=True)
+        supervisor.start("frontend", RUNS, None)
+        supervisor.start("engine 0", EXITS, None)
         first = group.processes["engine 0"]
         wait_exited(group, "engine 0")
         assert supervisor.poll() is None  # scheduled for t=2
@@ -79,7 +85,7 @@ def test_a_dead_engine_is_started_again_after_its_backoff(tmp_path: Path) -> Non
         assert supervisor.poll() is None and group.processes["engine 0"] is first
         clock.now = 2.0
         assert supervisor.poll() is None
-        assert group.processes["engine 0"] is not first and supervisor.restarts["engine 0"] == 1
+        assert group.processes["engine 0"] is not first and supervisor.restarts("engine 0") == 1
         wait_exited(group, "engine 0")
         reason = supervisor.poll()
         assert reason == (
@@ -90,18 +96,102 @@ def test_a_dead_engine_is_started_again_after_its_backoff(tmp_path: Path) -> Non
         group.stop()
 
 
-def test_a_dead_frontend_stops_everything(tmp_path: Path) -> None:
-    """The frontend is never restarted: its death is the reason to stop."""
-    group = ProcessGroup(tmp_path)
+class Health:
+    """A readiness check the test turns on, as the frontend's /health starts answering."""
+
+    def __init__(self) -> None:
+        self.answers = False
+
+    def readiness(self) -> Readiness:
+        return Readiness("answering /health", lambda: self.answers)
+
+
+def wait_for_reason(supervisor: Supervisor) -> str | None:
+    """Poll until the supervisor gives a reason to stop (bounded: 5 s)."""
+    deadline = time.monotonic() + 5
+    while (reason := supervisor.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return reason
+
+
+def wait_for_lines(path: Path, count: int) -> None:
+    """Until ``path`` holds ``count`` lines (bounded: 5 s): the child got as far as writing its line."""
+    deadline = time.monotonic() + 5
+    while len(path.read_text().splitlines()) < count:
+        assert time.monotonic() < deadline, path.read_text()
+        time.sleep(0.01)
+
+
+def test_a_frontend_that_dies_before_it_is_ready_stops_everything(tmp_path: Path) -> None:
+    """A frontend that exits before its readiness check ever passed cannot start (a port taken, an
+    unusable --state-dir): not started again, a reason at once, whatever its exit status."""
+    group, health = ProcessGroup(tmp_path), Health()
     supervisor = Supervisor(group, RestartPolicy())
     try:
-        supervisor.start("the frontend", EXITS, None, restartable=False)
-        supervisor.start("engine 0", RUNS, None, restartable=True)
+        supervisor.start("the frontend", ["/bin/sh", "-c", "exit 1"], None, health.readiness())
+        supervisor.start("engine 0", RUNS, None)
         wait_exited(group, "the frontend")
-        deadline = time.monotonic() + 5
-        while (reason := supervisor.poll()) is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert reason == "the frontend exited with code 3; stopping everything"
+        assert wait_for_reason(supervisor) == (
+            "the frontend exited with code 1 before answering /health: it cannot start as configured (its "
+            "log says why); stopping everything"
+        )
+        assert supervisor.restarts("the frontend") == 0
+    finally:
+        group.stop()
+
+
+def test_a_ready_frontend_that_dies_is_started_again_and_the_engines_keep_running(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real child processes: a frontend that was ready and is SIGKILLed is started again (same command and
+    environment) after its backoff, while the engine's process is left alone; its readiness is logged with
+    the time since its death was seen. If the restarted one dies before it is ready, everything stops."""
+    group, clock, health = ProcessGroup(tmp_path), Clock(), Health()
+    supervisor = Supervisor(group, RestartPolicy(backoff=0.5), clock)
+    caplog.set_level("WARNING", "openinfer.serve")
+    try:
+        env = {"FRONTEND_MARK": "kept"}
+        supervisor.start(
+            "the frontend", ["/bin/sh", "-c", "echo $FRONTEND_MARK; exec sleep 30"], env, health.readiness()
+        )
+        supervisor.start("engine 0", RUNS, None)
+        engine, first = group.processes["engine 0"], group.processes["the frontend"]
+        health.answers = True
+        assert supervisor.poll() is None and supervisor.states["the frontend"].ready
+        log = tmp_path / "the frontend.log"
+        wait_for_lines(log, 1)
+        health.answers = False  # it is gone: /health answers no more
+        group.kill("the frontend")
+        assert supervisor.poll() is None  # scheduled for t=0.5
+        clock.now = 0.4
+        assert supervisor.poll() is None and group.processes["the frontend"] is first
+        clock.now = 0.5
+        assert supervisor.poll() is None
+        assert group.processes["the frontend"] is not first and supervisor.restarts("the frontend") == 1
+        clock.now = 2.0
+        assert supervisor.poll() is None  # not ready yet: nothing logged
+        health.answers = True
+        clock.now = 2.5
+        assert supervisor.poll() is None
+        assert group.processes["engine 0"] is engine and engine.poll() is None
+        assert [r.getMessage() for r in caplog.records] == [
+            "the frontend was killed by SIGKILL; starting it again in 0.5 s",
+            f"the frontend started again (pid {group.processes['the frontend'].pid}, restart 1)",
+            "the frontend is answering /health again, 2.5 s after its death was seen",
+        ]
+        wait_for_lines(log, 2)
+        health.answers = False
+        group.kill("the frontend")  # ready again, so this death is restarted too (doubled backoff)
+        assert supervisor.poll() is None and supervisor.states["the frontend"].due == 3.5
+        clock.now = 3.5
+        assert supervisor.poll() is None and supervisor.restarts("the frontend") == 2
+        wait_for_lines(log, 3)
+        group.kill("the frontend")  # before it was ready: it cannot start
+        assert supervisor.poll() == (
+            "the frontend was killed by SIGKILL before answering /health: it cannot start as configured "
+            "(its log says why); stopping everything"
+        )
+        assert log.read_text() == "kept\n" * 3  # each start had the same environment
     finally:
         group.stop()
 
@@ -111,13 +201,13 @@ def test_an_engine_that_cannot_start_is_not_started_again(tmp_path: Path) -> Non
     group = ProcessGroup(tmp_path)
     supervisor = Supervisor(group, RestartPolicy())
     try:
-        supervisor.start("the frontend", RUNS, None, restartable=False)
-        supervisor.start("engine 0", ["/bin/sh", "-c", "exit 2"], None, restartable=True)
+        supervisor.start("the frontend", RUNS, None)
+        supervisor.start("engine 0", ["/bin/sh", "-c", "exit 2"], None)
         wait_exited(group, "engine 0")
         assert supervisor.poll() == (
             "engine 0 exited with code 2: its flags or its model are wrong (its log says how); "
             "stopping everything"
         )
-        assert supervisor.restarts["engine 0"] == 0
+        assert supervisor.restarts("engine 0") == 0
     finally:
         group.stop()
