@@ -302,6 +302,11 @@ def _warn_exposure(args: argparse.Namespace) -> None:
             args.host,
             args.port,
         )
+    if "*" in args.allowed_origins and args.api_key is None:
+        logger.warning(
+            "SECURITY: --allowed-origins '[\"*\"]' without an API key: any web page a user of this machine "
+            "opens can use the API through their browser. Name the origins you trust, or set OPENINFER_API_KEY"
+        )
 
 
 async def _save_periodically(metrics: FrontendMetrics, interval: float) -> None:

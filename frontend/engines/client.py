@@ -141,9 +141,11 @@ class EngineClient:
         try:
             await self._deliver(record, stream)
         except BaseException:  # the client left while we waited for the engine to be routable, or a bug
-            self.router.fail(stream, "it could not be sent to its engine")
+            self.router.fail(stream, "cancelled or failed before it reached its engine")
             raise
-        if stream.done:  # it ended before any engine ran it: nothing to show but why, and worth a retry
+        # Done already means failed before any engine ran it (an engine's answer cannot have come: this has not
+        # yielded to the event loop since the send), so there is nothing to stream but why; a retry may work.
+        if stream.done:
             finish = [output async for output in stream][-1].finish
             raise NoEngineError(finish.message if finish is not None and finish.message else "not sent")
         return stream

@@ -95,7 +95,7 @@ def refuse_unsupported(body: msgspec.Struct, unsupported: Mapping[str, tuple[tup
             raise invalid_request(message, param=name)
 
 
-@functools.cache
+@functools.cache  # msgspec.inspect takes milliseconds per struct: once per body type, not per request
 def _nesting_fields(body_type: type[msgspec.Struct]) -> tuple[str, ...]:
     """The fields of ``body_type`` whose type holds ``Any`` somewhere: the only ones a client can nest as
     deep as it likes (the others' types bound their depth, and a long token-id list is not walked)."""

@@ -214,3 +214,22 @@ async def test_loopback_frontend_refuses_other_hosts_and_answers_allowed_origins
                 assert r.status == 400 and (await r.json())["error"]["code"] == "unsupported_media_type"
     finally:
         await stop(process)
+
+
+async def test_any_origin_without_a_key_warns_loudly() -> None:
+    """--allowed-origins '["*"]' and no API key: a SECURITY warning that any web page can use the API."""
+    http_port, engine_port = free_port(), free_port_pair()
+    argv = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--engine-bind",
+        f"tcp://127.0.0.1:{engine_port}",
+    ]
+    process = await run_frontend({}, *argv, "--allowed-origins", '["*"]')
+    try:
+        await wait_listening(f"http://127.0.0.1:{http_port}")
+    finally:
+        log = await stop(process)
+    assert "SECURITY: --allowed-origins '[\"*\"]' without an API key" in log
