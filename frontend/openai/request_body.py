@@ -8,8 +8,10 @@ nests at most :data:`MAX_NESTING` levels: a deeper body is a 400 before anything
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Mapping
+from itertools import chain, compress, repeat
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -71,16 +73,19 @@ def decode_body(body: bytes, body_type: type[BodyT], type_messages: Mapping[str,
 
 def check_nesting(value: object, param: str) -> None:
     """400 naming ``param`` when ``value`` (a field of a body) nests arrays and objects more than
-    ``MAX_NESTING - 1`` deep. Walked with a stack, not recursion, in time linear in its containers."""
-    pending = [(value, 2)]  # (a value, its level; the body's object is level 1)
-    while pending:
-        item, level = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
+    ``MAX_NESTING - 1`` deep. Walked level by level, not recursively; each level's containers are gathered
+    by itertools in C, so a wide value costs about what decoding it did (about 2x for a million lists)."""
+    lists = [value] if type(value) is list else []  # msgspec decodes JSON to exact lists and dicts
+    dicts = [value] if type(value) is dict else []
+    level = 2  # of ``value``; the body's object is level 1
+    while lists or dicts:
         if level > MAX_NESTING:
             raise _too_deep(f"`{param}`", param)
-        pending.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+        children = list(chain(chain.from_iterable(lists), chain.from_iterable(map(dict.values, dicts))))
+        types = list(map(type, children))
+        lists = list(compress(children, map(operator.is_, types, repeat(list))))
+        dicts = list(compress(children, map(operator.is_, types, repeat(dict))))
+        level += 1
 
 
 def refuse_unsupported(body: msgspec.Struct, unsupported: Mapping[str, tuple[tuple[Any, ...], str]]) -> None:

@@ -75,8 +75,11 @@ async def test_a_hundred_thousand_brackets_are_a_400(frontend: Frontend, peer: E
 
 
 def nested(depth: int) -> str:
-    """A JSON value of ``depth`` arrays and objects within one another (an object innermost)."""
-    return "[" * (depth - 1) + '{"a": 1}' + "]" * (depth - 1)
+    """A JSON value of ``depth`` arrays and objects within one another, alternating, an object innermost."""
+    text = '{"a": 1}'
+    for level in range(depth - 1):
+        text = f"[2, {text}]" if level % 2 else f'{{"b": {text}, "c": []}}'
+    return text
 
 
 # (endpoint, field, a body whose field holds ``value``, how many levels the body adds around ``value``)
