@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -19,6 +20,7 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.metrics.state_dir import StateDir, StateError
 from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import add_chat_parser_args, chat_parsers
 from openinfer.frontend.openai.structured_options import add_structured_outputs_arg
 
@@ -125,8 +127,48 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
         default=1024,
         help="unfinished requests the frontend holds in all; past it new requests get 503 with Retry-After",
     )
+    parser.add_argument(
+        "--allowed-origins",
+        type=_json_strings,
+        default=[],
+        metavar="JSON",
+        help="origins whose web pages may call the API from a browser (CORS), a JSON list: '[\"http://"
+        "localhost:3000\"]', or '[\"*\"]' for any. Default: none, and no CORS header at all (vLLM's "
+        'default is ["*"])',
+    )
+    parser.add_argument(
+        "--allowed-methods",
+        type=_json_strings,
+        default=["*"],
+        metavar="JSON",
+        help='with --allowed-origins: the methods they may use, a JSON list (default: ["*"], any)',
+    )
+    parser.add_argument(
+        "--allowed-headers",
+        type=_json_strings,
+        default=["*"],
+        metavar="JSON",
+        help='with --allowed-origins: the request headers they may send, a JSON list (default: ["*"], any)',
+    )
+    parser.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="with --allowed-origins: their pages may send cookies and Authorization along",
+    )
     add_chat_parser_args(parser)
     add_structured_outputs_arg(parser)
+
+
+def cors_policy(args: argparse.Namespace) -> CorsPolicy | None:
+    """The CORS the flags ask for; None (no CORS headers) without --allowed-origins."""
+    if not args.allowed_origins:
+        return None
+    return CorsPolicy(
+        tuple(args.allowed_origins),
+        tuple(args.allowed_methods),
+        tuple(args.allowed_headers),
+        args.allow_credentials,
+    )
 
 
 def env_key(*names: str) -> str | None:
@@ -140,6 +182,17 @@ def _engine_address(value: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value
+
+
+def _json_strings(value: str) -> list[str]:
+    """A JSON list of strings, as vLLM's --allowed-origins & co. take them."""
+    try:
+        items = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings such as '[\"*\"]': {e}") from None
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings such as '[\"*\"]', got {value}")
+    return items
 
 
 def _per_request_spec_metrics(value: str) -> PerRequestSpecMetrics:
@@ -208,6 +261,8 @@ async def _run(args: argparse.Namespace) -> None:
             args.chat_parsers,
             args.structured_outputs_config,
             args.admin_api_key,
+            cors_policy(args),
+            args.host if is_loopback_host(args.host) else None,
         )
         runner = await serve(app, args.host, args.port)
         try:
@@ -246,6 +301,11 @@ def _warn_exposure(args: argparse.Namespace) -> None:
             "Set OPENINFER_API_KEY (or --api-key), or listen on 127.0.0.1",
             args.host,
             args.port,
+        )
+    if "*" in args.allowed_origins and args.api_key is None:
+        logger.warning(
+            "SECURITY: --allowed-origins '[\"*\"]' without an API key: any web page a user of this machine "
+            "opens can use the API through their browser. Name the origins you trust, or set OPENINFER_API_KEY"
         )
 
 

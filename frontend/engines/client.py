@@ -9,6 +9,7 @@ import time
 from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.drafter_commands import DrafterCommands
+from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.handshake import Handshake
 from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
 from openinfer.frontend.engines.log_limit import LogRateLimiter
@@ -130,16 +131,23 @@ class EngineClient:
     async def add_request(self, request: protocol.EngineCoreRequest, model_name: str) -> RequestStream:
         """Send ``request`` to the least-loaded live engine serving ``model_name``.
 
-        Raises :class:`NoEngineError` if none serves it, :class:`EngineOverloadedError` past the bounds on
-        queued requests. The stream always ends with an output carrying ``finish``: the engine's, or an
-        error made here when the engine dies or cannot be reached.
+        Raises :class:`NoEngineError` if none serves it or it could not be sent (its engine is not connected
+        to the request socket, or died meanwhile), :class:`EngineOverloadedError` past the bounds on queued
+        requests. The stream always ends with an output carrying ``finish``: the engine's, or an error made
+        here when the engine dies later. Nothing admitted outlives a failure here: the request leaves the
+        router whatever is raised (a bug, a value the wire cannot hold, the caller's cancellation).
         """
         record, stream = self.router.admit(request, model_name)
         try:
             await self._deliver(record, stream)
-        except asyncio.CancelledError:  # the client left while we waited for the engine to be routable
-            self.router.fail(stream, "cancelled before it reached the engine")
+        except BaseException:  # the client left while we waited for the engine to be routable, or a bug
+            self.router.fail(stream, "cancelled or failed before it reached its engine")
             raise
+        # Done already means failed before any engine ran it (an engine's answer cannot have come: this has not
+        # yielded to the event loop since the send), so there is nothing to stream but why; a retry may work.
+        if stream.done:
+            finish = [output async for output in stream][-1].finish
+            raise NoEngineError(finish.message if finish is not None and finish.message else "not sent")
         return stream
 
     async def drafter_command(

@@ -22,6 +22,7 @@ from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord
 from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.request_body import Int64, decode_body
 from openinfer.protocol import (
     MAX_SPEC_TOKENS,
     DFlashAnchor,
@@ -41,10 +42,10 @@ class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
     """The JSON body of ``POST /admin/engines/{index}/drafter``."""
 
     method: str  # a DrafterMethod; checked after decoding, so that a wrong one gets its own message
-    num_spec_tokens: int
+    num_spec_tokens: Int64
     draft_model: str | None = None
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
+    prompt_lookup_min: Int64 = 1
+    prompt_lookup_max: Int64 = 4  # vLLM bounds neither above; the n-gram drafter is bounded by the sequence
     path: str | None = None  # another name for draft_model
     dflash_anchor: str | None = None  # a DFlashAnchor, checked after decoding
 
@@ -54,12 +55,7 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
 
     K outside [1, MAX_SPEC_TOKENS] is refused, never clamped (DESIGN.md, counter semantics).
     """
-    try:
-        drafter = msgspec.json.decode(body, type=DrafterBody)
-    except msgspec.ValidationError as e:
-        raise invalid_request(f"invalid drafter request: {e}") from None
-    except msgspec.DecodeError as e:
-        raise invalid_request(f"the body is not JSON: {e}") from None
+    drafter = decode_body(body, DrafterBody, {})
     if drafter.path is not None:
         if drafter.draft_model is not None and drafter.draft_model != drafter.path:
             raise invalid_request(

@@ -26,14 +26,17 @@ from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.completion_format import CompletionFormat
 from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
+from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError, Generation
+from openinfer.frontend.openai.host_check import host_check_middleware
 from openinfer.frontend.openai.middleware import (
     MAX_BODY_BYTES,
     REQUEST_IDENTITY,
     auth_middleware,
     echo_request_id,
     error_middleware,
+    json_body_middleware,
     request_id_middleware,
 )
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
@@ -57,6 +60,8 @@ def build_app(
     chat_parsers: ChatParsers | None = None,
     structured_config: StructuredOutputsConfig | None = None,
     admin_api_key: str | None = None,
+    cors: CorsPolicy | None = None,
+    loopback_host: str | None = None,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
     The /admin routes need ``admin_api_key`` (or, without it, ``api_key``) and are off without either.
@@ -64,7 +69,9 @@ def build_app(
     ``per_request_spec_metrics`` says what a request's final response tells of its speculative decoding;
     ``drafter_timeout`` is how long the admin drafter routes wait for the engine's reply; ``chat_parsers``
     read reasoning and tool calls out of chat output (default: none, the output is left as written);
-    ``structured_config`` is the server's side of structured outputs.
+    ``structured_config`` is the server's side of structured outputs. ``cors``: which other origins' pages
+    may call the API (None: no CORS headers at all). ``loopback_host``: the loopback address the server
+    listens on, if it does, so that only requests addressed to a loopback name are served (DNS rebinding).
     """
     api = _OpenAIApi(
         client,
@@ -73,11 +80,17 @@ def build_app(
         chat_parsers or ChatParsers(),
         structured_config or StructuredOutputsConfig(),
     )
-    app = web.Application(
-        middlewares=[error_middleware, request_id_middleware, auth_middleware(api_key, admin_api_key)],
-        client_max_size=MAX_BODY_BYTES,
-    )
+    middlewares = [error_middleware]  # the first is the outermost
+    if loopback_host is not None:
+        middlewares.append(host_check_middleware(loopback_host))
+    middlewares.append(request_id_middleware)
+    if cors is not None:  # preflights carry no key: answered before authentication
+        middlewares.append(cors.preflight_middleware())
+    middlewares += [auth_middleware(api_key, admin_api_key), json_body_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app.on_response_prepare.append(echo_request_id)
+    if cors is not None:
+        app.on_response_prepare.append(cors.add_headers)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/v1/models", api.models)
@@ -234,15 +247,15 @@ class _OpenAIApi:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        await response.prepare(request)
         try:
+            await response.prepare(request)  # the client may be gone already: the headers cannot go out
             async with aclosing(_stream_events(generation)) as events:
                 async for event in events:
                     await response.write(_sse(event))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:  # the client went away; leaving the generation aborts it on the engine
-            logger.info("the client of request %s disconnected mid-stream", generation.request_id)
+            logger.debug("the client of request %s disconnected from its stream", generation.request_id)
         return response
 
 

@@ -14,7 +14,7 @@ from openinfer.frontend.openai.chat_tools import ChatTools, parse_chat_tools
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.parsers.qwen3_reasoning import THINK_END, Qwen3ReasoningParser
-from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
+from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     TYPE_MESSAGES,
     UNSUPPORTED,
@@ -45,10 +45,11 @@ class ChatBody(SamplingBody):
 
     # Each an object with a string "role"; its other keys (content, name, ...) reach the template as given.
     messages: list[dict[str, Any]] | None = None
-    max_completion_tokens: int | None = None  # OpenAI's current name, wins over max_tokens; default: no bound
-    max_tokens: int | None = None
+    # OpenAI's current name, wins over max_tokens; default: no bound
+    max_completion_tokens: Int64 | None = None
+    max_tokens: Int64 | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None  # needs logprobs: true
+    top_logprobs: Int64 | None = None  # needs logprobs: true
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # default true
     include_reasoning: bool | None = None  # vLLM extension, default true: false drops reasoning_content

@@ -7,7 +7,7 @@ from typing import Any
 
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.errors import invalid_request
-from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
+from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     MAX_LOGPROBS,
     TYPE_MESSAGES,
@@ -42,8 +42,8 @@ class CompletionBody(SamplingBody):
 
     # One prompt: text, token ids, or a one-element list of either (a batch of one).
     prompt: str | list[TokenId | str | list[TokenId]] | None = None
-    max_tokens: int | None = 16  # null: as many as the model length leaves
-    logprobs: int | None = None
+    max_tokens: Int64 | None = 16  # null: as many as the model length leaves
+    logprobs: Int64 | None = None
     suffix: Any = None  # refused unless neutral
 
 

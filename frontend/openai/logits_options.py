@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.request_body import Int64
 from openinfer.frontend.tokenizer import Tokenizer
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a bias, either way
@@ -31,7 +32,7 @@ class LogitsBody(msgspec.Struct, frozen=True):
     presence_penalty: float | None = None  # default 0, in [-2, 2]
     frequency_penalty: float | None = None  # default 0, in [-2, 2]
     repetition_penalty: float | None = None  # default 1 (off), > 0
-    min_tokens: int | None = None  # default 0, at most max_tokens
+    min_tokens: Int64 | None = None  # default 0, at most max_tokens
     logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
     bad_words: list[str] | None = None
     min_p: float | None = None  # default 0 (off), in [0, 1]

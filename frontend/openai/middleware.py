@@ -1,4 +1,5 @@
-"""The middlewares every route runs through: request ids, the API key, OpenAI error bodies."""
+"""The middlewares every route runs through: request ids, the API key, JSON bodies only, OpenAI error
+bodies."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # A request's id: the client's X-Request-Id when it sends one, else a fresh one; echoed in the response.
 REQUEST_ID_HEADER = "X-Request-Id"
 _MAX_REQUEST_ID_CHARS = 256
+# Methods whose requests carry a body; every route that takes one takes JSON
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,6 +106,23 @@ def _http_error(request: web.Request, error: web.HTTPException) -> web.Response:
     return response
 
 
+@web.middleware
+async def json_body_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request body is JSON sent as ``application/json`` and nothing else (vLLM's rule, and its 400): a page
+    on another origin can make a browser send a text/plain, form or multipart body without asking the
+    server first, never an application/json one (that needs a CORS preflight this server must allow)."""
+    if request.method in _BODY_METHODS and request.match_info.http_exception is None:
+        content_type = request.headers.get("Content-Type", "")
+        if content_type.partition(";")[0].strip().lower() != "application/json":
+            raise ApiError(
+                400,
+                "Unsupported Media Type: Only 'application/json' is allowed; send the JSON body with "
+                f"`Content-Type: application/json` (got {content_type!r})",
+                code="unsupported_media_type",
+            )
+    return await handler(request)
+
+
 def auth_middleware(api_key: str | None, admin_api_key: str | None = None) -> Middleware:
     """``Authorization: Bearer KEY`` checks: ``api_key`` on every route but :data:`OPEN_PATHS` and /admin;
     on /admin, ``admin_api_key`` when set, else ``api_key``. The admin routes are off (403) without either:
@@ -131,9 +151,10 @@ def auth_middleware(api_key: str | None, admin_api_key: str | None = None) -> Mi
 
 
 def _check_key(request: web.Request, key: str) -> None:
-    """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time)."""
-    given = request.headers.get("Authorization", "").encode()
-    if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+    """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time, as bytes:
+    a header that is not UTF-8 was decoded with surrogates, which ``surrogateescape`` turns back)."""
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given, f"Bearer {key}".encode("utf-8", "surrogateescape")):
         raise ApiError(
             401,
             "Incorrect or missing API key: send the server's key as `Authorization: Bearer KEY`.",

@@ -14,13 +14,14 @@ from openinfer.frontend.openai.context_limits import check_max_tokens, check_pro
 from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.logits_options import TYPE_MESSAGES as LOGITS_TYPE_MESSAGES
 from openinfer.frontend.openai.logits_options import LogitsBody, LogitsOptions
+from openinfer.frontend.openai.request_body import INT64_MAX, Int64
 from openinfer.frontend.openai.structured_options import StructuredConstraint, parse_structured
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 MAX_LOGPROBS = 20  # alternatives per token, at most (OpenAI's chat limit, vLLM's default --max-logprobs)
 
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 T = TypeVar("T")
 
 _ONE_CHOICE = (
@@ -35,6 +36,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), _ONE_CHOICE.format("best_of")),
     "echo": ((None, False), "`echo` is not supported by openinfer"),
     "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
+    "allowed_token_ids": ((None,), "`allowed_token_ids` is not supported by openinfer: use `logit_bias`"),
     **{f"guided_{kind}": ((None,), _GUIDED.format(kind)) for kind in ("json", "regex", "choice", "grammar")},
 }
 
@@ -61,8 +63,8 @@ class SamplingBody(LogitsBody):
     stream_options: StreamOptions | None = None  # only with stream: true
     temperature: float | None = None  # default 1
     top_p: float | None = None  # default 1
-    top_k: int | None = None  # -1, 0 or None: the whole vocabulary
-    seed: int | None = None
+    top_k: Int64 | None = None  # -1, 0 or None: the whole vocabulary
+    seed: Int64 | None = None  # vLLM's range
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -77,6 +79,7 @@ class SamplingBody(LogitsBody):
     best_of: Any = None
     echo: Any = None
     prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -130,8 +133,6 @@ class SamplingOptions:
         top_k = body.top_k
         if top_k is not None and top_k < -1:
             raise invalid_request(f"`top_k` must be -1 or 0 (off) or positive, got {top_k}", param="top_k")
-        if body.seed is not None and not -(2**63) <= body.seed < 2**63:
-            raise invalid_request("`seed` must fit in 64 bits", param="seed")
         include_usage = body.stream_options is not None and _or(body.stream_options.include_usage, False)
         return cls(
             max_tokens=max_tokens,

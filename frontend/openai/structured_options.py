@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
+from openinfer.frontend.openai.request_body import check_nesting
 from openinfer.protocol import EngineCoreRequest, StructuredKind, StructuredOutputs
 
 RESPONSE_FORMAT = "response_format"
@@ -240,6 +241,7 @@ def _json_schema(value: object) -> dict[str, Any]:
             raise invalid_request(
                 f"`structured_outputs.json` is a string but not JSON: {e}", param=STRUCTURED_OUTPUTS
             ) from None
+        check_nesting(value, STRUCTURED_OUTPUTS)  # as deep as the body's own fields may be
     if not isinstance(value, dict):
         raise _wrong(
             "structured_outputs.json", "a JSON schema: an object, or a string holding one", STRUCTURED_OUTPUTS

@@ -29,6 +29,9 @@ SAMPLES = {
     "reasoning_parser": "qwen3",
     "tool_call_parser": "hermes",
     "structured_outputs_config": '{"disable_any_whitespace": true}',
+    "allowed_origins": '["http://app.example"]',
+    "allowed_methods": '["GET"]',
+    "allowed_headers": '["Authorization"]',
 }
 NEEDS = {"enable_auto_tool_choice": ["--tool-call-parser", "hermes"]}  # flags that work only with another
 

@@ -16,6 +16,7 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.metrics.state_dir import StateDir
 from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
@@ -60,6 +61,8 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         engine_address: str | None = None,
         chat_parsers: ChatParsers | None = None,
         admin_api_key: str | None = None,
+        cors: CorsPolicy | None = None,
+        loopback_host: str | None = None,
         **client_options: Any,
     ) -> Frontend:
         """``client_options``: EngineClient's keywords (max_queued_per_engine, curve_keys, ...)."""
@@ -75,6 +78,8 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
             drafter_timeout,
             chat_parsers,
             admin_api_key=admin_api_key,
+            cors=cors,
+            loopback_host=loopback_host,
         )
         runner = await serve(app, "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]

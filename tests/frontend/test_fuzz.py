@@ -22,6 +22,7 @@ from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.conftest import free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
@@ -146,7 +147,15 @@ def harness() -> Iterator[Harness]:
         await client.start()
         parsers = ChatParsers("qwen3", "hermes", enable_auto_tool_choice=True)  # the output parsers run too
         # The admin routes are on (they need a key): the HTTP fuzz sends it unless it fuzzes that header.
-        app = build_app(client, metrics, chat_parsers=parsers, admin_api_key=FUZZ_ADMIN_KEY)
+        # CORS and the Host rule of a loopback server are on too: the HTTP fuzz sends Origin and Host headers.
+        app = build_app(
+            client,
+            metrics,
+            chat_parsers=parsers,
+            admin_api_key=FUZZ_ADMIN_KEY,
+            cors=CorsPolicy(("http://app.example",), allow_credentials=True),
+            loopback_host="127.0.0.1",
+        )
         runner = await serve(app, "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         peer = EnginePeer(address, PeerConfig(refuse_drafter="refused by the fuzz peer"))

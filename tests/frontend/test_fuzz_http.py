@@ -1,5 +1,7 @@
 """Fuzzing (hypothesis, bounded) every HTTP route on arbitrary bodies and headers, with the frontend of
-test_fuzz: never a 5xx but 503, no counter moves but those of requests that succeeded, the server still serves."""
+test_fuzz: never a 5xx but 503, no counter moves but those of requests that succeeded, nothing is left in
+flight, the server still serves. Integers reach past 64 bits, JSON nests past any limit, headers carry
+non-ASCII text."""
 
 from __future__ import annotations
 
@@ -21,6 +23,17 @@ _JSON = st.recursive(
     ),
     max_leaves=12,
 )
+# Any integer, 64-bit or not: each integer field is bounded where the body is decoded.
+_INTEGERS = st.integers() | st.sampled_from([2**63 - 1, 2**63, 2**64, -(2**63), -(2**63) - 1, 10**40])
+
+
+@st.composite
+def _nested(draw: st.DrawFn) -> bytes:
+    """A JSON value of arrays nested 100 to 3000 deep (past MAX_NESTING, and past Python's recursion limit)."""
+    depth = draw(st.integers(100, 3000))
+    return b"[" * depth + b"1" + b"]" * depth
+
+
 _FIELDS = {
     "model": st.sampled_from(["tiny", "other", ""]) | _JSON,
     "prompt": st.text(max_size=12) | st.lists(st.integers(-3, 400), max_size=5) | _JSON,
@@ -34,16 +47,16 @@ _FIELDS = {
         max_size=3,
     )
     | _JSON,
-    "max_tokens": st.integers(-2, 80) | st.integers() | _JSON,
+    "max_tokens": st.integers(-2, 80) | _INTEGERS | _JSON,
     "stream": st.booleans() | _JSON,
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | _JSON}) | _JSON,
     "temperature": st.floats(-1, 3) | _JSON,
     "top_p": st.floats(-1, 2) | _JSON,
     "n": st.integers(-1, 3) | _JSON,
     "stop": st.text(max_size=4) | st.lists(st.text(max_size=4), max_size=3) | _JSON,
-    "logprobs": st.integers(-1, 30) | st.booleans() | _JSON,
-    "top_logprobs": st.integers(-1, 30) | _JSON,
-    "seed": st.integers() | _JSON,
+    "logprobs": st.integers(-1, 30) | st.booleans() | _INTEGERS | _JSON,
+    "top_logprobs": st.integers(-1, 30) | _INTEGERS | _JSON,
+    "seed": _INTEGERS | _JSON,
     "ignore_eos": st.booleans() | _JSON,
     "method": st.sampled_from(["ngram", "dflash", "x"]) | _JSON,
     "tools": st.lists(
@@ -63,9 +76,20 @@ _FIELDS = {
     "parallel_tool_calls": st.booleans() | _JSON,
     "chat_template_kwargs": st.fixed_dictionaries({}, optional={"enable_thinking": st.booleans()}) | _JSON,
     "num_spec_tokens": st.integers(-1, 40) | _JSON,
+    "top_k": st.integers(-2, 400) | _INTEGERS,
+    "min_tokens": st.integers(0, 3) | _INTEGERS,
+    "max_completion_tokens": st.integers(1, 40) | _INTEGERS,
+    "stop_token_ids": st.lists(st.integers(0, 300) | _INTEGERS, max_size=3),
+    "logit_bias": st.dictionaries(
+        (st.integers(0, 300) | _INTEGERS).map(str), st.floats(-100, 100), max_size=3
+    ),
+    "allowed_token_ids": st.lists(_INTEGERS, max_size=3),
+    "prompt_lookup_min": st.integers(1, 4) | _INTEGERS,
+    "prompt_lookup_max": st.integers(1, 8) | _INTEGERS,
 }
 _BODIES = st.one_of(
     st.binary(max_size=200),
+    _nested(),
     _JSON.map(lambda value: json.dumps(value).encode()),
     st.fixed_dictionaries({}, optional=_FIELDS).map(lambda value: json.dumps(value).encode()),
 )
@@ -86,8 +110,23 @@ _VALID = [
     ("POST", "/admin/engines/{i}/drafter", {"method": "ngram", "num_spec_tokens": 3}),
 ]
 _HEADERS = st.dictionaries(
-    st.sampled_from(["X-Request-Id", "Authorization", "Content-Type", "Accept", "User-Agent", "X-Anything"]),
-    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+    st.sampled_from(
+        [
+            "X-Request-Id",
+            "Authorization",
+            "Content-Type",
+            "Accept",
+            "User-Agent",
+            "X-Anything",
+            "Origin",
+            "Host",
+        ]
+    ),
+    # visible ASCII, and non-ASCII text (sent as UTF-8); control bytes are aiohttp's parser's to refuse
+    st.text(
+        alphabet=st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\x7f"), max_size=40
+    )
+    | st.sampled_from(["application/json", "text/plain", "http://app.example", "localhost:1", "[::1]"]),
     max_size=3,
 )
 _ROUTES = st.sampled_from(
@@ -119,6 +158,9 @@ def _requests(draw: st.DrawFn) -> tuple[str, str, bytes]:
         for name in draw(st.lists(st.sampled_from(sorted(_FIELDS)), max_size=3, unique=True)):
             fields[name] = draw(_FIELDS[name])
         body = json.dumps(fields).encode()
+        if draw(st.integers(0, 9)) == 0:  # one field nested too deeply (json.dumps itself would recurse)
+            name = draw(st.sampled_from(sorted(_FIELDS)))
+            body = body[:-1] + f', "{name}": '.encode() + draw(_nested()) + b"}"
     index = draw(st.sampled_from(["0", "1", "123456789012345678901234567890"]))
     return method, path.replace("{i}", index), body
 
@@ -130,7 +172,7 @@ def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:  # noqa:
     succeeded = {"generations": 0}
 
     async def request(method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        headers = {"Authorization": f"Bearer {FUZZ_ADMIN_KEY}", **headers}
+        headers = {"Authorization": f"Bearer {FUZZ_ADMIN_KEY}", "Content-Type": "application/json", **headers}
         async with harness.session.request(method, harness.url + path, data=body, headers=headers) as r:
             return r.status, await r.read()
 
@@ -147,6 +189,7 @@ def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:  # noqa:
 
     fuzz()
     assert succeeded["generations"] > 0  # the near-valid bodies reached the engine too
+    assert len(harness.client.router) == 0  # every request admitted was released
     after = harness.counters()
     moved = {
         name

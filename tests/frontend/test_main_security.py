@@ -1,5 +1,6 @@
 """`openinfer-frontend` is safe by default: keys from the environment (out of `ps`), engine ports on loopback,
-loud warnings for what is open to the network, the admin routes off without a key."""
+loud warnings for what is open to the network, the admin routes off without a key, no CORS unless asked,
+only loopback Host names on a loopback address."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 from openinfer.engine_core.local_cluster import free_port, free_port_pair
 from openinfer.frontend.addresses import is_loopback_host
-from openinfer.frontend.main import parse_args
+from openinfer.frontend.main import cors_policy, parse_args
+from openinfer.frontend.openai.cors import CorsPolicy
 
 _KEY_VARIABLES = ("OPENINFER_API_KEY", "VLLM_API_KEY", "OPENINFER_ADMIN_API_KEY")
 
@@ -161,3 +163,73 @@ async def test_env_key_guards_the_api_and_opens_admin_and_loopback_is_quiet() ->
     finally:
         log = await stop(process)
     assert "SECURITY" not in log and "from-env" not in log
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['"http://a.example"', "[1]", "not json", '{"origins": []}'],
+    ids=["string", "ints", "text", "object"],
+)
+def test_cors_flags_take_json_lists_of_strings(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--allowed-origins & co. are vLLM's JSON lists; anything else is a usage error saying so."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--allowed-origins", value])
+    assert exit_info.value.code == 2 and "must be a JSON list of strings" in capsys.readouterr().err
+
+
+def test_no_cors_without_allowed_origins() -> None:
+    """No --allowed-origins: no policy (no CORS headers), whatever the other CORS flags say; with it, the
+    four flags make the policy."""
+    assert cors_policy(parse_args(["--allowed-methods", '["GET"]', "--allow-credentials"])) is None
+    args = parse_args(["--allowed-origins", '["http://a.example"]', "--allowed-headers", '["X-A"]'])
+    assert cors_policy(args) == CorsPolicy(("http://a.example",), ("*",), ("X-A",), False)
+
+
+async def test_loopback_frontend_refuses_other_hosts_and_answers_allowed_origins() -> None:
+    """openinfer-frontend on 127.0.0.1 with --allowed-origins: a request for Host evil.example is a 400
+    saying how to listen elsewhere; one from the allowed origin is told so; a text/plain body is refused."""
+    http_port, engine_port = free_port(), free_port_pair()
+    url = f"http://127.0.0.1:{http_port}"
+    argv = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--engine-bind",
+        f"tcp://127.0.0.1:{engine_port}",
+    ]
+    process = await run_frontend({}, *argv, "--allowed-origins", '["http://app.example"]')
+    try:
+        await wait_listening(url)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/v1/models", headers={"Host": "evil.example:8000"}) as response:
+                error = (await response.json())["error"]
+                assert response.status == 400 and "--host 0.0.0.0" in error["message"]
+            async with session.get(f"{url}/v1/models", headers={"Origin": "http://app.example"}) as response:
+                assert response.status == 200
+                assert response.headers["Access-Control-Allow-Origin"] == "http://app.example"
+            async with session.post(
+                f"{url}/v1/completions", data="{}", headers={"Content-Type": "text/plain"}
+            ) as r:
+                assert r.status == 400 and (await r.json())["error"]["code"] == "unsupported_media_type"
+    finally:
+        await stop(process)
+
+
+async def test_any_origin_without_a_key_warns_loudly() -> None:
+    """--allowed-origins '["*"]' and no API key: a SECURITY warning that any web page can use the API."""
+    http_port, engine_port = free_port(), free_port_pair()
+    argv = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--engine-bind",
+        f"tcp://127.0.0.1:{engine_port}",
+    ]
+    process = await run_frontend({}, *argv, "--allowed-origins", '["*"]')
+    try:
+        await wait_listening(f"http://127.0.0.1:{http_port}")
+    finally:
+        log = await stop(process)
+    assert "SECURITY: --allowed-origins '[\"*\"]' without an API key" in log

@@ -85,7 +85,7 @@ async def test_engine_refusal_is_400_with_its_message(frontend: Frontend, start_
     [
         ({"method": "ngram", "num_spec_tokens": 33}, "exceeds MAX_SPEC_TOKENS = 32"),
         ({"method": "ngram", "num_spec_tokens": 0}, "at least 1"),
-        ({"method": "ngram", "num_spec_tokens": "4"}, "Expected `int`"),
+        ({"method": "ngram", "num_spec_tokens": "4"}, "`num_spec_tokens` must be an integer"),
         ({"method": "eagle", "num_spec_tokens": 4}, "`method` must be one of"),
         ({"method": "dflash", "num_spec_tokens": 4}, "needs `draft_model`"),
         ({"method": "ngram", "num_spec_tokens": 4, "prompt_lookup_min": 5}, "prompt_lookup_min"),

@@ -22,6 +22,7 @@ async def post(
 ) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as session:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **(headers or {})}
         async with session.post(f"{frontend.url}{path}", data=data, headers=headers) as response:
             return response.status, await response.json()
 

@@ -28,6 +28,7 @@ async def chat(frontend: Frontend, body: object, headers: dict[str, str] | None 
     async with aiohttp.ClientSession() as session:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         url = f"{frontend.url}/v1/chat/completions"
+        headers = {"Content-Type": "application/json", **(headers or {})}
         async with session.post(url, data=data, headers=headers) as response:
             return response.status, await response.json()
 

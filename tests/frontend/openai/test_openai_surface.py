@@ -22,6 +22,8 @@ async def request(
 ) -> tuple[int, Any, aiohttp.typedefs.LooseHeaders]:
     async with aiohttp.ClientSession() as session:
         data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers = {"Content-Type": "application/json", **(headers or {})}
         async with session.request(method, f"{frontend.url}{path}", data=data, headers=headers) as response:
             text = await response.text()
             return response.status, json.loads(text) if text else None, response.headers
