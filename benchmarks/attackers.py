@@ -42,9 +42,8 @@ from openinfer.protocol import (
 SEND_TIMEOUT_S = 1.0  # a ZMQ send not taken within this is given up (a port that does not take us)
 HANDSHAKE_TIMEOUT_S = 2.0
 FORGED_INDEX = 64  # the first index forged engines claim: openinfer-serve's engines have lower ones
-WEDGE_WATCH_S = (
-    8.0  # /health watched this long after the forged seqs: past the default --engine-timeout (5 s)
-)
+# /health is watched this long after the forged seqs: past the frontend's default --engine-timeout (5 s)
+WEDGE_WATCH_S = 8.0
 EVIL = "http://evil.example"
 _HANDSHAKES = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 _HANDSHAKES |= zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -273,7 +272,7 @@ async def forged_hellos(target: Target) -> str:
     finally:
         ports.close()
     return (
-        f"joined: drafts_total +{raised:.3g}, {received} user requests received; max_model_len {length}→{shrunk}; "
+        f"joined: drafts_total +{raised:.3g}, user requests received: {received}; max_model_len {length}→{shrunk}; "
         f"{sent:,} forged hellos: engines_up peaked at {peak:,}"
     )
 
@@ -339,7 +338,7 @@ async def impersonation(target: Target) -> str:
         ports.close()
     after = f"engine 0 up for {WEDGE_WATCH_S:g} s" if down is None else f"engine 0 down {down:.1f} s later"
     return (
-        f"incarnation from {source}; text injected into {len(injected)} streams, "
+        f"incarnation from {source}; streams injected into: {len(injected)}, "
         f"{'seen' if seen else 'not seen'} by a client; after seq 2^63-1: {after}"
     )
 

@@ -180,6 +180,7 @@ class Server:
         argv = ["--host", HOST, *ports, *files, *self._serve_args]
         env = {"OPENINFER_API_KEY": self.api_key} if self.api_key else None
         self.spec_log_dir.mkdir(parents=True)
+        started = time.monotonic()
         serve = self.cluster.spawn("serve", python_module("openinfer.engine_core.serve", *argv), env)
         try:
             self.cluster.wait_healthy(self._timeout)
@@ -190,7 +191,8 @@ class Server:
             self.cluster.stop(STOP_TIMEOUT_S)
             raise
         children = ", ".join(f"{role} {pid}" for role, pid in sorted(serve_children(serve.pid).items()))
-        print(f"openinfer-serve pid {serve.pid} ({children}) at {self.url}", file=sys.stderr, flush=True)
+        up = f"openinfer-serve pid {serve.pid} ({children}) at {self.url}, up in {time.monotonic() - started:.1f} s"
+        print(up, file=sys.stderr, flush=True)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
