@@ -170,12 +170,17 @@ class EnginePorts:
         self._context.destroy(linger=0)
 
 
+def idle_load(counters: SpecDecodeCounters | None) -> LoadSnapshot:
+    """An idle engine's load: 1024 free KV blocks, no requests, these spec-decode counters."""
+    return LoadSnapshot(kv_used_blocks=0, kv_total_blocks=1024, num_running_reqs=0, num_waiting_reqs=0,
+                        spec_decode=counters)  # fmt: skip
+
+
 def outputs(index: int, incarnation: int, seq: int, new: list[EngineCoreOutput],
             counters: SpecDecodeCounters | None = None) -> EngineCoreOutputs:  # fmt: skip
-    load = LoadSnapshot(kv_used_blocks=0, kv_total_blocks=1024, num_running_reqs=0, num_waiting_reqs=0,
-                        spec_decode=counters)  # fmt: skip
+    """An engine's outputs message (a heartbeat when ``new`` is empty)."""
     return EngineCoreOutputs(engine_index=index, incarnation=incarnation, seq=seq, timestamp=time.time(),
-                             outputs=new, load=load)  # fmt: skip
+                             outputs=new, load=idle_load(counters))  # fmt: skip
 
 
 def hello(model: str, index: int, max_model_len: int = 2048) -> EngineHello:
@@ -187,7 +192,7 @@ def hello(model: str, index: int, max_model_len: int = 2048) -> EngineHello:
         vocab_size=json.loads((folder / "config.json").read_text())["vocab_size"], eos_token_ids=[0],
         tokenizer_json=(folder / "tokenizer.json").read_bytes(),
         tokenizer_config_json=(folder / "tokenizer_config.json").read_bytes(),
-        load=outputs(index, 0, 0, [], SpecDecodeCounters.zero(7)).load,
+        load=idle_load(SpecDecodeCounters.zero(7)),
     )  # fmt: skip
 
 

@@ -345,23 +345,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--attacks", nargs="+", choices=list(ATTACKERS), default=list(ATTACKERS),
-                        help="which attacks, in this order (default: all)")  # fmt: skip
-    parser.add_argument("--seconds", type=float, default=5.0, help="how long each attack runs")
-    parser.add_argument(
-        "--idle-seconds", type=float, default=15.0, help="how long slow and idle connections are held"
-    )
-    parser.add_argument("--body-mb", type=float, default=16.0, help="the size of each big body, in MB")
-    parser.add_argument("--schema-depth", type=int, default=300, help="nesting of the slow JSON schemas")
-    parser.add_argument(
-        "--hellos", type=int, default=5000, help="forged hellos of distinct engine indices, at most"
-    )
-    parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG",
-                        help="a flag for openinfer-serve, as --serve-arg=--flag=value (repeat for more)")  # fmt: skip
-    parser.add_argument("--api-key", help="the server's API key (the \\xff in Authorization case needs one)")
-    parser.add_argument(
-        "--startup-timeout", type=float, default=180.0, help="seconds to wait for each server"
-    )
+    add = parser.add_argument
+    add("--attacks", nargs="+", choices=list(ATTACKERS), default=list(ATTACKERS), metavar="ATTACK",
+        help=f"which attacks, in this order (default: all: {' '.join(ATTACKERS)})")  # fmt: skip
+    add("--seconds", type=float, default=5.0, help="how long each attack runs (default: 5)")
+    add("--idle-seconds", type=float, default=15.0, help="how long slow and idle connections are held (15)")
+    add("--body-mb", type=float, default=16.0, help="the size of each big body, in MB (16)")
+    add("--schema-depth", type=int, default=300, help="nesting of the slow JSON schemas (300)")
+    add("--hellos", type=int, default=5000, help="forged hellos of distinct engine indices, at most (5000)")
+    add("--serve-arg", action="append", default=[], metavar="FLAG",
+        help="a flag for openinfer-serve, as --serve-arg=--flag=value (repeat for more)")  # fmt: skip
+    add("--api-key", help="start the servers with this API key (the \\xff in Authorization case needs one)")
+    add("--startup-timeout", type=float, default=180.0, help="seconds to wait for each server (180)")
     return parser.parse_args(argv)
 
 
