@@ -107,9 +107,9 @@ async def metric_sum(target: Target, sample: str) -> float:
 
 
 async def max_model_len(target: Target) -> int:
-    return min(
-        m["max_model_len"] for m in (await get(target, "/v1/models"))["data"] if m["id"] == target.model
-    )
+    """The served model's max_model_len on /v1/models; 0 while no engine serves it."""
+    models = (await get(target, "/v1/models") or {"data": []})["data"]
+    return next((int(m["max_model_len"]) for m in models if m["id"] == target.model), 0)
 
 
 async def engines_up(target: Target) -> int:
@@ -265,8 +265,10 @@ async def forged_hellos(target: Target) -> str:
         raised = await metric_sum(target, "vllm:spec_decode_num_drafts_total") - drafts
         length = await max_model_len(target)
         await ports.send(hello(target.model, FORGED_INDEX + 1, max_model_len=8))
-        await asyncio.sleep(0.5)
-        shrunk, sent = await max_model_len(target), 0
+        shrunk, sent, deadline = length, 0, time.monotonic() + 2.0  # the frontend reads a hello in ms
+        while shrunk == length and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            shrunk = await max_model_len(target)
         while sent < target.hellos and await ports.send(hello(target.model, 1000 + sent)):
             sent += 1
         peak, up = -1, await engines_up(target)
