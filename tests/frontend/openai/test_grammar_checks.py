@@ -49,11 +49,11 @@ def alive(pid: int) -> bool:
 async def test_a_constraint_past_the_deadline_is_a_400_and_its_worker_is_replaced(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
-    """With a 1 s deadline the slow schema is a 400 naming structured_outputs and the flag; its worker is
-    killed and a new one kept warm, in which the next constraints compile, or are refused in xgrammar's
-    words (a refusal keeps its worker)."""
+    """With a 1 s deadline the slow schema is a 400 naming structured_outputs and the flag, before any engine
+    sees it; its worker is killed and a new one kept warm, in which the next constraints compile, or are
+    refused in xgrammar's words (a refusal keeps its worker)."""
     frontend = await start_frontend(grammar_check_timeout=1.0)
-    await start_peer(frontend)
+    peer = await start_peer(frontend)
     request = asyncio.create_task(post(frontend, "/v1/completions", completion(SLOW)))
     await wait_until(lambda: bool(pool(frontend).busy_pids), _WAIT_S)
     [slow_pid] = pool(frontend).busy_pids
@@ -64,7 +64,7 @@ async def test_a_constraint_past_the_deadline_is_a_400_and_its_worker_is_replace
     )
     await wait_until(lambda: not alive(slow_pid), _WAIT_S)
     await wait_until(lambda: len(pool(frontend).worker_pids) == 1, _WAIT_S)  # the warm one
-    assert slow_pid not in pool(frontend).worker_pids
+    assert slow_pid not in pool(frontend).worker_pids and peer.requests == {}  # no engine compiles it
     status, _ = await post(frontend, "/v1/completions", completion({"type": "object"}))
     assert status == 200
     workers = pool(frontend).worker_pids
