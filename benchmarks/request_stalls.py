@@ -3,16 +3,21 @@ unrelated chat request's time, while a client sends huge bodies, slow JSON schem
 
 Starts `openinfer-serve` (the built-in model on the CPU, no drafter) and runs each attack in turn:
 
-- ``ids``: 8 completions at once, each with 60 MiB of token ids as its prompt;
+- ``ids``: 8 completions at once, each with 60 MiB of token ids as its prompt (``--ids-mib``);
 - ``bias``: 4 completions at once, each with a 40 MB ``logit_bias``;
 - ``schema``: 8 completions with a 500-deep nested ``items`` JSON schema whose clients leave after 5 s,
   and a 2-token chat request sent 1 s in;
-- ``slow``: 16 connections that send a request head a line a second and never finish it.
+- ``slow``: 16 connections that send a request head a line a second and never finish it;
+- ``objects``: 4 chat requests whose ``messages`` are 20 MB of empty objects (JSON's costliest to decode).
+
+With ``--real-vocab`` the engine is a one-layer random model of Qwen3's vocabulary and 40960 positions
+(frontend and engine started apart, as in ``health_during_prompt``): its text bound (40960 tokens of up to
+128 characters) lets bodies of up to 64 MiB through, so the number fields' own bounds do the refusing.
 
 Each prints one JSON line: the attack's answers, /health's median and worst latency while it ran (polled every
 10 ms), the chat request's seconds, or how long the slow connections stayed open (at most ``--slow-cap``).
 
-    python -m openinfer.benchmarks.request_stalls [--attacks ids,bias,schema,slow]
+    python -m openinfer.benchmarks.request_stalls [--attacks ids,bias,schema,slow,objects] [--real-vocab]
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
@@ -35,6 +40,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from openinfer.benchmarks.health_during_prompt import real_vocab_model
 from openinfer.engine_core.local_cluster import LocalCluster
 
 _JSON = {"Content-Type": "application/json"}
@@ -92,10 +98,10 @@ async def post(
     return outcome, time.monotonic() - started
 
 
-async def flood(url: str, body: bytes, clients: int) -> dict[str, Any]:
+async def flood(url: str, body: bytes, clients: int, path: str = "/v1/completions") -> dict[str, Any]:
     """``clients`` posts of ``body`` at once: how many got each answer, and the slowest one's seconds."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        answers = await asyncio.gather(*(post(session, url, body) for _ in range(clients)))
+        answers = await asyncio.gather(*(post(session, url, body, path) for _ in range(clients)))
     return {
         "body_mb": round(len(body) / 1e6, 1),
         "answers": dict(collections.Counter(status for status, _ in answers)),
@@ -105,6 +111,10 @@ async def flood(url: str, body: bytes, clients: int) -> dict[str, Any]:
 
 def token_ids_body(mib: int) -> bytes:
     return b'{"prompt": [' + b"12345, " * (mib * 2**20 // 7) + b'1], "max_tokens": 2}'
+
+
+def empty_objects_body(mb: int) -> bytes:
+    return b'{"messages": [' + b"{}, " * (mb * 10**6 // 4) + b"{}]}"
 
 
 def logit_bias_body(mb: int) -> bytes:
@@ -164,35 +174,44 @@ async def slow_heads(url: str, connections: int = 16, cap_s: float = 30.0) -> di
     return {"connections": connections, "open_max_s": round(max(open_s), 1), "cap_s": cap_s}
 
 
-async def run(url: str, attacks: list[str], slow_cap_s: float) -> None:
+ATTACKS: dict[str, Callable[[str, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
+    "ids": lambda url, args: flood(url, token_ids_body(args.ids_mib), 8),
+    "bias": lambda url, _: flood(url, logit_bias_body(40), 4),
+    "schema": lambda url, _: schemas_and_chat(url),
+    "slow": lambda url, args: slow_heads(url, cap_s=args.slow_cap),
+    "objects": lambda url, _: flood(url, empty_objects_body(20), 4, "/v1/chat/completions"),
+}
+
+
+async def run(url: str, attacks: list[str], args: argparse.Namespace) -> None:
     for attack in attacks:
-        if attack == "ids":
-            result = await during(url, flood(url, token_ids_body(60), 8))
-        elif attack == "bias":
-            result = await during(url, flood(url, logit_bias_body(40), 4))
-        elif attack == "schema":
-            result = await during(url, schemas_and_chat(url))
-        else:
-            result = await during(url, slow_heads(url, cap_s=slow_cap_s))
+        result = await during(url, ATTACKS[attack](url, args))
         print(json.dumps({"attack": attack, **result}), flush=True)
         await asyncio.sleep(5.0)  # what the attack left running ends before the next one
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--attacks", default="ids,bias,schema,slow", help="comma-separated, in this order")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated, run in this order")
     parser.add_argument("--slow-cap", type=float, default=30.0, help="seconds a slow connection is held")
+    parser.add_argument("--ids-mib", type=int, default=60, help="MiB of token ids in each ids prompt")
+    parser.add_argument("--real-vocab", action="store_true", help="Qwen3's vocabulary, 40960 positions")
     args = parser.parse_args()
     attacks = args.attacks.split(",")
-    unknown = set(attacks) - {"ids", "bias", "schema", "slow"}
+    unknown = set(attacks) - set(ATTACKS)
     if unknown:
-        parser.error(f"unknown attacks {sorted(unknown)}: choose among ids, bias, schema, slow")
+        parser.error(f"unknown attacks {sorted(unknown)}: choose among {', '.join(ATTACKS)}")
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "logs")
         try:
-            cluster.start_serve("--device", "cpu", "--no-spec", "--log-level", "warning")
+            if args.real_vocab:
+                cluster.start_frontend("--log-level", "warning")
+                model = real_vocab_model(Path(tmp) / "model")
+                cluster.start_engine(model, 0, "--served-model-name", "real-vocab", "--kv-cache-gb", "0.05")
+            else:
+                cluster.start_serve("--device", "cpu", "--no-spec", "--log-level", "warning")
             cluster.wait_healthy(180)
-            asyncio.run(run(cluster.url, attacks, args.slow_cap))
+            asyncio.run(run(cluster.url, attacks, args))
         finally:
             cluster.stop()
 

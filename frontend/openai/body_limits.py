@@ -14,9 +14,13 @@ by moving the decode to a thread. Strings decode at about 1 ms per MiB; numbers 
   than its largest valid value is a 400 naming it.
 
 A bound counts the JSON the most verbose valid value takes: ids of the vocabulary's most digits, numbers of
-:data:`_NUMBER_CHARS` characters, characters escaped as surrogate pairs (12 bytes: ``\\ud83d\\ude00``) and
-:data:`_WHITESPACE_PER_VALUE` bytes of indentation around each value. Within the whole-body bound, a body of
-tiny values in a free-form field (messages, tools, a schema) still costs its decode: up to 70 ms per MiB.
+:data:`_NUMBER_CHARS` characters, text escaped byte by byte (``\\u0001``: 6 bytes of JSON for a byte of
+UTF-8; a text that fits has at most :func:`max_prompt_chars` bytes, as the character rule assumes a
+byte-level vocabulary) and :data:`_WHITESPACE_PER_VALUE` bytes of indentation around each value.
+
+What this leaves: within the whole-body bound, a body of tiny values in a free-form field (messages, tools,
+a schema) still costs its decode on the loop, up to 70 ms per MiB; and for a model whose text bound is tens
+of MB (Qwen3: 40960 tokens of up to 128 bytes) one scan costs 1-2 ms per MiB (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from openinfer.frontend.openai.logits_options import MAX_BAD_WORD_TOKENS, MAX_LO
 # Room for what no model's numbers bound: a JSON schema or grammar, tool definitions a chat template does not
 # render, stop strings, the other fields and their names.
 ALLOWANCE_BYTES = 256 * 1024
-_JSON_BYTES_PER_CHAR = 12  # a character outside the BMP, escaped as a surrogate pair
+_JSON_BYTES_PER_TEXT_BYTE = 6  # a control character escaped as \u0001 (a 4-byte character as a pair: 12)
 _NUMBER_CHARS = 24  # the longest repr of a double: -2.2250738585072014e-308
 _WHITESPACE_PER_VALUE = 16  # a newline and indentation, as pretty-printers write each value of a list
 # A prompt's JSON that is text: a string, or a list that starts with one (a batch of one text)
@@ -59,13 +63,13 @@ class BodyLimits:
     def for_model(cls, model: ServedModel) -> BodyLimits:
         id_bytes = len(str(model.vocab_size - 1)) + 1 + _WHITESPACE_PER_VALUE  # digits, a comma
         bias_entry = id_bytes + 2 + 1 + _NUMBER_CHARS  # "id": number,
-        text = max_prompt_chars(model) * _JSON_BYTES_PER_CHAR + 2
+        text = max_prompt_chars(model) * _JSON_BYTES_PER_TEXT_BYTE + 2
         prompt_token_ids = model.max_model_len * id_bytes + 4 * _WHITESPACE_PER_VALUE  # [[ ... ]]
         logit_bias = min(model.vocab_size, MAX_LOGIT_BIAS_TOKENS) * bias_entry + 2 * _WHITESPACE_PER_VALUE
         stop_token_ids = model.vocab_size * id_bytes + 2 * _WHITESPACE_PER_VALUE
         # as many texts of one token as bad words may hold, at most (plain and " "-prefixed forms count apart)
         bad_words = MAX_BAD_WORD_TOKENS * (
-            model.tokenizer.max_chars_per_token * _JSON_BYTES_PER_CHAR + 3 + _WHITESPACE_PER_VALUE
+            model.tokenizer.max_chars_per_token * _JSON_BYTES_PER_TEXT_BYTE + 3 + _WHITESPACE_PER_VALUE
         )
         body = max(text, prompt_token_ids) + logit_bias + stop_token_ids + bad_words + ALLOWANCE_BYTES
         return cls(body, prompt_token_ids, logit_bias, stop_token_ids, model.max_model_len, model.vocab_size)

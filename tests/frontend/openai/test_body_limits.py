@@ -34,8 +34,8 @@ def test_the_bounds_count_the_most_verbose_valid_json() -> None:
     # 300 entries (the vocabulary; fewer than vLLM's 1024) of an id in quotes, a colon and a 24-char number
     assert TINY_LIMITS.logit_bias == 300 * (20 + 3 + 24) + 32
     assert TINY_LIMITS.stop_token_ids == 300 * 20 + 32
-    text = 64 * 13 * 12 + 2  # 64 tokens of 13 characters, each escaped as a 12-byte surrogate pair
-    bad_words = 1024 * (13 * 12 + 3 + 16)  # 1024 one-token words, escaped, quoted, indented
+    text = 64 * 13 * 6 + 2  # 64 tokens of 13 bytes, each escaped as \u0001, quoted
+    bad_words = 1024 * (13 * 6 + 3 + 16)  # 1024 one-token words, escaped, quoted, comma, indented
     assert TINY_LIMITS.body == text + TINY_LIMITS.logit_bias + TINY_LIMITS.stop_token_ids + bad_words + 262144
 
 
