@@ -61,13 +61,14 @@ class BodyLimits:
 
     @classmethod
     def for_model(cls, model: ServedModel) -> BodyLimits:
+        """The bounds of a body for ``model``."""
         id_bytes = len(str(model.vocab_size - 1)) + 1 + _WHITESPACE_PER_VALUE  # digits, a comma
         bias_entry = id_bytes + 2 + 1 + _NUMBER_CHARS  # "id": number,
         text = max_prompt_chars(model) * _JSON_BYTES_PER_TEXT_BYTE + 2
         prompt_token_ids = model.max_model_len * id_bytes + 4 * _WHITESPACE_PER_VALUE  # [[ ... ]]
         logit_bias = min(model.vocab_size, MAX_LOGIT_BIAS_TOKENS) * bias_entry + 2 * _WHITESPACE_PER_VALUE
         stop_token_ids = model.vocab_size * id_bytes + 2 * _WHITESPACE_PER_VALUE
-        # as many texts of one token as bad words may hold, at most (plain and " "-prefixed forms count apart)
+        # bad words: at most 1024 tokens in all (MAX_BAD_WORD_TOKENS), each of the longest spelling
         bad_words = MAX_BAD_WORD_TOKENS * (
             model.tokenizer.max_chars_per_token * _JSON_BYTES_PER_TEXT_BYTE + 3 + _WHITESPACE_PER_VALUE
         )
@@ -104,7 +105,7 @@ class BodyLimits:
             fields = msgspec.json.decode(body, type=_NumberFields)
         except msgspec.ValidationError:  # not an object: the body's decoder says so in its words
             return
-        except msgspec.DecodeError as e:  # decoding it further would cost as much again
+        except msgspec.DecodeError as e:  # the body's decoder would say so too, after decoding what precedes
             raise invalid_request(f"the request body is not valid JSON: {e}") from None
         except RecursionError:  # nested past msgspec's depth: the body's decoder says so
             return

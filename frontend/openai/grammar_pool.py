@@ -40,7 +40,7 @@ class GrammarCheckPool:
         self._warming: asyncio.Task[None] | None = None  # starting the idle worker
         self._reaping: set[asyncio.Task[None]] = set()  # killed workers, until they are waited for
         self._closed = False
-        self._available = importlib.util.find_spec("xgrammar") is not None
+        self._available: bool | None = None  # whether xgrammar is installed, looked up on first use
 
     @property
     def worker_pids(self) -> list[int]:
@@ -56,7 +56,11 @@ class GrammarCheckPool:
         """400 naming the constraint's field when it does not compile, when it takes longer than the deadline,
         or when xgrammar crashes on it."""
         words = CHECKED_KINDS.get(constraint.outputs.kind)
-        if words is None or not self._available:
+        if words is None:
+            return
+        if self._available is None:
+            self._available = importlib.util.find_spec("xgrammar") is not None
+        if not self._available:
             return
         async with self._turns:
             worker = await self._take()

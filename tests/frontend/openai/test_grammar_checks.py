@@ -1,11 +1,13 @@
 """Structured-outputs constraints are checked in worker processes with a deadline: one past it is a 400 and
 its worker is killed and replaced, a client that leaves has its check killed, and chat requests never wait
-behind the checks. Real worker processes, over real HTTP (skipped without xgrammar)."""
+behind the checks. Real worker processes, over real HTTP (skipped without xgrammar, but the last)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import sys
 from typing import Any
 
 import aiohttp
@@ -13,9 +15,13 @@ import pytest
 
 from openinfer.frontend.openai.api_server import GRAMMAR_CHECKS
 from openinfer.frontend.openai.grammar_pool import MAX_WORKERS, GrammarCheckPool
+from openinfer.frontend.openai.structured_options import StructuredConstraint
+from openinfer.protocol import StructuredOutputs
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 
-pytest.importorskip("xgrammar")
+needs_xgrammar = pytest.mark.skipif(
+    importlib.util.find_spec("xgrammar") is None, reason="xgrammar not installed"
+)
 
 # xgrammar converts this pattern for minutes (3,000 repetitions: 0.6 s, 6,000: 3 s, 12,000: 7 s, growing
 # faster than the square), so a check of it outlives every test here.
@@ -46,6 +52,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@needs_xgrammar
 async def test_a_constraint_past_the_deadline_is_a_400_and_its_worker_is_replaced(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
@@ -76,6 +83,7 @@ async def test_a_constraint_past_the_deadline_is_a_400_and_its_worker_is_replace
     assert pool(frontend).worker_pids == workers
 
 
+@needs_xgrammar
 async def test_a_client_that_leaves_mid_check_has_its_worker_killed(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
@@ -93,6 +101,7 @@ async def test_a_client_that_leaves_mid_check_has_its_worker_killed(
     assert pool(frontend).busy_pids == [] and peer.requests == {}
 
 
+@needs_xgrammar
 async def test_chat_is_answered_while_every_grammar_worker_is_busy(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
@@ -116,3 +125,14 @@ async def test_chat_is_answered_while_every_grammar_worker_is_busy(
     await asyncio.gather(*slow, return_exceptions=True)
     await pool(frontend).close()
     assert not any(alive(pid) for pid in busy) and pool(frontend).worker_pids == []
+
+
+async def test_without_xgrammar_nothing_is_checked_and_no_worker_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slim frontend image has no xgrammar: a check passes at once, with no worker (the engine refuses
+    what does not compile, a 400 too)."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # find_spec finds nothing, as in the image
+    checks = GrammarCheckPool(timeout=1.0)
+    await checks.check(StructuredConstraint(StructuredOutputs("regex", "[a-z"), "structured_outputs"))
+    assert checks.worker_pids == []
