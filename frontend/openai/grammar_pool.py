@@ -108,6 +108,9 @@ class GrammarCheckPool:
         """An idle worker, or a new one; another starts in the background so that one stays idle."""
         if not self._idle and self._warming is not None:
             await asyncio.shield(self._warming)  # leaving this wait leaves the start under way
+        for exited in [worker for worker in self._idle if not worker.running]:  # killed from outside
+            self._idle.remove(exited)
+            self._kill(exited)  # waited for; not the next client's fault
         worker = self._idle.pop() if self._idle else await self._start_worker()
         self._keep_one_idle()
         return worker
@@ -182,6 +185,10 @@ class _Worker:
         stdout = self._process.stdout
         assert stdout is not None
         return await stdout.readline()
+
+    @property
+    def running(self) -> bool:
+        return self._process.returncode is None
 
     def kill(self) -> None:
         if self._process.returncode is None:

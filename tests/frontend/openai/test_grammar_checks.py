@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import signal
 import sys
 from typing import Any
 
@@ -88,7 +89,7 @@ async def test_a_client_that_leaves_mid_check_has_its_worker_killed(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
     """Closing the connection while its schema is checked kills that worker (a thread could not be stopped);
-    nothing reaches the engine, and a warm worker takes its place."""
+    nothing reaches the engine, and a warm worker takes its place; one that dies idle is replaced too."""
     frontend = await start_frontend(grammar_check_timeout=600.0)
     peer = await start_peer(frontend)
     request = asyncio.create_task(post(frontend, "/v1/completions", completion(SLOW)))
@@ -99,6 +100,11 @@ async def test_a_client_that_leaves_mid_check_has_its_worker_killed(
     await wait_until(lambda: not alive(slow_pid), _WAIT_S)
     await wait_until(lambda: len(pool(frontend).worker_pids) == 1, _WAIT_S)
     assert pool(frontend).busy_pids == [] and peer.requests == {}
+    [warm_pid] = pool(frontend).worker_pids
+    os.kill(warm_pid, signal.SIGKILL)  # an idle worker dies (this test's own child, by pid)
+    await wait_until(lambda: not alive(warm_pid), _WAIT_S)
+    status, _ = await post(frontend, "/v1/completions", completion({"type": "object"}))
+    assert status == 200  # served by a new worker, not blamed on the request
 
 
 @needs_xgrammar
