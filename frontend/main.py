@@ -155,8 +155,25 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
         action="store_true",
         help="with --allowed-origins: their pages may send cookies and Authorization along",
     )
+    parser.add_argument(
+        "--http-timeout-keep-alive",
+        type=_positive_seconds,
+        default=os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") or "5",  # a string: argparse checks it
+        metavar="SECONDS",
+        help="close a connection whose next request's headers are not in within this many seconds of its "
+        "start or its last response, idle or half-sent (default: $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, else 5, "
+        "vLLM's); a response in progress is never cut",
+    )
     add_chat_parser_args(parser)
     add_structured_outputs_arg(parser)
+    parser.add_argument(
+        "--grammar-check-timeout",
+        type=_positive_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="a structured-outputs constraint (JSON schema, regex, grammar) that xgrammar takes longer than "
+        "this to compile is a 400, before it reaches an engine",
+    )
 
 
 def cors_policy(args: argparse.Namespace) -> CorsPolicy | None:
@@ -263,8 +280,9 @@ async def _run(args: argparse.Namespace) -> None:
             args.admin_api_key,
             cors_policy(args),
             args.host if is_loopback_host(args.host) else None,
+            args.grammar_check_timeout,
         )
-        runner = await serve(app, args.host, args.port)
+        runner = await serve(app, args.host, args.port, args.http_timeout_keep_alive)
         try:
             logger.info("openinfer frontend listening on http://%s:%d", args.host, args.port)
             logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)

@@ -22,6 +22,7 @@ from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.openai.admin_api import add_admin_routes
+from openinfer.frontend.openai.body_limits import BodyLimits
 from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.completion_format import CompletionFormat
@@ -29,6 +30,7 @@ from openinfer.frontend.openai.completion_request import CompletionRequest, pars
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError, Generation
+from openinfer.frontend.openai.grammar_pool import GrammarCheckPool
 from openinfer.frontend.openai.host_check import host_check_middleware
 from openinfer.frontend.openai.middleware import (
     MAX_BODY_BYTES,
@@ -50,6 +52,9 @@ from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
 
 logger = logging.getLogger(__name__)
 
+# The app's grammar check workers (their pids: for tests and operators).
+GRAMMAR_CHECKS = web.AppKey("openinfer_grammar_checks", GrammarCheckPool)
+
 
 def build_app(
     client: EngineClient,
@@ -62,6 +67,7 @@ def build_app(
     admin_api_key: str | None = None,
     cors: CorsPolicy | None = None,
     loopback_host: str | None = None,
+    grammar_check_timeout: float = 5.0,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
     The /admin routes need ``admin_api_key`` (or, without it, ``api_key``) and are off without either.
@@ -72,13 +78,17 @@ def build_app(
     ``structured_config`` is the server's side of structured outputs. ``cors``: which other origins' pages
     may call the API (None: no CORS headers at all). ``loopback_host``: the loopback address the server
     listens on, if it does, so that only requests addressed to a loopback name are served (DNS rebinding).
+    A structured-outputs constraint that takes longer than ``grammar_check_timeout`` seconds to compile is a
+    400 before it reaches an engine.
     """
+    grammar_checks = GrammarCheckPool(grammar_check_timeout)
     api = _OpenAIApi(
         client,
         metrics,
         per_request_spec_metrics,
         chat_parsers or ChatParsers(),
         structured_config or StructuredOutputsConfig(),
+        grammar_checks,
     )
     middlewares = [error_middleware]  # the first is the outermost
     if loopback_host is not None:
@@ -91,6 +101,8 @@ def build_app(
     app.on_response_prepare.append(echo_request_id)
     if cors is not None:
         app.on_response_prepare.append(cors.add_headers)
+    app[GRAMMAR_CHECKS] = grammar_checks
+    app.on_cleanup.append(_close_grammar_checks)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/v1/models", api.models)
@@ -100,13 +112,25 @@ def build_app(
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def _close_grammar_checks(app: web.Application) -> None:
+    await app[GRAMMAR_CHECKS].close()
+
+
+async def serve(app: web.Application, host: str, port: int, keep_alive_s: float = 5.0) -> web.AppRunner:
     """Serve ``app`` (port 0: any free port, see ``runner.addresses``); stop with ``runner.cleanup()``.
 
-    Handlers are cancelled when their client disconnects, which aborts the request on its engine.
+    Handlers are cancelled when their client disconnects, which aborts the request on its engine. A connection
+    is closed when the head of its next request is not in within ``keep_alive_s`` seconds of its start or of
+    its last response (uvicorn's and so vLLM's keep-alive is 5 s): aiohttp's keep-alive timer runs from the
+    connection's start and closes it whenever no request head has arrived by then, however much of one has,
+    so one timer is the idle timeout and the header-read timeout. A response in progress is never cut.
     """
     runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=5.0, access_log_class=_QuietAccessLogger
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=5.0,
+        access_log_class=_QuietAccessLogger,
+        keepalive_timeout=keep_alive_s,
     )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
@@ -141,8 +165,10 @@ class _OpenAIApi:
         spec_metrics: PerRequestSpecMetrics,
         chat_parsers: ChatParsers,
         structured_config: StructuredOutputsConfig,
+        grammar_checks: GrammarCheckPool,
     ) -> None:
         self._client = client
+        self._grammar_checks = grammar_checks
         self._structured_config = structured_config
         self._metrics = metrics
         self._spec_metrics = spec_metrics
@@ -177,13 +203,13 @@ class _OpenAIApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's completions endpoint, streaming (SSE) or not."""
         arrival = time.monotonic()
-        completion = parse_completion_request(await request.read())
+        completion = parse_completion_request(await self._body(request))
         return await self._generate(request, completion, "cmpl", CompletionFormat, arrival)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's chat completions endpoint: the messages through the model's chat template."""
         arrival = time.monotonic()
-        chat = parse_chat_request(await request.read(), self._chat_parsers)
+        chat = parse_chat_request(await self._body(request), self._chat_parsers)
 
         def chat_format(context: FormatContext) -> ChatFormat:
             return ChatFormat(context, chat.output(context.tokenizer, context.prompt_token_ids))
@@ -200,8 +226,8 @@ class _OpenAIApi:
     ) -> web.StreamResponse:
         """Run a parsed request on its model; ``prefix`` starts its response id (vLLM's "cmpl-")."""
         model = self._model(parsed.model)
-        if parsed.options.structured is not None:  # off the loop: the first check imports xgrammar (seconds)
-            await asyncio.to_thread(parsed.options.structured.check_compiles)
+        if parsed.options.structured is not None:
+            await self._grammar_checks.check(parsed.options.structured)
         ids = _response_ids(request, prefix, model)
         request_id = _engine_request_id(request, ids)
         if parsed.prepares_off_loop:  # a long prompt to tokenize, a template to render: not on the loop
@@ -224,6 +250,14 @@ class _OpenAIApi:
                 return await self._complete(generation)
         except NoEngineError as e:
             raise no_engine(str(e)) from None
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The request's body, within what the served models can take (:class:`BodyLimits`), checked before
+        it is decoded; 503 while no engine is up, before reading it."""
+        served = self._client.served_models()
+        if not served:
+            raise no_engine("no engine is up; retry when /health answers 200")
+        return await BodyLimits.for_models(served).read(request)
 
     def _model(self, name: str | None) -> ServedModel:
         """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""

@@ -24,10 +24,16 @@ def check_max_tokens(max_tokens: int | None, param: str, model: ServedModel) -> 
         )
 
 
+def max_prompt_chars(model: ServedModel) -> int:
+    """The most characters a text prompt that fits ``model``'s context can have: ``max_model_len`` tokens of
+    the tokenizer's longest spelling (in bytes for byte-level vocabularies: one character per byte)."""
+    return model.max_model_len * model.tokenizer.max_chars_per_token
+
+
 def check_prompt_chars(text: str, param: str, model: ServedModel) -> None:
     """400, before tokenizing, for a text that cannot fit in the context whatever its tokens."""
     max_model_len = model.max_model_len
-    bound = max_model_len * model.tokenizer.max_chars_per_token
+    bound = max_prompt_chars(model)
     if len(text) > bound:
         raise invalid_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "

@@ -4,21 +4,22 @@ engine's :class:`StructuredOutputs`.
 
 As vLLM: a non-text ``response_format`` replaces the constraint of ``structured_outputs`` and keeps its
 options (``disable_any_whitespace``, ``disable_additional_properties``). Where xgrammar is installed (not in
-the slim frontend image) a constraint is compiled here, without a tokenizer, so that what does not compile is
-a 400 naming its field; elsewhere the engine refuses it, a 400 too.
+the slim frontend image) the server compiles a constraint without a tokenizer before it reaches an engine
+(:mod:`~openinfer.frontend.openai.grammar_pool`), so that what does not compile, or takes too long to, is a
+400 naming its field; elsewhere the engine refuses it, a 400 too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
+from openinfer.frontend.openai.grammar_check import grammar_error
 from openinfer.frontend.openai.request_body import check_nesting
 from openinfer.protocol import EngineCoreRequest, StructuredKind, StructuredOutputs
 
@@ -27,9 +28,6 @@ STRUCTURED_OUTPUTS = "structured_outputs"
 # vLLM's StructuredOutputsParams constraints (structural_tag aside), one of which a request may set
 CONSTRAINTS: tuple[StructuredKind, ...] = ("json", "regex", "choice", "grammar", "json_object")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
-
-# xgrammar's messages start "[21:37:49] /project/cpp/regex_converter.cc:94: " and may hold a failed check
-_XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:.]+\] \S+:\d+: (Check failed: .*? is false: )?")
 
 
 @dataclass(frozen=True)
@@ -41,24 +39,11 @@ class StructuredConstraint:
 
     def check_compiles(self) -> None:
         """400 with xgrammar's message when the constraint does not compile; nothing to check without
-        xgrammar (the engine refuses it then). The first call imports xgrammar, which imports torch and
-        transformers (seconds): run it off the event loop."""
-        try:
-            import xgrammar
-        except ImportError:
-            return
-        outputs = self.outputs
-        try:
-            if outputs.kind == "json":
-                xgrammar.Grammar.from_json_schema(outputs.spec, any_whitespace=outputs.any_whitespace)
-            elif outputs.kind == "regex":
-                xgrammar.Grammar.from_regex(outputs.spec)
-            elif outputs.kind == "grammar":
-                xgrammar.Grammar.from_ebnf(outputs.spec)
-        except RuntimeError as e:
-            words = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}[outputs.kind]
-            message = _XGRAMMAR_PREFIX.sub("", str(e)).strip()
-            raise invalid_request(f"the {words} does not compile: {message}", param=self.param) from None
+        xgrammar (the engine refuses it then). In this process, with no deadline: the server checks in
+        :class:`~openinfer.frontend.openai.grammar_pool.GrammarCheckPool`'s workers instead."""
+        error = grammar_error(self.outputs)
+        if error is not None:
+            raise invalid_request(error, param=self.param)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         admin_api_key: str | None = None,
         cors: CorsPolicy | None = None,
         loopback_host: str | None = None,
+        grammar_check_timeout: float = 5.0,
+        keep_alive_s: float = 5.0,
         **client_options: Any,
     ) -> Frontend:
         """``client_options``: EngineClient's keywords (max_queued_per_engine, curve_keys, ...)."""
@@ -80,8 +82,9 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
             admin_api_key=admin_api_key,
             cors=cors,
             loopback_host=loopback_host,
+            grammar_check_timeout=grammar_check_timeout,
         )
-        runner = await serve(app, "127.0.0.1", 0)
+        runner = await serve(app, "127.0.0.1", 0, keep_alive_s)
         host, port = runner.addresses[0][:2]
         frontend = Frontend(f"http://{host}:{port}", engine_address, client, metrics, runner)
         started.append(frontend)

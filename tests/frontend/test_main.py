@@ -161,3 +161,20 @@ def test_parsers_that_cannot_work_are_refused_at_start(
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert words in capsys.readouterr().err
+
+
+def test_timeout_flags_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--grammar-check-timeout (5 s) and --http-timeout-keep-alive (vLLM's $VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+    else 5 s) reach the frontend from openinfer-serve as given; a non-positive one is a usage error."""
+    from openinfer.engine_core.serve import frontend_command
+    from openinfer.engine_core.serve import parse_args as serve_args
+
+    args = parse_args([])
+    assert (args.grammar_check_timeout, args.http_timeout_keep_alive) == (5.0, 5.0)
+    monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "300")
+    assert parse_args([]).http_timeout_keep_alive == 300.0
+    argv = ["--grammar-check-timeout", "2.5", "--http-timeout-keep-alive", "7"]
+    served = parse_args(frontend_command(serve_args(argv))[3:])  # after `python -m module`
+    assert (served.grammar_check_timeout, served.http_timeout_keep_alive) == (2.5, 7.0)
+    with pytest.raises(SystemExit):
+        parse_args(["--grammar-check-timeout", "0"])

@@ -1,5 +1,5 @@
-"""No request stalls the others: a huge prompt is refused before it is tokenized, a long one is tokenized off
-the event loop, and /health answers at once meanwhile."""
+"""No request stalls the others: a huge prompt is refused before it is decoded or tokenized, a long one is
+tokenized off the event loop, and /health answers at once meanwhile."""
 
 from __future__ import annotations
 
@@ -14,25 +14,36 @@ _HEALTH_BOUND_S = 0.3  # the loop's own share: reading and decoding a body of me
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 async def test_huge_prompt_is_refused_at_once(frontend: Frontend, peer: EnginePeer, endpoint: str) -> None:
-    """10 MB of text on a 64-token model: 400 in vLLM's words about characters, well under a second (it
-    is never tokenized); /health stays fast; nothing reaches the engine."""
-    text = random_words(100_000) * 100
-    if endpoint == "completions":
-        path, body, param = "/v1/completions", {"prompt": text, "max_tokens": 1}, "prompt"
-    else:
-        path, body, param = (
-            "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": text}]},
-            "messages",
-        )
+    """10 MB of text on a 64-token model: a 413 well under a second (the body is larger than any request
+    the model can take, so it is not even decoded); /health stays fast; nothing reaches the engine."""
+    path, body = _prompt_body(endpoint, random_words(100_000) * 100)
     status, got, took, latencies = await post_while_polling_health(frontend.url, path, body, 0.02)
-    assert status == 400 and got["error"]["param"] == param
+    assert status == 413 and got["error"]["code"] == "request_too_large"
+    assert took < 1.0 and max(latencies) < _HEALTH_BOUND_S, (took, max(latencies))
+    assert peer.requests == {}
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+async def test_a_prompt_past_the_character_bound_is_refused_before_tokenizing(
+    frontend: Frontend, peer: EnginePeer, endpoint: str
+) -> None:
+    """10,000 characters on a 64-token model fit the body's bound but not the context: 400 in vLLM's words
+    about characters (it is never tokenized); nothing reaches the engine."""
+    path, body = _prompt_body(endpoint, random_words(10_000))
+    status, got, _, _ = await post_while_polling_health(frontend.url, path, body, 0.02)
+    assert status == 400 and got["error"]["param"] == ("prompt" if endpoint == "completions" else "messages")
     assert (
         "characters (more than 832 characters, which is the upper bound for 64 input tokens)"
         in (got["error"]["message"])
     )  # 64 tokens x the tiny tokenizer's longest token, 13 characters
-    assert took < 1.0 and max(latencies) < _HEALTH_BOUND_S, (took, max(latencies))
     assert peer.requests == {}
+
+
+def _prompt_body(endpoint: str, text: str) -> tuple[str, dict[str, object]]:
+    """The path and body of a request with ``text`` as its prompt, or as its one message."""
+    if endpoint == "completions":
+        return "/v1/completions", {"prompt": text, "max_tokens": 1}
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}
 
 
 async def test_long_prompt_is_tokenized_off_the_event_loop(

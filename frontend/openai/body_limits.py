@@ -1,0 +1,148 @@
+"""Request bodies bounded before they are decoded, by what the served models can take.
+
+Decoding JSON holds the GIL for as long as it runs (msgspec, as every decoder: measured, a 160 ms decode in
+a thread stalls the event loop for 160 ms), so a body's decode is kept short by bounding its bytes first, not
+by moving the decode to a thread. Strings decode at about 1 ms per MiB; numbers 10 times slower, objects up to
+70 times. So there are two bounds, both checked before anything is decoded:
+
+- the whole body: at most the JSON the largest valid request for a served model needs (a text prompt of
+  :func:`max_prompt_chars` characters or its token ids, as many logit_bias entries and stop token ids as the
+  model takes, the most bad words, and :data:`ALLOWANCE_BYTES` for the rest). A larger body is a 413, by its
+  Content-Length before it is read;
+- within it, the fields made of numbers (token ids as a prompt, ``logit_bias``, ``stop_token_ids``): one scan
+  finds each field's JSON without building its values (``msgspec.Raw``: 1-2 ms per MiB), and a field longer
+  than its largest valid value is a 400 naming it.
+
+A bound counts the JSON the most verbose valid value takes: ids of the vocabulary's most digits, numbers of
+:data:`_NUMBER_CHARS` characters, text escaped byte by byte (``\\u0001``: 6 bytes of JSON for a byte of
+UTF-8; a text that fits has at most :func:`max_prompt_chars` bytes, as the character rule assumes a
+byte-level vocabulary) and :data:`_WHITESPACE_PER_VALUE` bytes of indentation around each value.
+
+What this leaves: within the whole-body bound, a body of tiny values in a free-form field (messages, tools,
+a schema) still costs its decode on the loop, up to 70 ms per MiB; and for a model whose text bound is tens
+of MB (Qwen3: 40960 tokens of up to 128 bytes) one scan costs 1-2 ms per MiB (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+from aiohttp import web
+
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.context_limits import max_prompt_chars
+from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.logits_options import MAX_BAD_WORD_TOKENS, MAX_LOGIT_BIAS_TOKENS
+
+# Room for what no model's numbers bound: a JSON schema or grammar, tool definitions a chat template does not
+# render, stop strings, the other fields and their names.
+ALLOWANCE_BYTES = 256 * 1024
+_JSON_BYTES_PER_TEXT_BYTE = 6  # a control character escaped as \u0001 (a 4-byte character as a pair: 12)
+_NUMBER_CHARS = 24  # the longest repr of a double: -2.2250738585072014e-308
+_WHITESPACE_PER_VALUE = 16  # a newline and indentation, as pretty-printers write each value of a list
+# A prompt's JSON that is text: a string, or a list that starts with one (a batch of one text)
+_TEXT_PROMPT = re.compile(rb'(\[\s*)?"')
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """The most bytes of JSON a valid request body, and each of its number fields, can need; the largest
+    over the served models (each request is then checked against its own model after decoding)."""
+
+    body: int
+    prompt_token_ids: int  # the prompt as token ids (a one-element list of them too)
+    logit_bias: int
+    stop_token_ids: int
+    max_model_len: int  # of the model with the longest context, for the messages
+    vocab_size: int  # of the model with the largest vocabulary
+
+    @classmethod
+    def for_model(cls, model: ServedModel) -> BodyLimits:
+        """The bounds of a body for ``model``."""
+        id_bytes = len(str(model.vocab_size - 1)) + 1 + _WHITESPACE_PER_VALUE  # digits, a comma
+        bias_entry = id_bytes + 2 + 1 + _NUMBER_CHARS  # "id": number,
+        text = max_prompt_chars(model) * _JSON_BYTES_PER_TEXT_BYTE + 2
+        prompt_token_ids = model.max_model_len * id_bytes + 4 * _WHITESPACE_PER_VALUE  # [[ ... ]]
+        logit_bias = min(model.vocab_size, MAX_LOGIT_BIAS_TOKENS) * bias_entry + 2 * _WHITESPACE_PER_VALUE
+        stop_token_ids = model.vocab_size * id_bytes + 2 * _WHITESPACE_PER_VALUE
+        # bad words: at most 1024 tokens in all (MAX_BAD_WORD_TOKENS), each of the longest spelling
+        bad_words = MAX_BAD_WORD_TOKENS * (
+            model.tokenizer.max_chars_per_token * _JSON_BYTES_PER_TEXT_BYTE + 3 + _WHITESPACE_PER_VALUE
+        )
+        body = max(text, prompt_token_ids) + logit_bias + stop_token_ids + bad_words + ALLOWANCE_BYTES
+        return cls(body, prompt_token_ids, logit_bias, stop_token_ids, model.max_model_len, model.vocab_size)
+
+    @classmethod
+    def for_models(cls, models: Sequence[ServedModel]) -> BodyLimits:
+        """The bounds of a body for any of ``models`` (at least one)."""
+        each = [cls.for_model(model) for model in models]
+        return cls(
+            body=max(limits.body for limits in each),
+            prompt_token_ids=max(limits.prompt_token_ids for limits in each),
+            logit_bias=max(limits.logit_bias for limits in each),
+            stop_token_ids=max(limits.stop_token_ids for limits in each),
+            max_model_len=max(limits.max_model_len for limits in each),
+            vocab_size=max(limits.vocab_size for limits in each),
+        )
+
+    async def read(self, request: web.BaseRequest) -> bytes:
+        """The request's body, checked: 413 before reading it when its Content-Length is past the bound (or
+        once read, for a chunked one), 400 naming a number field longer than any valid value of it."""
+        length = request.content_length
+        if length is not None and length > self.body:
+            raise self._too_large(length)
+        body = await request.read()
+        if len(body) > self.body:
+            raise self._too_large(len(body))
+        self._check_fields(body)
+        return body
+
+    def _check_fields(self, body: bytes) -> None:
+        try:
+            fields = msgspec.json.decode(body, type=_NumberFields)
+        except msgspec.ValidationError:  # not an object: the body's decoder says so in its words
+            return
+        except msgspec.DecodeError as e:  # the body's decoder would say so too, after decoding what precedes
+            raise invalid_request(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:  # nested past msgspec's depth: the body's decoder says so
+            return
+        prompt = fields.prompt
+        if len(prompt) > self.prompt_token_ids and not _TEXT_PROMPT.match(memoryview(prompt)):
+            raise invalid_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                f"of token ids is {len(prompt)} bytes of JSON, more than {self.prompt_token_ids} bytes, which "
+                f"is the upper bound for {self.max_model_len} token ids. Please reduce the length of the "
+                "input prompt.",
+                param="prompt",
+            )
+        entries = min(self.vocab_size, MAX_LOGIT_BIAS_TOKENS)
+        for name, raw, bound, words in (
+            ("logit_bias", fields.logit_bias, self.logit_bias, f"{entries} entries"),
+            ("stop_token_ids", fields.stop_token_ids, self.stop_token_ids, f"{self.vocab_size} token ids"),
+        ):
+            if len(raw) > bound:
+                raise invalid_request(
+                    f"`{name}` is {len(raw)} bytes of JSON, more than {bound} bytes, which is the upper bound "
+                    f"for {words} (the model's vocabulary has {self.vocab_size} tokens)",
+                    param=name,
+                )
+
+    def _too_large(self, length: int) -> ApiError:
+        return ApiError(
+            413,
+            f"the request body is {length} bytes, more than the {self.body} bytes the largest valid request "
+            f"for the served models takes (a prompt of {self.max_model_len} tokens of the longest spelling, "
+            "plus every parameter at its largest). Please reduce the length of the input prompt.",
+            code="request_too_large",
+        )
+
+
+class _NumberFields(msgspec.Struct):
+    """The fields made of numbers, as the JSON they are (a body's other fields are skipped)."""
+
+    prompt: msgspec.Raw = msgspec.Raw()
+    logit_bias: msgspec.Raw = msgspec.Raw()
+    stop_token_ids: msgspec.Raw = msgspec.Raw()

@@ -1,0 +1,147 @@
+"""Request bodies are bounded by what the served models can take before they are decoded: a body past the
+largest valid request is a 413 before it is read, a number field past its largest valid value a 400 naming
+it; the largest valid ones are served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+
+from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body_limits import BodyLimits
+from tests.frontend import tiny_tokenizer
+from tests.frontend.conftest import Frontend
+from tests.frontend.engine_peer import EnginePeer
+
+TOKENIZER = tiny_tokenizer.make_tokenizer()  # longest token: 13 characters
+# The peer's model: 64 positions, 300 vocabulary rows (ids of at most 3 digits)
+TINY = ServedModel("tiny", TOKENIZER, max_model_len=64, vocab_size=300, eos_token_ids=(0,))
+TINY_LIMITS = BodyLimits.for_model(TINY)
+JSON_HEADERS = {"Content-Type": "application/json"}
+_WAIT_S = 30.0  # the bound on any one answer
+
+
+def test_the_bounds_count_the_most_verbose_valid_json() -> None:
+    """Each bound is the JSON its largest valid value takes, written as verbosely as JSON allows."""
+    # an id: 3 digits, a comma and 16 bytes of indentation = 20; 64 of them in [[ ]] with 4 x 16 around
+    assert TINY_LIMITS.prompt_token_ids == 64 * 20 + 64
+    # 300 entries (the vocabulary; fewer than vLLM's 1024) of an id in quotes, a colon and a 24-char number
+    assert TINY_LIMITS.logit_bias == 300 * (20 + 3 + 24) + 32
+    assert TINY_LIMITS.stop_token_ids == 300 * 20 + 32
+    text = 64 * 13 * 6 + 2  # 64 tokens of 13 bytes, each escaped as \u0001, quoted
+    bad_words = 1024 * (13 * 6 + 3 + 16)  # 1024 one-token words, escaped, quoted, comma, indented
+    assert TINY_LIMITS.body == text + TINY_LIMITS.logit_bias + TINY_LIMITS.stop_token_ids + bad_words + 262144
+
+
+def test_several_models_take_the_largest_of_each_bound() -> None:
+    """With two models served, a body may be as large as the larger model's bound, field by field."""
+    long_context = ServedModel("long", TOKENIZER, max_model_len=4096, vocab_size=100, eos_token_ids=(0,))
+    both = BodyLimits.for_models([TINY, long_context])
+    assert both.prompt_token_ids == BodyLimits.for_model(long_context).prompt_token_ids
+    assert both.logit_bias == TINY_LIMITS.logit_bias and both.vocab_size == 300
+    assert both.body == max(TINY_LIMITS.body, BodyLimits.for_model(long_context).body)
+
+
+async def post_bytes(frontend: Frontend, data: bytes | AsyncIterator[bytes]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_WAIT_S)) as session:
+        async with session.post(f"{frontend.url}/v1/completions", data=data, headers=JSON_HEADERS) as r:
+            return r.status, await r.json()
+
+
+def pretty(body: dict[str, Any]) -> bytes:
+    """The body as pretty-printers write it: one value per line, indented."""
+    return json.dumps(body, indent=4).encode()
+
+
+async def test_the_largest_valid_number_fields_are_served(frontend: Frontend, peer: EnginePeer) -> None:
+    """63 token ids of 3 digits (64 positions, one left for the output), a logit_bias on every one of the 300
+    ids with the longest numbers, every id as a stop token: all pretty-printed, and served."""
+    body = {
+        "prompt": [299] * 63,
+        "max_tokens": 1,
+        "logit_bias": {str(i): -2.2250738585072014e-308 for i in range(300)},
+        "stop_token_ids": list(range(300)),
+    }
+    status, got = await post_bytes(frontend, pretty(body))
+    assert status == 200, got
+    assert len(pretty({"prompt": body["prompt"]})) <= TINY_LIMITS.prompt_token_ids
+
+
+def compact(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("prompt", [299] * 400, "your prompt of token ids is {size} bytes of JSON, more than 1344 bytes"),
+        ("logit_bias", {str(i): 1.0 for i in range(2000)}, "`logit_bias` is {size} bytes of JSON, more than 14132"),
+        ("stop_token_ids", list(range(2000)), "`stop_token_ids` is {size} bytes of JSON, more than 6032 bytes"),
+    ],
+)  # fmt: skip
+async def test_a_number_field_past_its_largest_valid_value_is_a_400_before_decoding(
+    frontend: Frontend, peer: EnginePeer, field: str, value: object, words: str
+) -> None:
+    """A field longer than the JSON of its largest valid value is refused by its size, naming the field (the
+    decoded checks would count tokens or entries instead); nothing reaches the engine."""
+    status, got = await post_bytes(frontend, compact({"prompt": "hi", "max_tokens": 1, field: value}))
+    assert status == 400 and got["error"]["param"] == field
+    assert words.format(size=len(compact(value))) in got["error"]["message"], got["error"]["message"]
+    assert peer.requests == {}
+
+
+async def test_a_text_prompt_in_a_list_is_bounded_as_text(frontend: Frontend, peer: EnginePeer) -> None:
+    """["...2000 characters..."] is text, not token ids: past the token-id bound in bytes, it is refused by
+    the character rule after decoding (vLLM's words), not by its size."""
+    status, got = await post_bytes(frontend, json.dumps({"prompt": ["a" * 2000], "max_tokens": 1}).encode())
+    assert status == 400 and "(more than 832 characters" in got["error"]["message"]
+
+
+async def send_head(frontend: Frontend, head: str) -> bytes:
+    """Send a request head (no body) on a new connection; the status line and headers of the answer."""
+    url = urlsplit(frontend.url)
+    assert url.hostname is not None and url.port is not None
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(head.format(host=url.netloc).encode())
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _WAIT_S)
+    finally:
+        writer.close()
+
+
+_HEAD = (
+    "POST /v1/completions HTTP/1.1\r\nHost: {{host}}\r\nContent-Type: application/json\r\n"
+    "Content-Length: {length}\r\n\r\n"
+)
+
+
+async def test_a_body_past_the_largest_valid_request_is_a_413_before_it_is_read(
+    frontend: Frontend, peer: EnginePeer
+) -> None:
+    """A Content-Length one byte past the bound is answered 413 with only the head sent: the body is never
+    waited for, let alone decoded; a chunked body past it is a 413 too."""
+    head = await send_head(frontend, _HEAD.format(length=TINY_LIMITS.body + 1))
+    assert head.startswith(b"HTTP/1.1 413 ")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(TINY_LIMITS.body // 65536 + 1):
+            yield b"a" * 65536
+        yield b'"}'
+
+    status, got = await post_bytes(frontend, chunks())
+    assert status == 413 and got["error"]["code"] == "request_too_large"
+    assert f"more than the {TINY_LIMITS.body} bytes the largest valid request" in got["error"]["message"]
+
+
+async def test_no_engine_is_a_503_before_the_body_is_read(frontend: Frontend) -> None:
+    """With no model served no body is valid: 503 at once, whatever the body's size."""
+    head = await send_head(frontend, _HEAD.format(length=10**9))
+    assert head.startswith(b"HTTP/1.1 503 ")

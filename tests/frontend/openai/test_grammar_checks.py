@@ -1,0 +1,144 @@
+"""Structured-outputs constraints are checked in worker processes with a deadline: one past it is a 400 and
+its worker is killed and replaced, a client that leaves has its check killed, and chat requests never wait
+behind the checks. Real worker processes, over real HTTP (skipped without xgrammar, but the last)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import sys
+from typing import Any
+
+import aiohttp
+import pytest
+
+from openinfer.frontend.openai.api_server import GRAMMAR_CHECKS
+from openinfer.frontend.openai.grammar_pool import MAX_WORKERS, GrammarCheckPool
+from openinfer.frontend.openai.structured_options import StructuredConstraint
+from openinfer.protocol import StructuredOutputs
+from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
+
+needs_xgrammar = pytest.mark.skipif(
+    importlib.util.find_spec("xgrammar") is None, reason="xgrammar not installed"
+)
+
+# xgrammar converts this pattern for minutes (3,000 repetitions: 0.6 s, 6,000: 3 s, 12,000: 7 s, growing
+# faster than the square), so a check of it outlives every test here.
+SLOW = {"type": "string", "pattern": "[a-z]{50000}"}
+_WAIT_S = 30.0  # a worker's start (xgrammar imports torch: seconds) and an answer
+
+
+def completion(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": "hi", "max_tokens": 1, "structured_outputs": {"json": schema}}
+
+
+async def post(frontend: Frontend, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with session.post(f"{frontend.url}{path}", json=body) as response:
+            return response.status, await response.json()
+
+
+def pool(frontend: Frontend) -> GrammarCheckPool:
+    return frontend.runner.app[GRAMMAR_CHECKS]
+
+
+def alive(pid: int) -> bool:
+    """Whether the process exists (a killed worker is waited for, so it does not linger as a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@needs_xgrammar
+async def test_a_constraint_past_the_deadline_is_a_400_and_its_worker_is_replaced(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """With a 1 s deadline the slow schema is a 400 naming structured_outputs and the flag, before any engine
+    sees it; its worker is killed and a new one kept warm, in which the next constraints compile, or are
+    refused in xgrammar's words (a refusal keeps its worker)."""
+    frontend = await start_frontend(grammar_check_timeout=1.0)
+    peer = await start_peer(frontend)
+    request = asyncio.create_task(post(frontend, "/v1/completions", completion(SLOW)))
+    await wait_until(lambda: bool(pool(frontend).busy_pids), _WAIT_S)
+    [slow_pid] = pool(frontend).busy_pids
+    status, body = await asyncio.wait_for(request, _WAIT_S)
+    assert status == 400 and body["error"]["param"] == "structured_outputs"
+    assert body["error"]["message"].startswith(
+        "the JSON schema took more than 1 s to compile (the server's --grammar-check-timeout)"
+    )
+    await wait_until(lambda: not alive(slow_pid), _WAIT_S)
+    await wait_until(lambda: len(pool(frontend).worker_pids) == 1, _WAIT_S)  # the warm one
+    assert slow_pid not in pool(frontend).worker_pids and peer.requests == {}  # no engine compiles it
+    status, _ = await post(frontend, "/v1/completions", completion({"type": "object"}))
+    assert status == 200
+    workers = pool(frontend).worker_pids
+    status, body = await post(frontend, "/v1/completions", completion({"type": "objekt"}))
+    assert (
+        status == 400
+        and body["error"]["message"] == 'the JSON schema does not compile: Unsupported type "objekt"'
+    )
+    assert pool(frontend).worker_pids == workers
+
+
+@needs_xgrammar
+async def test_a_client_that_leaves_mid_check_has_its_worker_killed(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """Closing the connection while its schema is checked kills that worker (a thread could not be stopped);
+    nothing reaches the engine, and a warm worker takes its place; one that dies idle is replaced too."""
+    frontend = await start_frontend(grammar_check_timeout=600.0)
+    peer = await start_peer(frontend)
+    request = asyncio.create_task(post(frontend, "/v1/completions", completion(SLOW)))
+    await wait_until(lambda: bool(pool(frontend).busy_pids), _WAIT_S)
+    [slow_pid] = pool(frontend).busy_pids
+    request.cancel()  # the client's session closes the connection
+    await asyncio.gather(request, return_exceptions=True)
+    await wait_until(lambda: not alive(slow_pid), _WAIT_S)
+    await wait_until(lambda: len(pool(frontend).worker_pids) == 1, _WAIT_S)
+    assert pool(frontend).busy_pids == [] and peer.requests == {}
+    [warm_pid] = pool(frontend).worker_pids
+    os.kill(warm_pid, signal.SIGKILL)  # an idle worker dies (this test's own child, by pid)
+    await wait_until(lambda: not alive(warm_pid), _WAIT_S)
+    status, _ = await post(frontend, "/v1/completions", completion({"type": "object"}))
+    assert status == 200  # served by a new worker, not blamed on the request
+
+
+@needs_xgrammar
+async def test_chat_is_answered_while_every_grammar_worker_is_busy(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """Every worker busy with a slow schema and one more schema waiting: a chat request (template rendered and
+    tokenized in the default thread pool) is answered while they all still run; closing the frontend kills
+    every worker."""
+    frontend = await start_frontend(grammar_check_timeout=600.0)
+    await start_peer(frontend)
+    slow = [
+        asyncio.create_task(post(frontend, "/v1/completions", completion(SLOW)))
+        for _ in range(MAX_WORKERS + 1)
+    ]
+    await wait_until(lambda: len(pool(frontend).busy_pids) == MAX_WORKERS, _WAIT_S)
+    busy = pool(frontend).busy_pids
+    chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    status, body = await asyncio.wait_for(post(frontend, "/v1/chat/completions", chat), _WAIT_S)
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert not any(task.done() for task in slow) and pool(frontend).busy_pids == busy
+    for task in slow:
+        task.cancel()
+    await asyncio.gather(*slow, return_exceptions=True)
+    await pool(frontend).close()
+    assert not any(alive(pid) for pid in busy) and pool(frontend).worker_pids == []
+
+
+async def test_without_xgrammar_nothing_is_checked_and_no_worker_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slim frontend image has no xgrammar: a check passes at once, with no worker (the engine refuses
+    what does not compile, a 400 too)."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # find_spec finds nothing, as in the image
+    checks = GrammarCheckPool(timeout=1.0)
+    await checks.check(StructuredConstraint(StructuredOutputs("regex", "[a-z"), "structured_outputs"))
+    assert checks.worker_pids == []
