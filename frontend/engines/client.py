@@ -176,9 +176,6 @@ class EngineClient:
             except Exception:  # noqa: BLE001 - one bad message must never stop the frontend
                 message = "error while handling an engine message; it was dropped"
                 self._log.log(logging.ERROR, "internal", message, exc_info=True)
-            # A message already queued is received without a pass of the event loop: yield one, or a peer
-            # flooding the socket starves the HTTP handlers (and /health).
-            await asyncio.sleep(0)
 
     async def _stray_loop(self) -> None:
         """Engines never send on the request socket: anything arriving there is counted and dropped."""
@@ -207,8 +204,13 @@ class EngineClient:
             await self._on_outputs(message, fd)
         else:
             record = await self._sender(message, fd)
-            if record is not None:
-                DrafterCommands.on_reply(record, message)
+            if record is not None and not DrafterCommands.on_reply(record, message):
+                self._log.info(
+                    "unawaited",
+                    "%s answered command %s, which no one awaits now",
+                    record.describe(),
+                    message.command_id,
+                )
 
     async def _on_hello(self, hello: protocol.EngineHello, fd: int | None) -> None:
         tokenizer = await self._handshake.accept(hello, fd)
