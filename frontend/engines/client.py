@@ -12,7 +12,13 @@ from openinfer.frontend.engines.drafter_commands import DrafterCommands
 from openinfer.frontend.engines.handshake import Handshake
 from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
 from openinfer.frontend.engines.log_limit import LogRateLimiter
-from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel, kept_hello
+from openinfer.frontend.engines.registry import (
+    STALE_GRACE_S,
+    EngineRecord,
+    EngineRegistry,
+    ServedModel,
+    kept_hello,
+)
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
@@ -222,7 +228,7 @@ class EngineClient:
             self._join(hello, tokenizer, fd)
             return
         if hello.seq <= record.last_seq:
-            await self._clash(record, hello.seq)
+            await self._stale(record, hello.seq)
             return
         record.hello, record.tokenizer, record.last_seq = kept_hello(hello), tokenizer, hello.seq
         record.num_spec_tokens = hello.num_spec_tokens
@@ -276,7 +282,7 @@ class EngineClient:
             await self._handshake.unknown_sender(index, incarnation)
             return None
         if message.seq <= record.last_seq:
-            await self._clash(record, message.seq)
+            await self._stale(record, message.seq)
             return None
         record.last_seq = message.seq
         self._heard_from(record, message.load, fd, after_hello=True)
@@ -327,22 +333,34 @@ class EngineClient:
             await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
         self._end_requests(record, f"{record.describe()} stopped responding: {why}")
         # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
-        if not record.heard_after_hello and self.registry.get(record.index) is record:
-            self._forget(record)
+        if not (record.heard_after_hello or record.up) and self.registry.get(record.index) is record:
+            self._forget(record)  # (unless it came back, or was replaced, while we sent)
 
-    async def _clash(self, record: EngineRecord, seq: int) -> None:
-        """A current incarnation's seq did not go up: two processes send as it (the engine, and a stranger
-        that learnt its incarnation). Which is which cannot be told, so the incarnation ends: counted (kind
-        "seq"), its requests ended with an error, retired (what it sends next is kind "refused") and told
-        with ``HelloRefused``. A real engine then exits 3, and openinfer-serve starts it again: a new
-        incarnation, taken at once. Its own seqs always go up, also across frontend restarts (a restarted
-        frontend takes the seq of the hello it asked for)."""
+    async def _stale(self, record: EngineRecord, seq: int) -> None:
+        """A message of a current incarnation whose seq did not go up: dropped and counted (kind "seq"). A
+        closed connection's leftovers can do that for a moment after the engine reconnected; if such
+        messages go on for ``STALE_GRACE_S``, two processes send as the incarnation (the engine, and a
+        stranger that learnt its incarnation and sent a seq ahead of it). Which is which cannot be told, so
+        the incarnation ends: its requests end with an error, it is retired (what it sends next is kind
+        "refused") and told with ``HelloRefused``. A real engine then exits 3, and openinfer-serve starts it
+        again: a new incarnation, taken at once. An engine's own seqs always go up, across frontend restarts
+        too (a restarted frontend takes the seq of the hello it asked for)."""
         self.metrics.count_protocol_error("seq")
+        if record.stale_for(time.monotonic()) < STALE_GRACE_S:
+            self._log.warning(
+                "seq",
+                "dropped a message of %s: seq %d after seq %d (a closed connection's leftover, or a second "
+                "process sending as this incarnation: if they go on, it is retired)",
+                record.describe(),
+                seq,
+                record.last_seq,
+            )
+            return
         why = (
-            f"{record.describe()} sent seq {seq} after seq {record.last_seq}: two processes send as this "
-            "incarnation, so it is retired; restart the engine (openinfer-serve does so by itself)"
+            f"{record.describe()} keeps sending seqs below {record.last_seq} (seq {seq} now): two processes "
+            "send as this incarnation, so it is retired; restart the engine (openinfer-serve does so by itself)"
         )
-        self._log.warning("seq", "%s", why)
+        self._log.warning("retired", "%s", why)
         self._take_down(record)
         await self._handshake.disown(record.index, record.incarnation, why)
         DrafterCommands.end(record, why)

@@ -16,6 +16,12 @@ _MAX_ABORTED_IDS = 4096
 # Engine indices with a record at once; a hello for another index is refused ("too_many_engines"). Records
 # of indices that joined and were never heard from again are forgotten, so only real engines stay.
 MAX_ENGINES = 256
+# A message whose seq does not go up may be a leftover of a closed connection, read after (and interleaved
+# with) the new connection's messages when the engine reconnected (a frontend paused past the engines' ZMTP
+# heartbeat): it is dropped. Such messages still coming STALE_GRACE_S after the first mean two processes send
+# as the incarnation. A run of them ends STALE_RUN_GAP_S after the latest (an engine sends at least every 1 s).
+STALE_GRACE_S = 1.0
+STALE_RUN_GAP_S = 3.0
 
 
 def kept_hello(hello: EngineHello) -> EngineHello:
@@ -44,6 +50,9 @@ class EngineRecord:
     # a message other than a hello came from it: an index whose record never gets one is forgotten when
     # the record goes down (forged hellos, then silence, leave nothing behind)
     heard_after_hello: bool = False
+    # time.monotonic() of the first and the latest message of the current run whose seqs did not go up
+    stale_since: float | None = None
+    stale_latest: float = 0.0
 
     @property
     def index(self) -> int:
@@ -73,6 +82,13 @@ class EngineRecord:
             self.aborted.clear()
         self.aborted.update(new)
         return new
+
+    def stale_for(self, now: float) -> float:
+        """A message whose seq did not go up came at ``now``: for how long such messages have kept coming."""
+        if self.stale_since is None or now - self.stale_latest > STALE_RUN_GAP_S:
+            self.stale_since = now
+        self.stale_latest = now
+        return now - self.stale_since
 
     def describe(self) -> str:
         """A short human description for log lines and error messages."""

@@ -298,9 +298,10 @@ def test_spec_logs_and_the_state_file_are_private(
 def test_a_stranger_sending_as_a_live_engine_gets_it_replaced(
     served: tuple[Cluster, subprocess.Popen[bytes], Path],
 ) -> None:
-    """A process holding the keys sends one message as engine 0's live incarnation with seq 2^63-1: when
-    the engine's own next message comes, the frontend counts the clash (kind "seq"), retires the incarnation
-    and tells the engine, which exits 3; serve starts it again, the new incarnation is taken and serves."""
+    """A process holding the keys sends one message as engine 0's live incarnation with seq 2^63-1: the
+    engine's own messages, now behind, are dropped and counted (kind "seq") and, as they go on, the frontend
+    retires the incarnation and tells the engine, which exits 3; serve starts it again, the new incarnation
+    is taken and serves."""
     c, serve, _ = served
     first = engines(c)[0]["incarnation"]
     public, secret = zmq.auth.load_certificate(key_folder(serve) / "engines" / "engine-0.key_secret")
@@ -323,7 +324,7 @@ def test_a_stranger_sending_as_a_live_engine_gets_it_replaced(
     log = (c.log_dir / "serve.log").read_text(errors="replace")
     assert "engine 0 exited with code 3" in log
     assert log.count("two processes send as this incarnation") >= 2  # the frontend's line, the engine's
-    assert counter(c, "openinfer:protocol_errors_total", kind="seq") == 1
+    assert counter(c, "openinfer:protocol_errors_total", kind="seq") >= 2  # a run of them, 1 s long
     assert counter(c, "openinfer:engine_restarts_total", engine="0") == 1
     body = json.dumps({"model": "fake", "prompt": "Hello", "max_tokens": 4}).encode()
     request = urllib.request.Request(f"{c.url}/v1/completions", body, {"Content-Type": "application/json"})

@@ -173,13 +173,19 @@ async def test_overloaded_is_503_with_retry_after(
 
 
 async def test_each_kind_of_bad_frame_is_counted(frontend: Frontend, peer: EnginePeer) -> None:
-    """Truncated and wrong-direction frames: each counted by kind and dropped; the engine's counters and
-    requests are untouched. (A seq that does not go up: tests/frontend/engines/test_hostile_peers.py.)"""
+    """Truncated, wrong-direction and replayed (seq going back) frames: each counted by kind and dropped;
+    the engine's counters and requests are untouched."""
     codec = EngineOutputCodec()
     valid = codec.encode(EngineCoreOutputs(0, peer.incarnation, 10**6, 0.0, [], peer._load()))
     await peer.send_raw([valid[:-3]])  # truncated
     await peer.send_raw([EngineInputCodec().encode(AbortRequests(["x"]))])  # a frontend->engine message
+    seq = await peer.send_snapshot()
+    replay = codec.encode(
+        EngineCoreOutputs(0, peer.incarnation, seq, 0.0, [EngineCoreOutput("r", [1])], peer._load())
+    )
+    await peer.send_raw([replay])  # the same seq again
     await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="undecodable") == 1)
     await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="invalid") == 1)
+    await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="seq") == 1)
     stream = await frontend.client.add_request(make_request("r1"), "tiny")
     assert len([output async for output in stream]) == 3
