@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -25,7 +27,16 @@ from openinfer.engine_core.serve_args import parse_args
 from openinfer.engine_core.supervisor import Readiness, Supervisor
 from openinfer.tools.curve_keys import make_keys
 
-__all__ = ["engine_command", "frontend_command", "frontend_env", "main", "parse_args", "resolve_builtin"]
+__all__ = [
+    "engine_command",
+    "frontend_command",
+    "frontend_env",
+    "main",
+    "parse_args",
+    "prepare",
+    "remove_private_keys",
+    "resolve_builtin",
+]
 logger = logging.getLogger("openinfer.serve")
 DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on and K is not given
 
@@ -132,13 +143,38 @@ def served_models(url: str, args: argparse.Namespace) -> str:
         return str(args.served_model_name or args.model or FAKE_MODEL_NAME)  # as the engines resolve it
 
 
+def private_curve_keys(engines: int) -> Path:
+    """CurveZMQ keys for this run's frontend and ``engines`` engines in a new folder only this user can
+    read (0700; secret key files 0600), so that the engine ports admit only the engines serve starts. The
+    caller removes it (:func:`remove_private_keys`)."""
+    folder = Path(tempfile.mkdtemp(prefix="openinfer-keys-"))
+    try:
+        make_keys(folder, engines)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def remove_private_keys(args: argparse.Namespace) -> None:
+    """Remove the keys :func:`prepare` made for this run, if it made them (never a --zmq-curve-keys DIR)."""
+    if args.private_keys is not None:
+        shutil.rmtree(args.private_keys, ignore_errors=True)
+
+
 def prepare(args: argparse.Namespace) -> None:
-    """Resolve the built-in defaults, make CurveZMQ keys, and check an engine's flags as it will read them;
-    ValueError or FileNotFoundError for what cannot start."""
+    """Resolve the built-in defaults, check an engine's flags as it will read them, and set up CurveZMQ:
+    the keys in --zmq-curve-keys DIR (made there when it has none), else keys made for this run in a
+    private folder, ``args.private_keys``, which lasts as long as serve (restarted children use it too).
+    ValueError or OSError for what cannot start."""
     resolve_builtin(args)
+    config_from_args(engine_args(engine_command(args, 0)[3:]))  # after `python -m module`
+    args.private_keys = None
     if args.zmq_curve_keys is not None:
         curve_keys(args.zmq_curve_keys, args.engines)
-    config_from_args(engine_args(engine_command(args, 0)[3:]))  # after `python -m module`
+        return
+    args.zmq_curve_keys = args.private_keys = private_curve_keys(args.engines)
+    logger.info("engine sockets: CurveZMQ, with keys made for this run (--zmq-curve-keys DIR to give yours)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s serve %(levelname)s %(message)s")
     try:
         prepare(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         logger.error("%s", e)
         sys.exit(2)
 
@@ -205,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(0.2)
     finally:
         children.stop()
+        remove_private_keys(args)
     logger.info("openinfer stopped")
     sys.exit(exit_code)
 

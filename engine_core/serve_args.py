@@ -103,8 +103,9 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         "--zmq-curve-keys",
         type=Path,
         metavar="DIR",
-        help="CurveZMQ between the frontend and the engines, with the keys in DIR (made there, as "
-        "openinfer-keys DIR --engines N does, when DIR has none)",
+        help="CurveZMQ between the frontend and the engines with the keys in DIR (made there, as "
+        "openinfer-keys DIR --engines N does, when DIR has none); default: keys made for this run in a "
+        "private folder, removed when serve exits",
     )
     group.add_argument("--no-spec", action="store_true", help="no speculative decoding")
     group.add_argument("--spec-log-dir", help="each engine appends its spec log to DIR/spec-engine<i>.jsonl")

@@ -301,17 +301,19 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def _warn_exposure(args: argparse.Namespace) -> None:
-    """Loud warnings for what anyone on the network could do: join as an engine, or use the API."""
+    """Loud warnings for what others could do: join as an engine, or use the API."""
     host, port = split_address(args.engine_bind)
-    if not is_loopback_host(host) and args.zmq_curve_keys is None:
+    if args.zmq_curve_keys is None:
+        who = "any process on this host" if is_loopback_host(host) else "anyone who can reach them"
         logger.warning(
-            "SECURITY: the engine sockets listen on %s (ports %d and %d) without --zmq-curve-keys: anyone "
-            "who can reach them can join as an engine, read every prompt and write every answer. Bind "
-            "127.0.0.1, or make keys with `openinfer-keys DIR` and give --zmq-curve-keys DIR here and to "
-            "every engine",
+            "SECURITY: the engine sockets listen on %s (ports %d and %d) without --zmq-curve-keys: %s can "
+            "join as an engine, read every prompt and write every answer. Make keys with `openinfer-keys DIR "
+            "--engines N` and give --zmq-curve-keys DIR here and to every engine (openinfer-serve does so "
+            "by itself)",
             host,
             port,
             port + 1,
+            who,
         )
     if not is_loopback_host(args.host) and args.api_key is None:
         logger.warning(

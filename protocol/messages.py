@@ -105,8 +105,9 @@ class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):
 
 
 class HelloRefused(msgspec.Struct, tag="hello_refused", array_like=True):
-    """The frontend will not take this engine (another protocol version, a tokenizer it cannot load, or an
-    index a live engine holds); the engine logs why and stops.
+    """The frontend will not take this engine (another protocol version, a tokenizer it cannot load, an index
+    a live engine holds, no room for another index), or no longer (two processes sent as its incarnation);
+    the engine logs why and stops.
 
     Its shape (tag, version, message) stays the same in every protocol version, so any engine can read it.
     """

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,10 @@ from openinfer.frontend.engines.server_keys import ENGINES_DIR, FRONTEND_KEY
 
 
 def make_keys(folder: Path, num_engines: int) -> list[Path]:
-    """Write a frontend key pair and ``num_engines`` engine key pairs; refuses to overwrite existing keys."""
+    """Write a frontend key pair and ``num_engines`` engine key pairs; refuses to overwrite existing keys.
+
+    Secret key files are 0600 from the moment they exist, and folders made here 0700.
+    """
     if not zmq.has("curve"):
         raise ValueError("this libzmq was built without CURVE support")
     engines_dir = folder / ENGINES_DIR
@@ -22,11 +26,14 @@ def make_keys(folder: Path, num_engines: int) -> list[Path]:
     existing = [d / f"{name}.key" for d, name in names if (d / f"{name}.key").exists()]
     if existing:
         raise ValueError(f"keys exist already ({', '.join(map(str, existing))}); choose an empty folder")
-    engines_dir.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    engines_dir.mkdir(mode=0o700, exist_ok=True)
     written = []
     for directory, name in names:
+        # Made empty and private first: create_certificates writes into it (truncating, the mode kept), so
+        # the secret key is never in a file another user could open, not even for a moment.
+        os.close(os.open(directory / f"{name}.key_secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         public, secret = zmq.auth.create_certificates(directory, name)
-        Path(secret).chmod(0o600)
         written += [Path(public), Path(secret)]
     return written
 

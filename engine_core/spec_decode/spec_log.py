@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import IO
@@ -15,8 +16,13 @@ class SpecLog:
     """Appends lines to a file; flushed once per engine step so a crash loses at most one step."""
 
     def __init__(self, path: Path, engine_index: int, incarnation: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[bytes] = path.open("ab")
+        # Private: the incarnation it names is what a local process needs to pose as this engine. The file
+        # is 0600 (also one an older release made readable to all), a folder made here 0700.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o600)
+        self._file: IO[bytes] = os.fdopen(fd, "ab")
         self._encoder = msgspec.json.Encoder()
         self._engine_index = engine_index
         self._incarnation = f"{incarnation:016x}"

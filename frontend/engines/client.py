@@ -13,7 +13,13 @@ from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.handshake import Handshake
 from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
 from openinfer.frontend.engines.log_limit import LogRateLimiter
-from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel
+from openinfer.frontend.engines.registry import (
+    STALE_GRACE_S,
+    EngineRecord,
+    EngineRegistry,
+    ServedModel,
+    kept_hello,
+)
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
@@ -71,8 +77,8 @@ class EngineClient:
         self._output_codec = protocol.EngineOutputCodec()
         liveness = Liveness(engine_timeout)
         self._handshake = Handshake(self.registry, self._send, metrics, liveness, self._join)
-        self._warnings = LogRateLimiter()
-        self._watch = LivenessWatch(self.registry, liveness, metrics, self._warnings, self._mark_down)
+        self._log = LogRateLimiter(logger)  # every line here but start and close, a peer can provoke
+        self._watch = LivenessWatch(self.registry, liveness, metrics, self._mark_down)
         self._sockets: EngineSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._resends: set[asyncio.Task[None]] = set()
@@ -180,9 +186,10 @@ class EngineClient:
                 await self._handle_frames([frame.buffer for frame in frames], fd)
             except protocol.ProtocolError as e:
                 self.metrics.count_protocol_error(e.kind)
-                logger.warning("dropped a bad frame from an engine: %s", e)
+                self._log.warning(e.kind, "dropped a bad frame from an engine: %s", e)
             except Exception:  # noqa: BLE001 - one bad message must never stop the frontend
-                logger.exception("error while handling an engine message; it was dropped")
+                message = "error while handling an engine message; it was dropped"
+                self._log.log(logging.ERROR, "internal", message, exc_info=True)
 
     async def _stray_loop(self) -> None:
         """Engines never send on the request socket: anything arriving there is counted and dropped."""
@@ -190,11 +197,12 @@ class EngineClient:
         while True:
             frames = await self._sockets.receive_stray()
             self.metrics.count_protocol_error("unexpected")
-            if self._warnings.allow("unexpected"):
-                peer = bytes(frames[0][:40]) if frames else b""
-                logger.warning(
-                    "dropped a message from %r on the request socket, where engines never send", peer
-                )
+            peer = bytes(frames[0][:40]) if frames else b""
+            self._log.warning(
+                "unexpected",
+                "dropped a message from %r on the request socket, where engines never send",
+                peer,
+            )
 
     async def _handle_frames(self, frames: list[memoryview], fd: int | None) -> None:
         if len(frames) != 1:
@@ -210,8 +218,13 @@ class EngineClient:
             await self._on_outputs(message, fd)
         else:
             record = await self._sender(message, fd)
-            if record is not None:
-                DrafterCommands.on_reply(record, message)
+            if record is not None and not DrafterCommands.on_reply(record, message):
+                self._log.info(
+                    "unawaited",
+                    "%s answered command %s, which no one awaits now",
+                    record.describe(),
+                    message.command_id,
+                )
 
     async def _on_hello(self, hello: protocol.EngineHello, fd: int | None) -> None:
         tokenizer = await self._handshake.accept(hello, fd)
@@ -222,32 +235,41 @@ class EngineClient:
         if record is None:
             self._join(hello, tokenizer, fd)
             return
-        if hello.seq <= record.last_seq:  # a hello we asked for again, or a repeat
-            raise protocol.ProtocolError(
-                "seq", f"engine {index} sent a hello of seq {hello.seq} after {record.last_seq}"
-            )
-        record.hello, record.tokenizer, record.last_seq = hello, tokenizer, hello.seq
+        if hello.seq <= record.last_seq:
+            await self._stale(record, hello.seq)
+            return
+        record.hello, record.tokenizer, record.last_seq = kept_hello(hello), tokenizer, hello.seq
         record.num_spec_tokens = hello.num_spec_tokens
-        self._heard_from(record, hello.load, fd)
+        self._heard_from(record, hello.load, fd, after_hello=False)
 
     def _join(self, hello: protocol.EngineHello, tokenizer: Tokenizer, fd: int | None) -> None:
         """A new incarnation becomes its index's current one; the one it replaces ends as restarted."""
         index, incarnation = hello.engine_index, hello.incarnation
         record = EngineRecord(
-            hello, tokenizer, time.monotonic(), hello.seq, hello.load, hello.num_spec_tokens, fd=fd
+            kept_hello(hello),
+            tokenizer,
+            time.monotonic(),
+            hello.seq,
+            hello.load,
+            hello.num_spec_tokens,
+            fd=fd,
         )
         previous = self.registry.install(record)
         self.metrics.engine_joined(index, incarnation)
         kv = f"{hello.kv_num_blocks} KV blocks of {hello.kv_block_size} tokens"
         spec = f"{hello.num_spec_tokens} spec tokens" if hello.num_spec_tokens else "no speculation"
-        logger.info("%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec)
+        self._log.info(
+            "joined", "%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec
+        )
         self.metrics.set_engine_up(index, True)
         self.metrics.observe_load(index, incarnation, record.model_name, hello.load)
         # Saved at once, not at the next --state-interval: a frontend killed before then would restart
         # without an engine index seen here first, take its next snapshot as the baseline and lose the rest.
         self.metrics.save_logged()
         if previous is not None:
-            logger.warning("%s restarted as incarnation %016x", previous.describe(), incarnation)
+            self._log.warning(
+                "restarted", "%s restarted as incarnation %016x", previous.describe(), incarnation
+            )
             if previous.model_name != record.model_name:
                 self.metrics.forget_load(index, previous.model_name)
             DrafterCommands.end(previous, f"{previous.describe()} restarted before it answered")
@@ -271,24 +293,26 @@ class EngineClient:
             await self._handshake.unknown_sender(index, incarnation)
             return None
         if message.seq <= record.last_seq:
-            raise protocol.ProtocolError(
-                "seq", f"engine {index} sent seq {message.seq} after seq {record.last_seq}"
-            )
+            await self._stale(record, message.seq)
+            return None
         record.last_seq = message.seq
-        self._heard_from(record, message.load, fd)
+        self._heard_from(record, message.load, fd, after_hello=True)
         return record
 
-    def _heard_from(self, record: EngineRecord, load: protocol.LoadSnapshot, fd: int | None) -> None:
+    def _heard_from(
+        self, record: EngineRecord, load: protocol.LoadSnapshot, fd: int | None, after_hello: bool
+    ) -> None:
         """Any message of a current incarnation: it is alive, and this is its load now."""
         record.last_seen = time.monotonic()
         record.load = load
         record.sent_since_snapshot = 0
+        record.heard_after_hello |= after_hello
         if fd is not None:
             record.fd = fd
         if not record.up:
             record.up = True
             record.disconnected_at = None
-            logger.info("%s is back", record.describe())
+            self._log.info("back", "%s is back", record.describe())
             self.metrics.set_engine_up(record.index, True)
         self.metrics.observe_load(record.index, record.incarnation, record.model_name, record.load)
 
@@ -298,8 +322,11 @@ class EngineClient:
         new = record.note_aborted(request_ids)
         if not new:
             return
-        logger.info(
-            "%s sent outputs for %d requests that ended here; aborting them", record.describe(), len(new)
+        self._log.info(
+            "strays",
+            "%s sent outputs for %d requests that ended here; aborting them",
+            record.describe(),
+            len(new),
         )
         await self._send(record.identity, protocol.AbortRequests(new))
 
@@ -307,18 +334,63 @@ class EngineClient:
 
     async def _mark_down(self, record: EngineRecord, why: str, connected: bool) -> None:
         """Down, its requests moved or ended; a still ``connected`` one is told to drop them (if it comes
-        back, say from SIGSTOP, it must not go on with them; a disconnected one is aborted on its outputs)."""
-        logger.warning("%s is down: %s", record.describe(), why)
-        record.up = False
-        record.disconnected_at = None
-        self.metrics.set_engine_up(record.index, False)
-        self.metrics.forget_load(record.index, record.model_name)
+        back, say from SIGSTOP, it must not go on with them; a disconnected one is aborted on its outputs).
+        One never heard from after its hello is then forgotten, if nothing of it was counted."""
+        self._log.warning("down", "%s is down: %s", record.describe(), why)
+        self._take_down(record)
         in_flight = self.router.on_engine(record)
         if in_flight and connected:
             record.note_aborted(list(in_flight))
             await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
         self._end_requests(record, f"{record.describe()} stopped responding: {why}")
         # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
+        if not (record.heard_after_hello or record.up) and self.registry.get(record.index) is record:
+            self._forget(record)  # (unless it came back, or was replaced, while we sent)
+
+    async def _stale(self, record: EngineRecord, seq: int) -> None:
+        """A message of a current incarnation whose seq did not go up: dropped and counted (kind "seq"). A
+        closed connection's leftovers can do that for a moment after the engine reconnected; if such
+        messages go on for ``STALE_GRACE_S``, two processes send as the incarnation (the engine, and a
+        stranger that learnt its incarnation and sent a seq ahead of it). Which is which cannot be told, so
+        the incarnation ends: its requests end with an error, it is retired (what it sends next is kind
+        "refused") and told with ``HelloRefused``. A real engine then exits 3, and openinfer-serve starts it
+        again: a new incarnation, taken at once. An engine's own seqs always go up, across frontend restarts
+        too (a restarted frontend takes the seq of the hello it asked for)."""
+        self.metrics.count_protocol_error("seq")
+        if record.stale_for(time.monotonic()) < STALE_GRACE_S:
+            self._log.warning(
+                "seq",
+                "dropped a message of %s: seq %d after seq %d (a closed connection's leftover, or a second "
+                "process sending as this incarnation: if they go on, it is retired)",
+                record.describe(),
+                seq,
+                record.last_seq,
+            )
+            return
+        why = (
+            f"{record.describe()} keeps sending seqs below {record.last_seq} (seq {seq} now): two processes "
+            "send as this incarnation, so it is retired; restart the engine (openinfer-serve does so by itself)"
+        )
+        self._log.warning("retired", "%s", why)
+        self._take_down(record)
+        await self._handshake.disown(record.index, record.incarnation, why)
+        DrafterCommands.end(record, why)
+        self._end_requests(record, why)
+
+    def _take_down(self, record: EngineRecord) -> None:
+        """Mark a record down: no requests go to it, its load series are dropped."""
+        self.metrics.set_engine_up(record.index, False)
+        record.up = False
+        record.disconnected_at = None
+        self.metrics.forget_load(record.index, record.model_name)
+
+    def _forget(self, record: EngineRecord) -> None:
+        """Forget the index of a record never heard from after its hello (forged hellos, then silence), with
+        its series, unless something of it was counted (exported counters never go down). Heard from again,
+        it is asked for its hello and joins anew."""
+        if self.metrics.forget_engine(record.index):
+            self.registry.forget(record.index)
+            self._log.info("forgotten", "%s: never heard from after its hello; forgotten", record.describe())
 
     # ---- sending ----
 
@@ -332,8 +404,12 @@ class EngineClient:
             if target is None:
                 stream.fail(reason)
                 continue
-            logger.info(
-                "request %s moves from engine %d to engine %d", stream.request_id, record.index, target.index
+            self._log.info(
+                "moved",
+                "request %s moves from engine %d to engine %d",
+                stream.request_id,
+                record.index,
+                target.index,
             )
             self.router.assign(target, stream)
             task = asyncio.create_task(self._deliver(target, stream, reason))
@@ -354,5 +430,6 @@ class EngineClient:
             return False
         error = await self._sockets.send(identity, self._input_codec.encode(message), patience)
         if error is not None:
-            logger.warning("could not send %s to %s: %s", type(message).__name__, identity.decode(), error)
+            name = type(message).__name__
+            self._log.warning("send", "could not send %s to %s: %s", name, identity.decode(), error)
         return error is None

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
 from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry
 from openinfer.protocol import DrafterReply, EngineInput, LoadDrafter, UnloadDrafter
-
-logger = logging.getLogger(__name__)
 
 # Sends one message to one engine identity, retrying for the given seconds while it is unroutable.
 Send = Callable[[bytes, EngineInput, float], Awaitable[bool]]
@@ -47,16 +44,15 @@ class DrafterCommands:
             record.commands.pop(command.command_id, None)
 
     @staticmethod
-    def on_reply(record: EngineRecord, reply: DrafterReply) -> None:
-        """An engine's reply: its K now, and the answer to whoever awaits that command."""
+    def on_reply(record: EngineRecord, reply: DrafterReply) -> bool:
+        """An engine's reply: its K now, and the answer to whoever awaits that command; False when no one
+        awaits it now (it timed out, or never was: the caller logs it)."""
         record.num_spec_tokens = reply.num_spec_tokens
         waiter = record.commands.pop(reply.command_id, None)
         if waiter is None or waiter.done():
-            logger.info(
-                "%s answered command %s, which no one awaits now", record.describe(), reply.command_id
-            )
-            return
+            return False
         waiter.set_result(reply)
+        return True
 
     @staticmethod
     def end(record: EngineRecord, reason: str) -> None:

@@ -13,7 +13,8 @@ import msgspec
 
 from openinfer.frontend.engines.index_claims import IndexClaims, Join
 from openinfer.frontend.engines.liveness import Liveness
-from openinfer.frontend.engines.registry import EngineRegistry
+from openinfer.frontend.engines.log_limit import LogRateLimiter
+from openinfer.frontend.engines.registry import MAX_ENGINES, EngineRegistry
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import (
@@ -80,7 +81,7 @@ def version_refusal(version: int, source: str) -> str:
 
 
 _ASK_INTERVAL_S = 1.0  # at most one HelloRequest (or repeated HelloRefused) a second per incarnation
-_MAX_ASKS = 1024  # times remembered (strangers can name any number of incarnations)
+_MAX_ASKS = 1024  # incarnations asked within the interval (strangers can name any number of them)
 
 
 class IdentityThrottle:
@@ -94,9 +95,11 @@ class IdentityThrottle:
         """True at most once per interval per identity (and then the ask counts as made)."""
         if now - self._asked.get(identity, -_ASK_INTERVAL_S) < _ASK_INTERVAL_S:
             return False
-        self._asked[identity] = now
-        if len(self._asked) > _MAX_ASKS:
+        if len(self._asked) >= _MAX_ASKS:
             self._asked = {key: t for key, t in self._asked.items() if now - t < _ASK_INTERVAL_S}
+            if len(self._asked) >= _MAX_ASKS:
+                return False  # a flood of names: this one is told on one of its next messages
+        self._asked[identity] = now
         return True
 
     def answered(self, identity: bytes) -> None:
@@ -122,6 +125,7 @@ class Handshake:
         self._tokenizers = TokenizerCache()
         self._asks = IdentityThrottle()
         self._refusal_repeats = IdentityThrottle()
+        self._log = LogRateLimiter(logger)
 
     async def refuse_foreign(self, frame: bytes | memoryview) -> None:
         """A frame our codec cannot decode: if it is another version's hello, refuse it (both sides log why)
@@ -131,7 +135,7 @@ class Handshake:
             return
         version, index, incarnation = foreign
         refusal = version_refusal(version, f" from engine {index}" if index is not None else "")
-        self._metrics.count_hello_refused(index, "version")
+        self._metrics.count_hello_refused(self._known(index), "version")
         if index is not None and incarnation is not None:
             await self._send(engine_identity(index, incarnation), HelloRefused(PROTOCOL_VERSION, refusal))
         raise ProtocolError("version", refusal)
@@ -157,6 +161,14 @@ class Handshake:
             raise ProtocolError("tokenizer", refusal) from None
         if self._registry.current(index, incarnation) is not None:
             return tokenizer
+        if not self._registry.has_room(index):
+            refusal = (
+                f"refused engine {index}: this frontend holds {MAX_ENGINES} engine indices, its limit; give "
+                "the engine the index of one that is gone, or use another frontend"
+            )
+            self._log.warning("too_many_engines", "%s", refusal)
+            await self._refuse(hello, "too_many_engines", refusal)
+            return None
         return tokenizer if await self.claims.claim(hello, tokenizer, fd) else None
 
     async def unknown_sender(self, engine_index: int, incarnation: int) -> None:
@@ -176,21 +188,33 @@ class Handshake:
             await self.ask_for_hello(engine_index, incarnation)
 
     async def _refuse(self, hello: EngineHello, reason: str, refusal: str) -> None:
-        """Retire a hello's incarnation, count the refusal under ``reason`` and tell the engine (the caller
-        logs it); a repeat of the refusal waits a second from now."""
-        index, incarnation = hello.engine_index, hello.incarnation
-        identity = engine_identity(index, incarnation)
-        self._registry.retire(index, incarnation, refused=True)
-        self._metrics.count_hello_refused(index, reason)
+        """Count a hello's refusal under ``reason``, and :meth:`disown` its incarnation (the caller logs it)."""
+        self._metrics.count_hello_refused(self._known(hello.engine_index), reason)
+        await self.disown(hello.engine_index, hello.incarnation, refusal)
+
+    async def disown(self, engine_index: int, incarnation: int, message: str) -> None:
+        """Retire an incarnation (its messages are protocol errors, kind "refused", from now on) and tell it
+        ``message`` with ``HelloRefused`` (an engine stops); a repeat waits a second from now."""
+        identity = engine_identity(engine_index, incarnation)
+        self._registry.retire(engine_index, incarnation, refused=True)
         self._refusal_repeats.should_ask(identity, time.monotonic())
-        await self._send(identity, HelloRefused(PROTOCOL_VERSION, refusal))
+        await self._send(identity, HelloRefused(PROTOCOL_VERSION, message))
 
     async def ask_for_hello(self, engine_index: int, incarnation: int) -> None:
         """An incarnation we have no hello from (we started after it): ask it to say hello again."""
         identity = engine_identity(engine_index, incarnation)
         if not self._asks.should_ask(identity, time.monotonic()):
             return
-        logger.info(
-            "engine %d incarnation %016x sent outputs but no hello; asking for one", engine_index, incarnation
+        self._log.info(
+            "unknown_sender",
+            "engine %d incarnation %016x sent outputs but no hello; asking for one",
+            engine_index,
+            incarnation,
         )
         await self._send(identity, HelloRequest())
+
+    def _known(self, engine_index: int | None) -> int | None:
+        """The index a refusal is counted under: None (``engine="unknown"``) unless this frontend has a
+        record of it, so that strangers naming many indices cannot add series."""
+        known = engine_index is not None and self._registry.get(engine_index) is not None
+        return engine_index if known else None

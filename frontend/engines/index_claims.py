@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from openinfer.frontend.engines.liveness import DISCONNECT_PROBE_QUIET_S, TICK_S, Liveness
-from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry
+from openinfer.frontend.engines.log_limit import LogRateLimiter
+from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, kept_hello
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import EngineHello, engine_identity
 
@@ -46,7 +47,7 @@ Join = Callable[[EngineHello, Tokenizer, int | None], None]
 class ContestedHello:
     """A hello for an index a live engine holds, waiting for the verdict."""
 
-    hello: EngineHello  # its latest hello (an engine asked again repeats it)
+    hello: EngineHello  # its latest hello (an engine asked again repeats it), without the tokenizer files
     tokenizer: Tokenizer
     fd: int | None  # the descriptor of the connection it came over
     arrived: float  # time.monotonic() when its first hello was read
@@ -61,6 +62,7 @@ class IndexClaims:
         self._refuse_hello = refuse
         self._join = join
         self._contested: dict[bytes, ContestedHello] = {}  # by engine identity
+        self._log = LogRateLimiter(logger)
 
     async def claim(self, hello: EngineHello, tokenizer: Tokenizer, fd: int | None) -> bool:
         """A hello from an incarnation that is not its index's current one: True when it may join now;
@@ -73,13 +75,14 @@ class IndexClaims:
             return True
         contested = self._contested.get(identity)
         if contested is not None:
-            contested.hello, contested.tokenizer, contested.fd = hello, tokenizer, fd
+            contested.hello, contested.tokenizer, contested.fd = kept_hello(hello), tokenizer, fd
             return False
         if len(self._contested) >= _MAX_CONTESTED:
             await self._refuse(hello, holder, now)
             return False
-        self._contested[identity] = ContestedHello(hello, tokenizer, fd, now)
-        logger.info(
+        self._contested[identity] = ContestedHello(kept_hello(hello), tokenizer, fd, now)
+        self._log.info(
+            "contested",
             "engine %d: a hello from incarnation %016x while %s holds the index; it is refused if that "
             "engine is heard from again, taken if it is gone",
             hello.engine_index,
@@ -117,5 +120,11 @@ class IndexClaims:
             f"from {now - holder.last_seen:.1f} s ago); a second engine with the same index never replaces "
             "it: give this engine another --engine-index, or stop the other one first"
         )
-        logger.warning("refused a hello from engine %d incarnation %016x: %s", index, incarnation, message)
+        self._log.warning(
+            "engine_alive",
+            "refused a hello from engine %d incarnation %016x: %s",
+            index,
+            incarnation,
+            message,
+        )
         await self._refuse_hello(hello, "engine_alive", message)

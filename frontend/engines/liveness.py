@@ -81,14 +81,13 @@ class LivenessWatch:
         registry: EngineRegistry,
         liveness: Liveness,
         metrics: FrontendMetrics,
-        warnings: LogRateLimiter,
         mark_down: MarkDown,
     ) -> None:
         self._registry = registry
         self._liveness = liveness
         self._metrics = metrics
-        self._warnings = warnings
         self._mark_down = mark_down
+        self._log = LogRateLimiter(logger)
 
     async def watch_events(self, sockets: EngineSockets) -> None:
         """Follow the sockets' monitor events until cancelled."""
@@ -98,18 +97,18 @@ class LivenessWatch:
     def on_socket_event(self, event: SocketEvent) -> None:
         if not event.disconnected:
             self._metrics.count_protocol_error("handshake")
-            if self._warnings.allow("handshake"):
-                logger.warning(
-                    "a peer failed the handshake on the %s socket (errno %d): a wrong or missing CurveZMQ "
-                    "key, or not a ZeroMQ peer",
-                    event.socket,
-                    event.value,
-                )
+            self._log.warning(
+                "handshake",
+                "a peer failed the handshake on the %s socket (errno %d): a wrong or missing CurveZMQ key, or "
+                "not a ZeroMQ peer",
+                event.socket,
+                event.value,
+            )
             return
         if event.socket != "outputs":
             return  # requests connections say nothing of who they were; the outputs one is enough
         for record in self._liveness.connection_closed(self._registry.live(), event.value, time.monotonic()):
-            logger.info("%s: its output connection closed", record.describe())
+            self._log.info("disconnected", "%s: its output connection closed", record.describe())
 
     async def run(self) -> None:
         """Take the verdicts every tick until cancelled; a dead engine goes to ``mark_down``."""

@@ -6,11 +6,28 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import DrafterReply, EngineHello, LoadSnapshot, engine_identity
 
 # Request ids remembered per engine as aborted there (late outputs of requests that ended here).
 _MAX_ABORTED_IDS = 4096
+# Engine indices with a record at once; a hello for another index is refused ("too_many_engines"). Records
+# of indices that joined and were never heard from again are forgotten, so only real engines stay.
+MAX_ENGINES = 256
+# A message whose seq does not go up may be a leftover of a closed connection, read after (and interleaved
+# with) the new connection's messages when the engine reconnected (a frontend paused past the engines' ZMTP
+# heartbeat): it is dropped. Such messages still coming STALE_GRACE_S after the first mean two processes send
+# as the incarnation. A run of them ends STALE_RUN_GAP_S after the latest (an engine sends at least every 1 s).
+STALE_GRACE_S = 1.0
+STALE_RUN_GAP_S = 3.0
+
+
+def kept_hello(hello: EngineHello) -> EngineHello:
+    """A hello as it is kept once its tokenizer is built: without the tokenizer files (up to the frame size
+    limit each; strangers can send many hellos)."""
+    return msgspec.structs.replace(hello, tokenizer_json=b"", tokenizer_config_json=b"")
 
 
 @dataclass
@@ -30,6 +47,12 @@ class EngineRecord:
     # time.monotonic() when that connection closed; it must be heard from again soon after, or it is dead
     disconnected_at: float | None = None
     aborted: set[str] = field(default_factory=set)  # ids it sent outputs for after they ended here
+    # a message other than a hello came from it: an index whose record never gets one is forgotten when
+    # the record goes down (forged hellos, then silence, leave nothing behind)
+    heard_after_hello: bool = False
+    # time.monotonic() of the first and the latest message of the current run whose seqs did not go up
+    stale_since: float | None = None
+    stale_latest: float = 0.0
 
     @property
     def index(self) -> int:
@@ -59,6 +82,13 @@ class EngineRecord:
             self.aborted.clear()
         self.aborted.update(new)
         return new
+
+    def stale_for(self, now: float) -> float:
+        """A message whose seq did not go up came at ``now``: for how long such messages have kept coming."""
+        if self.stale_since is None or now - self.stale_latest > STALE_RUN_GAP_S:
+            self.stale_since = now
+        self.stale_latest = now
+        return now - self.stale_since
 
     def describe(self) -> str:
         """A short human description for log lines and error messages."""
@@ -92,9 +122,12 @@ class EngineRegistry:
         return self._records.get(engine_index)
 
     def current(self, engine_index: int, incarnation: int) -> EngineRecord | None:
-        """The record of exactly this incarnation, if it is the current one."""
+        """The record of exactly this incarnation, if it is the current one (and not retired: a record whose
+        incarnation two processes claimed stays, down, until its index has a new one)."""
         record = self._records.get(engine_index)
-        return record if record is not None and record.incarnation == incarnation else None
+        if record is None or record.incarnation != incarnation or self.is_retired(engine_index, incarnation):
+            return None
+        return record
 
     def records(self) -> list[EngineRecord]:
         return [self._records[index] for index in sorted(self._records)]
@@ -110,6 +143,16 @@ class EngineRegistry:
             self.retire(previous.index, previous.incarnation)
             return previous
         return None
+
+    def has_room(self, engine_index: int) -> bool:
+        """Whether a hello for ``engine_index`` may make a record: it has one, or there are fewer than
+        :data:`MAX_ENGINES`."""
+        return engine_index in self._records or len(self._records) < MAX_ENGINES
+
+    def forget(self, engine_index: int) -> None:
+        """Drop an index's record (its incarnation is not retired: heard from again, it is asked for a
+        hello and joins anew)."""
+        del self._records[engine_index]
 
     def retire(self, engine_index: int, incarnation: int, refused: bool = False) -> None:
         """Ignore this incarnation from now on: it was ``refused``, or it was replaced."""

@@ -33,6 +33,9 @@ _HANDSHAKE_FAILURES = (
 _MONITORED = zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILURES
 
 
+# The longest a socket's backlog is read before the event loop runs its other tasks (HTTP handlers, /health).
+_MAX_RECEIVE_S = 0.002
+
 # The two sockets the frontend binds: the ROUTER requests leave by, the PULL outputs arrive on.
 SocketName = Literal["requests", "outputs"]
 
@@ -43,6 +46,21 @@ class SocketEvent(NamedTuple):
     socket: SocketName
     disconnected: bool  # True: a connection closed (value: its fd); False: a handshake failed (value: errno)
     value: int
+
+
+class _Turns:
+    """Takes turns with the event loop while a socket's backlog is read: a message already queued is received
+    without a pass of the loop, so a peer flooding a socket would otherwise hold every other task back."""
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()  # of the last pass of the loop made here
+
+    async def take(self) -> None:
+        """A pass of the loop if the last one made here is more than ``_MAX_RECEIVE_S`` ago: through a
+        backlog every 2 ms, which costs far less than one per message."""
+        if time.monotonic() - self._since > _MAX_RECEIVE_S:
+            await asyncio.sleep(0)
+            self._since = time.monotonic()
 
 
 class EngineSockets:
@@ -62,6 +80,7 @@ class EngineSockets:
         for socket in (self.router, self.pull):
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.MAXMSGSIZE, 256 * 2**20)  # the largest hello (a tokenizer) fits easily
+        self._turns: dict[SocketName, _Turns] = {"requests": _Turns(), "outputs": _Turns()}
         self._monitors: list[tuple[SocketName, zmq.asyncio.Socket]] = [
             ("requests", self.router.get_monitor_socket(_MONITORED)),
             ("outputs", self.pull.get_monitor_socket(_MONITORED)),
@@ -92,6 +111,7 @@ class EngineSockets:
 
     async def receive_output(self) -> tuple[list[zmq.Frame], int | None]:
         """The next message on the PULL, and the fd of the connection it came over (None if unknown)."""
+        await self._turns["outputs"].take()
         frames = await self.pull.recv_multipart(copy=False)
         try:
             fd = frames[0].get(zmq.SRCFD)
@@ -101,6 +121,7 @@ class EngineSockets:
 
     async def receive_stray(self) -> list[bytes]:
         """The next message on the ROUTER (engines never send there)."""
+        await self._turns["requests"].take()
         return await self.router.recv_multipart()
 
     async def events(self) -> AsyncIterator[SocketEvent]:
@@ -108,7 +129,9 @@ class EngineSockets:
         queue: asyncio.Queue[SocketEvent] = asyncio.Queue()
 
         async def watch(name: SocketName, monitor: zmq.asyncio.Socket) -> None:
+            turns = _Turns()  # strangers can connect and fail as fast as they like
             while True:
+                await turns.take()
                 frames = await monitor.recv_multipart()
                 if len(frames) != 2 or len(frames[0]) != 6:
                     continue

@@ -28,6 +28,7 @@ from typing import Generic, Protocol, Self, TypeVar
 
 import msgspec
 
+from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.totals import CounterFamily
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class EngineBaselines(Generic[C]):
         self._protocol_errors = protocol_errors  # openinfer:protocol_errors_total{kind}
         self._same_shape = same_shape  # False: the counters restart from zero (Reset.RESHAPED)
         self._baselines: dict[int, SavedBaseline[C]] = {}
+        self._log = LogRateLimiter(logger)  # an engine can send a bad snapshot in every message
 
     def saved(self) -> dict[int, SavedBaseline[C]]:
         """Every engine index's baseline now (copies), for ``--state-dir``."""
@@ -101,6 +103,10 @@ class EngineBaselines(Generic[C]):
                 continue
             self._baselines[index] = _copy(baseline)
 
+    def forget(self, engine_index: int) -> None:
+        """Drop an engine index's baseline (its series are gone: it joined and was never heard from again)."""
+        self._baselines.pop(engine_index, None)
+
     def observe(self, engine_index: int, incarnation: int, counters: C | None) -> Observation[C]:
         """Take one snapshot's counters: the delta since the baseline, which becomes the snapshot."""
         baseline = self._baselines.get(engine_index)
@@ -109,16 +115,19 @@ class EngineBaselines(Generic[C]):
             return Observation(None, began=counters is not None)
         if counters is None:
             if baseline.counters is not None and baseline.incarnation == incarnation:
-                logger.info(
-                    "engine %d sends no %s counters now; its baseline is dropped", engine_index, self._what
+                self._log.info(
+                    "baseline_dropped",
+                    "engine %d sends no %s counters now; its baseline is dropped",
+                    engine_index,
+                    self._what,
                 )
             baseline.incarnation, baseline.counters = incarnation, None
             return Observation(None, began=False)
 
         reset = self._reset(baseline, incarnation, counters)
         if reset is not None:
-            logger.info(
-                "engine %d incarnation %016x: %s counters count from zero (%s)",
+            self._log.info(
+                "counter_reset", "engine %d incarnation %016x: %s counters count from zero (%s)",
                 engine_index, incarnation, self._what, reset.value,
             )  # fmt: skip
             zero = counters.minus(counters)  # of the same shape (K)
@@ -131,7 +140,8 @@ class EngineBaselines(Generic[C]):
         began = reset is not None
         if not delta.is_nonnegative():
             self._protocol_errors.inc(("counter_decrease",))
-            logger.warning(
+            self._log.warning(
+                "counter_decrease",
                 "engine %d incarnation %016x: a %s counter went down (%s -> %s); nothing published",
                 engine_index, incarnation, self._what, previous, counters,
             )  # fmt: skip
@@ -139,8 +149,8 @@ class EngineBaselines(Generic[C]):
         violation = delta.violation()
         if violation is not None:  # both snapshots were valid, but nothing the engine counts joins them
             self._protocol_errors.inc(("counter_delta",))
-            logger.warning(
-                "engine %d incarnation %016x: impossible %s delta (%s); nothing published",
+            self._log.warning(
+                "counter_delta", "engine %d incarnation %016x: impossible %s delta (%s); nothing published",
                 engine_index, incarnation, self._what, violation,
             )  # fmt: skip
             return Observation(None, began, reset)

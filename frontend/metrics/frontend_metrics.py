@@ -199,6 +199,23 @@ class FrontendMetrics:
             except KeyError:
                 pass  # it never sent a snapshot
 
+    def forget_engine(self, engine_index: int) -> bool:
+        """Drop every series, baseline and the latest incarnation of an engine index whose counters never
+        moved from zero (it joined and was never heard from again: so forged hellos leave nothing behind);
+        False, and nothing dropped, when one moved: exported counters never go down. Its load gauges go
+        when it goes down (:meth:`forget_load`)."""
+        engine = str(engine_index)
+        if not self.totals.drop_zero_series("engine", engine):
+            return False
+        try:
+            self.engine_up.remove(engine)
+        except KeyError:
+            pass  # never set
+        self.spec_decode.forget(engine_index)
+        self.prefix_cache.forget(engine_index)
+        self._incarnations.pop(engine_index, None)
+        return True
+
     def set_engine_up(self, engine_index: int, up: bool) -> None:
         self.engine_up.labels(str(engine_index)).set(1 if up else 0)
 

@@ -56,6 +56,10 @@ class PrefixCacheMetrics:
         """Take baselines saved with the totals they were published into (see :class:`EngineBaselines`)."""
         self._baselines.restore(saved)
 
+    def forget(self, engine_index: int) -> None:
+        """Drop an engine index's baseline (with its series, which never moved: see ``forget_engine``)."""
+        self._baselines.forget(engine_index)
+
     def observe(
         self, engine_index: int, incarnation: int, model_name: str, counters: PrefixCacheCounters | None
     ) -> None:

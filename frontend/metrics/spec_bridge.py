@@ -110,6 +110,10 @@ class SpecDecodeMetrics:
         its saved counters (nothing lost, nothing counted twice); a new one counts from zero."""
         self._baselines.restore(saved)
 
+    def forget(self, engine_index: int) -> None:
+        """Drop an engine index's baseline (with its series, which never moved: see ``forget_engine``)."""
+        self._baselines.forget(engine_index)
+
     def observe(
         self, engine_index: int, incarnation: int, model_name: str, counters: SpecDecodeCounters | None
     ) -> SpecDecodeCounters | None:

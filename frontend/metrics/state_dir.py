@@ -4,7 +4,8 @@ A frontend restarted after SIGKILL loads the file and continues every counter se
 frontend diffing): its totals are what the last frontend had published, and each engine incarnation it had
 seen is diffed against the baseline those totals were published from. The file is written to a temporary
 name, fsynced, renamed over the old one and the folder fsynced: a reader sees the old state or the new one,
-never a mix. A lock file keeps two frontends from sharing a folder.
+never a mix. A lock file keeps two frontends from sharing a folder. The files are 0600 and a folder made
+here 0700: the incarnations the state names are what a local process needs to pose as an engine.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class StateDir:
         self.path = path
         self.file = path / STATE_FILE
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            self._lock: IO[bytes] = (path / LOCK_FILE).open("ab")
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock: IO[bytes] = os.fdopen(_open_private(path / LOCK_FILE, os.O_APPEND), "ab")
         except OSError as e:
             raise StateError(f"--state-dir {path}: {e}") from None
         try:
@@ -67,6 +68,7 @@ class StateDir:
         """The saved state, or None when there is none yet; :class:`StateError` when it cannot be read."""
         try:
             data = self.file.read_bytes()
+            self.file.chmod(0o600)  # one an older release saved readable to all
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -90,7 +92,7 @@ class StateDir:
         if data == self._last_saved:
             return False
         temp = self.path / f".{STATE_FILE}.tmp"
-        with temp.open("wb") as f:
+        with os.fdopen(_open_private(temp, os.O_TRUNC), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -106,3 +108,14 @@ class StateDir:
 
     def close(self) -> None:
         self._lock.close()
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """Open ``path`` for writing as a file only its owner can read (0600, also when it exists already)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

@@ -137,6 +137,21 @@ class MetricTotals(Collector):
         family = self._histograms[name] = HistogramFamily(name, documentation, labelnames, buckets)
         return family
 
+    def drop_zero_series(self, label: str, value: str) -> bool:
+        """Remove every series whose ``label`` is ``value`` if none of them ever moved from zero; False,
+        and nothing removed, if one did (exported counters never go down, so a moved series stays)."""
+        counters = [(f, labels) for f in self._counters.values() for labels in _having(f, label, value)]
+        histograms = [(f, labels) for f in self._histograms.values() for labels in _having(f, label, value)]
+        if any(f.values[labels] for f, labels in counters) or any(
+            any(f.values[labels].bucket_counts) for f, labels in histograms
+        ):
+            return False
+        for counter, labels in counters:
+            del counter.values[labels]
+        for histogram, labels in histograms:
+            del histogram.values[labels]
+        return True
+
     def _check_new(self, name: str) -> None:
         if name in self._counters or name in self._histograms:
             raise ValueError(f"metric family {name!r} is declared twice")
@@ -188,3 +203,11 @@ class MetricTotals(Collector):
                     continue
                 series = histogram.values[tuple(h.labels)] = _Histogram(num_buckets)
                 series.bucket_counts, series.sum = list(h.bucket_counts), h.sum
+
+
+def _having(family: CounterFamily | HistogramFamily, label: str, value: str) -> list[Labels]:
+    """The label values of ``family``'s series whose ``label`` is ``value``."""
+    if label not in family.labelnames:
+        return []
+    position = family.labelnames.index(label)
+    return [labels for labels in family.values if labels[position] == value]

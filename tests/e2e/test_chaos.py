@@ -177,6 +177,10 @@ async def test_chaos_with_state_dir(chaos_cluster: Cluster) -> None:
     with urllib.request.urlopen(f"{c.url}/metrics", timeout=5) as r:
         text = r.read().decode()
     assert 'openinfer:engine_restarts_total{engine="0"} 1.0' in text
+    # A real engine's seqs only go up, through a pause and a frontend restart too: none was ever taken for
+    # two processes sending as one incarnation (and told to stop).
+    assert 'kind="seq"' not in text and 'kind="refused"' not in text
+    c.check_alive()
 
 
 async def test_chaos_without_state_dir(chaos_cluster: Cluster) -> None:

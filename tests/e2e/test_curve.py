@@ -89,8 +89,10 @@ def forged_messages() -> list[bytes]:
 
 
 def test_engine_with_keys_serves(curve_cluster: tuple[Cluster, Path]) -> None:
-    """The keyed engine joined and completes requests through the encrypted sockets."""
+    """The keyed engine joined and completes requests through the encrypted sockets; with keys the frontend
+    warns of nothing."""
     c, _ = curve_cluster
+    assert "SECURITY" not in (c.log_dir / "frontend.log").read_text()  # type: ignore[operator]
     body = json.dumps({"model": "fake", "prompt": "Hello", "max_tokens": 8, "temperature": 0}).encode()
     request = urllib.request.Request(
         f"{c.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}

@@ -98,7 +98,8 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
 
 @pytest.fixture
 async def start_peer() -> AsyncIterator[PeerFactory]:
-    """Start engine peers (``wait=False`` to skip waiting until the frontend sees them up)."""
+    """Start engine peers (``wait=False`` to skip waiting until the frontend sees them up and heard a
+    message after their hello, as a real engine's first heartbeat)."""
     peers: list[EnginePeer] = []
 
     async def start(frontend: Frontend, config: PeerConfig | None = None, wait: bool = True) -> EnginePeer:
@@ -107,9 +108,12 @@ async def start_peer() -> AsyncIterator[PeerFactory]:
         peers.append(peer)
         if wait:
             index, incarnation = peer.config.engine_index, peer.incarnation
-            await wait_until(
-                lambda: (r := frontend.client.registry.current(index, incarnation)) is not None and r.up
-            )
+
+            def heard() -> bool:
+                record = frontend.client.registry.current(index, incarnation)
+                return record is not None and record.up and record.heard_after_hello
+
+            await wait_until(heard)
         return peer
 
     yield start

@@ -133,9 +133,10 @@ async def test_off_host_listening_without_keys_warns_loudly() -> None:
     assert "OPENINFER_API_KEY" in log
 
 
-async def test_env_key_guards_the_api_and_opens_admin_and_loopback_is_quiet() -> None:
+async def test_env_key_guards_the_api_and_opens_admin_and_loopback_warns_of_engines_only() -> None:
     """$VLLM_API_KEY alone (no flag, so not in `ps`): /v1 and /admin need it, /health does not; on loopback
-    with a key nothing is warned about."""
+    with a key HTTP is not warned about, the engine sockets without --zmq-curve-keys are (any local process
+    could join as an engine), naming the fix."""
     http_port, engine_port = free_port(), free_port_pair()
     url = f"http://127.0.0.1:{http_port}"
     argv = [
@@ -162,7 +163,10 @@ async def test_env_key_guards_the_api_and_opens_admin_and_loopback_is_quiet() ->
                     assert response.status == status, (path, headers)
     finally:
         log = await stop(process)
-    assert "SECURITY" not in log and "from-env" not in log
+    assert "SECURITY: HTTP" not in log and "from-env" not in log
+    engines = f"SECURITY: the engine sockets listen on 127.0.0.1 (ports {engine_port} and {engine_port + 1})"
+    assert engines in log and "any process on this host can join as an engine" in log
+    assert "openinfer-keys DIR" in log and "--zmq-curve-keys DIR" in log
 
 
 @pytest.mark.parametrize(

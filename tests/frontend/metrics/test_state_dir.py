@@ -161,3 +161,18 @@ async def test_frontend_restart_over_real_sockets(
     ]
     assert hist == [1, 0, 1]  # the hello's (2,1) was the first baseline; (2,2) and (2,0) came after
     assert peer.hello_requests >= 1
+
+
+def test_state_files_are_private(tmp_path: Path) -> None:
+    """The folder made for the state is 0700, the state and lock files 0600; a state file an older release
+    left readable to all is tightened when it is loaded."""
+    path = tmp_path / "state"
+    state_dir = StateDir(path)
+    FrontendMetrics(state_dir).save()
+    state_dir.close()
+    mode = {name: (path / name).stat().st_mode & 0o777 for name in (STATE_FILE, "frontend.lock")}
+    assert (path.stat().st_mode & 0o777, mode) == (0o700, {STATE_FILE: 0o600, "frontend.lock": 0o600})
+    (path / STATE_FILE).chmod(0o644)
+    state_dir = StateDir(path)
+    assert state_dir.load() is not None and (path / STATE_FILE).stat().st_mode & 0o777 == 0o600
+    state_dir.close()

@@ -1,0 +1,61 @@
+"""openinfer-serve's CurveZMQ keys: made for each run in a private folder unless --zmq-curve-keys DIR is given,
+removed when serve exits; secret key files private from the moment they exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from openinfer.engine_core.serve import (
+    engine_command,
+    frontend_command,
+    parse_args,
+    prepare,
+    remove_private_keys,
+)
+from openinfer.tools.curve_keys import make_keys
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_keys_are_private_files_in_private_folders(tmp_path: Path) -> None:
+    """openinfer-keys DIR: the folders it makes are 0700 and every secret key file 0600 (public ones are not
+    secret); it never overwrites keys."""
+    folder = tmp_path / "keys"
+    written = make_keys(folder, 2)
+    assert mode(folder) == 0o700 and mode(folder / "engines") == 0o700
+    secrets = sorted(p.name for p in written if p.suffix == ".key_secret")
+    assert secrets == ["engine-0.key_secret", "engine-1.key_secret", "frontend.key_secret"]
+    assert all(mode(p) == 0o600 for p in written if p.suffix == ".key_secret")
+    with pytest.raises(ValueError, match="keys exist already"):
+        make_keys(folder, 1)
+
+
+def test_serve_makes_keys_for_the_run_and_removes_them() -> None:
+    """No --zmq-curve-keys: a new private folder with keys for the frontend and each engine, named on both
+    children's command lines; remove_private_keys (at exit) deletes it."""
+    args = parse_args(["--fake-model", "--engines", "2"])
+    prepare(args)
+    folder = args.private_keys
+    try:
+        assert folder is not None and args.zmq_curve_keys == folder and mode(folder) == 0o700
+        assert (folder / "frontend.key_secret").is_file()
+        assert (folder / "engines" / "engine-1.key_secret").is_file()
+        assert f"--zmq-curve-keys={folder}" in engine_command(args, 1)
+        assert f"--zmq-curve-keys={folder}" in frontend_command(args)
+    finally:
+        remove_private_keys(args)
+    assert not folder.exists()
+
+
+def test_given_keys_win_and_are_never_removed(tmp_path: Path) -> None:
+    """--zmq-curve-keys DIR: its keys are used (made there when it has none) and stay when serve exits."""
+    keys = tmp_path / "keys"
+    args = parse_args(["--fake-model", "--zmq-curve-keys", str(keys)])
+    prepare(args)
+    assert args.private_keys is None and args.zmq_curve_keys == keys
+    remove_private_keys(args)
+    assert (keys / "frontend.key_secret").is_file()
