@@ -241,13 +241,17 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        asyncio.run(_run(args))
+        failed = asyncio.run(_run(args))
     except (OSError, zmq.ZMQError, StateError, ValueError) as e:  # a port in use, unusable state or keys
         logger.error("openinfer-frontend could not start: %s", e)
         sys.exit(1)
+    if failed:
+        sys.exit(1)
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _run(args: argparse.Namespace) -> bool:
+    """Serve until a signal (False) or a failure that leaves the frontend unable to serve (True)."""
+    failed = False
     curve_keys = load_server_keys(args.zmq_curve_keys) if args.zmq_curve_keys else None
     state_dir = StateDir(args.state_dir) if args.state_dir else None
     metrics = FrontendMetrics(state_dir)
@@ -286,7 +290,10 @@ async def _run(args: argparse.Namespace) -> None:
         try:
             logger.info("openinfer frontend listening on http://%s:%d", args.host, args.port)
             logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
-            await stop.wait()
+            crash = await _stop_or_crash(stop, client)
+            if crash is not None:
+                logger.critical("the frontend stops, as it can no longer serve: %s", crash)
+                failed = True
             logger.info("shutting down")
         finally:
             await runner.cleanup()
@@ -298,6 +305,19 @@ async def _run(args: argparse.Namespace) -> None:
         metrics.save()
         if state_dir is not None:
             state_dir.close()
+    return failed
+
+
+async def _stop_or_crash(stop: asyncio.Event, client: EngineClient) -> str | None:
+    """Wait for ``stop``, or for the engine client to crash: None, or what crashed."""
+    stopped = asyncio.create_task(stop.wait())
+    crashed = asyncio.create_task(client.crashed())
+    await asyncio.wait({stopped, crashed}, return_when=asyncio.FIRST_COMPLETED)
+    crash = crashed.result() if crashed.done() else None
+    for task in (stopped, crashed):
+        task.cancel()
+    await asyncio.gather(stopped, crashed, return_exceptions=True)
+    return crash
 
 
 def _warn_exposure(args: argparse.Namespace) -> None:

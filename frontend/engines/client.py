@@ -99,6 +99,16 @@ class EngineClient:
         curve = ", CurveZMQ" if self._curve_keys is not None else ""
         logger.info("engine sockets bound: requests %s, outputs %s%s", *self.addresses, curve)
 
+    async def crashed(self) -> str:
+        """Wait until one of the client's own tasks ends before :meth:`close` (a bug: they handle every peer's
+        error), and say which and why: a frontend that no longer reads its engines must stop, not go on deaf.
+        Call it while the client runs (the frontend's main waits on it beside its stop signal)."""
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+        task = done.pop()  # each runs until close() cancels it: ending before is a failure
+        if task.cancelled():
+            return f"{task.get_name()} was cancelled"
+        return f"{task.get_name()} failed: {task.exception()!r}"
+
     async def close(self) -> None:
         """Abort every in-flight request on its engine, end it with an error, close the sockets."""
         for task in [*self._tasks, *self._resends]:

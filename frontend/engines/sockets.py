@@ -63,6 +63,17 @@ class _Turns:
             self._since = time.monotonic()
 
 
+async def _receive(socket: zmq.asyncio.Socket, copy: bool = True) -> list:
+    """The next message on ``socket``. libzmq's events can say a CURVE socket is readable before its message
+    can be read (pyzmq then raises ``zmq.Again`` from the awaited receive: seen with a multi-MB hello), so
+    that is waited out here rather than ending the caller's receive loop."""
+    while True:
+        try:
+            return await socket.recv_multipart(copy=copy)
+        except zmq.Again:
+            continue  # the next receive tries once, then waits for the socket's next event
+
+
 class EngineSockets:
     """ROUTER + PULL bound for engines; with ``curve`` both are CURVE servers behind a ZAP authenticator."""
 
@@ -112,7 +123,7 @@ class EngineSockets:
     async def receive_output(self) -> tuple[list[zmq.Frame], int | None]:
         """The next message on the PULL, and the fd of the connection it came over (None if unknown)."""
         await self._turns["outputs"].take()
-        frames = await self.pull.recv_multipart(copy=False)
+        frames = await _receive(self.pull, copy=False)
         try:
             fd = frames[0].get(zmq.SRCFD)
         except zmq.ZMQError:
@@ -122,7 +133,7 @@ class EngineSockets:
     async def receive_stray(self) -> list[bytes]:
         """The next message on the ROUTER (engines never send there)."""
         await self._turns["requests"].take()
-        return await self.router.recv_multipart()
+        return await _receive(self.router)
 
     async def events(self) -> AsyncIterator[SocketEvent]:
         """Disconnections and failed handshakes on either socket, as they come."""
@@ -132,7 +143,7 @@ class EngineSockets:
             turns = _Turns()  # strangers can connect and fail as fast as they like
             while True:
                 await turns.take()
-                frames = await monitor.recv_multipart()
+                frames = await _receive(monitor)
                 if len(frames) != 2 or len(frames[0]) != 6:
                     continue
                 event, value = struct.unpack("=Hi", frames[0])

@@ -189,3 +189,17 @@ async def test_each_kind_of_bad_frame_is_counted(frontend: Frontend, peer: Engin
     await wait_until(lambda: sample(frontend, "openinfer:protocol_errors_total", kind="seq") == 1)
     stream = await frontend.client.add_request(make_request("r1"), "tiny")
     assert len([output async for output in stream]) == 3
+
+
+async def test_a_dead_receive_loop_is_reported_not_hidden(start_frontend: FrontendFactory) -> None:
+    """When the outputs socket goes away under the receive loop, crashed() names the loop and what ended it
+    (the frontend then exits, for openinfer-serve to restart it), rather than the frontend going on deaf."""
+    frontend = await start_frontend()
+    sockets = frontend.client._sockets
+    assert sockets is not None
+    crashed = asyncio.create_task(frontend.client.crashed())
+    await asyncio.sleep(0)
+    assert not crashed.done()  # running and healthy: nothing to report
+    sockets.pull.close(linger=0)  # pyzmq cancels the loop's pending receive
+    why = await asyncio.wait_for(crashed, 5)
+    assert why == "engine-client-receive was cancelled"
