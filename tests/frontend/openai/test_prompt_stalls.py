@@ -1,5 +1,6 @@
 """No request stalls the others: a huge prompt is refused before it is decoded or tokenized, a long one is
-tokenized off the event loop, and /health answers at once meanwhile."""
+tokenized off the event loop, and /health answers meanwhile (how fast is benchmarks/request_stalls.py's
+business: tests hold what happens, never how quickly)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,15 @@ from openinfer.benchmarks.health_during_prompt import post_while_polling_health,
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
-_HEALTH_BOUND_S = 0.3  # the loop's own share: reading and decoding a body of megabytes
-
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 async def test_huge_prompt_is_refused_at_once(frontend: Frontend, peer: EnginePeer, endpoint: str) -> None:
-    """10 MB of text on a 64-token model: a 413 well under a second (the body is larger than any request
-    the model can take, so it is not even decoded); /health stays fast; nothing reaches the engine."""
+    """10 MB of text on a 64-token model: a 413 (the body is larger than any request the model can take, so
+    it is not even decoded; test_body_limits shows it is refused from its head alone); nothing reaches the
+    engine."""
     path, body = _prompt_body(endpoint, random_words(100_000) * 100)
-    status, got, took, latencies = await post_while_polling_health(frontend.url, path, body, 0.02)
+    status, got, _, _ = await post_while_polling_health(frontend.url, path, body, 0.02)
     assert status == 413 and got["error"]["code"] == "request_too_large"
-    assert took < 1.0 and max(latencies) < _HEALTH_BOUND_S, (took, max(latencies))
     assert peer.requests == {}
 
 
@@ -50,13 +49,11 @@ async def test_long_prompt_is_tokenized_off_the_event_loop(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
     """1.2 M characters on a 100,000-token model fit the character bound (1.3 M), so they are tokenized (about
-    2 s here) before the token count refuses them; /health answers within its bound all the while."""
+    2 s here) before the token count refuses them; /health answers again and again meanwhile (on the event
+    loop the tokenizing would hold every poll until it ended)."""
     frontend = await start_frontend()
     await start_peer(frontend, PeerConfig(max_model_len=100_000))
     body = {"prompt": random_words(1_200_000), "max_tokens": 1}
-    status, got, took, latencies = await post_while_polling_health(
-        frontend.url, "/v1/completions", body, 0.02
-    )
+    status, got, _, latencies = await post_while_polling_health(frontend.url, "/v1/completions", body, 0.02)
     assert status == 400 and "input tokens, which exceeds this limit" in got["error"]["message"]
-    assert took > 0.5 and len(latencies) > 10  # it was tokenized, and /health was asked meanwhile
-    assert max(latencies) < _HEALTH_BOUND_S, max(latencies)
+    assert len(latencies) > 10  # /health polls answered while it was tokenized (polled one after another)
