@@ -22,6 +22,7 @@ from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.openai.admin_api import add_admin_routes
+from openinfer.frontend.openai.body_census import CensusWorker
 from openinfer.frontend.openai.body_limits import BodyLimits
 from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
@@ -54,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 # The app's grammar check workers (their pids: for tests and operators).
 GRAMMAR_CHECKS = web.AppKey("openinfer_grammar_checks", GrammarCheckPool)
+BODY_CENSUS = web.AppKey("openinfer_body_census", CensusWorker)
 
 
 def build_app(
@@ -82,6 +84,7 @@ def build_app(
     400 before it reaches an engine.
     """
     grammar_checks = GrammarCheckPool(grammar_check_timeout)
+    census = CensusWorker()
     api = _OpenAIApi(
         client,
         metrics,
@@ -89,6 +92,7 @@ def build_app(
         chat_parsers or ChatParsers(),
         structured_config or StructuredOutputsConfig(),
         grammar_checks,
+        census,
     )
     middlewares = [error_middleware]  # the first is the outermost
     if loopback_host is not None:
@@ -102,7 +106,8 @@ def build_app(
     if cors is not None:
         app.on_response_prepare.append(cors.add_headers)
     app[GRAMMAR_CHECKS] = grammar_checks
-    app.on_cleanup.append(_close_grammar_checks)
+    app[BODY_CENSUS] = census
+    app.on_cleanup.append(_close_workers)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/v1/models", api.models)
@@ -112,7 +117,8 @@ def build_app(
     return app
 
 
-async def _close_grammar_checks(app: web.Application) -> None:
+async def _close_workers(app: web.Application) -> None:
+    await app[BODY_CENSUS].close()
     await app[GRAMMAR_CHECKS].close()
 
 
@@ -166,9 +172,11 @@ class _OpenAIApi:
         chat_parsers: ChatParsers,
         structured_config: StructuredOutputsConfig,
         grammar_checks: GrammarCheckPool,
+        census: CensusWorker,
     ) -> None:
         self._client = client
         self._grammar_checks = grammar_checks
+        self._census = census
         self._structured_config = structured_config
         self._metrics = metrics
         self._spec_metrics = spec_metrics
@@ -257,7 +265,7 @@ class _OpenAIApi:
         served = self._client.served_models()
         if not served:
             raise no_engine("no engine is up; retry when /health answers 200")
-        return await BodyLimits.for_models(served).read(request)
+        return await BodyLimits.for_models(served).read(request, self._census)
 
     def _model(self, name: str | None) -> ServedModel:
         """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""

@@ -1,38 +1,39 @@
 """Request bodies bounded before they are decoded, by what the served models can take.
 
 Decoding JSON holds the GIL for as long as it runs (msgspec, as every decoder: measured, a 160 ms decode in
-a thread stalls the event loop for 160 ms), so a body's decode is kept short by bounding its bytes first, not
-by moving the decode to a thread. Strings decode at about 1 ms per MiB; numbers 10 times slower, objects up to
-70 times. So there are two bounds, both checked before anything is decoded:
+a thread stalls the event loop for 160 ms), so a body's decode is kept short by bounding it first, not by
+moving the decode to a thread. Strings decode at about 1 ms per MiB; numbers 10 times slower, objects up to
+70 times. So three bounds are checked before anything is decoded:
 
 - the whole body: at most the JSON the largest valid request for a served model needs (a text prompt of
   :func:`max_prompt_chars` characters or its token ids, as many logit_bias entries and stop token ids as the
   model takes, the most bad words, and :data:`ALLOWANCE_BYTES` for the rest). A larger body is a 413, by its
   Content-Length before it is read;
-- within it, the fields made of numbers (token ids as a prompt, ``logit_bias``, ``stop_token_ids``): one scan
-  finds each field's JSON without building its values (``msgspec.Raw``: 1-2 ms per MiB), and a field longer
-  than its largest valid value is a 400 naming it.
+- within it, the fields made of numbers (token ids as a prompt, ``logit_bias``, ``stop_token_ids``): a field
+  longer than its largest valid value is a 400 naming it;
+- the number of values: at most :data:`VALUES_PER_TOKEN` per token of the context plus
+  :data:`VALUES_ALLOWANCE` (a message, a tool's property, a token id each take at least a token of the prompt;
+  logit_bias entries and the other fields fit the allowance), or a 400 saying how many the body holds.
+
+The last two come from the body's census (:mod:`~openinfer.frontend.openai.body_census`), taken on the loop
+for a small body and in a worker process for a large one, so that the loop's share of even the largest body
+is reading it and the decode of what passed.
 
 A bound counts the JSON the most verbose valid value takes: ids of the vocabulary's most digits, numbers of
 :data:`_NUMBER_CHARS` characters, text escaped byte by byte (``\\u0001``: 6 bytes of JSON for a byte of
 UTF-8; a text that fits has at most :func:`max_prompt_chars` bytes, as the character rule assumes a
 byte-level vocabulary) and :data:`_WHITESPACE_PER_VALUE` bytes of indentation around each value.
-
-What this leaves: within the whole-body bound, a body of tiny values in a free-form field (messages, tools,
-a schema) still costs its decode on the loop, up to 70 ms per MiB; and for a model whose text bound is tens
-of MB (Qwen3: 40960 tokens of up to 128 bytes) one scan costs 1-2 ms per MiB (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import msgspec
 from aiohttp import web
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body_census import BodyCensus, CensusWorker
 from openinfer.frontend.openai.context_limits import max_prompt_chars
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.logits_options import MAX_BAD_WORD_TOKENS, MAX_LOGIT_BIAS_TOKENS
@@ -43,8 +44,10 @@ ALLOWANCE_BYTES = 256 * 1024
 _JSON_BYTES_PER_TEXT_BYTE = 6  # a control character escaped as \u0001 (a 4-byte character as a pair: 12)
 _NUMBER_CHARS = 24  # the longest repr of a double: -2.2250738585072014e-308
 _WHITESPACE_PER_VALUE = 16  # a newline and indentation, as pretty-printers write each value of a list
-# A prompt's JSON that is text: a string, or a list that starts with one (a batch of one text)
-_TEXT_PROMPT = re.compile(rb'(\[\s*)?"')
+# Values in a body (commas between items of its lists and objects) per token of the context, plus an
+# allowance: 4 x 40960 + 65,536 = 229,376 for Qwen3's context, decoded in about 60 ms at the worst.
+VALUES_PER_TOKEN = 4
+VALUES_ALLOWANCE = 65_536
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class BodyLimits:
     stop_token_ids: int
     max_model_len: int  # of the model with the longest context, for the messages
     vocab_size: int  # of the model with the largest vocabulary
+
+    @property
+    def values(self) -> int:
+        """The most JSON values (commas between items of lists and objects) a body may hold."""
+        return VALUES_PER_TOKEN * self.max_model_len + VALUES_ALLOWANCE
 
     @classmethod
     def for_model(cls, model: ServedModel) -> BodyLimits:
@@ -88,47 +96,54 @@ class BodyLimits:
             vocab_size=max(limits.vocab_size for limits in each),
         )
 
-    async def read(self, request: web.BaseRequest) -> bytes:
+    async def read(self, request: web.BaseRequest, census: CensusWorker) -> bytes:
         """The request's body, checked: 413 before reading it when its Content-Length is past the bound (or
-        once read, for a chunked one), 400 naming a number field longer than any valid value of it."""
+        once read, for a chunked one); then, from its ``census``, 400 when it is not JSON, naming a number
+        field longer than any valid value of it, or when it holds more values than :attr:`values`."""
         length = request.content_length
         if length is not None and length > self.body:
             raise self._too_large(length)
         body = await request.read()
         if len(body) > self.body:
             raise self._too_large(len(body))
-        self._check_fields(body)
+        self.check(await census.take(body))
         return body
 
-    def _check_fields(self, body: bytes) -> None:
-        try:
-            fields = msgspec.json.decode(body, type=_NumberFields)
-        except msgspec.ValidationError:  # not an object: the body's decoder says so in its words
-            return
-        except msgspec.DecodeError as e:  # the body's decoder would say so too, after decoding what precedes
-            raise invalid_request(f"the request body is not valid JSON: {e}") from None
-        except RecursionError:  # nested past msgspec's depth: the body's decoder says so
-            return
-        prompt = fields.prompt
-        if len(prompt) > self.prompt_token_ids and not _TEXT_PROMPT.match(memoryview(prompt)):
+    def check(self, census: BodyCensus) -> None:
+        """400 for what a body's census shows to be past every valid request's."""
+        if census.not_json is not None:  # the body's decoder would say so too, after decoding what precedes
+            raise invalid_request(f"the request body is not valid JSON: {census.not_json}")
+        if census.prompt_bytes > self.prompt_token_ids:
             raise invalid_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
-                f"of token ids is {len(prompt)} bytes of JSON, more than {self.prompt_token_ids} bytes, which "
-                f"is the upper bound for {self.max_model_len} token ids. Please reduce the length of the "
+                f"of token ids is {census.prompt_bytes} bytes of JSON, more than {self.prompt_token_ids} bytes, "
+                f"which is the upper bound for {self.max_model_len} token ids. Please reduce the length of the "
                 "input prompt.",
                 param="prompt",
             )
         entries = min(self.vocab_size, MAX_LOGIT_BIAS_TOKENS)
-        for name, raw, bound, words in (
-            ("logit_bias", fields.logit_bias, self.logit_bias, f"{entries} entries"),
-            ("stop_token_ids", fields.stop_token_ids, self.stop_token_ids, f"{self.vocab_size} token ids"),
+        for name, size, bound, words in (
+            ("logit_bias", census.logit_bias_bytes, self.logit_bias, f"{entries} entries"),
+            (
+                "stop_token_ids",
+                census.stop_token_ids_bytes,
+                self.stop_token_ids,
+                f"{self.vocab_size} token ids",
+            ),
         ):
-            if len(raw) > bound:
+            if size > bound:
                 raise invalid_request(
-                    f"`{name}` is {len(raw)} bytes of JSON, more than {bound} bytes, which is the upper bound "
+                    f"`{name}` is {size} bytes of JSON, more than {bound} bytes, which is the upper bound "
                     f"for {words} (the model's vocabulary has {self.vocab_size} tokens)",
                     param=name,
                 )
+        if census.commas > self.values:
+            raise invalid_request(
+                f"the request body separates {census.commas} JSON values (commas between the items of its "
+                f"lists and objects), more than the {self.values} a request for the served models can need "
+                f"({VALUES_PER_TOKEN} per token of their {self.max_model_len}-token context, plus "
+                f"{VALUES_ALLOWANCE}). Please send fewer messages, tools or parameters."
+            )
 
     def _too_large(self, length: int) -> ApiError:
         return ApiError(
@@ -138,11 +153,3 @@ class BodyLimits:
             "plus every parameter at its largest). Please reduce the length of the input prompt.",
             code="request_too_large",
         )
-
-
-class _NumberFields(msgspec.Struct):
-    """The fields made of numbers, as the JSON they are (a body's other fields are skipped)."""
-
-    prompt: msgspec.Raw = msgspec.Raw()
-    logit_bias: msgspec.Raw = msgspec.Raw()
-    stop_token_ids: msgspec.Raw = msgspec.Raw()

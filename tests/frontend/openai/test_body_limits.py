@@ -14,10 +14,11 @@ import aiohttp
 import pytest
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body_census import INLINE_BYTES, BodyCensus, take_census
 from openinfer.frontend.openai.body_limits import BodyLimits
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend
-from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()  # longest token: 13 characters
 # The peer's model: 64 positions, 300 vocabulary rows (ids of at most 3 digits)
@@ -145,3 +146,57 @@ async def test_no_engine_is_a_503_before_the_body_is_read(frontend: Frontend) ->
     """With no model served no body is valid: 503 at once, whatever the body's size."""
     head = await send_head(frontend, _HEAD.format(length=10**9))
     assert head.startswith(b"HTTP/1.1 503 ")
+
+
+def test_the_census_sizes_number_fields_and_counts_commas_outside_strings() -> None:
+    """A census holds each number field's JSON bytes (none for a text prompt) and the commas between values,
+    not those in strings (escaped quotes included); a body that is not JSON is said so."""
+    body = b'{"prompt": [1, 22], "logit_bias": {"5": 1}, "stop": ["x,y", "\\",\\""], "stop_token_ids": []}'
+    # commas: 1 in the prompt, 3 between fields, 1 between the stop strings (2 more are in them)
+    assert take_census(body) == BodyCensus(
+        prompt_bytes=7, logit_bias_bytes=8, stop_token_ids_bytes=2, commas=5
+    )
+    assert take_census(b'{"prompt": "a, b"}') == BodyCensus(commas=0)
+    assert take_census(b'{"prompt": ["a", "b"]}') == BodyCensus(commas=1)  # a batch of texts is text
+    assert take_census(b'{"prompt": [1,').not_json is not None
+
+
+async def test_a_body_of_more_values_than_a_request_can_need_is_a_400(
+    frontend: Frontend, peer: EnginePeer
+) -> None:
+    """70,000 empty messages on a 64-token model: 69,999 commas between them, more than the 4 x 64 + 65,536 =
+    65,792 values a request can need; refused before it is decoded, saying so."""
+    body = b'{"messages": [' + b",".join([b"{}"] * 70_000) + b"]}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_WAIT_S)) as session:
+        async with session.post(f"{frontend.url}/v1/chat/completions", data=body, headers=JSON_HEADERS) as r:
+            status, got = r.status, await r.json()
+    assert status == 400 and "separates 69999 JSON values" in got["error"]["message"], got
+    assert "more than the 65792 a request" in got["error"]["message"] and peer.requests == {}
+
+
+async def test_separators_inside_strings_are_not_values(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """100,000 commas as a prompt's text on an 8,192-token model: the byte scan is past its 98,304 values,
+    the census outside strings finds 1, so the prompt goes on to be tokenized (and is then too long)."""
+    frontend = await start_frontend()
+    peer = await start_peer(frontend, PeerConfig(max_model_len=8192))
+    status, got = await post_bytes(frontend, compact({"prompt": "," * 100_000, "max_tokens": 1}))
+    assert status == 400 and "JSON values" not in got["error"]["message"]
+    assert "maximum context length is 8192 tokens" in got["error"]["message"] and peer.requests == {}
+
+
+async def test_a_large_body_is_counted_in_the_worker(
+    start_frontend: FrontendFactory, start_peer: PeerFactory
+) -> None:
+    """600,000 empty messages (1.8 MB, past the 1 MiB counted on the loop) on a 100,000-token model: the
+    census worker counts 599,999 commas, more than 4 x 100,000 + 65,536 = 465,536; a 400 saying so."""
+    frontend = await start_frontend()
+    peer = await start_peer(frontend, PeerConfig(max_model_len=100_000))
+    body = b'{"messages": [' + b",".join([b"{}"] * 600_000) + b"]}"
+    assert len(body) > INLINE_BYTES
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_WAIT_S)) as session:
+        async with session.post(f"{frontend.url}/v1/chat/completions", data=body, headers=JSON_HEADERS) as r:
+            status, got = r.status, await r.json()
+    assert status == 400 and "separates 599999 JSON values" in got["error"]["message"], got
+    assert "more than the 465536 a request" in got["error"]["message"] and peer.requests == {}
