@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from openinfer.frontend.engines.client import EngineClient
@@ -33,6 +32,7 @@ from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_re
 from openinfer.frontend.openai.generation import EngineRequestError, Generation
 from openinfer.frontend.openai.grammar_pool import GrammarCheckPool
 from openinfer.frontend.openai.host_check import host_check_middleware
+from openinfer.frontend.openai.http_logs import QuietAccessLogger, server_logger
 from openinfer.frontend.openai.middleware import (
     MAX_BODY_BYTES,
     REQUEST_IDENTITY,
@@ -135,30 +135,13 @@ async def serve(app: web.Application, host: str, port: int, keep_alive_s: float 
         app,
         handler_cancellation=True,
         shutdown_timeout=5.0,
-        access_log_class=_QuietAccessLogger,
+        access_log_class=QuietAccessLogger,
         keepalive_timeout=keep_alive_s,
+        logger=server_logger(),
     )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
-
-
-class _QuietAccessLogger(AbstractAccessLogger):
-    """Access log without the probes: /health and /metrics are polled every few hundred ms."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        if request.path in ("/health", "/metrics"):
-            return
-        identity = request.get(REQUEST_IDENTITY)
-        self.logger.info(
-            '%s "%s %s" %d %.3fs request_id=%s',
-            request.remote,
-            request.method,
-            request.path_qs,
-            response.status,
-            time,
-            identity.request_id if identity is not None else "-",
-        )
 
 
 class _OpenAIApi:

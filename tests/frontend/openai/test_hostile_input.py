@@ -156,10 +156,22 @@ async def test_header_bytes_that_are_not_ascii_get_4xx_or_are_served(
         assert "error" in json.loads(body)
 
 
-async def test_control_bytes_in_headers_are_aiohttps_400(frontend: Frontend, peer: EnginePeer) -> None:
-    """A control byte in a header never reaches the app: aiohttp's parser answers 400."""
-    status, _ = await raw_exchange(frontend, completion_request(b"Authorization: Bearer sesame\x01"))
+@pytest.mark.parametrize(
+    "header",
+    [b"Authorization: Bearer sesame\x01", b"Host: b", b"Content-Length: -1"],
+    ids=["control-byte", "second-host", "negative-length"],
+)
+async def test_requests_that_do_not_parse_are_aiohttps_400_and_one_debug_line(
+    frontend: Frontend, peer: EnginePeer, header: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request aiohttp's parser refuses never reaches the app: a 400, and in the log one DEBUG line saying
+    why, no ERROR traceback (any client could send thousands)."""
+    caplog.set_level(logging.DEBUG)
+    status, _ = await raw_exchange(frontend, completion_request(header))
     assert status == 400 and peer.requests == {}
+    unparsed = [r for r in caplog.records if "(answered 400)" in r.getMessage()]
+    assert len(unparsed) == 1 and unparsed[0].levelno == logging.DEBUG and unparsed[0].exc_info is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 # ---- clients that leave before the headers ----
