@@ -66,20 +66,30 @@ class ProcessGroup:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, cpus: str | None = None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cpus: str | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start `argv` as child `name`; `cpus` pins it with taskset where that exists."""
+        """Start `argv` as child `name`; `cpus` pins it with taskset where that exists; `pass_fds` are the
+        file descriptors it inherits. OSError when its process cannot be made (fork or exec failed)."""
         if cpus is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", cpus, *argv]
         if self.log_dir is None:
-            process = subprocess.Popen(
-                argv, env=None if env is None else dict(os.environ, **env), preexec_fn=_die_with_parent
-            )
+            child_env = None if env is None else dict(os.environ, **env)
+            process = subprocess.Popen(argv, env=child_env, preexec_fn=_die_with_parent, pass_fds=pass_fds)
         else:
             log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
             child_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
             process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=child_env, preexec_fn=_die_with_parent
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                preexec_fn=_die_with_parent,
+                pass_fds=pass_fds,
             )
         self.processes[name] = process
         return process
@@ -220,10 +230,11 @@ class LocalCluster(ProcessGroup):
         """A CPU engine with --fake-model (no weights: a 32-token cycle), served as "fake"."""
         return self._engine(index, ["--fake-model", "--served-model-name", "fake", *extra], cpus)
 
-    def start_serve(self, *extra: str) -> subprocess.Popen[bytes]:
-        """`openinfer-serve` with its frontend on this cluster's ports (SIGTERM in `stop` ends its children)."""
+    def start_serve(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """`openinfer-serve` with its frontend on this cluster's ports (SIGTERM in `stop` ends its children);
+        `env` is added to its environment."""
         args = ["--host", HOST, "--port", str(self.http_port), "--engine-port", str(self.engine_port), *extra]
-        return self.spawn("serve", python_module("openinfer.engine_core.serve", *args))
+        return self.spawn("serve", python_module("openinfer.engine_core.serve", *args), env)
 
     def wait_healthy(self, timeout: float = 60.0, engines: int = 1) -> None:
         """Until /health is 200 with at least `engines` engines up; raises with the logs otherwise."""

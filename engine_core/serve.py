@@ -1,4 +1,4 @@
-"""``openinfer-serve``: a frontend and N local engines in one command, until Ctrl-C or SIGTERM."""
+"""``openinfer-serve``: a frontend and N local engines in one command, until Ctrl-C, SIGTERM or SIGHUP."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -22,9 +23,10 @@ from openinfer.engine_core.builtin_model import (
 )
 from openinfer.engine_core.engine_args import FAKE_MODEL_NAME, config_from_args
 from openinfer.engine_core.engine_args import parse_args as engine_args
-from openinfer.engine_core.local_cluster import ProcessGroup, answers_health, python_module, wait_healthy
+from openinfer.engine_core.local_cluster import ProcessGroup, python_module, wait_healthy
 from openinfer.engine_core.serve_args import parse_args
 from openinfer.engine_core.supervisor import Readiness, Supervisor
+from openinfer.frontend.ready_pipe import ReadyPipe
 from openinfer.tools.curve_keys import make_keys
 
 __all__ = [
@@ -181,12 +183,6 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``openinfer-serve``."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s serve %(levelname)s %(message)s")
-    try:
-        prepare(args)
-    except (ValueError, OSError) as e:
-        logger.error("%s", e)
-        sys.exit(2)
-
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -195,55 +191,70 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-
-    children = ProcessGroup()  # they share this process's output
-    supervisor = Supervisor(children, args.restart_policy)
-    url = f"http://{args.host}:{args.port}"
-    # A frontend that dies once it answered is started again on the same ports; the engines keep running
-    # and reconnect to it. One that dies before it answered cannot start (its log says why): everything stops.
-    answers = Readiness(f"answering {url}/health", lambda: answers_health(url))
-    supervisor.start("the frontend", frontend_command(args), frontend_env(args), answers)
-    for i in range(args.engines):
-        supervisor.start(f"engine {i}", engine_command(args, i), None)
-    exit_code = 0
+    # A closed terminal (SIGHUP) stops serve as Ctrl-C does, so that its private keys folder is removed;
+    # unless SIGHUP is ignored (nohup), as then its parent asked for serve to outlive the terminal.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, on_signal)
     try:
-        why = f"not healthy at {url}/health after --startup-timeout {args.startup_timeout:g} s; stopping"
-
-        def supervise() -> None:  # an engine that dies while the others start is started again, as later
-            if (reason := supervisor.poll()) is not None:
-                raise RuntimeError(reason)
-
-        try:
-            healthy = wait_healthy(
-                url, children, args.engines, args.startup_timeout, abort=lambda: stopping, check=supervise
-            )
-        except RuntimeError as e:  # a child could not start, or died too often: said in the log above
-            healthy, why = False, str(e)
-        except TimeoutError:
-            healthy = False
-        if not healthy:
-            if not stopping:
-                logger.error("openinfer did not start: %s", why)
-                exit_code = 1
-        else:
-            logger.info(
-                "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
-                served_models(url, args),
-                url,
-                args.engines,
-                describe_speculation(args),
-            )
-        while not stopping and exit_code == 0:
-            reason = supervisor.poll()
-            if reason is not None:
-                logger.error("%s", reason)
-                exit_code = 1
-            time.sleep(0.2)
+        prepare(args)
+    except (ValueError, OSError) as e:
+        logger.error("%s", e)
+        sys.exit(2)
+    children = ProcessGroup()  # they share this process's output
+    try:
+        with ReadyPipe() as ready:
+            exit_code = run(args, Supervisor(children, args.restart_policy), ready, lambda: stopping)
     finally:
         children.stop()
         remove_private_keys(args)
     logger.info("openinfer stopped")
     sys.exit(exit_code)
+
+
+def run(
+    args: argparse.Namespace, supervisor: Supervisor, ready: ReadyPipe, stopping: Callable[[], bool]
+) -> int:
+    """Start the frontend and the engines and watch them until ``stopping()`` (exit status 0) or a reason to
+    stop everything, logged (1). The caller stops the children."""
+    url = f"http://{args.host}:{args.port}"
+    # A frontend that dies once it listened is started again on the same ports; the engines keep running
+    # and reconnect to it. One that dies before it listened cannot start (its log says why): everything stops.
+    listening = Readiness(f"listening on {url}", ready.said_ready)
+
+    def supervise() -> None:  # an engine that dies while the others start is started again, as later
+        if (reason := supervisor.poll()) is not None:
+            raise RuntimeError(reason)
+
+    try:
+        env = {**(frontend_env(args) or {}), **ready.env}
+        supervisor.start("the frontend", frontend_command(args), env, listening, ready.pass_fds)
+        for i in range(args.engines):
+            supervisor.start(f"engine {i}", engine_command(args, i), None)
+        if not wait_healthy(url, supervisor.group, args.engines, args.startup_timeout, stopping, supervise):
+            return 0  # stopping
+    except RuntimeError as e:  # a child could not start, or died too often (its log says why)
+        logger.error("openinfer did not start: %s", e)
+        return 1
+    except TimeoutError:
+        logger.error(
+            "openinfer did not start: not healthy at %s/health after --startup-timeout %g s; stopping",
+            url,
+            args.startup_timeout,
+        )
+        return 1
+    logger.info(
+        "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
+        served_models(url, args),
+        url,
+        args.engines,
+        describe_speculation(args),
+    )
+    while not stopping():
+        if (reason := supervisor.poll()) is not None:
+            logger.error("%s", reason)
+            return 1
+        time.sleep(0.2)
+    return 0
 
 
 if __name__ == "__main__":

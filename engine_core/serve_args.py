@@ -52,7 +52,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[argparse.Action, str]]
     parser = argparse.ArgumentParser(
         prog="openinfer-serve",
         description="A frontend and N local engines in one command; an engine or the frontend that dies is "
-        "restarted. Runs until Ctrl-C or SIGTERM.",
+        "restarted. Runs until Ctrl-C, SIGTERM or SIGHUP.",
         epilog=unsupported_flags_epilog(),
         allow_abbrev=False,  # so that every flag reaches its child exactly as typed
     )
@@ -129,7 +129,7 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         "--engine-restart-backoff-max",
         type=float,
         default=defaults.max_backoff,
-        help="the longest wait before a restart",
+        help="the longest wait before a restart of an engine, or of the frontend",
     )
     group.add_argument(
         "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]

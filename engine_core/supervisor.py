@@ -10,9 +10,12 @@ diffing). Its requests in flight ended with it (their clients lost the connectio
 them reach the new frontend, which aborts them there.
 
 A child cannot start when it exits with status 2 (``openinfer-engine``'s, and argparse's, for flags or a model
-it cannot use) or, for a child with a :class:`Readiness` (the frontend), when it dies before it got ready
-after its start or restart (a port taken, an unusable ``--state-dir`` or keys: it exits 1 then, as it also
-does on a crash later, so the status alone cannot tell). Starting it again could not help, so it is not.
+it cannot use), when its process cannot be made (fork or exec fails), or, for a child with a
+:class:`Readiness` (the frontend), when it dies before it got ready after its start or restart (a port taken,
+an unusable ``--state-dir`` or keys: it exits 1 then, as it also does on a crash later, so the status alone
+cannot tell). Starting it again could not help, so it is not. Whether a dead child had got ready is read
+once more when its death is seen, from what it left behind (its ready pipe,
+:class:`~openinfer.frontend.ready_pipe.ReadyPipe`): one ready and dead between two polls is started again.
 """
 
 from __future__ import annotations
@@ -73,10 +76,12 @@ class RestartHistory:
 
 @dataclass(frozen=True)
 class Readiness:
-    """How to tell that a child got through its start (the frontend: it answers ``/health``)."""
+    """How to tell that a child got through its start (the frontend: it said so on its ready pipe)."""
 
-    what: str  # what ready means, for the log: "answering http://127.0.0.1:8000/health"
-    check: Callable[[], bool]  # True once ready; called at each poll until then, so it must be quick
+    what: str  # what ready means, for the log: "listening on http://127.0.0.1:8000"
+    # True once ready; called at each poll until then and once more when its death is seen, so it must be
+    # quick and, to be exact, answer from what the child wrote (a pipe), which outlives it.
+    check: Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class Child:
     argv: list[str]
     env: dict[str, str] | None  # added to this process's environment
     readiness: Readiness | None  # None: only its exit status tells that it cannot start
+    pass_fds: tuple[int, ...]  # file descriptors it inherits (its ready pipe's write end)
 
 
 @dataclass
@@ -112,11 +118,22 @@ class Supervisor:
         self.states: dict[str, ChildState] = {}
 
     def start(
-        self, name: str, argv: list[str], env: dict[str, str] | None, readiness: Readiness | None = None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None,
+        readiness: Readiness | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
-        self.children[name] = Child(argv, env, readiness)
+        """Start child ``name``; RuntimeError, saying why, when its process cannot be made."""
+        child = Child(argv, env, readiness, pass_fds)
+        try:
+            pid = self.group.spawn(name, argv, env, pass_fds=pass_fds).pid
+        except OSError as e:
+            raise RuntimeError(f"{name} could not be started ({e}); stopping everything") from e
+        logger.info("%s started (pid %d)", name, pid)
+        self.children[name] = child
         self.states[name] = ChildState(RestartHistory(self.policy))
-        self.group.spawn(name, argv, env)
 
     def restarts(self, name: str) -> int:
         """How many times ``name`` was started again."""
@@ -132,7 +149,10 @@ class Supervisor:
                 if now >= state.due:
                     state.due, state.ready = None, False
                     state.restarts += 1
-                    pid = self.group.spawn(name, child.argv, child.env).pid
+                    try:
+                        pid = self.group.spawn(name, child.argv, child.env, pass_fds=child.pass_fds).pid
+                    except OSError as e:
+                        return f"{name} could not be started again ({e}); stopping everything"
                     logger.warning("%s started again (pid %d, restart %d)", name, pid, state.restarts)
                 continue
             code = self.group.processes[name].poll()
@@ -160,6 +180,7 @@ class Supervisor:
     def _on_death(self, name: str, child: Child, state: ChildState, code: int, now: float) -> str | None:
         """Schedule the restart of a child that exited with ``code``, or say why everything must stop."""
         died = describe_exit(code)
+        self._check_ready(name, child, state, now)  # it may have got ready since the last poll, then died
         if child.readiness is not None and not state.ready:
             return (
                 f"{name} {died} before {child.readiness.what}: it cannot start as configured (its log says "

@@ -23,6 +23,7 @@ from openinfer.frontend.openai.api_server import build_app, serve
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import add_chat_parser_args, chat_parsers
 from openinfer.frontend.openai.structured_options import add_structured_outputs_arg
+from openinfer.frontend.ready_pipe import say_ready
 
 logger = logging.getLogger("openinfer.frontend")
 
@@ -290,6 +291,7 @@ async def _run(args: argparse.Namespace) -> bool:
         try:
             logger.info("openinfer frontend listening on http://%s:%d", args.host, args.port)
             logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
+            say_ready()  # to openinfer-serve, if it started this frontend
             crash = await _stop_or_crash(stop, client)
             if crash is not None:
                 logger.critical("the frontend stops, as it can no longer serve: %s", crash)

@@ -10,6 +10,7 @@ from typing import IO
 import msgspec
 
 from openinfer.protocol.spec_log import SpecLogLine
+from openinfer.tools.private_file import APPEND, open_private
 
 
 class SpecLog:
@@ -17,12 +18,13 @@ class SpecLog:
 
     def __init__(self, path: Path, engine_index: int, incarnation: int) -> None:
         # Private: the incarnation it names is what a local process needs to pose as this engine. The file
-        # is 0600 (also one an older release made readable to all), a folder made here 0700.
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        if os.fstat(fd).st_uid == os.getuid():
-            os.fchmod(fd, 0o600)
-        self._file: IO[bytes] = os.fdopen(fd, "ab")
+        # is 0600 (also one an older release made readable to all), a folder made here 0700; a symbolic link
+        # or another user's file in its place is refused (ValueError: the engine cannot start so).
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._file: IO[bytes] = os.fdopen(open_private(path, APPEND), "ab")
+        except OSError as e:
+            raise ValueError(f"--spec-log: {e}") from None
         self._encoder = msgspec.json.Encoder()
         self._engine_index = engine_index
         self._incarnation = f"{incarnation:016x}"

@@ -5,7 +5,8 @@ frontend diffing): its totals are what the last frontend had published, and each
 seen is diffed against the baseline those totals were published from. The file is written to a temporary
 name, fsynced, renamed over the old one and the folder fsynced: a reader sees the old state or the new one,
 never a mix. A lock file keeps two frontends from sharing a folder. The files are 0600 and a folder made
-here 0700: the incarnations the state names are what a local process needs to pose as an engine.
+here 0700: the incarnations the state names are what a local process needs to pose as an engine. They are
+opened by :func:`~openinfer.tools.private_file.open_private`: a symbolic link in their place is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import msgspec
 from openinfer.frontend.metrics.engine_baselines import SavedBaseline
 from openinfer.frontend.metrics.totals import TotalsState
 from openinfer.protocol import PrefixCacheCounters, SpecDecodeCounters
+from openinfer.tools.private_file import APPEND, CREATE, READ, open_private
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class StateDir:
         self.file = path / STATE_FILE
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._lock: IO[bytes] = os.fdopen(_open_private(path / LOCK_FILE, os.O_APPEND), "ab")
+            self._lock: IO[bytes] = os.fdopen(open_private(path / LOCK_FILE, APPEND), "ab")
         except OSError as e:
             raise StateError(f"--state-dir {path}: {e}") from None
         try:
@@ -67,8 +69,8 @@ class StateDir:
     def load(self) -> FrontendState | None:
         """The saved state, or None when there is none yet; :class:`StateError` when it cannot be read."""
         try:
-            data = self.file.read_bytes()
-            self.file.chmod(0o600)  # one an older release saved readable to all
+            with os.fdopen(open_private(self.file, READ), "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -92,7 +94,10 @@ class StateDir:
         if data == self._last_saved:
             return False
         temp = self.path / f".{STATE_FILE}.tmp"
-        with os.fdopen(_open_private(temp, os.O_TRUNC), "wb") as f:
+        temp.unlink(
+            missing_ok=True
+        )  # one a crash left, or a link planted in its place: never written through
+        with os.fdopen(open_private(temp, CREATE), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -108,14 +113,3 @@ class StateDir:
 
     def close(self) -> None:
         self._lock.close()
-
-
-def _open_private(path: Path, flags: int) -> int:
-    """Open ``path`` for writing as a file only its owner can read (0600, also when it exists already)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd

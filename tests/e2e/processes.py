@@ -37,17 +37,17 @@ class Cluster(LocalCluster):
     ) -> subprocess.Popen[bytes]:
         return super().start_fake_engine(index, "--num-kv-blocks", "2048", *extra, cpus=cpus)
 
-    def start_serve(self, *args: str | Path) -> subprocess.Popen[bytes]:
+    def start_serve(self, *args: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """``openinfer-serve`` with one CPU engine serving ``args[0]`` (a model folder) as "tiny"."""
         model, *extra = map(str, args)
         return super().start_serve(
-            "--model", model, "--served-model-name", "tiny", "--kv-cache-gb", "0.05", *extra
+            "--model", model, "--served-model-name", "tiny", "--kv-cache-gb", "0.05", *extra, env=env
         )
 
-    def start_serve_fake(self, *extra: str) -> subprocess.Popen[bytes]:
+    def start_serve_fake(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """``openinfer-serve --fake-model`` (engines of no model, served as "fake")."""
         return super().start_serve(
-            "--fake-model", "--served-model-name", "fake", "--num-kv-blocks", "2048", *extra
+            "--fake-model", "--served-model-name", "fake", "--num-kv-blocks", "2048", *extra, env=env
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from openinfer.engine_core.local_cluster import answers_health
+from openinfer.engine_core.local_cluster import answers_health, python_module
 from tests.e2e.load import CYCLE_PROMPT, Load, Scraper, counter_samples
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, HOST, Cluster, serve_children
 
@@ -27,9 +28,9 @@ from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, HOST, Cluster, serve_c
 class Serve:
     """``openinfer-serve`` under test; every child pid it was seen with is killed at the end if alive."""
 
-    def __init__(self, log_dir: Path, *flags: str) -> None:
+    def __init__(self, log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> None:
         self.cluster = Cluster(log_dir)
-        self.process = self.cluster.start_serve_fake(*flags)
+        self.process = self.cluster.start_serve_fake(*flags, env=env)
         self.seen: set[int] = set()
 
     def children(self) -> dict[str, int]:
@@ -172,6 +173,82 @@ def test_a_killed_serve_leaves_no_child_behind(tmp_path: Path) -> None:
         serve.close()
 
 
+def private_key_folders(tmp_dir: Path) -> list[Path]:
+    """The CurveZMQ key folders serve made in ``tmp_dir`` (its $TMPDIR) that are still there."""
+    return list(tmp_dir.glob("openinfer-keys-*"))
+
+
+def gone(pid: int) -> bool:
+    """Process ``pid`` has exited (reaped, or a zombie)."""
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "zombie" in status.read_text()
+
+
+def test_serve_stops_on_sighup_and_removes_its_keys(tmp_path: Path) -> None:
+    """SIGHUP (a closed terminal) stops serve as SIGTERM does: exit 0, its children stopped and the private
+    key folder it made removed, not left in the temporary folder."""
+    tmp_dir = tmp_path / "tmp"
+    tmp_dir.mkdir()
+    serve = Serve(tmp_path, env={"TMPDIR": str(tmp_dir)})
+    try:
+        serve.wait_serving()
+        children = [serve.wait_for(role) for role in ("frontend", "engine0")]
+        assert len(private_key_folders(tmp_dir)) == 1
+        os.kill(serve.process.pid, signal.SIGHUP)
+        assert serve.process.wait(60) == 0, serve.log()
+        assert "openinfer stopped" in serve.log()
+        assert private_key_folders(tmp_dir) == [] and all(map(gone, children))
+    finally:
+        serve.close()
+
+
+MASKS = ("SigIgn", "SigCgt")  # /proc/PID/status: the signals a process ignores, and those it catches
+
+
+def test_under_nohup_sighup_stays_ignored(tmp_path: Path) -> None:
+    """Started by nohup (SIGHUP ignored), serve leaves SIGHUP ignored, so it outlives its terminal as asked
+    (without nohup it catches SIGHUP, to stop); SIGTERM still stops it."""
+    cluster = Cluster(tmp_path)
+    ports = ["--host", HOST, "--port", str(cluster.http_port), "--engine-port", str(cluster.engine_port)]
+    serve = python_module(
+        "openinfer.engine_core.serve", *ports, "--fake-model", "--served-model-name", "fake"
+    )
+    process = cluster.spawn("serve", ["nohup", *serve])  # nohup execs serve: the same pid
+    try:
+        cluster.wait_healthy(90)
+        status = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        masks = {line.split(":")[0]: int(line.split()[1], 16) for line in status if line[:6] in MASKS}
+        sighup = 1 << (signal.SIGHUP - 1)
+        assert (masks["SigIgn"] & sighup, masks["SigCgt"] & sighup) == (sighup, 0)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        cluster.stop(30)
+
+
+def test_an_engine_that_cannot_be_started_stops_serve_and_leaves_nothing(tmp_path: Path) -> None:
+    """Engine 0's process cannot be made (its command line is longer than the kernel takes: exec fails with
+    E2BIG) after the frontend was started: serve says which child and why, exit 1, the frontend it started
+    is stopped and the private key folder removed."""
+    tmp_dir = tmp_path / "tmp"
+    tmp_dir.mkdir()
+    # Linux takes one argument of at most 32 pages (MAX_ARG_STRLEN, with its NUL): serve's --spec-log-dir
+    # value fits, engine 0's --spec-log=DIR/spec-engine0.jsonl, 30 bytes longer, does not.
+    spec_log_dir = "/" + "d" * (32 * os.sysconf("SC_PAGE_SIZE") - 12)
+    serve = Serve(tmp_path, "--spec-log-dir", spec_log_dir, env={"TMPDIR": str(tmp_dir)})
+    try:
+        assert serve.process.wait(60) == 1, serve.log()
+        log = serve.log()
+        assert (
+            "openinfer did not start: engine 0 could not be started ([Errno 7] Argument list too long" in log
+        )
+        frontend = re.search(r"the frontend started \(pid (\d+)\)", log)
+        assert frontend is not None and gone(int(frontend[1]))
+        assert private_key_folders(tmp_dir) == [] and "openinfer stopped" in log
+    finally:
+        serve.close()
+
+
 # ---- the frontend ----
 
 K = 4
@@ -265,7 +342,7 @@ async def test_a_killed_frontend_is_restarted_and_every_series_continues(tmp_pat
     assert 0 < logged_tokens(spec_logs, long_id) < LONG_MAX_TOKENS - K
     log = serve.log()
     assert "the frontend was killed by SIGKILL; starting it again in 0.2 s" in log
-    assert f"the frontend is answering {url}/health again" in log
+    assert f"the frontend is listening on {url} again" in log
     assert not load.of_kind("timeout") and not load.of_kind("engine_error"), load.outcomes
     down = (killed - 0.5, killed + back + 1.0)  # connection errors and 503s (no engine yet) only then
     for outcome in load.of_kind("connection") + load.of_kind("http"):
@@ -319,7 +396,7 @@ def test_a_restarted_frontend_that_cannot_start_stops_serve(tmp_path: Path) -> N
         assert "the frontend was killed by SIGKILL; starting it again in 0.1 s" in log
         assert "openinfer-frontend could not start: " in log
         assert (
-            f"the frontend exited with code 1 before answering {serve.cluster.url}/health: it cannot start as "
+            f"the frontend exited with code 1 before listening on {serve.cluster.url}: it cannot start as "
             "configured (its log says why); stopping everything"
         ) in log
         assert log.count("the frontend started again") == 1

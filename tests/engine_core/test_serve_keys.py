@@ -22,16 +22,27 @@ def mode(path: Path) -> int:
 
 
 def test_keys_are_private_files_in_private_folders(tmp_path: Path) -> None:
-    """openinfer-keys DIR: the folders it makes are 0700 and every secret key file 0600 (public ones are not
-    secret); it never overwrites keys."""
+    """openinfer-keys DIR: the folders it makes are 0700 and every key file 0600 (the public ones too: they
+    are copied to engine hosts, never read by others in place); it never overwrites keys."""
     folder = tmp_path / "keys"
     written = make_keys(folder, 2)
     assert mode(folder) == 0o700 and mode(folder / "engines") == 0o700
     secrets = sorted(p.name for p in written if p.suffix == ".key_secret")
     assert secrets == ["engine-0.key_secret", "engine-1.key_secret", "frontend.key_secret"]
-    assert all(mode(p) == 0o600 for p in written if p.suffix == ".key_secret")
+    assert len(written) == 6 and all(mode(p) == 0o600 for p in written)
     with pytest.raises(ValueError, match="keys exist already"):
         make_keys(folder, 1)
+
+
+def test_a_link_planted_in_place_of_a_key_is_never_followed(tmp_path: Path) -> None:
+    """A dangling symbolic link where a key file goes (a folder others could write): the keys are refused
+    as existing, and nothing is written where the link points."""
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    (folder / "frontend.key").symlink_to(tmp_path / "written-through-the-link")
+    with pytest.raises(ValueError, match="keys exist already"):
+        make_keys(folder, 1)
+    assert not (tmp_path / "written-through-the-link").exists()
 
 
 def test_serve_makes_keys_for_the_run_and_removes_them() -> None:

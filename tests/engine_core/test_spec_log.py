@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 
 
@@ -22,3 +24,16 @@ def test_spec_log_is_0600_in_a_folder_made_0700(tmp_path: Path) -> None:
     log.close()
     assert path.stat().st_mode & 0o777 == 0o600
     assert [line.count(b"0000000000000abc") for line in path.read_bytes().splitlines()] == [1, 0]
+
+
+def test_a_link_in_place_of_the_spec_log_is_refused(tmp_path: Path) -> None:
+    """A symbolic link planted where the spec log goes (as in a folder others can write) is refused with a
+    ValueError naming the flag and what to do (the engine exits 2 on it), and its target stays as it was."""
+    target = tmp_path / "someone-elses-file"
+    target.write_bytes(b"kept\n")
+    target.chmod(0o644)
+    link = tmp_path / "spec.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match=f"^--spec-log: {link} is a symbolic link, .*remove the link"):
+        SpecLog(link, 0, 0xABC)
+    assert (target.read_bytes(), target.stat().st_mode & 0o777) == (b"kept\n", 0o644)

@@ -3,6 +3,7 @@ cannot start (exit status 2, or a frontend that dies before it was ready) ends e
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from openinfer.engine_core.supervisor import (
     Supervisor,
     describe_exit,
 )
+from openinfer.frontend.ready_pipe import ReadyPipe
 
 EXITS = ["/bin/sh", "-c", "exit 3"]  # a child that dies at once
 RUNS = ["/bin/sh", "-c", "sleep 30"]
@@ -209,5 +211,75 @@ def test_an_engine_that_cannot_start_is_not_started_again(tmp_path: Path) -> Non
             "stopping everything"
         )
         assert supervisor.restarts("engine 0") == 0
+    finally:
+        group.stop()
+
+
+# A frontend that listens and dies at once: it writes its ready line as the real one does, then exits 1.
+READY_THEN_EXITS = [
+    sys.executable,
+    "-c",
+    "from openinfer.frontend.ready_pipe import say_ready; say_ready(); exit(1)",
+]
+
+
+def test_a_frontend_ready_and_dead_between_two_polls_is_started_again(tmp_path: Path) -> None:
+    """A frontend that said it was ready and died before any poll saw it alive: its readiness is read from
+    its ready pipe when its death is seen, so it is started again, not judged unable to start; the start
+    that follows is not ready until it says so itself."""
+    group, clock = ProcessGroup(tmp_path), Clock()
+    supervisor = Supervisor(group, RestartPolicy(backoff=0.5), clock)
+    with ReadyPipe() as ready:
+        listening = Readiness("listening", ready.said_ready)
+        try:
+            supervisor.start("the frontend", READY_THEN_EXITS, ready.env, listening, ready.pass_fds)
+            wait_exited(group, "the frontend")  # ready and dead before the first poll
+            assert supervisor.poll() is None and supervisor.states["the frontend"].due == 0.5
+            clock.now = 0.5
+            assert supervisor.poll() is None and supervisor.restarts("the frontend") == 1
+            wait_exited(group, "the frontend")  # ready and dead again: started again (doubled backoff)
+            assert supervisor.poll() is None and supervisor.states["the frontend"].due == 1.5
+        finally:
+            group.stop()
+
+
+def test_a_frontend_that_never_said_ready_cannot_start(tmp_path: Path) -> None:
+    """With a ready pipe, a frontend that exits without writing its line (a port taken) cannot start."""
+    group = ProcessGroup(tmp_path)
+    supervisor = Supervisor(group, RestartPolicy())
+    with ReadyPipe() as ready:
+        try:
+            exits = [sys.executable, "-c", "exit(1)"]
+            supervisor.start(
+                "the frontend", exits, ready.env, Readiness("listening", ready.said_ready), ready.pass_fds
+            )
+            wait_exited(group, "the frontend")
+            assert supervisor.poll() == (
+                "the frontend exited with code 1 before listening: it cannot start as configured (its log says "
+                "why); stopping everything"
+            )
+        finally:
+            group.stop()
+
+
+def test_a_child_whose_process_cannot_be_made_is_named(tmp_path: Path) -> None:
+    """An executable that is not there: start() raises naming the child; a restart that cannot exec (its
+    program removed after it started) is a reason to stop, naming it."""
+    group, clock = ProcessGroup(tmp_path), Clock()
+    supervisor = Supervisor(group, RestartPolicy(backoff=0.5), clock)
+    program = tmp_path / "engine.sh"
+    program.write_text("#!/bin/sh\nexit 3\n")
+    program.chmod(0o700)
+    try:
+        with pytest.raises(RuntimeError, match=r"^engine 1 could not be started \(\[Errno 2\] No such file"):
+            supervisor.start("engine 1", [str(tmp_path / "missing")], None)
+        supervisor.start("engine 0", [str(program)], None)
+        wait_exited(group, "engine 0")
+        assert supervisor.poll() is None  # scheduled for t=0.5
+        program.unlink()
+        clock.now = 0.5
+        reason = supervisor.poll()
+        assert reason is not None and reason.startswith("engine 0 could not be started again ([Errno 2]")
+        assert reason.endswith("); stopping everything")
     finally:
         group.stop()

@@ -176,3 +176,29 @@ def test_state_files_are_private(tmp_path: Path) -> None:
     state_dir = StateDir(path)
     assert state_dir.load() is not None and (path / STATE_FILE).stat().st_mode & 0o777 == 0o600
     state_dir.close()
+
+
+def test_links_in_place_of_state_files_are_refused(tmp_path: Path) -> None:
+    """A symbolic link planted in place of the lock file or the state file (as in a folder others can write)
+    is refused with an error saying so, and the file it points at is neither read nor changed; one in place
+    of the temporary file is removed, never written through, and the state saved is 0600."""
+    target = tmp_path / "someone-elses-file"
+    target.write_bytes(b"kept")
+    target.chmod(0o644)
+    path = tmp_path / "state"
+    path.mkdir()
+    (path / "frontend.lock").symlink_to(target)
+    with pytest.raises(StateError, match="frontend.lock is a symbolic link, .*remove the link"):
+        StateDir(path)
+    (path / "frontend.lock").unlink()
+    (path / STATE_FILE).symlink_to(target)
+    state_dir = StateDir(path)
+    with pytest.raises(StateError, match=f"{STATE_FILE} is a symbolic link, .*remove the link"):
+        state_dir.load()
+    (path / STATE_FILE).unlink()
+    (path / f".{STATE_FILE}.tmp").symlink_to(target)
+    FrontendMetrics(state_dir).save()
+    state_dir.close()
+    assert (target.read_bytes(), target.stat().st_mode & 0o777) == (b"kept", 0o644)
+    assert sorted(p.name for p in path.iterdir()) == [STATE_FILE, "frontend.lock"]
+    assert (path / STATE_FILE).stat().st_mode & 0o777 == 0o600
