@@ -8,18 +8,13 @@ import time
 
 from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
+from openinfer.frontend.engines.departures import Departures
 from openinfer.frontend.engines.drafter_commands import DrafterCommands
 from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.handshake import Handshake
 from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
 from openinfer.frontend.engines.log_limit import LogRateLimiter
-from openinfer.frontend.engines.registry import (
-    STALE_GRACE_S,
-    EngineRecord,
-    EngineRegistry,
-    ServedModel,
-    kept_hello,
-)
+from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel, kept_hello
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
@@ -32,9 +27,6 @@ logger = logging.getLogger(__name__)
 # How long a new request waits for its engine's DEALER to be routable: the hello comes over the PUSH socket
 # and can beat the DEALER's connection to the ROUTER.
 _SEND_PATIENCE_S = 2.0
-# A request that no engine streamed anything for yet moves to another engine when its engine dies, at most
-# this many times in all.
-_MAX_SENDS = 3
 
 
 class EngineClient:
@@ -46,7 +38,8 @@ class EngineClient:
     Liveness (DESIGN.md): an engine is marked down when it is silent for ``engine_timeout`` seconds, or
     when the connection its outputs came over closes and it is not heard from again within about a second
     (a killed process); its in-flight requests that got no output yet move to another live engine of the
-    model, the others end with an error saying why. A new incarnation of an index ends the old one's the
+    model, the others end with an error saying why (:mod:`~openinfer.frontend.engines.departures`). A new
+    incarnation of an index ends the old one's the
     same way, once the old one no longer holds the index (:mod:`~openinfer.frontend.engines.index_claims`:
     while it is alive the newcomer is refused). One that comes back with the same incarnation (it was
     paused) is taken back; outputs it sends for requests that already ended here are dropped and those
@@ -78,10 +71,12 @@ class EngineClient:
         liveness = Liveness(engine_timeout)
         self._handshake = Handshake(self.registry, self._send, metrics, liveness, self._join)
         self._log = LogRateLimiter(logger)  # every line here but start and close, a peer can provoke
-        self._watch = LivenessWatch(self.registry, liveness, metrics, self._mark_down)
+        self._departures = Departures(
+            self.registry, self.router, metrics, self._handshake, self._send, self._deliver
+        )
+        self._watch = LivenessWatch(self.registry, liveness, metrics, self._departures.mark_down)
         self._sockets: EngineSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._resends: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle ----
 
@@ -111,10 +106,11 @@ class EngineClient:
 
     async def close(self) -> None:
         """Abort every in-flight request on its engine, end it with an error, close the sockets."""
-        for task in [*self._tasks, *self._resends]:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._resends, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self._departures.close()
         for record in self.registry.records():
             in_flight = self.router.on_engine(record)
             if in_flight:
@@ -246,7 +242,7 @@ class EngineClient:
             self._join(hello, tokenizer, fd)
             return
         if hello.seq <= record.last_seq:
-            await self._stale(record, hello.seq)
+            await self._departures.stale(record, hello.seq)
             return
         record.hello, record.tokenizer, record.last_seq = kept_hello(hello), tokenizer, hello.seq
         record.num_spec_tokens = hello.num_spec_tokens
@@ -272,18 +268,9 @@ class EngineClient:
             "joined", "%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec
         )
         self.metrics.set_engine_up(index, True)
-        self.metrics.observe_load(index, incarnation, record.model_name, hello.load)
-        # Saved at once, not at the next --state-interval: a frontend killed before then would restart
-        # without an engine index seen here first, take its next snapshot as the baseline and lose the rest.
-        self.metrics.save_logged()
+        self.metrics.observe_load(index, incarnation, record.model_name, hello.load)  # (saved if new)
         if previous is not None:
-            self._log.warning(
-                "restarted", "%s restarted as incarnation %016x", previous.describe(), incarnation
-            )
-            if previous.model_name != record.model_name:
-                self.metrics.forget_load(index, previous.model_name)
-            DrafterCommands.end(previous, f"{previous.describe()} restarted before it answered")
-            self._end_requests(previous, f"{previous.describe()} restarted")
+            self._departures.replaced(previous, record)
 
     async def _on_outputs(self, message: protocol.EngineCoreOutputs, fd: int | None) -> None:
         record = await self._sender(message, fd)
@@ -303,7 +290,7 @@ class EngineClient:
             await self._handshake.unknown_sender(index, incarnation)
             return None
         if message.seq <= record.last_seq:
-            await self._stale(record, message.seq)
+            await self._departures.stale(record, message.seq)
             return None
         record.last_seq = message.seq
         self._heard_from(record, message.load, fd, after_hello=True)
@@ -340,91 +327,7 @@ class EngineClient:
         )
         await self._send(record.identity, protocol.AbortRequests(new))
 
-    # ---- liveness ----
-
-    async def _mark_down(self, record: EngineRecord, why: str, connected: bool) -> None:
-        """Down, its requests moved or ended; a still ``connected`` one is told to drop them (if it comes
-        back, say from SIGSTOP, it must not go on with them; a disconnected one is aborted on its outputs).
-        One never heard from after its hello is then forgotten, if nothing of it was counted."""
-        self._log.warning("down", "%s is down: %s", record.describe(), why)
-        self._take_down(record)
-        in_flight = self.router.on_engine(record)
-        if in_flight and connected:
-            record.note_aborted(list(in_flight))
-            await self._send(record.identity, protocol.AbortRequests(list(in_flight)))
-        self._end_requests(record, f"{record.describe()} stopped responding: {why}")
-        # Drafter commands keep waiting: loading a drafter can stall an engine; they time out on their own.
-        if not (record.heard_after_hello or record.up) and self.registry.get(record.index) is record:
-            self._forget(record)  # (unless it came back, or was replaced, while we sent)
-
-    async def _stale(self, record: EngineRecord, seq: int) -> None:
-        """A message of a current incarnation whose seq did not go up: dropped and counted (kind "seq"). A
-        closed connection's leftovers can do that for a moment after the engine reconnected; if such
-        messages go on for ``STALE_GRACE_S``, two processes send as the incarnation (the engine, and a
-        stranger that learnt its incarnation and sent a seq ahead of it). Which is which cannot be told, so
-        the incarnation ends: its requests end with an error, it is retired (what it sends next is kind
-        "refused") and told with ``HelloRefused``. A real engine then exits 3, and openinfer-serve starts it
-        again: a new incarnation, taken at once. An engine's own seqs always go up, across frontend restarts
-        too (a restarted frontend takes the seq of the hello it asked for)."""
-        self.metrics.count_protocol_error("seq")
-        if record.stale_for(time.monotonic()) < STALE_GRACE_S:
-            self._log.warning(
-                "seq",
-                "dropped a message of %s: seq %d after seq %d (a closed connection's leftover, or a second "
-                "process sending as this incarnation: if they go on, it is retired)",
-                record.describe(),
-                seq,
-                record.last_seq,
-            )
-            return
-        why = (
-            f"{record.describe()} keeps sending seqs below {record.last_seq} (seq {seq} now): two processes "
-            "send as this incarnation, so it is retired; restart the engine (openinfer-serve does so by itself)"
-        )
-        self._log.warning("retired", "%s", why)
-        self._take_down(record)
-        await self._handshake.disown(record.index, record.incarnation, why)
-        DrafterCommands.end(record, why)
-        self._end_requests(record, why)
-
-    def _take_down(self, record: EngineRecord) -> None:
-        """Mark a record down: no requests go to it, its load series are dropped."""
-        self.metrics.set_engine_up(record.index, False)
-        record.up = False
-        record.disconnected_at = None
-        self.metrics.forget_load(record.index, record.model_name)
-
-    def _forget(self, record: EngineRecord) -> None:
-        """Forget the index of a record never heard from after its hello (forged hellos, then silence), with
-        its series, unless something of it was counted (exported counters never go down). Heard from again,
-        it is asked for its hello and joins anew."""
-        if self.metrics.forget_engine(record.index):
-            self.registry.forget(record.index)
-            self._log.info("forgotten", "%s: never heard from after its hello; forgotten", record.describe())
-
     # ---- sending ----
-
-    def _end_requests(self, record: EngineRecord, reason: str) -> None:
-        """Move its requests that got no output yet to another engine; end the others with an error."""
-        for stream in self.router.on_engine(record).values():
-            self.router.remove(stream.request_id)
-            target = None
-            if not stream.started and stream.num_sends < _MAX_SENDS:
-                target = self.router.pick(stream.model_name)
-            if target is None:
-                stream.fail(reason)
-                continue
-            self._log.info(
-                "moved",
-                "request %s moves from engine %d to engine %d",
-                stream.request_id,
-                record.index,
-                target.index,
-            )
-            self.router.assign(target, stream)
-            task = asyncio.create_task(self._deliver(target, stream, reason))
-            self._resends.add(task)
-            task.add_done_callback(self._resends.discard)
 
     async def _deliver(self, record: EngineRecord, stream: RequestStream, why_moved: str = "") -> None:
         """Send an assigned request; it ends with an error if that fails (unless it moved on meanwhile)."""

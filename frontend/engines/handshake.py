@@ -8,13 +8,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Annotated
 
 import msgspec
 
 from openinfer.frontend.engines.index_claims import IndexClaims, Join
 from openinfer.frontend.engines.liveness import Liveness
 from openinfer.frontend.engines.log_limit import LogRateLimiter
-from openinfer.frontend.engines.registry import MAX_ENGINES, EngineRegistry
+from openinfer.frontend.engines.registry import MAX_ENGINES, EngineRegistry, Retirement
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import (
@@ -49,27 +50,45 @@ class TokenizerCache:
         return tokenizer
 
 
-def foreign_hello_version(frame: bytes | memoryview) -> int | None:
-    """The protocol version of a hello from another protocol version that our codec cannot decode."""
-    foreign = foreign_hello(frame)
-    return foreign[0] if foreign is not None else None
+class _HelloHead(msgspec.Struct, array_like=True):
+    """The fields a hello of any protocol version starts with: ``["hello", protocol_version, ...]``, then the
+    engine index and incarnation where ours has them (raw: another version may put anything there; empty
+    when absent). Decoding it skips the rest of the frame without building anything: any frame at all comes
+    here, up to the socket's size limit, and a generic decode of one array of 60 million nils builds a list
+    of 60 million items (0.5 GB)."""
+
+    tag: str
+    protocol_version: int
+    engine_index: msgspec.Raw = msgspec.Raw()
+    incarnation: msgspec.Raw = msgspec.Raw()
+
+
+_HELLO_HEAD = msgspec.msgpack.Decoder(_HelloHead)
+_UINT64 = msgspec.msgpack.Decoder(Annotated[int, msgspec.Meta(ge=0)])  # msgpack holds none above 2**64 - 1
+# What decoding a frame of any shape can raise (RecursionError: nesting deeper than msgspec's limit).
+_NOT_DECODED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def foreign_hello(frame: bytes | memoryview) -> tuple[int, int | None, int | None] | None:
     """(version, engine_index, incarnation) of a hello of another protocol version (index and incarnation
     None when that version does not put them where ours does)."""
     try:
-        raw = msgspec.msgpack.decode(frame)
-    except Exception:  # noqa: BLE001 - any frame at all may come here; it is then simply not a hello
+        head = _HELLO_HEAD.decode(frame)
+    except _NOT_DECODED:  # it does not start as a hello does
         return None
-    # A hello is encoded as ["hello", protocol_version, ...] in every version (tag first, then the version).
-    if not (isinstance(raw, list) and len(raw) >= 2 and raw[0] == "hello" and isinstance(raw[1], int)):
+    if head.tag != "hello" or head.protocol_version == PROTOCOL_VERSION:
         return None
-    if raw[1] == PROTOCOL_VERSION:
+    index = _uint64(head.engine_index) if head.incarnation else None
+    incarnation = _uint64(head.incarnation) if index is not None else None
+    return head.protocol_version, index, incarnation
+
+
+def _uint64(raw: msgspec.Raw) -> int | None:
+    """The unsigned integer ``raw`` holds, or None when it holds anything else (or nothing)."""
+    try:
+        return _UINT64.decode(raw)
+    except _NOT_DECODED:
         return None
-    index = raw[2] if len(raw) > 3 and isinstance(raw[2], int) and raw[2] >= 0 else None
-    incarnation = raw[3] if index is not None and isinstance(raw[3], int) and 0 <= raw[3] < 2**64 else None
-    return raw[1], index, incarnation
 
 
 def version_refusal(version: int, source: str) -> str:
@@ -192,11 +211,13 @@ class Handshake:
         self._metrics.count_hello_refused(self._known(hello.engine_index), reason)
         await self.disown(hello.engine_index, hello.incarnation, refusal)
 
-    async def disown(self, engine_index: int, incarnation: int, message: str) -> None:
-        """Retire an incarnation (its messages are protocol errors, kind "refused", from now on) and tell it
-        ``message`` with ``HelloRefused`` (an engine stops); a repeat waits a second from now."""
+    async def disown(
+        self, engine_index: int, incarnation: int, message: str, why: Retirement = Retirement.REFUSED
+    ) -> None:
+        """Retire an incarnation as refused or clashed (its messages are protocol errors, kind "refused", from
+        now on) and tell it ``message`` with ``HelloRefused`` (an engine stops); a repeat waits a second."""
         identity = engine_identity(engine_index, incarnation)
-        self._registry.retire(engine_index, incarnation, refused=True)
+        self._registry.retire(engine_index, incarnation, why)
         self._refusal_repeats.should_ask(identity, time.monotonic())
         await self._send(identity, HelloRefused(PROTOCOL_VERSION, message))
 

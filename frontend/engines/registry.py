@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -106,17 +107,31 @@ class ServedModel:
     eos_token_ids: tuple[int, ...]
 
 
-_MAX_RETIRED = 4096  # an incarnation forgotten after this many newer ones: its outputs get a HelloRequest
+class Retirement(enum.Enum):
+    """Why an incarnation's messages are ignored."""
+
+    REPLACED = enum.auto()  # a new incarnation of its index joined
+    REFUSED = enum.auto()  # its hello was refused: what it sends is a protocol error (kind "refused")
+    CLASHED = enum.auto()  # two processes sent as it (its seqs clashed): refused as well, and kept apart
+
+
+# Replaced and refused incarnations remembered, oldest forgotten first: a forgotten one's outputs get a
+# HelloRequest. Strangers can make any number of them (a hello each), so the bound is theirs to reach.
+_MAX_RETIRED = 4096
+# Clashed incarnations remembered, kept apart so that no flood of hellos evicts one (what it sends would then
+# get a HelloRequest instead of a refusal, and it could join again). Only a newer clash evicts one, and each
+# takes a process sending as a current incarnation for STALE_GRACE_S.
+_MAX_CLASHED = 4096
 
 
 class EngineRegistry:
-    """Engine records by index, and the incarnations that are over (restarted or refused)."""
+    """Engine records by index, and the incarnations that are over (replaced, refused or clashed)."""
 
     def __init__(self) -> None:
         self._records: dict[int, EngineRecord] = {}
-        # (index, incarnation) whose messages are ignored -> whether it was refused (not replaced), oldest
-        # first; bounded, as strangers can make many
-        self._retired: dict[tuple[int, int], bool] = {}
+        # (index, incarnation) -> why it is over, oldest first; clashes apart (see _MAX_CLASHED)
+        self._retired: dict[tuple[int, int], Retirement] = {}
+        self._clashed: dict[tuple[int, int], None] = {}
 
     def get(self, engine_index: int) -> EngineRecord | None:
         return self._records.get(engine_index)
@@ -140,7 +155,7 @@ class EngineRegistry:
         previous = self._records.get(record.index)
         self._records[record.index] = record
         if previous is not None and previous.incarnation != record.incarnation:
-            self.retire(previous.index, previous.incarnation)
+            self.retire(previous.index, previous.incarnation, Retirement.REPLACED)
             return previous
         return None
 
@@ -154,18 +169,26 @@ class EngineRegistry:
         hello and joins anew)."""
         del self._records[engine_index]
 
-    def retire(self, engine_index: int, incarnation: int, refused: bool = False) -> None:
-        """Ignore this incarnation from now on: it was ``refused``, or it was replaced."""
-        self._retired[(engine_index, incarnation)] = refused
-        if len(self._retired) > _MAX_RETIRED:
-            del self._retired[next(iter(self._retired))]
+    def retire(self, engine_index: int, incarnation: int, why: Retirement) -> None:
+        """Ignore this incarnation from now on, for the reason ``why``."""
+        key = (engine_index, incarnation)
+        if why is Retirement.CLASHED:
+            self._clashed[key] = None
+            if len(self._clashed) > _MAX_CLASHED:
+                del self._clashed[next(iter(self._clashed))]
+        else:
+            self._retired[key] = why
+            if len(self._retired) > _MAX_RETIRED:
+                del self._retired[next(iter(self._retired))]
 
     def is_retired(self, engine_index: int, incarnation: int) -> bool:
-        return (engine_index, incarnation) in self._retired
+        key = (engine_index, incarnation)
+        return key in self._retired or key in self._clashed
 
     def is_refused(self, engine_index: int, incarnation: int) -> bool:
-        """Whether this incarnation's hello was refused (its messages are protocol errors)."""
-        return self._retired.get((engine_index, incarnation), False)
+        """Whether this incarnation was refused or clashed (what it sends is a protocol error)."""
+        key = (engine_index, incarnation)
+        return key in self._clashed or self._retired.get(key) is Retirement.REFUSED
 
     def pick(self, model_name: str, has_room: Callable[[EngineRecord], bool]) -> EngineRecord | None:
         """The least-loaded live engine serving ``model_name`` (the lowest index on a tie) that ``has_room``

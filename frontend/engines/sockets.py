@@ -33,6 +33,12 @@ _HANDSHAKE_FAILURES = (
 _MONITORED = zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILURES
 
 
+# The largest message either socket takes (libzmq drops the connection of a peer that sends a bigger one). The
+# largest real message is a hello, which carries the model's tokenizer.json: 64 MiB holds every one we know of
+# (Qwen3's is 11 MB; the biggest published are a few tens of MB) with its tokenizer_config.json. Any peer
+# can send a frame this big, so it also bounds what a bad frame can cost to read.
+MAX_MESSAGE_BYTES = 64 * 2**20
+
 # The longest a socket's backlog is read before the event loop runs its other tasks (HTTP handlers, /health).
 _MAX_RECEIVE_S = 0.002
 
@@ -90,7 +96,7 @@ class EngineSockets:
         self.pull = self._context.socket(zmq.PULL)
         for socket in (self.router, self.pull):
             socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.MAXMSGSIZE, 256 * 2**20)  # the largest hello (a tokenizer) fits easily
+            socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._turns: dict[SocketName, _Turns] = {"requests": _Turns(), "outputs": _Turns()}
         self._monitors: list[tuple[SocketName, zmq.asyncio.Socket]] = [
             ("requests", self.router.get_monitor_socket(_MONITORED)),

@@ -14,6 +14,10 @@ snapshot. A bridge keeps one :class:`EngineBaselines` per kind of counters and p
   observe calls joins them): ``kind="counter_delta"``, baseline = snapshot, nothing published;
 - counters None (that engine counts nothing of this kind now): the baseline is forgotten, nothing published.
 
+An index whose series were dropped while its baseline is kept (:meth:`~EngineBaselines.drop_series`: its
+record was forgotten) diffs its next counters as before and reports them as ``began``, so its series are
+made again.
+
 With ``--state-dir`` the baselines are saved with the totals they were published into (:meth:`saved`,
 :meth:`restore`), so a restarted frontend diffs an incarnation it knew against its saved baseline.
 """
@@ -87,6 +91,7 @@ class EngineBaselines(Generic[C]):
         self._protocol_errors = protocol_errors  # openinfer:protocol_errors_total{kind}
         self._same_shape = same_shape  # False: the counters restart from zero (Reset.RESHAPED)
         self._baselines: dict[int, SavedBaseline[C]] = {}
+        self._unexported: set[int] = set()  # indices with a baseline whose series were dropped
         self._log = LogRateLimiter(logger)  # an engine can send a bad snapshot in every message
 
     def saved(self) -> dict[int, SavedBaseline[C]]:
@@ -103,9 +108,20 @@ class EngineBaselines(Generic[C]):
                 continue
             self._baselines[index] = _copy(baseline)
 
+    def knows(self, engine_index: int) -> bool:
+        """Whether this process holds a baseline for ``engine_index`` (saved, restored or taken)."""
+        return engine_index in self._baselines
+
+    def drop_series(self, engine_index: int) -> None:
+        """Its series were dropped (they never moved); the baseline stays, and the next counters of the index
+        report ``began`` so that its series are made again."""
+        if engine_index in self._baselines:
+            self._unexported.add(engine_index)
+
     def forget(self, engine_index: int) -> None:
-        """Drop an engine index's baseline (its series are gone: it joined and was never heard from again)."""
+        """Drop an engine index's baseline: its next counters are a first sight."""
         self._baselines.pop(engine_index, None)
+        self._unexported.discard(engine_index)
 
     def observe(self, engine_index: int, incarnation: int, counters: C | None) -> Observation[C]:
         """Take one snapshot's counters: the delta since the baseline, which becomes the snapshot."""
@@ -137,7 +153,8 @@ class EngineBaselines(Generic[C]):
 
         delta = counters.minus(previous)
         baseline.counters = counters.copy()
-        began = reset is not None
+        began = reset is not None or engine_index in self._unexported
+        self._unexported.discard(engine_index)
         if not delta.is_nonnegative():
             self._protocol_errors.inc(("counter_decrease",))
             self._log.warning(

@@ -41,6 +41,11 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 _MODEL_ENGINE = ("model_name", "engine")
 
+# Forgotten engine indices whose counting state (baselines, latest incarnation) is kept after their series
+# are dropped, oldest dropped first: a real engine forgotten while its first step outlasted the engine timeout
+# continues exactly when it comes back. Strangers can have any number of indices forgotten (a hello each).
+MAX_FORGOTTEN = 1024
+
 
 class FrontendMetrics:
     """Every metric the frontend exports, in a registry of its own (never the global one).
@@ -58,6 +63,7 @@ class FrontendMetrics:
         self.totals = MetricTotals()
         self._state_dir = state_dir
         self._incarnations: dict[int, int] = {}  # the latest incarnation of each engine index
+        self._forgotten: dict[int, None] = {}  # indices whose series were dropped, oldest first
         r, t = self.registry, self.totals
 
         # Load, from each engine's latest LoadSnapshot.
@@ -132,6 +138,8 @@ class FrontendMetrics:
             self.spec_decode.restore_baselines(state.spec_baselines)
             self.prefix_cache.restore_baselines(state.prefix_cache_baselines)
             self._incarnations = dict(state.incarnations)
+            for index in state.forgotten:
+                self._keep_forgotten(index)
             logger.info(
                 "continuing the counters saved in %s (%d engine baselines)",
                 state_dir.file if state_dir else "",
@@ -148,6 +156,7 @@ class FrontendMetrics:
             self.spec_decode.baselines(),
             dict(self._incarnations),
             self.prefix_cache.baselines(),
+            list(self._forgotten),
         )
 
     def save(self) -> None:
@@ -166,9 +175,10 @@ class FrontendMetrics:
 
     def engine_joined(self, engine_index: int, incarnation: int) -> None:
         """A hello from a new incarnation: counted as a restart when the index had another one before
-        (also one seen by the frontend whose state this one continues)."""
+        (also one seen by the frontend whose state this one continues, or one forgotten since)."""
         previous = self._incarnations.get(engine_index)
         self._incarnations[engine_index] = incarnation
+        self._forgotten.pop(engine_index, None)  # its series come back with its next counters
         if previous is not None and previous != incarnation:
             self.engine_restarts.inc((str(engine_index),))
         else:
@@ -178,8 +188,13 @@ class FrontendMetrics:
         """Publish one snapshot of a current engine incarnation: every message carries one, in seq order.
 
         Its spec-decode and prefix-cache counters go through their bridges (per-engine baselines, DESIGN.md
-        frontend diffing).
+        frontend diffing). The state is saved at once when this snapshot gives an index its first baseline
+        here (at its join), not at the next ``--state-interval``: a frontend killed before then would
+        restart without that baseline, take the engine's next snapshot for one and lose what came between.
+        Later joins of the index (a restart, a paused or forgotten engine back) have a saved baseline to go
+        on from (a restarted frontend diffs a new incarnation from zero), so they save nothing.
         """
+        first_sight = not (self.spec_decode.knows(engine_index) and self.prefix_cache.knows(engine_index))
         delta = self.spec_decode.observe(engine_index, incarnation, model_name, load.spec_decode)
         if delta is not None:
             self.spec_decode_log.add(delta)
@@ -189,6 +204,8 @@ class FrontendMetrics:
         self.num_requests_waiting.labels(model_name, engine).set(load.num_waiting_reqs)
         usage = load.kv_used_blocks / load.kv_total_blocks if load.kv_total_blocks else 0.0
         self.kv_cache_usage_perc.labels(model_name, engine).set(usage)
+        if first_sight:
+            self.save_logged()
 
     def forget_load(self, engine_index: int, model_name: str) -> None:
         """Drop a dead engine's load series, so that sums over engines do not count stale load."""
@@ -200,10 +217,12 @@ class FrontendMetrics:
                 pass  # it never sent a snapshot
 
     def forget_engine(self, engine_index: int) -> bool:
-        """Drop every series, baseline and the latest incarnation of an engine index whose counters never
-        moved from zero (it joined and was never heard from again: so forged hellos leave nothing behind);
-        False, and nothing dropped, when one moved: exported counters never go down. Its load gauges go
-        when it goes down (:meth:`forget_load`)."""
+        """Drop every series of an engine index whose counters never moved from zero (its record joined and
+        was never heard from again: forged hellos leave no series behind); False, and nothing dropped, when
+        one moved: exported counters never go down. Its baselines and latest incarnation are kept among the
+        last :data:`MAX_FORGOTTEN` forgotten indices, so counting goes on exactly if it comes back (a real
+        engine whose first step outlasted the timeout) or restarts. Its load gauges go when it goes down
+        (:meth:`forget_load`)."""
         engine = str(engine_index)
         if not self.totals.drop_zero_series("engine", engine):
             return False
@@ -211,10 +230,22 @@ class FrontendMetrics:
             self.engine_up.remove(engine)
         except KeyError:
             pass  # never set
-        self.spec_decode.forget(engine_index)
-        self.prefix_cache.forget(engine_index)
-        self._incarnations.pop(engine_index, None)
+        self._keep_forgotten(engine_index)
         return True
+
+    def _keep_forgotten(self, engine_index: int) -> None:
+        """Mark an index's series as dropped, its counting state kept; past :data:`MAX_FORGOTTEN` forgotten
+        indices, the oldest one's state goes too (its next hello is a first sight)."""
+        self.spec_decode.drop_series(engine_index)
+        self.prefix_cache.drop_series(engine_index)
+        self._forgotten.pop(engine_index, None)
+        self._forgotten[engine_index] = None
+        if len(self._forgotten) > MAX_FORGOTTEN:
+            oldest = next(iter(self._forgotten))
+            del self._forgotten[oldest]
+            self.spec_decode.forget(oldest)
+            self.prefix_cache.forget(oldest)
+            self._incarnations.pop(oldest, None)
 
     def set_engine_up(self, engine_index: int, up: bool) -> None:
         self.engine_up.labels(str(engine_index)).set(1 if up else 0)

@@ -110,8 +110,16 @@ class SpecDecodeMetrics:
         its saved counters (nothing lost, nothing counted twice); a new one counts from zero."""
         self._baselines.restore(saved)
 
+    def knows(self, engine_index: int) -> bool:
+        """Whether this process holds a baseline for ``engine_index``."""
+        return self._baselines.knows(engine_index)
+
+    def drop_series(self, engine_index: int) -> None:
+        """Its series were dropped (they never moved): the baseline stays, the next counters make them again."""
+        self._baselines.drop_series(engine_index)
+
     def forget(self, engine_index: int) -> None:
-        """Drop an engine index's baseline (with its series, which never moved: see ``forget_engine``)."""
+        """Drop an engine index's baseline: its next counters are a first sight."""
         self._baselines.forget(engine_index)
 
     def observe(

@@ -40,6 +40,9 @@ class FrontendState(msgspec.Struct):
     incarnations: dict[int, int]  # the latest incarnation of each engine index (to count restarts)
     # by engine index; absent from files of frontends without prefix-cache metrics (none saved then)
     prefix_cache_baselines: dict[int, SavedBaseline[PrefixCacheCounters]] = {}
+    # indices whose record was forgotten (their series dropped, never having moved), oldest first: their
+    # baselines and incarnations are kept, bounded, so that an engine coming back continues exactly
+    forgotten: list[int] = []
 
 
 class StateError(Exception):

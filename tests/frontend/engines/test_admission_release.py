@@ -5,6 +5,7 @@ leaves meanwhile) takes it out of the router, and its caller learns why. Real so
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator
 
@@ -16,9 +17,10 @@ import zmq.asyncio
 from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.errors import NoEngineError
+from openinfer.frontend.engines.request_stream import RequestStream
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, wait_until
-from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
+from tests.frontend.engine_peer import EnginePeer, PeerConfig
 
 _PATIENCE_S = 2.0  # how long the client retries an unroutable engine (client._SEND_PATIENCE_S)
 
@@ -103,3 +105,43 @@ async def test_an_http_client_that_leaves_while_the_engine_is_unroutable_is_rele
         with pytest.raises(asyncio.TimeoutError):
             await session.post(f"{unreachable.url}/v1/completions", json={"prompt": "hello", "max_tokens": 2})
     await wait_until(lambda: len(unreachable.client.router) == 0)
+
+
+async def test_a_re_send_that_fails_releases_the_request(
+    start_frontend: FrontendFactory,
+    start_peer: PeerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request moved off a dead engine is re-sent by a task of its own; if that send raises (a bug,
+    injected here: nothing that runs today raises there), the request ends with an error saying it could
+    not be sent, the router holds nothing, and the error is logged rather than left unretrieved."""
+    frontend = await start_frontend(engine_timeout=30.0)
+    first = await start_peer(frontend, PeerConfig(token_delay_s=60.0))  # holds the request, streams nothing
+    stream = await frontend.client.add_request(make_request("r1"), "tiny")
+    await wait_until(lambda: "r1" in first.requests)
+    second = await start_peer(frontend, PeerConfig(engine_index=1))
+
+    async def broken_send(identity: bytes, message: protocol.EngineInput, patience: float = 0.0) -> bool:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(frontend.client, "_send", broken_send)  # what _deliver sends with
+    await first.stop()  # its connection closes: down within about a second, r1 moves to engine 1
+    outputs = await asyncio.wait_for(collect(stream), timeout=10)
+    finish = outputs[-1].finish
+    assert finish is not None and finish.kind == "error"
+    assert "then it could not be sent to engine 1" in (finish.message or "")
+    assert len(frontend.client.router) == 0 and second.requests == {}
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in errors] == [f"could not re-send request r1 to {second_record(frontend)}"]
+    assert errors[0].exc_info is not None and "injected" in str(errors[0].exc_info[1])
+
+
+async def collect(stream: RequestStream) -> list[protocol.EngineCoreOutput]:
+    return [output async for output in stream]
+
+
+def second_record(frontend: Frontend) -> str:
+    record = frontend.client.registry.get(1)
+    assert record is not None
+    return record.describe()

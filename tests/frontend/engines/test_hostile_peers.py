@@ -5,17 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tracemalloc
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
 
 from openinfer.frontend.addresses import engine_addresses
+from openinfer.frontend.engines.handshake import foreign_hello
 from openinfer.frontend.engines.log_limit import LogRateLimiter
-from openinfer.frontend.engines.registry import MAX_ENGINES
+from openinfer.frontend.engines.registry import MAX_ENGINES, EngineRegistry, Retirement
 from openinfer.frontend.engines.request_stream import RequestStream
-from openinfer.protocol import EngineCoreOutput, EngineCoreOutputs, EngineOutputCodec, SpecDecodeCounters
+from openinfer.protocol import (
+    PROTOCOL_VERSION,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineOutputCodec,
+    SpecDecodeCounters,
+)
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.engines.test_engine_client import make_request
@@ -90,10 +99,10 @@ async def collect(stream: RequestStream) -> list[EngineCoreOutput]:
 async def test_forged_hellos_on_many_indices_are_bounded_then_forgotten(
     start_frontend: FrontendFactory, stranger: zmq.asyncio.Context
 ) -> None:
-    """Hellos (with spec-decode counters) for MAX_ENGINES + 20 indices, then silence: MAX_ENGINES records,
-    the other 20 refused and counted under engine "unknown"; past the timeout no record and no series of
-    those indices remain."""
-    frontend = await start_frontend(engine_timeout=0.5)
+    """Hellos (with spec-decode counters) for MAX_ENGINES + 20 indices, then the stranger's connection closes:
+    MAX_ENGINES records, the other 20 refused and counted under engine "unknown"; once the records are seen
+    dead, no record and no series of those indices remain (their baselines are kept, as forgotten ones)."""
+    frontend = await start_frontend(engine_timeout=60.0)  # never reached: the close ends the records
     push = await push_to(stranger, frontend)
     template = EnginePeer(frontend.engine_address, PeerConfig(spec=SpecDecodeCounters.zero(3)))
     codec = EngineOutputCodec()
@@ -106,9 +115,12 @@ async def test_forged_hellos_on_many_indices_are_bounded_then_forgotten(
     assert len(frontend.client.registry.records()) == MAX_ENGINES
     assert len(engine_labels(frontend)) == MAX_ENGINES + 1  # and "unknown", of the refusals
 
+    push.close(linger=0)  # the records' connection: each must be heard from again within 1 s, or it is down
     await wait_until(lambda: frontend.client.registry.records() == [], timeout=10)
     assert engine_labels(frontend) == {"unknown"}
-    assert frontend.metrics.state().spec_baselines == {} and frontend.metrics.state().incarnations == {}
+    state = frontend.metrics.state()
+    accepted = set(indices[:MAX_ENGINES])  # the first MAX_ENGINES got records, in the order sent
+    assert set(state.forgotten) == set(state.spec_baselines) == set(state.incarnations) == accepted
 
 
 async def test_an_index_with_history_is_kept_when_a_forged_hello_goes_silent(
@@ -147,3 +159,43 @@ def test_log_rate_limiter_lets_a_burst_then_one_line_per_interval(caplog: pytest
         now[0] = 1.0
         limiter.warning("a", "a %d", 11)
     assert caplog.messages == ["a 0", "a 1", "a 2", "b", "a 11 [8 more like this were not logged]"]
+
+
+def test_a_foreign_hello_is_read_only_as_far_as_its_head() -> None:
+    """A frame the codec refused is looked at as another version's hello without building its values: an
+    array of 8 million nils, bare or after a foreign hello's tag and version, allocates under 64 KiB (a
+    generic decode builds a list of 8 million items, 64 MB); index and incarnation are read where given."""
+    n = 8 * 2**20
+    array = b"\xdd" + n.to_bytes(4, "big")  # msgpack array32 header
+    nils = array + b"\xc0" * n
+    foreign = array + msgspec.msgpack.encode("hello") + msgspec.msgpack.encode(98) + b"\xc0" * (n - 2)
+    tracemalloc.start()
+    try:
+        assert foreign_hello(nils) is None
+        assert foreign_hello(foreign) == (98, None, None)  # nil where the index and incarnation go
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**16, peak
+    assert foreign_hello(msgspec.msgpack.encode(["hello", 98, 5, 2**64 - 1, b"tokenizer"])) == (
+        98,
+        5,
+        2**64 - 1,
+    )
+    assert foreign_hello(msgspec.msgpack.encode(["hello", 98, 5])) == (98, None, None)  # no incarnation
+    assert foreign_hello(msgspec.msgpack.encode(["hello", 98, -1, 7])) == (98, None, None)
+    assert foreign_hello(msgspec.msgpack.encode(["hello", PROTOCOL_VERSION, 5, 7])) is None  # ours
+    assert foreign_hello(b"\x91" * 100_000 + b"\xc0") is None  # nested past msgspec's depth
+
+
+def test_a_clashed_incarnation_is_never_evicted_by_other_retirements() -> None:
+    """Strangers' hellos can retire any number of incarnations (refused, replaced), evicting the oldest
+    of those; an incarnation retired for a seq clash is kept apart and stays refused."""
+    registry = EngineRegistry()
+    registry.retire(0, 1, Retirement.CLASHED)
+    registry.retire(0, 2, Retirement.REPLACED)
+    for incarnation in range(5000):
+        registry.retire(1, incarnation, Retirement.REFUSED)
+    assert registry.is_retired(0, 1) and registry.is_refused(0, 1)
+    assert not registry.is_retired(0, 2)  # the oldest replaced one went
+    assert registry.is_refused(1, 4999) and not registry.is_retired(1, 0)

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from prometheus_client import generate_latest
 
-from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.frontend_metrics import MAX_FORGOTTEN, FrontendMetrics
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir, StateError
 from openinfer.frontend.metrics.totals import MetricTotals
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
@@ -202,3 +202,63 @@ def test_links_in_place_of_state_files_are_refused(tmp_path: Path) -> None:
     assert (target.read_bytes(), target.stat().st_mode & 0o777) == (b"kept", 0o644)
     assert sorted(p.name for p in path.iterdir()) == [STATE_FILE, "frontend.lock"]
     assert (path / STATE_FILE).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_join_saves_only_a_baseline_not_yet_saved(tmp_path: Path) -> None:
+    """The first snapshot of an index never seen saves the state at once (a frontend killed before its next
+    periodic save must not lose the baseline); later snapshots, a restart of the index and the same
+    incarnation joining again save nothing (the saved baseline covers them)."""
+    state_dir = StateDir(tmp_path)
+    metrics = FrontendMetrics(state_dir)
+    metrics.engine_joined(0, 111)
+    metrics.observe_load(0, 111, "m", load(counters(3)))
+    assert state_dir.num_saves == 1
+    metrics.observe_load(0, 111, "m", load(counters(3, (3, 1))))
+    metrics.engine_joined(0, 111)  # asked for its hello again
+    metrics.observe_load(0, 111, "m", load(counters(3, (3, 1))))
+    metrics.engine_joined(0, 222)  # restarted
+    metrics.observe_load(0, 222, "m", load(counters(3)))
+    assert state_dir.num_saves == 1
+    metrics.engine_joined(1, 333)
+    metrics.observe_load(1, 333, "m", load(None))  # a new index, even without a drafter
+    assert state_dir.num_saves == 2
+    state_dir.close()
+
+
+def test_a_forgotten_engine_continues_through_a_frontend_restart(tmp_path: Path) -> None:
+    """An index forgotten after its hello (its series dropped) is saved as forgotten with its baseline: a
+    restarted frontend counts every draft the same incarnation made since that hello, and remakes the
+    series when it comes back."""
+    first_dir = StateDir(tmp_path)
+    first = FrontendMetrics(first_dir)
+    first.engine_joined(0, 111)
+    first.observe_load(0, 111, "m", load(counters(3)))
+    first.forget_load(0, "m")  # (as the engine client does when the record goes down)
+    assert first.forget_engine(0)
+    assert b'engine="0"' not in first.render()  # (rendering saves)
+    first_dir.close()
+
+    second = FrontendMetrics(StateDir(tmp_path))
+    assert second.state().forgotten == [0]
+    second.engine_joined(0, 111)
+    second.observe_load(0, 111, "m", load(counters(3, (3, 1), (3, 3))))
+    assert drafts(second, "0") == 2
+    assert value(second, "openinfer:engine_restarts_total", engine="0") == 0
+    assert second.state().forgotten == []
+
+
+def test_forgotten_indices_keep_their_counting_state_up_to_a_bound() -> None:
+    """Past MAX_FORGOTTEN forgotten indices, the oldest one's baselines and incarnation go too (strangers can
+    make any number): its engine coming back is then a first sight."""
+    metrics = FrontendMetrics()
+    for index in range(MAX_FORGOTTEN + 2):
+        metrics.engine_joined(index, index)
+        metrics.observe_load(index, index, "m", load(counters(3)))
+        assert metrics.forget_engine(index)
+    state = metrics.state()
+    kept = list(range(2, MAX_FORGOTTEN + 2))
+    assert state.forgotten == kept and list(state.spec_baselines) == kept and list(state.incarnations) == kept
+    assert list(state.prefix_cache_baselines) == kept
+    metrics.engine_joined(0, 0)
+    metrics.observe_load(0, 0, "m", load(counters(3, (3, 1))))  # a first sight again: the baseline
+    assert drafts(metrics, "0") == 0
