@@ -139,6 +139,6 @@ async def test_without_xgrammar_nothing_is_checked_and_no_worker_starts(
     """The slim frontend image has no xgrammar: a check passes at once, with no worker (the engine refuses
     what does not compile, a 400 too)."""
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # find_spec finds nothing, as in the image
-    checks = GrammarCheckPool(timeout=1.0)
+    checks = GrammarCheckPool(timeout=1.0, wait_timeout=1.0)
     await checks.check(StructuredConstraint(StructuredOutputs("regex", "[a-z"), "structured_outputs"))
     assert checks.worker_pids == []
