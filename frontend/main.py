@@ -27,6 +27,10 @@ from openinfer.frontend.ready_pipe import say_ready
 
 logger = logging.getLogger("openinfer.frontend")
 
+# vLLM's variable for its keep-alive timeout (uvicorn's timeout_keep_alive), and uvicorn's default
+_KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+_KEEP_ALIVE_DEFAULT_S = 5.0
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -72,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.chat_parsers = chat_parsers(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.http_timeout_keep_alive is None:
+        args.http_timeout_keep_alive = _keep_alive_from_env(parser)
     return args
 
 
@@ -159,11 +165,19 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
     parser.add_argument(
         "--http-timeout-keep-alive",
         type=_positive_seconds,
-        default=os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") or "5",  # a string: argparse checks it
+        default=None,  # from the environment, read after parsing so that a bad value is named as such
         metavar="SECONDS",
         help="close a connection whose next request's headers are not in within this many seconds of its "
-        "start or its last response, idle or half-sent (default: $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, else 5, "
-        "vLLM's); a response in progress is never cut",
+        f"start or its last response, idle or half-sent (default: ${_KEEP_ALIVE_ENV}, else "
+        f"{_KEEP_ALIVE_DEFAULT_S:g}, vLLM's); a response in progress is never cut",
+    )
+    parser.add_argument(
+        "--http-timeout-body",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="answer 408 to a request whose body is not all in within this many seconds of its headers "
+        "(default: 60; uvicorn, so vLLM, has no such bound)",
     )
     add_chat_parser_args(parser)
     add_structured_outputs_arg(parser)
@@ -228,6 +242,21 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _keep_alive_from_env(parser: argparse.ArgumentParser) -> float:
+    """--http-timeout-keep-alive's default: ``$VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, else 5; a usage error naming
+    the variable when it holds something else than a positive number."""
+    value = os.environ.get(_KEEP_ALIVE_ENV)
+    if not value:
+        return _KEEP_ALIVE_DEFAULT_S
+    try:
+        return _positive_seconds(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        parser.error(
+            f"${_KEEP_ALIVE_ENV} (the default of --http-timeout-keep-alive) must be a positive number of "
+            f"seconds, got {value!r}: fix or unset it, or pass --http-timeout-keep-alive"
+        )
+
+
 def _positive_seconds(value: str) -> float:
     seconds = float(value)
     if not seconds > 0:
@@ -286,6 +315,7 @@ async def _run(args: argparse.Namespace) -> bool:
             cors_policy(args),
             args.host if is_loopback_host(args.host) else None,
             args.grammar_check_timeout,
+            args.http_timeout_body,
         )
         runner = await serve(app, args.host, args.port, args.http_timeout_keep_alive)
         try:
@@ -339,8 +369,9 @@ def _warn_exposure(args: argparse.Namespace) -> None:
         )
     if not is_loopback_host(args.host) and args.api_key is None:
         logger.warning(
-            "SECURITY: HTTP listens on %s:%d without an API key: anyone who can reach it can use the API. "
-            "Set OPENINFER_API_KEY (or --api-key), or listen on 127.0.0.1",
+            "SECURITY: HTTP listens on %s:%d without an API key: anyone who can reach it can use the API, "
+            "and any web page a user of this machine opens can too, by DNS rebinding (the Host check is only "
+            "on for a loopback --host). Set OPENINFER_API_KEY (or --api-key), or listen on 127.0.0.1",
             args.host,
             args.port,
         )

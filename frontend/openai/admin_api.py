@@ -6,8 +6,9 @@
   the drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done.
 - ``DELETE /admin/engines/{index}/drafter``: speculative decoding off on that engine.
 
-Errors: 400 for a bad body or the engine's refusal (its message), 404 for an unknown or down engine, 503
-when the engine restarts or cannot be reached, 504 when it does not answer in time. They need the API key.
+Errors: 400 for a bad body or the engine's refusal (its message), 413 for a body over
+:data:`MAX_BODY_BYTES`, 404 for an unknown or down engine, 503 when the engine restarts or cannot be reached,
+504 when it does not answer in time. They need the API key.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiohttp import web
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord
+from openinfer.frontend.openai.body_read import read_body
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.request_body import Int64, decode_body
 from openinfer.protocol import (
@@ -36,6 +38,8 @@ from openinfer.protocol import (
 _METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
 # Where a DFlash block's position 0 is, when the checkpoint's config does not say.
 _ANCHORS: tuple[DFlashAnchor, ...] = get_args(DFlashAnchor)
+# A drafter body is a few short fields and a folder path (PATH_MAX is 4096 bytes): far below this.
+MAX_BODY_BYTES = 64 * 1024
 
 
 class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -99,25 +103,30 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
     )
 
 
-def add_admin_routes(app: web.Application, client: EngineClient, drafter_timeout: float) -> None:
-    """Add the admin routes to ``app``; drafter commands wait ``drafter_timeout`` seconds for the engine."""
-    admin = _AdminApi(client, drafter_timeout)
+def add_admin_routes(
+    app: web.Application, client: EngineClient, drafter_timeout: float, body_timeout: float
+) -> None:
+    """Add the admin routes to ``app``; drafter commands wait ``drafter_timeout`` seconds for the engine, and
+    a body not all in within ``body_timeout`` seconds is a 408."""
+    admin = _AdminApi(client, drafter_timeout, body_timeout)
     app.router.add_get("/admin/engines", admin.engines)
     app.router.add_post(r"/admin/engines/{index:\d+}/drafter", admin.load_drafter)
     app.router.add_delete(r"/admin/engines/{index:\d+}/drafter", admin.unload_drafter)
 
 
 class _AdminApi:
-    def __init__(self, client: EngineClient, drafter_timeout: float) -> None:
+    def __init__(self, client: EngineClient, drafter_timeout: float, body_timeout: float) -> None:
         self._client = client
         self._timeout = drafter_timeout
+        self._body_timeout = body_timeout
 
     async def engines(self, request: web.Request) -> web.Response:
         records = self._client.registry.records()
         return web.json_response({"engines": [_engine_json(record) for record in records]})
 
     async def load_drafter(self, request: web.Request) -> web.Response:
-        command = parse_load_drafter(await request.read(), uuid.uuid4().hex)
+        body = await read_body(request, MAX_BODY_BYTES, self._body_timeout, _too_large)
+        command = parse_load_drafter(body, uuid.uuid4().hex)
         return await self._run(int(request.match_info["index"]), command)
 
     async def unload_drafter(self, request: web.Request) -> web.Response:
@@ -144,6 +153,16 @@ class _AdminApi:
         return web.json_response(
             {"engine": index, "num_spec_tokens": reply.num_spec_tokens, "message": reply.message}
         )
+
+
+def _too_large(length: int | None) -> ApiError:
+    size = f"{length} bytes, more than" if length is not None else "more than"
+    return ApiError(
+        413,
+        f"the request body is {size} the {MAX_BODY_BYTES} bytes a drafter command can need; send only its "
+        "fields",
+        code="request_too_large",
+    )
 
 
 def _engine_json(record: EngineRecord) -> dict[str, Any]:

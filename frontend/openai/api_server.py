@@ -21,8 +21,8 @@ from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.openai.admin_api import add_admin_routes
-from openinfer.frontend.openai.body_census import CensusWorker
 from openinfer.frontend.openai.body_limits import BodyLimits
+from openinfer.frontend.openai.census_worker import CensusWorker
 from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.completion_format import CompletionFormat
@@ -70,6 +70,7 @@ def build_app(
     cors: CorsPolicy | None = None,
     loopback_host: str | None = None,
     grammar_check_timeout: float = 5.0,
+    body_timeout: float = 60.0,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
     The /admin routes need ``admin_api_key`` (or, without it, ``api_key``) and are off without either.
@@ -81,9 +82,11 @@ def build_app(
     may call the API (None: no CORS headers at all). ``loopback_host``: the loopback address the server
     listens on, if it does, so that only requests addressed to a loopback name are served (DNS rebinding).
     A structured-outputs constraint that takes longer than ``grammar_check_timeout`` seconds to compile is a
-    400 before it reaches an engine.
+    400 before it reaches an engine (one that waits as long for a free worker to check it, a 503). A request
+    body not all in within ``body_timeout`` seconds is a 408.
     """
-    grammar_checks = GrammarCheckPool(grammar_check_timeout)
+    # A check waits for a free worker at most as long as one may compile: past it, 503 busy.
+    grammar_checks = GrammarCheckPool(grammar_check_timeout, wait_timeout=grammar_check_timeout)
     census = CensusWorker()
     api = _OpenAIApi(
         client,
@@ -93,6 +96,7 @@ def build_app(
         structured_config or StructuredOutputsConfig(),
         grammar_checks,
         census,
+        body_timeout,
     )
     middlewares = [error_middleware]  # the first is the outermost
     if loopback_host is not None:
@@ -113,7 +117,7 @@ def build_app(
     app.router.add_get("/v1/models", api.models)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
-    add_admin_routes(app, client, drafter_timeout)
+    add_admin_routes(app, client, drafter_timeout, body_timeout)
     return app
 
 
@@ -159,10 +163,12 @@ class _OpenAIApi:
         structured_config: StructuredOutputsConfig,
         grammar_checks: GrammarCheckPool,
         census: CensusWorker,
+        body_timeout: float,
     ) -> None:
         self._client = client
         self._grammar_checks = grammar_checks
         self._census = census
+        self._body_timeout = body_timeout
         self._structured_config = structured_config
         self._metrics = metrics
         self._spec_metrics = spec_metrics
@@ -246,12 +252,12 @@ class _OpenAIApi:
             raise no_engine(str(e)) from None
 
     async def _body(self, request: web.Request) -> bytes:
-        """The request's body, within what the served models can take (:class:`BodyLimits`), checked before
-        it is decoded; 503 while no engine is up, before reading it."""
+        """The request's body, within what the served models can take (:class:`BodyLimits`) and in within
+        the body deadline, checked before it is decoded; 503 while no engine is up, before reading it."""
         served = self._client.served_models()
         if not served:
             raise no_engine("no engine is up; retry when /health answers 200")
-        return await BodyLimits.for_models(served).read(request, self._census)
+        return await BodyLimits.for_models(served).read(request, self._census, self._body_timeout)
 
     def _model(self, name: str | None) -> ServedModel:
         """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""
@@ -299,10 +305,11 @@ async def _stream_events(generation: Generation) -> AsyncGenerator[dict[str, Any
 def _engine_error(generation: Generation, error: EngineRequestError) -> ApiError:
     """What the client is told of an engine's error finish: a 400 where the engine refused what the request
     asks, else a 500 (a stream's error event carries its body)."""
+    # Logged with %r: the engine's words may quote the request's own text, whose newlines could forge lines.
     if error.bad_request:
-        logger.info("request %s refused by its engine: %s", generation.request_id, error)
+        logger.info("request %s refused by its engine: %r", generation.request_id, str(error))
         return invalid_request(str(error))
-    logger.warning("request %s failed on its engine: %s", generation.request_id, error)
+    logger.warning("request %s failed on its engine: %r", generation.request_id, str(error))
     return engine_failed(str(error))
 
 

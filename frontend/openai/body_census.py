@@ -7,26 +7,28 @@ Values are counted by the commas between them, outside strings: in valid JSON ev
 object but the first follows one (so ``n`` commas mean about ``n`` values, at most ``2n`` plus the nesting
 depth counting the lists and objects themselves).
 
-Taking the census costs about 6 ms per MiB (a regular expression empties the strings; ``msgspec.Raw`` finds
-the number fields without building them), so a body larger than :data:`INLINE_BYTES` is counted in a worker
-process (``python -m`` this module: it reads bodies from stdin, each as an 8-byte big-endian length and its
-bytes, and answers each with its census as one JSON line), and the loop only copies it into a pipe.
+A census is linear in the body, whatever its bytes: ``msgspec`` checks that it is JSON and finds the number
+fields as ``msgspec.Raw`` without building them (about 2 ms per MiB), and the commas are counted with a few
+passes of ``bytes`` methods (at most about 10 ms per MiB, for a body of nothing but empty strings). A body
+larger than :data:`INLINE_BYTES` is counted in a worker process
+(:class:`~openinfer.frontend.openai.census_worker.CensusWorker` runs ``python -m`` this module: it reads
+bodies from stdin, each as :data:`LENGTH_BYTES` big-endian bytes of length and its bytes, and answers each
+with its census as one JSON line), so the loop only copies it into a pipe.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sys
 
 import msgspec
 
-INLINE_BYTES = 1 << 20  # bodies up to this size are counted on the event loop (at most about 6 ms)
-# A JSON string: its quotes, and anything but a quote or a backslash, or an escaped character, between them.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+INLINE_BYTES = 1 << 20  # bodies up to this size are counted on the event loop (at most about 10 ms)
+LENGTH_BYTES = 8  # a body's length, before it on the worker's stdin
 # A prompt's JSON that is text: a string, or a list that starts with one (a batch of one text)
 _TEXT_PROMPT = re.compile(rb'(\[\s*)?"')
-_LENGTH_BYTES = 8
+_WINDOW_BYTES = 1 << 16  # the commas are counted this much at a time: a body of tiny strings splits into
+# millions of pieces, which in one go would take some 30 times the body's size in memory
 
 
 class BodyCensus(msgspec.Struct, frozen=True):
@@ -48,70 +50,41 @@ class _NumberFields(msgspec.Struct):
 
 
 def take_census(body: bytes) -> BodyCensus:
-    """The census of ``body`` (a body that is not an object, or is nested past msgspec's depth, has no number
-    fields: the body's own decoder says what is wrong with it)."""
-    commas = _STRING.sub(b'""', body).count(b",")
+    """The census of ``body``. One that is not JSON is said so and nothing more; one that is not an object,
+    or nests past msgspec's depth, has no number fields (the body's own decoder says what is wrong with it)
+    but its commas are counted all the same, as they bound what that decoder would decode."""
     try:
         fields = msgspec.json.decode(body, type=_NumberFields)
-    except (msgspec.ValidationError, RecursionError):
-        return BodyCensus(commas=commas)
+    except (msgspec.ValidationError, RecursionError):  # msgspec stopped early: maybe not JSON after it
+        return BodyCensus(commas=commas_outside_strings(body))
     except msgspec.DecodeError as e:
         return BodyCensus(not_json=str(e))
     prompt = fields.prompt
     prompt_bytes = 0 if _TEXT_PROMPT.match(memoryview(prompt)) else len(prompt)
-    return BodyCensus(prompt_bytes, len(fields.logit_bias), len(fields.stop_token_ids), commas)
+    return BodyCensus(
+        prompt_bytes, len(fields.logit_bias), len(fields.stop_token_ids), commas_outside_strings(body)
+    )
 
 
-class CensusWorker:
-    """Takes the census of large bodies in one worker process, started on first need and kept; censuses
-    wait their turn. One takes about 0.2 s for the largest body a Qwen3 model takes; one whose client leaves
-    meanwhile runs to its end (the worker is then ready for the next)."""
-
-    def __init__(self) -> None:
-        self._worker: asyncio.subprocess.Process | None = None
-        self._turn = asyncio.Lock()
-        self._decoder = msgspec.json.Decoder(BodyCensus)
-
-    async def take(self, body: bytes) -> BodyCensus:
-        """The census of ``body``: here when it is small, else in the worker."""
-        if len(body) <= INLINE_BYTES:
-            return take_census(body)
-        # Shielded: a census cut short would leave its answer in the pipe for the next one to read.
-        return await asyncio.shield(self._take_in_turn(body))
-
-    async def _take_in_turn(self, body: bytes) -> BodyCensus:
-        async with self._turn:
-            worker = self._worker
-            if worker is None or worker.returncode is not None:
-                worker = self._worker = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "openinfer.frontend.openai.body_census",
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                )
-            assert worker.stdin is not None and worker.stdout is not None
-            worker.stdin.write(len(body).to_bytes(_LENGTH_BYTES, "big"))
-            worker.stdin.write(body)
-            await worker.stdin.drain()
-            line = await worker.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the body census worker (pid {worker.pid}) exited; see the log above")
-            return self._decoder.decode(line)
-
-    async def close(self) -> None:
-        """Stop the worker (its stdin closes: it exits) and wait for it."""
-        worker, self._worker = self._worker, None
-        if worker is not None and worker.returncode is None:
-            assert worker.stdin is not None
-            worker.stdin.close()
-            await worker.wait()
+def commas_outside_strings(body: bytes) -> int:
+    """The commas of JSON ``body`` outside its strings, in time linear in its size whatever it holds (for
+    bytes that are not JSON the count means nothing, but takes no longer)."""
+    # Inside a JSON string a quote is escaped (\") and so is a backslash (\\). Without those pairs, taken
+    # left to right as JSON pairs them, every quote left opens or closes a string.
+    plain = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    commas = 0
+    inside = 0  # 1 when a window starts inside a string
+    for start in range(0, len(plain), _WINDOW_BYTES):
+        pieces = plain[start : start + _WINDOW_BYTES].split(b'"')  # outside, inside, outside, ... strings
+        commas += b"".join(pieces[inside::2]).count(b",")
+        inside ^= (len(pieces) - 1) & 1  # an odd number of quotes in the window
+    return commas
 
 
 def main() -> None:
     """Take the census of bodies from stdin until it closes (or the frontend dies, which closes it)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while len(header := stdin.read(_LENGTH_BYTES)) == _LENGTH_BYTES:
+    while len(header := stdin.read(LENGTH_BYTES)) == LENGTH_BYTES:
         census = take_census(stdin.read(int.from_bytes(header, "big")))
         stdout.write(msgspec.json.encode(census) + b"\n")
         stdout.flush()

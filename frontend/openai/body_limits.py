@@ -8,7 +8,8 @@ moving the decode to a thread. Strings decode at about 1 ms per MiB; numbers 10 
 - the whole body: at most the JSON the largest valid request for a served model needs (a text prompt of
   :func:`max_prompt_chars` characters or its token ids, as many logit_bias entries and stop token ids as the
   model takes, the most bad words, and :data:`ALLOWANCE_BYTES` for the rest). A larger body is a 413, by its
-  Content-Length before it is read;
+  Content-Length before it is read, or, sent chunked, as soon as it passes the bound
+  (:func:`~openinfer.frontend.openai.body_read.read_body`, which also gives it a deadline: 408);
 - within it, the fields made of numbers (token ids as a prompt, ``logit_bias``, ``stop_token_ids``): a field
   longer than its largest valid value is a 400 naming it;
 - the number of values: at most :data:`VALUES_PER_TOKEN` per token of the context plus
@@ -33,7 +34,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from openinfer.frontend.engines.registry import ServedModel
-from openinfer.frontend.openai.body_census import BodyCensus, CensusWorker
+from openinfer.frontend.openai.body_census import BodyCensus
+from openinfer.frontend.openai.body_read import read_body
+from openinfer.frontend.openai.census_worker import CensusWorker
 from openinfer.frontend.openai.context_limits import max_prompt_chars
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.logits_options import MAX_BAD_WORD_TOKENS, MAX_LOGIT_BIAS_TOKENS
@@ -96,16 +99,12 @@ class BodyLimits:
             vocab_size=max(limits.vocab_size for limits in each),
         )
 
-    async def read(self, request: web.BaseRequest, census: CensusWorker) -> bytes:
-        """The request's body, checked: 413 before reading it when its Content-Length is past the bound (or
-        once read, for a chunked one); then, from its ``census``, 400 when it is not JSON, naming a number
-        field longer than any valid value of it, or when it holds more values than :attr:`values`."""
-        length = request.content_length
-        if length is not None and length > self.body:
-            raise self._too_large(length)
-        body = await request.read()
-        if len(body) > self.body:
-            raise self._too_large(len(body))
+    async def read(self, request: web.BaseRequest, census: CensusWorker, timeout: float) -> bytes:
+        """The request's body, checked: 413 before reading it when its Content-Length is past the bound (or,
+        without one, once the bound is passed), 408 when it is not all in within ``timeout`` seconds; then,
+        from its ``census``, 400 when it is not JSON, naming a number field longer than any valid value of
+        it, or when it holds more values than :attr:`values`."""
+        body = await read_body(request, self.body, timeout, self._too_large)
         self.check(await census.take(body))
         return body
 
@@ -145,11 +144,12 @@ class BodyLimits:
                 f"{VALUES_ALLOWANCE}). Please send fewer messages, tools or parameters."
             )
 
-    def _too_large(self, length: int) -> ApiError:
+    def _too_large(self, length: int | None) -> ApiError:
+        size = f"{length} bytes, more than" if length is not None else "more than"
         return ApiError(
             413,
-            f"the request body is {length} bytes, more than the {self.body} bytes the largest valid request "
-            f"for the served models takes (a prompt of {self.max_model_len} tokens of the longest spelling, "
-            "plus every parameter at its largest). Please reduce the length of the input prompt.",
+            f"the request body is {size} the {self.body} bytes the largest valid request for the served "
+            f"models takes (a prompt of {self.max_model_len} tokens of the longest spelling, plus every "
+            "parameter at its largest). Please reduce the length of the input prompt.",
             code="request_too_large",
         )

@@ -10,21 +10,24 @@ import sys
 
 import msgspec
 
-from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.errors import invalid_request, overloaded
 from openinfer.frontend.openai.grammar_check import CHECKED_KINDS, READY
 from openinfer.frontend.openai.structured_options import StructuredConstraint
 from openinfer.protocol import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
-MAX_WORKERS = 2  # checks at once; more wait their turn (each at most its deadline)
+MAX_WORKERS = 2  # checks at once; more wait their turn, each for at most the pool's wait_timeout
+_RETRY_AFTER_S = 1
 _MAX_LINE_BYTES = 1 << 20  # a reply: null or a message of at most 2,000 characters
 _ANSWER = msgspec.json.Decoder(str | None)
 
 
 class GrammarCheckPool:
     """Checks (:func:`~openinfer.frontend.openai.grammar_check.grammar_error`) in up to :data:`MAX_WORKERS`
-    worker processes, each check within ``timeout`` seconds.
+    worker processes, each check within ``timeout`` seconds; a check that waits longer than ``wait_timeout``
+    seconds for a free worker is a 503 (with Retry-After), so slow constraints queued ahead of it cannot make
+    a request wait their deadlines one after another.
 
     xgrammar's C++ cannot be stopped from a thread, so a worker whose check is past its deadline, or whose
     client left (the handler is cancelled), is killed and another takes its place. Workers start on first use
@@ -32,8 +35,9 @@ class GrammarCheckPool:
     to check: the engine refuses what does not compile.
     """
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, wait_timeout: float) -> None:
         self._timeout = timeout
+        self._wait_timeout = wait_timeout
         self._turns = asyncio.Semaphore(MAX_WORKERS)
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
@@ -54,7 +58,7 @@ class GrammarCheckPool:
 
     async def check(self, constraint: StructuredConstraint) -> None:
         """400 naming the constraint's field when it does not compile, when it takes longer than the deadline,
-        or when xgrammar crashes on it."""
+        or when xgrammar crashes on it; 503 when every worker stays busy past the wait's deadline."""
         words = CHECKED_KINDS.get(constraint.outputs.kind)
         if words is None:
             return
@@ -62,36 +66,50 @@ class GrammarCheckPool:
             self._available = importlib.util.find_spec("xgrammar") is not None
         if not self._available:
             return
-        async with self._turns:
-            worker = await self._take()
-            self._busy.add(worker)
-            try:
-                async with asyncio.timeout(self._timeout):
-                    error = await worker.check(constraint.outputs)
-            except TimeoutError:
-                logger.info(
-                    "a %s took over %g s to compile: worker %d killed", words, self._timeout, worker.pid
-                )
-                self._kill(worker)
-                raise invalid_request(
-                    f"the {words} took more than {self._timeout:g} s to compile (the server's "
-                    "--grammar-check-timeout): make it simpler, with less nesting or fewer repetitions",
-                    param=constraint.param,
-                ) from None
-            except _WorkerExited:
-                logger.warning("xgrammar crashed on a %s: worker %d exited", words, worker.pid)
-                self._kill(worker)
-                raise invalid_request(
-                    f"the {words} does not compile: xgrammar crashed on it", param=constraint.param
-                ) from None
-            except BaseException:  # cancelled: the client left, and the check is of no use
-                self._kill(worker)
-                raise
-            finally:
-                self._busy.discard(worker)
-            self._idle.append(worker)
+        try:
+            async with asyncio.timeout(self._wait_timeout):
+                await self._turns.acquire()
+        except TimeoutError:
+            raise overloaded(
+                f"every one of the {MAX_WORKERS} workers that check structured-outputs constraints was busy for "
+                f"{self._wait_timeout:g} s; retry later",
+                _RETRY_AFTER_S,
+            ) from None
+        try:
+            error = await self._check_in_turn(constraint, words)
+        finally:
+            self._turns.release()
         if error is not None:
             raise invalid_request(error, param=constraint.param)
+
+    async def _check_in_turn(self, constraint: StructuredConstraint, words: str) -> str | None:
+        """The check, on a worker of its own: None when the constraint compiles, else xgrammar's words."""
+        worker = await self._take()
+        self._busy.add(worker)
+        try:
+            async with asyncio.timeout(self._timeout):
+                error = await worker.check(constraint.outputs)
+        except TimeoutError:
+            logger.info("a %s took over %g s to compile: worker %d killed", words, self._timeout, worker.pid)
+            self._kill(worker)
+            raise invalid_request(
+                f"the {words} took more than {self._timeout:g} s to compile (the server's "
+                "--grammar-check-timeout): make it simpler, with less nesting or fewer repetitions",
+                param=constraint.param,
+            ) from None
+        except _WorkerExited:
+            logger.warning("xgrammar crashed on a %s: worker %d exited", words, worker.pid)
+            self._kill(worker)
+            raise invalid_request(
+                f"the {words} does not compile: xgrammar crashed on it", param=constraint.param
+            ) from None
+        except BaseException:  # cancelled: the client left, and the check is of no use
+            self._kill(worker)
+            raise
+        finally:
+            self._busy.discard(worker)
+        self._idle.append(worker)
+        return error
 
     async def close(self) -> None:
         """Kill every worker and wait for them."""

@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 
 from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
-from openinfer.frontend.openai.grammar_check import grammar_error
 from openinfer.frontend.openai.request_body import check_nesting
 from openinfer.protocol import EngineCoreRequest, StructuredKind, StructuredOutputs
 
@@ -36,14 +35,6 @@ class StructuredConstraint:
 
     outputs: StructuredOutputs  # start_after_token_id None: the chat request knows where reasoning ends
     param: str  # "response_format", "structured_outputs", or "tools" for a forced tool call
-
-    def check_compiles(self) -> None:
-        """400 with xgrammar's message when the constraint does not compile; nothing to check without
-        xgrammar (the engine refuses it then). In this process, with no deadline: the server checks in
-        :class:`~openinfer.frontend.openai.grammar_pool.GrammarCheckPool`'s workers instead."""
-        error = grammar_error(self.outputs)
-        if error is not None:
-            raise invalid_request(error, param=self.param)
 
 
 @dataclass(frozen=True)

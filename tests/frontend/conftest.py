@@ -65,6 +65,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         loopback_host: str | None = None,
         grammar_check_timeout: float = 5.0,
         keep_alive_s: float = 5.0,
+        body_timeout: float = 60.0,
         **client_options: Any,
     ) -> Frontend:
         """``client_options``: EngineClient's keywords (max_queued_per_engine, curve_keys, ...)."""
@@ -83,6 +84,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
             cors=cors,
             loopback_host=loopback_host,
             grammar_check_timeout=grammar_check_timeout,
+            body_timeout=body_timeout,
         )
         runner = await serve(app, "127.0.0.1", 0, keep_alive_s)
         host, port = runner.addresses[0][:2]

@@ -164,17 +164,47 @@ def test_parsers_that_cannot_work_are_refused_at_start(
 
 
 def test_timeout_flags_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--grammar-check-timeout (5 s) and --http-timeout-keep-alive (vLLM's $VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
-    else 5 s) reach the frontend from openinfer-serve as given; a non-positive one is a usage error."""
+    """--grammar-check-timeout (5 s), --http-timeout-keep-alive (vLLM's $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, else
+    5 s) and --http-timeout-body (60 s) reach the frontend from openinfer-serve as given; a non-positive one
+    is a usage error."""
     from openinfer.engine_core.serve import frontend_command
     from openinfer.engine_core.serve import parse_args as serve_args
 
+    monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
     args = parse_args([])
-    assert (args.grammar_check_timeout, args.http_timeout_keep_alive) == (5.0, 5.0)
+    assert (args.grammar_check_timeout, args.http_timeout_keep_alive, args.http_timeout_body) == (
+        5.0,
+        5.0,
+        60.0,
+    )
     monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "300")
     assert parse_args([]).http_timeout_keep_alive == 300.0
-    argv = ["--grammar-check-timeout", "2.5", "--http-timeout-keep-alive", "7"]
+    argv = ["--grammar-check-timeout", "2.5", "--http-timeout-keep-alive", "7", "--http-timeout-body", "9"]
     served = parse_args(frontend_command(serve_args(argv))[3:])  # after `python -m module`
-    assert (served.grammar_check_timeout, served.http_timeout_keep_alive) == (2.5, 7.0)
-    with pytest.raises(SystemExit):
-        parse_args(["--grammar-check-timeout", "0"])
+    assert (served.grammar_check_timeout, served.http_timeout_keep_alive, served.http_timeout_body) == (
+        2.5,
+        7,
+        9,
+    )
+    for flag in ("--grammar-check-timeout", "--http-timeout-body"):
+        with pytest.raises(SystemExit):
+            parse_args([flag, "0"])
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5"])
+def test_a_bad_keep_alive_variable_is_named_in_the_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """$VLLM_HTTP_TIMEOUT_KEEP_ALIVE that is not a positive number: a usage error that names the variable
+    (not the flag, which the user never typed) and how to fix it; with the flag given, the variable is not
+    read."""
+    monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", value)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --http-timeout-keep-alive" not in error
+    assert (
+        f"$VLLM_HTTP_TIMEOUT_KEEP_ALIVE (the default of --http-timeout-keep-alive) must be a positive number "
+        f"of seconds, got {value!r}: fix or unset it, or pass --http-timeout-keep-alive" in error
+    )
+    assert parse_args(["--http-timeout-keep-alive", "3"]).http_timeout_keep_alive == 3.0

@@ -118,7 +118,7 @@ async def stop(process: asyncio.subprocess.Process) -> str:
 
 async def test_off_host_listening_without_keys_warns_loudly() -> None:
     """Engine ports on 0.0.0.0 without --zmq-curve-keys, HTTP on 0.0.0.0 without a key: a SECURITY warning
-    each, naming the fix."""
+    each, naming the fix (the HTTP one also says that, the Host check being off, DNS rebinding is open)."""
     http_port, engine_port = free_port(), free_port_pair()
     process = await run_frontend(
         {}, "--host", "0.0.0.0", "--port", str(http_port), "--engine-bind", f"tcp://0.0.0.0:{engine_port}"
@@ -130,6 +130,7 @@ async def test_off_host_listening_without_keys_warns_loudly() -> None:
     engines = f"SECURITY: the engine sockets listen on 0.0.0.0 (ports {engine_port} and {engine_port + 1})"
     assert engines in log and "--zmq-curve-keys DIR" in log
     assert f"SECURITY: HTTP listens on 0.0.0.0:{http_port} without an API key" in log
+    assert "by DNS rebinding (the Host check is only on for a loopback --host)" in log
     assert "OPENINFER_API_KEY" in log
 
 

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
+from openinfer.frontend.openai.admin_api import MAX_BODY_BYTES
 from openinfer.protocol import LoadDrafter, UnloadDrafter
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
@@ -98,6 +100,27 @@ async def test_bad_drafter_requests_never_reach_the_engine(
     """K=33 (never clamped), K=0, a string K, an unknown method, dflash without a model, bad lookup: 400."""
     status, got = await admin(frontend, "POST", "/admin/engines/0/drafter", body)
     assert status == 400 and words in got["error"]["message"]
+    assert peer.drafter_commands == []
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_drafter_body_past_its_bound_is_a_413(
+    frontend: Frontend, peer: EnginePeer, chunked: bool
+) -> None:
+    """A drafter body of one byte more than MAX_BODY_BYTES (64 KiB, a long path's hundredfold): a 413, by its
+    Content-Length or, sent chunked, once past the bound; nothing reaches the engine."""
+    body = b'{"method": "dflash", "num_spec_tokens": 4, "draft_model": "' + b"d" * MAX_BODY_BYTES + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield body
+
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as session:
+        url = f"{frontend.url}/admin/engines/0/drafter"
+        async with session.post(url, data=chunks() if chunked else body, headers=headers) as response:
+            status, got = response.status, await response.json()
+    assert status == 413 and got["error"]["code"] == "request_too_large"
+    assert f"more than the {MAX_BODY_BYTES} bytes a drafter command can need" in got["error"]["message"]
     assert peer.drafter_commands == []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import aiohttp
@@ -301,6 +302,25 @@ async def test_engine_refusal_is_400_with_its_message(frontend: Frontend, start_
         "param": None,
         "code": None,
     }
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["failed", "refused"])
+async def test_an_engines_message_cannot_forge_log_lines(
+    frontend: Frontend, start_peer: PeerFactory, caplog: pytest.LogCaptureFixture, refused: bool
+) -> None:
+    """An engine's error message with newlines in it (it may quote the request's text) is logged on one line,
+    as its repr; the client still gets it as it is."""
+    message = "bad\n2026-01-01 00:00:00 INFO forged: a line the engine never wrote"
+    await start_peer(frontend, PeerConfig(refuse_with=message) if refused else PeerConfig(fail_with=message))
+    caplog.set_level(logging.INFO)
+    status, body = await post(frontend, {"prompt": "hello world", "max_tokens": 5})
+    assert status == (400 if refused else 500) and body["error"]["message"] == message
+    [logged] = [
+        r.getMessage()
+        for r in caplog.records
+        if "by its engine" in r.getMessage() or "on its engine" in r.getMessage()
+    ]
+    assert "\n" not in logged and logged.endswith(f": {message!r}")
 
 
 async def test_silent_engine_is_marked_down_and_its_request_fails(

@@ -200,3 +200,102 @@ async def test_a_large_body_is_counted_in_the_worker(
             status, got = r.status, await r.json()
     assert status == 400 and "separates 599999 JSON values" in got["error"]["message"], got
     assert "more than the 465536 a request" in got["error"]["message"] and peer.requests == {}
+
+
+@pytest.mark.timeout(
+    120
+)  # the scan this replaced took hours on the inline body, and never ended in the worker
+@pytest.mark.parametrize("size", [INLINE_BYTES, 2 * INLINE_BYTES], ids=["inline", "worker"])
+async def test_a_string_of_escaped_quotes_that_never_closes_is_a_400_at_once(
+    start_frontend: FrontendFactory, start_peer: PeerFactory, size: int
+) -> None:
+    """{"prompt": " and then \\" to 1 MiB (counted on the loop) or 2 MiB (in the worker), never closed, on a
+    100,000-token model: a 400 saying it is not JSON, and /health answers after it."""
+    frontend = await start_frontend()
+    await start_peer(frontend, PeerConfig(max_model_len=100_000))
+    body = b'{"prompt": "' + b'\\"' * ((size - 12) // 2)
+    assert (len(body) <= INLINE_BYTES) == (size == INLINE_BYTES)
+    status, got = await post_bytes(frontend, body)
+    assert status == 400 and got["error"]["message"].startswith("the request body is not valid JSON"), got
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_WAIT_S)) as session:
+        async with session.get(f"{frontend.url}/health") as r:
+            assert r.status == 200
+
+
+_BODY_TIMEOUT_S = 0.5
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, Any]:
+    """The status line and headers of an answer, and its JSON body; then the server closes the connection."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _WAIT_S)
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    body = json.loads(await asyncio.wait_for(reader.readexactly(length), _WAIT_S))
+    try:
+        rest = await asyncio.wait_for(reader.read(), _WAIT_S)
+    except ConnectionResetError:  # the client sent more after the server closed: as closed
+        rest = b""
+    assert rest == b""  # closed: the rest of the body is not read
+    return head, body
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickled"])
+async def test_a_body_not_in_within_the_deadline_is_a_408(
+    start_frontend: FrontendFactory, start_peer: PeerFactory, trickle: bool
+) -> None:
+    """A body of 100 bytes by its Content-Length of which 10 come and then nothing, or a byte every 50 ms
+    (which would take 5 s): 408 in OpenAI's shape once the 0.5 s deadline passes, and the connection closed;
+    nothing reaches the engine."""
+    frontend = await start_frontend(body_timeout=_BODY_TIMEOUT_S)
+    peer = await start_peer(frontend)
+    url = urlsplit(frontend.url)
+    assert url.hostname is not None and url.port is not None
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+
+    async def send() -> None:
+        writer.write(_HEAD.format(length=100).format(host=url.netloc).encode() + b'{"prompt":')
+        for _ in range(90 if trickle else 0):
+            await asyncio.sleep(0.05)
+            writer.write(b" ")
+
+    sender = asyncio.create_task(send())
+    try:
+        head, body = await read_answer(reader)
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ") and body["error"]["code"] == "request_timeout"
+    assert body["error"]["message"].startswith(
+        f"the request body was not all received within {_BODY_TIMEOUT_S} s"
+    )
+    assert peer.requests == {}
+
+
+async def test_a_chunked_body_is_a_413_as_soon_as_it_passes_the_bound(
+    frontend: Frontend, peer: EnginePeer
+) -> None:
+    """A chunked body sent to 1 KiB past the bound and then held open (never ended): a 413 at once, without
+    waiting for the rest (aiohttp's own read would wait for all of it, up to 64 MiB)."""
+    url = urlsplit(frontend.url)
+    assert url.hostname is not None and url.port is not None
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
+    writer.write(head.format(host=url.netloc).encode())
+    for start in range(0, TINY_LIMITS.body + 1024, 65536):
+        chunk = (b'{"prompt": "' if start == 0 else b"") + b"a" * 65536
+        writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    try:
+        await writer.drain()
+        answer, body = await read_answer(reader)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 413 ") and body["error"]["code"] == "request_too_large"
+    assert body["error"]["message"].startswith(f"the request body is more than the {TINY_LIMITS.body} bytes")
+    assert peer.requests == {}

@@ -1,11 +1,13 @@
 """Structured-outputs constraints are checked in worker processes with a deadline: one past it is a 400 and
-its worker is killed and replaced, a client that leaves has its check killed, and chat requests never wait
-behind the checks. Real worker processes, over real HTTP (skipped without xgrammar, but the last)."""
+its worker is killed and replaced, a client that leaves has its check killed, one that waits too long for a
+worker is a 503, and chat requests never wait behind the checks. Real worker processes, over real HTTP
+(skipped without xgrammar, but the last)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -15,6 +17,7 @@ import aiohttp
 import pytest
 
 from openinfer.frontend.openai.api_server import GRAMMAR_CHECKS
+from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.grammar_pool import MAX_WORKERS, GrammarCheckPool
 from openinfer.frontend.openai.structured_options import StructuredConstraint
 from openinfer.protocol import StructuredOutputs
@@ -133,12 +136,40 @@ async def test_chat_is_answered_while_every_grammar_worker_is_busy(
     assert not any(alive(pid) for pid in busy) and pool(frontend).worker_pids == []
 
 
+@needs_xgrammar
+async def test_a_check_that_waits_too_long_for_a_worker_is_a_503() -> None:
+    """Every worker busy with a slow schema (a 600 s deadline): a check that finds none free within the 0.5 s
+    wait bound is a 503 with Retry-After saying so, instead of waiting out the slow ones' deadlines; they run
+    on."""
+    checks = GrammarCheckPool(timeout=600.0, wait_timeout=0.5)
+    slow = [asyncio.create_task(checks.check(schema_constraint(SLOW))) for _ in range(MAX_WORKERS)]
+    try:
+        await wait_until(lambda: len(checks.busy_pids) == MAX_WORKERS, _WAIT_S)
+        with pytest.raises(ApiError) as raised:
+            await asyncio.wait_for(checks.check(schema_constraint({"type": "object"})), _WAIT_S)
+        assert raised.value.status == 503 and raised.value.headers == {"Retry-After": "1"}
+        assert raised.value.message == (
+            f"every one of the {MAX_WORKERS} workers that check structured-outputs constraints was busy for "
+            "0.5 s; retry later"
+        )
+        assert not any(task.done() for task in slow) and len(checks.busy_pids) == MAX_WORKERS
+    finally:
+        for task in slow:
+            task.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        await checks.close()
+
+
+def schema_constraint(schema: dict[str, Any]) -> StructuredConstraint:
+    return StructuredConstraint(StructuredOutputs("json", json.dumps(schema)), "structured_outputs")
+
+
 async def test_without_xgrammar_nothing_is_checked_and_no_worker_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The slim frontend image has no xgrammar: a check passes at once, with no worker (the engine refuses
     what does not compile, a 400 too)."""
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # find_spec finds nothing, as in the image
-    checks = GrammarCheckPool(timeout=1.0)
+    checks = GrammarCheckPool(timeout=1.0, wait_timeout=1.0)
     await checks.check(StructuredConstraint(StructuredOutputs("regex", "[a-z"), "structured_outputs"))
     assert checks.worker_pids == []
