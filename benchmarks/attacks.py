@@ -38,7 +38,7 @@ from pathlib import Path
 import aiohttp
 
 from openinfer.benchmarks.attackers import ATTACKERS, Attacker, Target
-from openinfer.engine_core.local_cluster import HOST, LocalCluster, python_module, serve_children
+from openinfer.engine_core.launch.local_cluster import HOST, LocalCluster, python_module, serve_children
 
 PROBE_INTERVAL_S = 0.02
 VICTIM_TIMEOUT_S = 120.0  # a victim request unanswered this long counts as failed
@@ -181,7 +181,7 @@ class Server:
         env = {"OPENINFER_API_KEY": self.api_key} if self.api_key else None
         self.spec_log_dir.mkdir(parents=True)
         started = time.monotonic()
-        serve = self.cluster.spawn("serve", python_module("openinfer.engine_core.serve", *argv), env)
+        serve = self.cluster.spawn("serve", python_module("openinfer.engine_core.launch.serve", *argv), env)
         try:
             self.cluster.wait_healthy(self._timeout)
             self.model = json.loads(self.request("/v1/models")[1])["data"][0]["id"]

@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from openinfer.engine_core.local_cluster import LocalCluster, serve_children
+from openinfer.engine_core.launch.local_cluster import LocalCluster, serve_children
 
 # The admin routes are off without a key: serve gets this one in its environment, as a user would give it.
 ADMIN_KEY = "engine-restart-benchmark"

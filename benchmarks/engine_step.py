@@ -33,9 +33,9 @@ import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
-from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreOutputs, EngineCoreRequest, EngineOutputCodec, SamplingParams
 
 PROMPT_LEN = 32

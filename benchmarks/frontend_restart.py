@@ -30,7 +30,12 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from openinfer.engine_core.local_cluster import LocalCluster, answers_health, serve_children, wait_healthy
+from openinfer.engine_core.launch.local_cluster import (
+    LocalCluster,
+    answers_health,
+    serve_children,
+    wait_healthy,
+)
 
 Trial = tuple[float, float, float]  # seconds from the kill: answering /health, every engine up, first served
 

@@ -34,8 +34,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 echo "== 1. gpu-marked tests and the Triton kernel tests, compiled"
 timeout 120 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests 2>&1 \
   | tee "$out/logs/gpu_tests.log" | tail -n 8
-timeout 120 python3 -m pytest -q -p no:cacheprovider -k triton tests/kernels tests/engine_core/test_step_graphs.py \
-  tests/engine_core/test_dflash_graphs.py 2>&1 | tee "$out/logs/triton_tests.log" | tail -n 5
+timeout 120 python3 -m pytest -q -p no:cacheprovider -k triton tests/kernels tests/engine_core/worker/test_step_graphs.py \
+  tests/engine_core/spec_decode/test_dflash_graphs.py 2>&1 | tee "$out/logs/triton_tests.log" | tail -n 5
 
 echo "== 2. Triton attention (paged, DFlash block) against the torch paths"
 timeout 60 python3 benchmarks/attention_check.py
@@ -49,7 +49,7 @@ timeout 90 python3 benchmarks/engine_step.py --device cuda --steps 50 2>&1 | tee
 serve_bench() {  # $1: label, rest: openinfer-serve flags
   local label=$1
   shift
-  python3 -m openinfer.engine_core.serve --device cuda --port 8100 --engine-port 5600 "$@" \
+  python3 -m openinfer.engine_core.launch.serve --device cuda --port 8100 --engine-port 5600 "$@" \
     >"$out/logs/serve_$label.log" 2>&1 &
   local pid=$!
   timeout 40 python3 - <<'PY'  # no curl needed: wait for /health

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from openinfer.engine_core.executor import SeqChunk
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.worker.model_runner import ModelRunner
 
 QWEN3_4B = {
     "vocab_size": 151936,

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from openinfer.engine_core.structured_output import (
+from openinfer.engine_core.sample.structured_output import (
     GrammarCompilers,
     RequestGrammar,
     allocate_masks,

@@ -1,4 +1,4 @@
-"""The benchmarks' frontend and --fake-model engines: openinfer.engine_core.local_cluster with quiet logs and
+"""The benchmarks' frontend and --fake-model engines: openinfer.engine_core.launch.local_cluster with quiet logs and
 room for many requests. Each process can be pinned to CPU cores (taskset), so that the frontend's own
 capacity is measured on a core of its own."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
-from openinfer.engine_core import local_cluster
+from openinfer.engine_core.launch import local_cluster
 
 
 class LocalCluster(local_cluster.LocalCluster):

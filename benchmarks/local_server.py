@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from openinfer.engine_core.local_cluster import LocalCluster
+from openinfer.engine_core.launch.local_cluster import LocalCluster
 
 DEFAULT_K = 7
 STOP_TIMEOUT_S = 30.0  # openinfer-serve SIGKILLs its children after 10 s of SIGTERM

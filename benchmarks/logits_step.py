@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-import openinfer.engine_core.engine_core as engine_core_module
+import openinfer.engine_core.core.engine_core as engine_core_module
 from openinfer.benchmarks.engine_step import CycleDrafter
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
-from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 PENALTIES: dict[str, Any] = {

@@ -23,8 +23,8 @@ import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import ATTENTION_BACKENDS
-from openinfer.engine_core.executor import SeqChunk
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.worker.model_runner import ModelRunner
 
 BLOCK_SIZE = 16
 CONTEXT_LEN = 64  # most tokens already cached per decode request

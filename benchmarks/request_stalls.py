@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from openinfer.benchmarks.health_during_prompt import real_vocab_model
-from openinfer.engine_core.local_cluster import LocalCluster
+from openinfer.engine_core.launch.local_cluster import LocalCluster
 
 _JSON = {"Content-Type": "application/json"}
 

@@ -113,7 +113,7 @@ command -v curl >/dev/null || die 2 "curl is needed"
 command -v timeout >/dev/null || die 2 "timeout (coreutils) is needed"
 [[ -f $DATASET ]] || die 2 "dataset $DATASET not found (set DATASET=...)"
 [[ -f $MODEL_DIR/config.json ]] || die 2 "model folder $MODEL_DIR not found"
-timeout 120 "$PY" -c "import openinfer.benchmarks.bench, openinfer.engine_core.serve" 2>"$OUT_DIR/openinfer-import.err" \
+timeout 120 "$PY" -c "import openinfer.benchmarks.bench, openinfer.engine_core.launch.serve" 2>"$OUT_DIR/openinfer-import.err" \
     || die 2 "the project's python ($PY) cannot import openinfer: $(tail -n 3 "$OUT_DIR/openinfer-import.err")"
 VLLM_PY=$VLLM_VENV/bin/python
 [[ -x $VLLM_PY ]] || die 2 "vLLM not found: no python at $VLLM_PY (set VLLM_VENV=...; see the install recipe at the top of $0)"
@@ -242,7 +242,7 @@ serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/vllm.log" "$VLLM_PY
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
     --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
 # shellcheck disable=SC2086
-serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.serve \
+serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.launch.serve \
     --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec --no-enable-prefix-caching \
     --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
     --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}

@@ -26,13 +26,13 @@ from training import (
 )
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.executor import SeqChunk
-from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
+from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.verification import accepted_prefix_length
 
 LAYOUTS = {  # for the model card

@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.model_runner import ModelRunner
 from openinfer.engine_core.models.dflash import (
     BlockAttention,
     BlockContext,
@@ -19,6 +18,7 @@ from openinfer.engine_core.models.dflash import (
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.attention import AttentionBackend
 from openinfer.protocol import MAX_SPEC_TOKENS
 

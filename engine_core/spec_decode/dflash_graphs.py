@@ -23,7 +23,7 @@ from torch import Tensor
 
 from openinfer.engine_core.models.dflash import BlockContext
 from openinfer.engine_core.spec_decode.drafter import DraftQuery
-from openinfer.engine_core.step_graphs import BATCH_BUCKETS, bucket_for
+from openinfer.engine_core.worker.step_graphs import BATCH_BUCKETS, bucket_for
 
 # (ids (B, T) int64, positions (B * T,) int64, context) -> (B, K, vocab) draft logits
 DraftForward = Callable[[Tensor, Tensor, BlockContext], Tensor]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from openinfer.engine_core.config import DrafterSpec
-from openinfer.engine_core.executor import ModelExecutor
-from openinfer.engine_core.request import Request
+from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.spec_decode.drafter import Drafter, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import NgramDrafter
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
+from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.protocol import SpecDecodeCounters
 
 
@@ -16,9 +16,9 @@ def _load_ngram(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
 
 
 def _load_dflash(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
-    from openinfer.engine_core.model_runner import ModelRunner
     from openinfer.engine_core.models.dflash_config import AnchorLayout
     from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
+    from openinfer.engine_core.worker.model_runner import ModelRunner
 
     if spec.draft_model is None:
         raise ValueError("--spec-method dflash needs --draft-model PATH (a DFlash checkpoint folder)")

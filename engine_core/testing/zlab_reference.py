@@ -8,7 +8,7 @@ drafts one token, whose fate cannot change the output since that token is the la
 run past max_tokens (DESIGN.md), so it decodes that token without a draft. `ReferenceRun.rounds` leaves
 exactly those rounds out (`final_rounds` counts them).
 
-Needs the `dflash` package (the test extra); used by tests/engine_core/test_dflash_reference.py and
+Needs the `dflash` package (the test extra); used by tests/engine_core/spec_decode/test_dflash_reference.py and
 benchmarks/dflash_reference.py.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
-from openinfer.engine_core.engine_cli import load_runner
-from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 

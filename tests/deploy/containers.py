@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from openinfer.engine_core.local_cluster import HOST, free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import HOST, free_port, free_port_pair
 from tests.deploy.images import Storage
 from tests.deploy.stack import PROMETHEUS_DIR, LiveFrontend, Prometheus
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
-from openinfer.engine_core.local_cluster import HOST, ProcessGroup, free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import HOST, ProcessGroup, free_port, free_port_pair
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"

@@ -140,7 +140,7 @@ def test_cpu_image_has_the_cpu_torch(images: Images) -> None:
     """The CPU engine image holds torch's CPU build at the pinned version and no triton, and structured outputs
     (xgrammar, which lists triton as a requirement) import without it."""
     probe = (
-        "import importlib.util as u, torch, xgrammar, openinfer.engine_core.structured_output; "
+        "import importlib.util as u, torch, xgrammar, openinfer.engine_core.sample.structured_output; "
         "print(torch.__version__, torch.version.cuda, u.find_spec('triton') is not None)"
     )
     out = images.storage.podman("run", "--rm", "--entrypoint", "python", images.cpu, "-c", probe)

@@ -1,4 +1,4 @@
-"""Real frontend and engine processes on loopback for tests (openinfer.engine_core.local_cluster, with the
+"""Real frontend and engine processes on loopback for tests (openinfer.engine_core.launch.local_cluster, with the
 tests' defaults), always stopped by pid."""
 
 from __future__ import annotations
@@ -6,7 +6,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from openinfer.engine_core.local_cluster import HOST, LocalCluster, free_port, free_port_pair, serve_children
+from openinfer.engine_core.launch.local_cluster import (
+    HOST,
+    LocalCluster,
+    free_port,
+    free_port_pair,
+    serve_children,
+)
 
 __all__ = [
     "ADMIN_HEADERS",

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from openinfer.engine_core.local_cluster import python_module
+from openinfer.engine_core.launch.local_cluster import python_module
 from tests.e2e.load import counter_samples
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 
@@ -72,7 +72,7 @@ async def test_a_second_engine_0_is_refused_while_the_first_lives(identity_clust
     c = identity_cluster
     first = incarnation(c)
     argv = python_module(
-        "openinfer.engine_core.engine_process",
+        "openinfer.engine_core.process.engine_process",
         *("--device", "cpu", "--engine-index", "0", "--frontend", c.engine_address, "--fake-model"),
         *("--served-model-name", "stranger", "--num-kv-blocks", "256"),
     )

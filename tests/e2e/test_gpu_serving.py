@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.kv_sizing import GIB
+from openinfer.engine_core.core.kv_sizing import GIB
 from tests.e2e.processes import Cluster
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -36,7 +36,7 @@ def gpu_cluster(
         c._spawn(
             "engine0",
             [
-                "openinfer.engine_core.engine_process",
+                "openinfer.engine_core.process.engine_process",
                 "--gpu",
                 "0",
                 "--dtype",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.engine_core.local_cluster import LocalCluster
+from openinfer.engine_core.launch.local_cluster import LocalCluster
 from tests.e2e.processes import HOST, Cluster, cmdline, free_port, free_port_pair, serve_children
 
 
@@ -35,7 +35,7 @@ def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "openinfer.engine_core.serve",
+            "openinfer.engine_core.launch.serve",
             "--engines",
             "2",
             "--host",
@@ -140,7 +140,7 @@ def test_serve_model_positional_with_curve_keys_and_an_api_key(tmp_path: Path, t
 def test_serve_refuses_vllm_flags_it_lacks(flags: list[str], words: str) -> None:
     """A vLLM command line with a flag openinfer lacks: exit 2 at once, saying what to do instead."""
     done = subprocess.run(
-        [sys.executable, "-m", "openinfer.engine_core.serve", *flags],
+        [sys.executable, "-m", "openinfer.engine_core.launch.serve", *flags],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and words in done.stderr

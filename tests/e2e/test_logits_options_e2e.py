@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from openinfer.engine_core.config import EngineConfig
-from openinfer.engine_core.engine_cli import load_runner
-from openinfer.engine_core.engine_core import EngineCore
+from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.frontend.openai.logits_options import bad_words_token_ids
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import EngineCoreRequest, SamplingParams

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from openinfer.engine_core.local_cluster import answers_health, python_module
+from openinfer.engine_core.launch.local_cluster import answers_health, python_module
 from tests.e2e.load import CYCLE_PROMPT, Load, Scraper, counter_samples
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, HOST, Cluster, serve_children
 
@@ -211,7 +211,7 @@ def test_under_nohup_sighup_stays_ignored(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     ports = ["--host", HOST, "--port", str(cluster.http_port), "--engine-port", str(cluster.engine_port)]
     serve = python_module(
-        "openinfer.engine_core.serve", *ports, "--fake-model", "--served-model-name", "fake"
+        "openinfer.engine_core.launch.serve", *ports, "--fake-model", "--served-model-name", "fake"
     )
     process = cluster.spawn("serve", ["nohup", *serve])  # nohup execs serve: the same pid
     try:

@@ -17,16 +17,16 @@ from openinfer.engine_core.builtin_model import (
     builtin_tokenizer_folder,
 )
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
-from openinfer.engine_core.engine_cli import load_runner
-from openinfer.engine_core.engine_core import EngineCore
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import SpecDecodeCounters
-from tests.engine_core.test_greedy_parity import assert_hf_greedy, generate
-from tests.engine_core.test_spec_decode import read_log
+from tests.engine_core.spec_decode.test_spec_decode import read_log
+from tests.engine_core.worker.test_greedy_parity import assert_hf_greedy, generate
 
 K = BUILTIN_NUM_SPEC_TOKENS
 MAX_TOKENS = 48

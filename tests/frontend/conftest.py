@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from openinfer.engine_core.local_cluster import free_port_pair
+from openinfer.engine_core.launch.local_cluster import free_port_pair
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from openinfer.engine_core.local_cluster import free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
 from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
@@ -167,8 +167,8 @@ def test_timeout_flags_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     """--grammar-check-timeout (5 s), --http-timeout-keep-alive (vLLM's $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, else
     5 s) and --http-timeout-body (60 s) reach the frontend from openinfer-serve as given; a non-positive one
     is a usage error."""
-    from openinfer.engine_core.serve import frontend_command
-    from openinfer.engine_core.serve import parse_args as serve_args
+    from openinfer.engine_core.launch.serve import frontend_command
+    from openinfer.engine_core.launch.serve import parse_args as serve_args
 
     monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
     args = parse_args([])

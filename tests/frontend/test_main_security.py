@@ -12,7 +12,7 @@ import sys
 import aiohttp
 import pytest
 
-from openinfer.engine_core.local_cluster import free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
 from openinfer.frontend.addresses import is_loopback_host
 from openinfer.frontend.main import cors_policy, parse_args
 from openinfer.frontend.openai.cors import CorsPolicy

@@ -1,5 +1,5 @@
 """The logits processors' device ops against transformers' processors and OpenAI's penalty formula, on random
-logits and histories (no drafts here: the per-row histories are tests/engine_core/test_logits_plan.py's)."""
+logits and histories (no drafts here: the per-row histories are tests/engine_core/sample/test_logits_plan.py's)."""
 
 from __future__ import annotations
 

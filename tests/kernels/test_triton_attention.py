@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.executor import SeqChunk
-from openinfer.engine_core.model_runner import ModelRunner
+from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.attention import (
     AttentionMetadata,
     TorchAttentionBackend,
@@ -163,8 +163,8 @@ def test_cpu_engine_never_imports_triton() -> None:
         "import sys, torch\n"
         "imported_by_torch = 'triton' in sys.modules\n"
         "from openinfer.engine_core.builtin_model import builtin_target_folder\n"
-        "from openinfer.engine_core.executor import SeqChunk\n"
-        "from openinfer.engine_core.model_runner import ModelRunner\n"
+        "from openinfer.engine_core.worker.executor import SeqChunk\n"
+        "from openinfer.engine_core.worker.model_runner import ModelRunner\n"
         "runner = ModelRunner(builtin_target_folder(), torch.device('cpu'), num_kv_blocks=4)\n"
         "runner.execute([SeqChunk([5, 6, 7], 0, [0], 1)])\n"
         "assert 'openinfer.kernels.triton_attention' not in sys.modules\n"

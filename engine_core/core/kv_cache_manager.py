@@ -1,0 +1,208 @@
+"""Paged KV-cache blocks with automatic prefix caching: the scheduler asks, this answers and allocates.
+
+A request's block table is a list of block ids: position ``p`` lives in block ``block_ids[p // block_size]``
+at offset ``p % block_size``. Blocks are reference-counted, so running requests can share them.
+
+Prefix caching has vLLM's semantics, so the numbers agree:
+
+- Only full blocks are cached, each keyed by a hash chained over its parent block's key and its own token ids
+  (SHA-256: a key names its whole prefix). A block is cached when the step that computes its last token is
+  scheduled. Drafts are never part of a request's tokens: a block holding draft slots is cached only once
+  they are verified (an accepted draft's keys and values are the ones its token has) and scheduled past.
+- A request admitted from the queue takes the longest chain of cached blocks that ends before its last
+  token (the last token is always computed, for its logits) and computes the rest.
+- A block nobody holds any more stays cached in the free queue until it is reused, least recently freed
+  first; blocks that are not cached are reused before any cached one.
+- A key names the first block cached under it while that block can be hit (vLLM keeps the first); a block
+  computed again under the same key replaces it only when the old one is no hit (see the drafter below).
+- A drafter that reads the target's hidden states (DFlash) keeps its own context keys and values in the same
+  block ids. While one is loaded (``context_generation``), a cached block is a hit only if that drafter
+  generation wrote its context (``mark_drafted``, after the step); otherwise the chain stops there and the
+  request computes the rest, target and drafter context together.
+- Queries and hits are counted in tokens when a request is admitted for the first time (never again after a
+  preemption): ``counters``, cumulative for the engine's life, None when caching is off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import NamedTuple
+
+from openinfer.engine_core.core.request import Request
+from openinfer.protocol import PrefixCacheCounters
+
+
+class PrefixHit(NamedTuple):
+    """The cached blocks a waiting request would start from (``lookup``), handed back to ``admit``."""
+
+    blocks: tuple[int, ...]
+    num_tokens: int  # the tokens they hold: the request computes from here on
+
+
+NO_HIT = PrefixHit((), 0)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"need at least one KV block of at least one slot, got {num_blocks}x{block_size}"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # reused from the front
+        self._refs = [0] * num_blocks
+        self._key_of: list[bytes | None] = [None] * num_blocks  # a cached block's key ...
+        self._cached: dict[bytes, int] = {}  # ... and the block of each key: one is set iff the other is
+        self._drafted_by: list[int | None] = [None] * num_blocks  # drafter generation that wrote its context
+        self.context_generation: int | None = None  # set while a drafter that reads hidden states is loaded
+        self.enable_caching = enable_caching
+        self.counters = PrefixCacheCounters() if enable_caching else None
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` slots."""
+        return -(-num_tokens // self.block_size)
+
+    # ---- admission ----
+
+    def lookup(self, request: Request) -> PrefixHit:
+        """The longest chain of cached blocks ``request`` can start from, ending before its last token."""
+        if not self.enable_caching:
+            return NO_HIT
+        blocks: list[int] = []
+        num_blocks = (request.num_tokens - 1) // self.block_size
+        keys = self._keys(request, num_blocks)
+        for i in range(num_blocks):
+            block = self._cached.get(keys[i])
+            if block is None or not self._is_hit(block):
+                break
+            blocks.append(block)
+        return PrefixHit(tuple(blocks), len(blocks) * self.block_size)
+
+    def admit(self, request: Request, hit: PrefixHit, num_new_tokens: int, counted: bool) -> bool:
+        """Give a waiting request the blocks of ``hit`` and blocks for ``num_new_tokens`` more tokens, and
+        count the lookup when ``counted`` (its first admission); False (nothing changed) when blocks run out."""
+        assert not request.block_ids, "a waiting request holds no blocks"
+        needed = self.num_blocks_for(hit.num_tokens + num_new_tokens) - len(hit.blocks)
+        idle_hits = sum(1 for block in hit.blocks if self._refs[block] == 0)  # counted in the free queue
+        if needed + idle_hits > len(self._free):
+            return False
+        for block in hit.blocks:
+            if self._refs[block] == 0:
+                del self._free[block]
+            self._refs[block] += 1
+        request.block_ids.extend(hit.blocks)
+        request.block_ids.extend(self._take_free() for _ in range(needed))
+        request.num_cached_blocks = len(hit.blocks)
+        if self.counters is not None and counted:
+            self.counters.record(request.num_tokens, hit.num_tokens)
+        return True
+
+    # ---- running requests ----
+
+    def allocate(self, request: Request, num_slots: int) -> bool:
+        """Grow the request's blocks to cover ``num_slots`` slots; False (no change) if blocks run out."""
+        block_ids = request.block_ids
+        if num_slots <= len(block_ids) * self.block_size:  # the common case: nothing to allocate
+            return True
+        needed = self.num_blocks_for(num_slots) - len(block_ids)
+        if needed > len(self._free):
+            return False
+        block_ids.extend(self._take_free() for _ in range(needed))
+        return True
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks among its first ``num_tokens`` tokens (scheduled this step: their
+        keys and values are written before anything reads them). A key already naming a block that can be
+        hit keeps it."""
+        full = num_tokens // self.block_size
+        if not self.enable_caching or full <= request.num_cached_blocks:  # the common case: none new
+            return
+        keys = self._keys(request, full)
+        for i in range(request.num_cached_blocks, full):
+            block, key = request.block_ids[i], keys[i]
+            previous = self._cached.get(key)
+            if previous is not None:
+                if self._is_hit(previous):
+                    continue
+                self._key_of[previous] = None
+            self._cached[key] = block
+            self._key_of[block] = key
+        request.num_cached_blocks = full
+
+    def mark_drafted(self, request: Request, start: int, end: int, generation: int) -> None:
+        """The drafter of ``generation`` wrote its context for the request's positions [start, end), and for
+        every position before them: the full blocks among them carry its mark."""
+        for i in range(start // self.block_size, end // self.block_size):
+            self._drafted_by[request.block_ids[i]] = generation
+
+    def trim(self, request: Request, num_tokens: int) -> bool:
+        """Free the blocks past those holding ``num_tokens`` slots (rolling back rejected draft positions,
+        never cached); True when there were any."""
+        block_ids = request.block_ids
+        if len(block_ids) * self.block_size < num_tokens + self.block_size:  # the common case: none
+            return False
+        keep = self.num_blocks_for(num_tokens)
+        for block in block_ids[keep:]:
+            self._release(block)
+        del block_ids[keep:]
+        return True
+
+    def free(self, request: Request) -> None:
+        """Let go of every block of the request (last first, so its tail is reused before its head) and
+        empty its table; cached blocks stay cached until reused."""
+        for block in reversed(request.block_ids):
+            self._release(block)
+        request.block_ids.clear()
+        request.num_cached_blocks = 0
+
+    def reset(self) -> None:
+        """Forget every cached block (a step failed: what it wrote is unknown)."""
+        for block in self._cached.values():
+            self._key_of[block] = None
+        self._cached.clear()
+
+    # ---- internals ----
+
+    def _is_hit(self, block: int) -> bool:
+        """Whether a cached block serves a lookup now: always, unless a drafter needs context it lacks."""
+        return self.context_generation is None or self._drafted_by[block] == self.context_generation
+
+    def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
+        """The request's block keys, at least its first ``num_blocks`` (computed once, kept on the request:
+        its tokens never change)."""
+        keys, tokens, size = request.prefix_keys, request.all_token_ids, self.block_size
+        for i in range(len(keys), num_blocks):
+            parent = keys[i - 1] if i else b""
+            keys.append(
+                hashlib.sha256(parent + array("q", tokens[i * size : (i + 1) * size]).tobytes()).digest()
+            )
+        return keys
+
+    def _take_free(self) -> int:
+        """The block at the front of the free queue, out of the cache if it was cached."""
+        block, _ = self._free.popitem(last=False)
+        key = self._key_of[block]
+        if key is not None:
+            del self._cached[key]
+            self._key_of[block] = None
+        self._drafted_by[block] = None
+        self._refs[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free[block] = None  # a cached block joins the back: reused last
+            if self._key_of[block] is None:
+                self._free.move_to_end(block, last=False)  # an uncached one is reused first

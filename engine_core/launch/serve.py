@@ -1,0 +1,261 @@
+"""``openinfer-serve``: a frontend and N local engines in one command, until Ctrl-C, SIGTERM or SIGHUP."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from openinfer.engine_core.builtin_model import (
+    BUILTIN_MODEL_NAME,
+    BUILTIN_NUM_SPEC_TOKENS,
+    builtin_drafter_folder,
+    builtin_target_folder,
+)
+from openinfer.engine_core.launch.local_cluster import ProcessGroup, python_module, wait_healthy
+from openinfer.engine_core.launch.serve_args import parse_args
+from openinfer.engine_core.launch.supervisor import Readiness, Supervisor
+from openinfer.engine_core.process.engine_args import FAKE_MODEL_NAME, config_from_args
+from openinfer.engine_core.process.engine_args import parse_args as engine_args
+from openinfer.frontend.ready_pipe import ReadyPipe
+from openinfer.tools.curve_keys import make_keys
+
+__all__ = [
+    "engine_command",
+    "frontend_command",
+    "frontend_env",
+    "main",
+    "parse_args",
+    "prepare",
+    "remove_private_keys",
+    "resolve_builtin",
+]
+logger = logging.getLogger("openinfer.serve")
+DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on and K is not given
+
+
+def resolve_builtin(args: argparse.Namespace) -> None:
+    """Fill in what the built-in model implies: its folder and name, and, unless --no-spec or another
+    method, its DFlash drafter with K = 7. With a model (or --fake-model) nothing is assumed."""
+    if args.model is None and not args.fake_model:
+        args.model = str(builtin_target_folder())
+        args.served_model_name = args.served_model_name or BUILTIN_MODEL_NAME
+        if not args.no_spec and args.spec_method is None:
+            args.spec_method = "dflash"
+        if args.spec_method == "dflash" and args.draft_model is None:
+            args.draft_model = str(builtin_drafter_folder())
+    if args.spec_method is not None and args.num_spec_tokens is None:
+        args.num_spec_tokens = DEFAULT_K
+
+
+def describe_speculation(args: argparse.Namespace) -> str:
+    if args.spec_method is None:
+        return "no speculative decoding"
+    return f"speculative decoding: {args.spec_method} K={args.num_spec_tokens}"
+
+
+def engine_command(args: argparse.Namespace, index: int) -> list[str]:
+    """Engine ``index``'s command line: its placement, the model and drafter resolved, then every engine
+    flag as it was given."""
+    command = python_module(
+        "openinfer.engine_core.process.engine_process",
+        "--engine-index",
+        str(index),
+        "--frontend",
+        f"tcp://127.0.0.1:{args.engine_port}",
+        "--log-level",
+        args.log_level,
+    )
+    command += ["--gpu", str(index)] if args.device == "cuda" else ["--device", "cpu"]
+    for flag, value in (
+        ("--model", args.model),
+        ("--served-model-name", args.served_model_name),
+        ("--spec-method", args.spec_method),
+        ("--num-spec-tokens", args.num_spec_tokens),
+        ("--draft-model", args.draft_model),
+        ("--zmq-curve-keys", args.zmq_curve_keys),
+    ):
+        if value is not None:
+            command.append(f"{flag}={value}")
+    if args.spec_log_dir:
+        command.append(f"--spec-log={args.spec_log_dir}/spec-engine{index}.jsonl")
+    return command + args.engine_argv
+
+
+def frontend_command(args: argparse.Namespace) -> list[str]:
+    """The frontend's command line: where it listens, then every frontend flag as it was given. Never the
+    API key: :func:`frontend_env` carries it."""
+    command = python_module(
+        "openinfer.frontend.main",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--engine-bind",
+        f"tcp://127.0.0.1:{args.engine_port}",
+        "--log-level",
+        args.log_level,
+    )
+    if args.zmq_curve_keys is not None:
+        command.append(f"--zmq-curve-keys={args.zmq_curve_keys}")
+    return command + args.frontend_argv
+
+
+def frontend_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """What the frontend's environment adds to this one's: the API keys, where no other process's
+    command line (``ps``) shows it."""
+    env = {"OPENINFER_API_KEY": args.api_key, "OPENINFER_ADMIN_API_KEY": args.admin_api_key}
+    return {name: key for name, key in env.items() if key} or None
+
+
+def curve_keys(folder: Path, engines: int) -> None:
+    """Make the frontend's and ``engines`` engines' CurveZMQ keys in ``folder`` unless it has keys; refuse a
+    folder without a key for every engine (ValueError)."""
+    if not (folder / "frontend.key").exists():
+        make_keys(folder, engines)
+        logger.info("made CurveZMQ keys for the frontend and %d engine(s) in %s", engines, folder)
+        return
+    missing = [i for i in range(engines) if not (folder / "engines" / f"engine-{i}.key_secret").is_file()]
+    if missing:
+        raise ValueError(
+            f"--zmq-curve-keys {folder} has no key for engine(s) {', '.join(map(str, missing))}: make "
+            f"keys for {engines} engines in an empty folder (openinfer-keys DIR --engines {engines})"
+        )
+
+
+def served_models(url: str, args: argparse.Namespace) -> str:
+    """The models the frontend lists, for the announcement; the name the engines were given when the frontend
+    cannot say (it died right after it answered /health, and is being started again)."""
+    request = urllib.request.Request(f"{url}/v1/models")
+    if args.api_key:
+        request.add_header("Authorization", f"Bearer {args.api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return ", ".join(m["id"] for m in json.load(response)["data"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(args.served_model_name or args.model or FAKE_MODEL_NAME)  # as the engines resolve it
+
+
+def private_curve_keys(engines: int) -> Path:
+    """CurveZMQ keys for this run's frontend and ``engines`` engines in a new folder only this user can
+    read (0700; secret key files 0600), so that the engine ports admit only the engines serve starts. The
+    caller removes it (:func:`remove_private_keys`)."""
+    folder = Path(tempfile.mkdtemp(prefix="openinfer-keys-"))
+    try:
+        make_keys(folder, engines)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def remove_private_keys(args: argparse.Namespace) -> None:
+    """Remove the keys :func:`prepare` made for this run, if it made them (never a --zmq-curve-keys DIR)."""
+    if args.private_keys is not None:
+        shutil.rmtree(args.private_keys, ignore_errors=True)
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """Resolve the built-in defaults, check an engine's flags as it will read them, and set up CurveZMQ:
+    the keys in --zmq-curve-keys DIR (made there when it has none), else keys made for this run in a
+    private folder, ``args.private_keys``, which lasts as long as serve (restarted children use it too).
+    ValueError or OSError for what cannot start."""
+    resolve_builtin(args)
+    config_from_args(engine_args(engine_command(args, 0)[3:]))  # after `python -m module`
+    args.private_keys = None
+    if args.zmq_curve_keys is not None:
+        curve_keys(args.zmq_curve_keys, args.engines)
+        return
+    args.zmq_curve_keys = args.private_keys = private_curve_keys(args.engines)
+    logger.info("engine sockets: CurveZMQ, with keys made for this run (--zmq-curve-keys DIR to give yours)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``openinfer-serve``."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s serve %(levelname)s %(message)s")
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    # A closed terminal (SIGHUP) stops serve as Ctrl-C does, so that its private keys folder is removed;
+    # unless SIGHUP is ignored (nohup), as then its parent asked for serve to outlive the terminal.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, on_signal)
+    try:
+        prepare(args)
+    except (ValueError, OSError) as e:
+        logger.error("%s", e)
+        sys.exit(2)
+    children = ProcessGroup()  # they share this process's output
+    try:
+        with ReadyPipe() as ready:
+            exit_code = run(args, Supervisor(children, args.restart_policy), ready, lambda: stopping)
+    finally:
+        children.stop()
+        remove_private_keys(args)
+    logger.info("openinfer stopped")
+    sys.exit(exit_code)
+
+
+def run(
+    args: argparse.Namespace, supervisor: Supervisor, ready: ReadyPipe, stopping: Callable[[], bool]
+) -> int:
+    """Start the frontend and the engines and watch them until ``stopping()`` (exit status 0) or a reason to
+    stop everything, logged (1). The caller stops the children."""
+    url = f"http://{args.host}:{args.port}"
+    # A frontend that dies once it listened is started again on the same ports; the engines keep running
+    # and reconnect to it. One that dies before it listened cannot start (its log says why): everything stops.
+    listening = Readiness(f"listening on {url}", ready.said_ready)
+
+    def supervise() -> None:  # an engine that dies while the others start is started again, as later
+        if (reason := supervisor.poll()) is not None:
+            raise RuntimeError(reason)
+
+    try:
+        env = {**(frontend_env(args) or {}), **ready.env}
+        supervisor.start("the frontend", frontend_command(args), env, listening, ready.pass_fds)
+        for i in range(args.engines):
+            supervisor.start(f"engine {i}", engine_command(args, i), None)
+        if not wait_healthy(url, supervisor.group, args.engines, args.startup_timeout, stopping, supervise):
+            return 0  # stopping
+    except RuntimeError as e:  # a child could not start, or died too often (its log says why)
+        logger.error("openinfer did not start: %s", e)
+        return 1
+    except TimeoutError:
+        logger.error(
+            "openinfer did not start: not healthy at %s/health after --startup-timeout %g s; stopping",
+            url,
+            args.startup_timeout,
+        )
+        return 1
+    logger.info(
+        "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
+        served_models(url, args),
+        url,
+        args.engines,
+        describe_speculation(args),
+    )
+    while not stopping():
+        if (reason := supervisor.poll()) is not None:
+            logger.error("%s", reason)
+            return 1
+        time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

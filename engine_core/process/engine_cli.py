@@ -1,0 +1,124 @@
+"""``openinfer-engine``: one engine-core process, connected to a frontend over ZeroMQ.
+
+The CLI: arguments to an :class:`EngineConfig`, the model runner (the real one, or ``--fake-model``'s), the
+CurveZMQ keys; then :class:`EngineProcess` runs the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import zmq.auth
+
+from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.core.kv_sizing import GpuMemory, num_kv_blocks
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.process.engine_args import config_from_args, parse_args
+from openinfer.engine_core.process.engine_process import CurveClientKeys, EngineProcess
+from openinfer.engine_core.worker.executor import ModelExecutor, resolve_dtype
+from openinfer.engine_core.worker.model_runner import ModelRunner
+
+__all__ = ["config_from_args", "main", "parse_args"]  # the flags live in engine_args.py (no torch there)
+logger = logging.getLogger("openinfer.engine")
+
+
+def curve_client_keys(folder: Path, engine_index: int) -> CurveClientKeys:
+    """(engine public key, engine secret key, frontend public key) from an ``openinfer-keys`` folder.
+
+    The layout (see :mod:`openinfer.tools.curve_keys`): ``DIR/frontend.key`` and
+    ``DIR/engines/engine-<index>.key_secret``.
+    """
+    frontend_key = folder / "frontend.key"
+    engine_key = folder / "engines" / f"engine-{engine_index}.key_secret"
+    for path in (frontend_key, engine_key):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"--zmq-curve-keys: {path} not found; make keys with `openinfer-keys {folder} --engines N` "
+                "and copy the frontend's public key and this engine's key pair to its host"
+            )
+    server_public, _ = zmq.auth.load_certificate(frontend_key)
+    public, secret = zmq.auth.load_certificate(engine_key)
+    if secret is None:
+        raise ValueError(f"--zmq-curve-keys: {engine_key} holds no secret key")
+    return CurveClientKeys(public, secret, server_public)
+
+
+def load_runner(config: EngineConfig) -> ModelExecutor:
+    """The runner the engine core steps: the Qwen3 folder's, or the fake model's under ``--fake-model``.
+
+    The KV cache holds as many blocks as :func:`kv_sizing.num_kv_blocks` says (``--num-kv-blocks``,
+    ``--kv-cache-gb``, ``--gpu-memory-utilization``).
+    """
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device cuda (or --gpu): this torch ({torch.__version__}) sees no CUDA device; install a CUDA "
+            "build of torch on a GPU machine, or run with --device cpu"
+        )
+    dtype = resolve_dtype(config.dtype, device)
+    if config.fake_model:  # the test double behind a user flag: imported only when asked for
+        from openinfer.engine_core.testing.fake_model_runner import FAKE_MODEL_CONFIG, FakeModelRunner
+
+        model_config = FAKE_MODEL_CONFIG
+    else:
+        model_config = ModelConfig.from_folder(config.model_path)
+    gpu = GpuMemory(*torch.cuda.mem_get_info(device)) if device.type == "cuda" else None
+    block_bytes = ModelRunner.kv_block_bytes(model_config, config.block_size, dtype)
+    num_blocks = num_kv_blocks(config, model_config, dtype, block_bytes, gpu)
+    if config.fake_model:
+        return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
+    return ModelRunner(
+        config.model_path,
+        device,
+        num_blocks,
+        config.block_size,
+        dtype,
+        config.attention_backend,
+        config.enforce_eager,
+        config.max_num_seqs,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``openinfer-engine``."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s engine{args.engine_index} %(levelname)s %(message)s",
+    )
+    torch.set_num_threads(max(1, args.num_threads))
+    try:
+        config = config_from_args(args)
+        keys = curve_client_keys(config.curve_keys, config.engine_index) if config.curve_keys else None
+        core = EngineCore(config, load_runner(config), incarnation=random.getrandbits(64))
+        core.grammars.compilers.warm()
+        process = EngineProcess(config, core, keys)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        logger.error("%s", e)
+        sys.exit(2)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: process.stop())
+    logger.info(
+        "engine %d (incarnation %016x) serving %s on %s, %d KV blocks of %d; frontend %s",
+        config.engine_index,
+        process.incarnation,
+        config.served_model_name,
+        config.device,
+        core.facts.num_kv_blocks,
+        config.block_size,
+        config.frontend_address,
+    )
+    process.run()
+    if process.refusal is not None:
+        sys.exit(3)  # the frontend refused it (logged): a status of its own, for supervisors
+    logger.info("engine %d stopped", config.engine_index)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The engine process's loop: one engine core, connected to a frontend over ZeroMQ (its CLI: engine_cli.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import zmq
+
+from openinfer import protocol
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
+from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
+from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
+
+logger = logging.getLogger("openinfer.engine")
+
+# Reconnection after the frontend goes away: the first try after 100 ms, then doubling up to one per 2 s.
+_RECONNECT_IVL_MS = 100
+_RECONNECT_IVL_MAX_MS = 2000
+
+
+class CurveClientKeys(NamedTuple):
+    """An engine's CurveZMQ key pair and the frontend's public key (``--zmq-curve-keys``)."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+
+class EngineProcess:
+    """The socket loop around an :class:`EngineCore`: inputs from the DEALER, outputs to the PUSH."""
+
+    def __init__(
+        self, config: EngineConfig, core: EngineCore, curve_keys: CurveClientKeys | None = None
+    ) -> None:
+        self.config = config
+        self.core = core
+        self.curve_keys = curve_keys
+        self.incarnation = core.incarnation
+        self.seq = 0
+        self.num_protocol_errors = 0
+        self.input_codec = protocol.EngineInputCodec()
+        self.output_codec = protocol.EngineOutputCodec()
+        self.context = zmq.Context()
+        self.requests = self._socket(zmq.DEALER)
+        self.requests.setsockopt(
+            zmq.ROUTING_ID, protocol.engine_identity(config.engine_index, self.incarnation)
+        )
+        self.requests.setsockopt(zmq.LINGER, 0)
+        self.requests.connect(config.frontend_address)
+        self.outputs = self._socket(zmq.PUSH)
+        self.outputs.setsockopt(zmq.LINGER, 1000)
+        self.outputs.connect(config.output_address)
+        self._stopping = False
+        self.refusal: str | None = None  # why the frontend refused this engine (then run() returns)
+        # A drafter being loaded in the background, and the command that asked for it.
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-load")
+        self._pending_load: tuple[protocol.LoadDrafter, Future[SpecDecoder]] | None = None
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        """A socket that finds its frontend again by itself: after it restarts, or its host vanishes."""
+        socket = self.context.socket(kind)
+        socket.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
+        # ZMTP pings: a frontend host that vanished without closing the connection is noticed in seconds.
+        socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        if self.curve_keys is not None:
+            socket.curve_publickey, socket.curve_secretkey, socket.curve_serverkey = self.curve_keys
+        return socket
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def run(self) -> None:
+        """Loop until stopped: read inputs, step while there is work, heartbeat when idle."""
+        self._send_hello()
+        last_sent = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.requests, zmq.POLLIN)
+        while not self._stopping:
+            timeout_ms = 0 if self.core.has_work else int(self.config.heartbeat_interval * 1000)
+            if poller.poll(timeout_ms):
+                self._read_inputs()
+            busy = self.core.has_work
+            try:
+                outputs = self.core.step()
+            except Exception:  # noqa: BLE001 - one bad step must not take the engine (and its peers) down
+                logger.exception("an engine step failed; ending the requests it was running")
+                outputs = self.core.fail_running("the engine failed while running this request; see its log")
+            self._finish_drafter_load()
+            now = time.monotonic()
+            if outputs or now - last_sent >= self.config.heartbeat_interval:
+                self._send_outputs(outputs)
+                last_sent = now
+            if busy and self.config.step_sleep > 0:
+                time.sleep(self.config.step_sleep)  # --step-sleep: a slowed engine, for latency tests
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        self.context.destroy(linger=1000)
+
+    def _read_inputs(self) -> None:
+        while True:
+            try:
+                frame = self.requests.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            try:
+                message = self.input_codec.decode(frame)
+            except protocol.ProtocolError as e:
+                self.num_protocol_errors += 1
+                logger.warning("dropped a bad frame from the frontend (%s)", e)
+                continue
+            if isinstance(message, protocol.EngineCoreRequest):
+                self.core.add_request(message)
+            elif isinstance(message, protocol.AbortRequests):
+                self.core.abort(message.request_ids)
+            elif isinstance(message, protocol.HelloRequest):
+                self._send_hello()
+            elif isinstance(message, protocol.HelloRefused):  # final: the engine stops (exit status 3)
+                logger.error(
+                    "the frontend refused this engine, which stops (frontend protocol %d, engine %d): %s",
+                    message.protocol_version,
+                    protocol.PROTOCOL_VERSION,
+                    message.message,
+                )
+                self.refusal = message.message
+                self._stopping = True
+            else:
+                self._change_drafter(message)
+
+    @property
+    def _start_anchor(self) -> str | None:
+        """The engine's --dflash-anchor, kept for drafters loaded at run time that name none."""
+        return self.config.speculative.dflash_anchor if self.config.speculative is not None else None
+
+    def _change_drafter(self, command: protocol.LoadDrafter | protocol.UnloadDrafter) -> None:
+        """Unload now, or start loading in the background (heartbeats go on); answer with a DrafterReply."""
+        if self._pending_load is not None:
+            self._reply(
+                command, False, "a drafter is still loading on this engine; try again when it is done"
+            )
+        elif isinstance(command, protocol.UnloadDrafter):
+            self.core.unload_drafter()
+            self._reply(command, True, "speculative decoding is off")
+        elif command.draft_model and not is_allowed(command.draft_model, self.config.allowed_drafter_dirs):
+            logger.warning("drafter load refused: %r is outside --allowed-drafter-dir", command.draft_model)
+            self._reply(command, False, NOT_ALLOWED.format(path=command.draft_model))
+        else:
+            spec = DrafterSpec(
+                command.method,
+                command.num_spec_tokens,
+                Path(command.draft_model) if command.draft_model else self.config.default_draft_model,
+                command.prompt_lookup_min,
+                command.prompt_lookup_max,
+                command.dflash_anchor or self._start_anchor,
+            )
+            self._pending_load = (command, self._loader.submit(self.core.build_drafter, spec))
+
+    def _finish_drafter_load(self) -> None:
+        """Install a drafter whose background load finished, and answer; a failed load keeps the old one."""
+        if self._pending_load is None or not self._pending_load[1].done():
+            return
+        command, future = self._pending_load
+        self._pending_load = None
+        try:
+            self._reply(command, True, f"loaded {self.core.install_drafter(future.result())}")
+        except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
+            logger.warning("drafter load refused: %s: %s", type(e).__name__, e)
+            self._reply(command, False, _load_failure(command, e))
+
+    def _reply(self, command: protocol.LoadDrafter | protocol.UnloadDrafter, ok: bool, message: str) -> None:
+        spec_decoder = self.core.spec
+        reply = protocol.DrafterReply(
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            command_id=command.command_id,
+            ok=ok,
+            message=message,
+            num_spec_tokens=spec_decoder.num_spec_tokens if spec_decoder is not None else None,
+            load=self.core.load_snapshot(),
+        )
+        self.outputs.send(self.output_codec.encode(reply))
+
+    def _send_hello(self) -> None:
+        model_path = self.config.model_path
+        tokenizer_config = model_path / "tokenizer_config.json"
+        hello = protocol.EngineHello(
+            protocol_version=protocol.PROTOCOL_VERSION,
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            model_name=self.config.served_model_name,
+            max_model_len=self.core.facts.max_model_len,
+            kv_block_size=self.core.facts.block_size,
+            kv_num_blocks=self.core.facts.num_kv_blocks,
+            num_spec_tokens=self.core.spec.num_spec_tokens if self.core.spec is not None else None,
+            vocab_size=self.core.facts.vocab_size,
+            eos_token_ids=sorted(self.core.facts.eos_token_ids),
+            tokenizer_json=(model_path / "tokenizer.json").read_bytes(),
+            tokenizer_config_json=read_tokenizer_config(tokenizer_config.parent),
+            load=self.core.load_snapshot(),
+        )
+        self.outputs.send(self.output_codec.encode(hello))
+
+    def _send_outputs(self, outputs: list[protocol.EngineCoreOutput]) -> None:
+        message = protocol.EngineCoreOutputs(
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            timestamp=time.time(),
+            outputs=outputs,
+            load=self.core.load_snapshot(),
+        )
+        self.outputs.send(self.output_codec.encode(message), copy=False)
+
+    def _next_seq(self) -> int:
+        seq = self.seq
+        self.seq += 1
+        return seq
+
+
+def _load_failure(command: protocol.LoadDrafter, error: Exception) -> str:
+    """What a client is told of a failed load: a checkpoint read from a path says nothing of the files
+    (that they exist, what they hold); a load that read no files (n-gram) says what was wrong."""
+    if command.method == "dflash" and command.draft_model:
+        return CANNOT_LOAD.format(path=command.draft_model)
+    if command.method == "dflash":
+        return "cannot load the engine's default drafter; the engine's log says why"
+    return f"{type(error).__name__}: {error}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m openinfer.engine_core.process.engine_process``, and console scripts installed before the CLI moved
+    to engine_cli.py: run that CLI."""
+    # imported here: the CLI imports this module
+    from openinfer.engine_core.process.engine_cli import main as cli_main
+
+    cli_main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The model executor the engine core steps: one protocol, two runners (the real one and --fake-model's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from openinfer.engine_core.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from openinfer.engine_core.worker.step_batch import StepBatch
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One request's share of a step: the new tokens to run and where their KV entries go."""
+
+    token_ids: list[int]  # new tokens to run this step for one request
+    start_pos: int  # tokens of this request already in its KV cache (position of token_ids[0])
+    block_ids: list[int]  # the request's block table, covering start_pos + len(token_ids) slots
+    num_logits: int = 1  # logits wanted for the LAST num_logits tokens (0 for a mid-prompt prefill chunk)
+
+
+class ModelExecutor(Protocol):
+    """What the engine core and its drafters need of a model runner.
+
+    ``ModelRunner`` runs the Qwen3 target over the paged KV cache; ``testing.FakeModelRunner`` computes
+    cheap deterministic logits for ``--fake-model``. The engine process chooses one and hands it to
+    ``EngineCore(config, runner)``.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    block_size: int  # tokens per KV block
+    num_kv_blocks: int  # KV blocks the runner holds (block ids are in [0, num_kv_blocks))
+    model_config: ModelConfig  # the target's architecture (vocabulary, EOS ids, max positions)
+
+    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
+        """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in chunk order."""
+        ...
+
+    def execute_with_aux(
+        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`execute`, plus (num_tokens, len(aux_layer_ids) * hidden) hidden states at every token."""
+        ...
+
+
+def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
+    """Refuse a KV cache without a block, or blocks without a slot."""
+    if num_kv_blocks < 1 or block_size < 1:
+        raise ValueError(f"need num_kv_blocks >= 1 and block_size >= 1, got {num_kv_blocks}, {block_size}")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ "auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

@@ -1,0 +1,149 @@
+"""Runs the target model over a step's chunks; owns the weights, the paged KV cache, the attention backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.worker.executor import SeqChunk, check_kv_geometry, resolve_dtype
+from openinfer.engine_core.worker.step_batch import StepBatch, runner_step
+from openinfer.engine_core.worker.step_graphs import StepGraphs
+from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend
+
+
+@dataclass(frozen=True)
+class _StepInputs:
+    input_ids: Tensor  # (num_tokens,) int64
+    positions: Tensor  # (num_tokens,) int64
+    attn: AttentionMetadata
+    logits_indices: (
+        Tensor | None
+    )  # (sum of num_logits,) int64: the hidden rows to turn into logits; None: all
+
+
+class ModelRunner:
+    """Loads a Qwen3 folder onto `device` and runs batched steps over a paged KV cache of
+    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch block
+    past them for padding), attending through the `attention_backend` that `select_backend` names (auto:
+    Triton on CUDA, torch on the CPU).
+
+    Decode and verify steps run as padded fixed shapes from CUDA graphs on CUDA when the attention backend
+    allows it, unless ``enforce_eager`` (see :mod:`step_graphs`); everything else runs eagerly.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        device: torch.device,
+        num_kv_blocks: int,
+        block_size: int = 16,
+        dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
+        enforce_eager: bool = False,
+        max_num_seqs: int = 256,
+    ) -> None:
+        check_kv_geometry(num_kv_blocks, block_size)
+        self.device = torch.device(device)
+        if self.device.type == "cuda":  # Triton launches and graph capture use the current device
+            torch.cuda.set_device(self.device.index or 0)
+        self.dtype = dtype or resolve_dtype("auto", self.device)
+        self.block_size = block_size
+        self.num_kv_blocks = num_kv_blocks
+        self.model_config = config = ModelConfig.from_folder(model_path)
+        self.attn_backend = select_backend(self.device, attention_backend, block_size)
+        with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
+            model = Qwen3ForCausalLM(config, self.attn_backend)
+        self.model = model.to(self.dtype).to_empty(device=self.device).eval()
+        self.model.load_weights(Path(model_path))
+        # (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer.
+        # Block num_kv_blocks is the scratch block padded steps write into.
+        cache_shape = (2, num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
+        caches = torch.zeros((config.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
+        self.kv_caches: list[Tensor] = list(caches.unbind(0))
+        capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
+        self.step_graphs: StepGraphs | None = None
+        if capture:
+            self.step_graphs = StepGraphs(
+                self.model, self.kv_caches, block_size, num_kv_blocks, config.max_position_embeddings,
+                max_num_seqs, capture=True,
+            )  # fmt: skip
+
+    @staticmethod
+    def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes of KV cache one block takes across all layers (keys and values)."""
+        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+        return per_token * block_size * dtype.itemsize
+
+    @torch.inference_mode()
+    def execute_with_aux(
+        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`execute`, plus the outputs of decoder layers ``aux_layer_ids`` at every token.
+
+        Returns logits as ``execute`` does and aux (num_tokens, len(aux_layer_ids) * hidden), the chosen
+        layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
+        """
+        step = runner_step(chunks, self)
+        padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
+        if self.step_graphs is not None and padded is not None:
+            logits, padded_aux = self.step_graphs.run(step, *padded, aux_layer_ids)
+            assert padded_aux is not None
+            return logits, padded_aux
+        inputs = self._prepare(step)
+        hidden, aux = self.model.forward_with_aux(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, aux_layer_ids=list(aux_layer_ids)
+        )
+        rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
+        return self.model.compute_logits(rows), torch.cat(aux, dim=-1)
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
+        """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache.
+
+        Returns (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits tokens,
+        in chunk order.
+        """
+        step = runner_step(chunks, self)
+        padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
+        if self.step_graphs is not None and padded is not None:
+            return self.step_graphs.run(step, *padded)[0]
+        inputs = self._prepare(step)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
+        if inputs.logits_indices is None:
+            return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def _prepare(self, step: StepBatch) -> _StepInputs:
+        """The step's input tensors: the int64 ones in one host-to-device copy, the attention metadata's
+        int32 ones in another."""
+        n = step.num_tokens
+        every_row = step.logits_for_every_token
+        num_logits = 0 if every_row else len(step.logits_indices)
+        packed = np.empty(3 * n + num_logits, dtype=np.int64)
+        packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n] = (
+            step.token_ids,
+            step.positions,
+            step.slot_mapping,
+        )
+        if not every_row:
+            packed[3 * n :] = step.logits_indices
+        input_ids, positions, slots, *logits_indices = host_to_device_parts(
+            packed, [n, n, n] + ([] if every_row else [num_logits]), self.device
+        )
+        attn = AttentionMetadata.from_arrays(
+            step.context_lens,
+            step.query_lens,
+            step.block_tables,
+            slots,
+            self.block_size,
+            step.max_query_len,
+            step.max_seq_len,
+        )
+        return _StepInputs(input_ids, positions, attn, logits_indices[0] if logits_indices else None)

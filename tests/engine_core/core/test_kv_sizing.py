@@ -1,0 +1,124 @@
+"""The KV cache's size: --num-kv-blocks, else --kv-cache-gb, else on CUDA --gpu-memory-utilization's share
+less the weights, activations and reserve (the arithmetic only: CUDA is not needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.core.kv_sizing import (
+    CUDA_RESERVE_BYTES,
+    GIB,
+    GpuMemory,
+    activation_bytes,
+    checkpoint_bytes,
+    cuda_kv_budget,
+    num_kv_blocks,
+)
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.process.engine_args import config_from_args, parse_args
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.kernels.attention import select_backend
+
+H200 = GpuMemory(free=140 * GIB, total=141 * GIB)
+
+
+def test_the_share_less_weights_activations_and_reserve_is_the_kv_cache() -> None:
+    """0.9 of 141 GiB = 126.9 GiB; less 16 GiB of weights, 2 GiB of activations and the 1 GiB reserve:
+    107.9 GiB of KV cache."""
+    budget = cuda_kv_budget(H200, 0.9, 16 * GIB, 2 * GIB)
+    assert budget.requested == int(0.9 * 141 * GIB)
+    assert budget.kv_bytes == int(0.9 * 141 * GIB) - 19 * GIB
+    assert "KV cache 107.90 GiB = 126.90 GiB allowed - weights 16.00" in budget.describe()
+
+
+def test_memory_others_use_must_be_free_not_taken_from_the_share() -> None:
+    """As vLLM: 0.9 of the GPU must be free at start; 0.5 of a half-used GPU is fine."""
+    half_used = GpuMemory(free=70 * GIB, total=140 * GIB)
+    with pytest.raises(ValueError, match="asks for 126.00 GiB of this GPU's 140.00 GiB, but only 70.00 GiB"):
+        cuda_kv_budget(half_used, 0.9, GIB, GIB)
+    assert cuda_kv_budget(half_used, 0.5, GIB, GIB).kv_bytes == 70 * GIB - 2 * GIB - CUDA_RESERVE_BYTES
+
+
+def test_a_share_the_model_fills_is_refused_naming_what_to_change() -> None:
+    with pytest.raises(ValueError, match="leaves no KV cache .* raise it, lower --max-num-batched-tokens"):
+        cuda_kv_budget(H200, 0.1, 14 * GIB, 0)
+
+
+def test_activation_bound() -> None:
+    """Qwen3-8B's widths (hidden 4096, 32 query and 8 KV heads of 128, MLP 12288, vocabulary 151936),
+    512 tokens a step in bfloat16: 512 x (3*4096 + 4096 + 2*1024 + 3*12288) x 2 bytes of layer tensors, plus
+    3 float32 vocabulary rows for each of the min(512, 64 x 8) = 512 sampled tokens."""
+    config = ModelConfig(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+        max_position_embeddings=40960, tie_word_embeddings=False, attention_bias=False, eos_token_ids=(1,),
+        torch_dtype=torch.bfloat16,
+    )  # fmt: skip
+    layer = 512 * (3 * 4096 + 4096 + 2 * 1024 + 3 * 12288) * 2
+    assert activation_bytes(config, 512, 64, 7, torch.bfloat16) == layer + 3 * 512 * 151936 * 4
+    assert activation_bytes(config, 512, 4, 0, torch.bfloat16) == layer + 3 * 4 * 151936 * 4
+
+
+def test_checkpoint_bytes_count_every_tensor_at_the_engine_dtype(tmp_path: Path) -> None:
+    """The target's parameters (tied LM head counted once) and a DFlash drafter's, from the file headers,
+    at 2 bytes each in bfloat16 whatever they were saved in."""
+    target = make_tiny_checkpoint(tmp_path / "t", overrides={"num_hidden_layers": 2})
+    model = Qwen3ForCausalLM(
+        ModelConfig.from_folder(target), select_backend(torch.device("cpu"), "torch", 16)
+    )
+    params = sum(p.numel() for p in model.parameters())
+    assert checkpoint_bytes(target, torch.bfloat16) == 2 * params
+    draft = make_tiny_dflash_checkpoint(tmp_path / "d", target, target_layer_ids=(0,))
+    assert 0 < checkpoint_bytes(draft, torch.float32) < checkpoint_bytes(target, torch.float32)
+
+
+def test_which_flag_sizes_the_cache(tmp_path: Path) -> None:
+    """--num-kv-blocks wins, then --kv-cache-gb (also on CUDA), then the GPU share on CUDA (the CLI's default,
+    kv_cache_gb None); the CPU without either takes 1 GiB and ignores --gpu-memory-utilization."""
+    target = make_tiny_checkpoint(tmp_path / "t")
+    model = ModelConfig.from_folder(target)
+    block = 1 << 20  # 1 MiB a block, for round numbers
+
+    def blocks(gpu: GpuMemory | None, **flags: object) -> int:
+        config = EngineConfig(model_path=target, served_model_name="t", **flags)  # type: ignore[arg-type]
+        return num_kv_blocks(config, model, torch.float32, block, gpu)
+
+    assert blocks(H200, num_kv_blocks=7, kv_cache_gb=2.0) == 7
+    assert blocks(H200, kv_cache_gb=2.0) == 2048
+    assert (
+        blocks(None, kv_cache_gb=None) == blocks(None, kv_cache_gb=None, gpu_memory_utilization=0.1) == 1024
+    )
+    assert blocks(H200) == 1024  # a config made in code (tests, benchmarks) keeps 1 GiB unless told
+    weights = checkpoint_bytes(target, torch.float32)
+    activations = activation_bytes(model, 512, 64, 0, torch.float32)
+    expected = (int(0.5 * H200.total) - weights - activations - CUDA_RESERVE_BYTES) // block
+    assert blocks(H200, kv_cache_gb=None, gpu_memory_utilization=0.5) == expected
+
+
+def test_a_start_time_dflash_drafter_is_counted(tmp_path: Path) -> None:
+    """With --spec-method dflash at start the drafter's weights and K's sampled rows come off the share."""
+    target = make_tiny_checkpoint(tmp_path / "t")
+    draft = make_tiny_dflash_checkpoint(tmp_path / "d", target, target_layer_ids=(0,))
+    model = ModelConfig.from_folder(target)
+    plain = EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=None)
+    spec = DrafterSpec("dflash", 7, draft)
+    drafting = EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=None, speculative=spec)
+    extra = checkpoint_bytes(draft, torch.float32)
+    extra += activation_bytes(model, 512, 64, 7, torch.float32) - activation_bytes(
+        model, 512, 64, 0, torch.float32
+    )
+    kv = [num_kv_blocks(c, model, torch.float32, 1, H200) for c in (plain, drafting)]
+    assert kv[0] - kv[1] == extra
+
+
+def test_the_cli_sizes_by_the_gpu_share_unless_told() -> None:
+    """openinfer-engine (and openinfer-serve) without --kv-cache-gb leaves it to --gpu-memory-utilization."""
+    assert config_from_args(parse_args([])).kv_cache_gb is None
+    assert config_from_args(parse_args(["--kv-cache-gb", "2"])).kv_cache_gb == 2.0
+    assert config_from_args(parse_args(["--gpu-memory-utilization", "0.5"])).gpu_memory_utilization == 0.5

@@ -1,0 +1,146 @@
+"""openinfer-serve's choices: the built-in model drafts with its DFlash drafter unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
+from openinfer.engine_core.launch.serve import engine_command, frontend_command, parse_args, resolve_builtin
+from openinfer.engine_core.process.engine_args import config_from_args
+from openinfer.engine_core.process.engine_args import parse_args as engine_args
+from openinfer.frontend.main import parse_args as frontend_args
+
+
+def engine_flags(*argv: str, index: int = 0) -> argparse.Namespace:
+    """What engine ``index`` reads from the command line ``openinfer-serve argv`` gives it."""
+    args = parse_args(list(argv))
+    resolve_builtin(args)
+    return engine_args(engine_command(args, index)[3:])  # after `python -m module`
+
+
+def frontend_flags(*argv: str) -> argparse.Namespace:
+    """What the frontend reads from the command line ``openinfer-serve argv`` gives it."""
+    return frontend_args(frontend_command(parse_args(list(argv)))[3:])
+
+
+def test_no_arguments_serve_the_builtin_pair() -> None:
+    """No arguments: the built-in target as openinfer-tiny-qwen3 with the built-in DFlash drafter, K=7."""
+    engine = engine_flags()
+    assert engine.model == str(builtin_target_folder())
+    assert engine.served_model_name == "openinfer-tiny-qwen3"
+    assert (engine.spec_method, engine.num_spec_tokens) == ("dflash", 7)
+    assert engine.draft_model == str(builtin_drafter_folder())
+
+
+@pytest.mark.parametrize(
+    ("argv", "method", "k", "draft"),
+    [
+        (["--spec-method", "ngram"], "ngram", 7, None),  # K defaults to 7 for any drafter
+        (["--no-spec"], None, None, None),
+        (["--num-spec-tokens", "3"], "dflash", 3, str(builtin_drafter_folder())),
+        (["--spec-method", "dflash", "--draft-model", "/d"], "dflash", 7, "/d"),
+        (["--model", "/m"], None, None, None),  # a model of one's own drafts only when asked
+        (["--model", "/m", "--spec-method", "ngram"], "ngram", 7, None),
+        (["/m", "--spec-method", "ngram"], "ngram", 7, None),  # the model as `vllm serve MODEL`
+        (["--fake-model", "--spec-method", "ngram"], "ngram", 7, None),  # no model: nothing built in
+    ],
+)
+def test_switches(argv: list[str], method: str | None, k: int | None, draft: str | None) -> None:
+    """--spec-method ngram and --no-spec switch the built-in drafter; a model of one's own assumes nothing."""
+    engine = engine_flags(*argv)
+    assert (engine.spec_method, engine.num_spec_tokens, engine.draft_model) == (method, k, draft)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--no-spec", "--spec-method", "ngram"],
+        ["--no-spec", "--num-spec-tokens", "3"],
+        ["--model", "/m", "--draft-model", "/d"],
+    ],
+)
+def test_contradictions_are_refused(argv: list[str]) -> None:
+    """--no-spec with drafter flags, or drafter options with --model but no method, is a usage error."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--reasoning-parser", "qwen3"], ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes",
+     "--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"],
+     ["--structured-outputs-config", '{"disable_any_whitespace": true}']],
+)  # fmt: skip
+def test_chat_parser_flags_reach_the_frontend(flags: list[str]) -> None:
+    """vLLM's --reasoning-parser, --tool-call-parser, --enable-auto-tool-choice and
+    --structured-outputs-config go to the frontend, which reads them as given."""
+    assert frontend_flags(*flags).chat_parsers == frontend_args(flags).chat_parsers
+    assert frontend_flags(*flags).structured_outputs_config == frontend_args(flags).structured_outputs_config
+    assert not set(flags) & set(engine_command(parse_args(["/m", *flags]), 0))  # none reaches an engine
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["--reasoning-parser", "deepseek_r1"],
+            "unknown reasoning parser 'deepseek_r1'; openinfer has: qwen3",
+        ),
+        (["--tool-call-parser", "mistral"], "unknown tool call parser 'mistral'; openinfer has: hermes"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    ],
+)
+def test_parsers_that_cannot_work_are_refused_at_start(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown parser name, or auto tool choice without a tool parser: a usage error saying so, before
+    anything starts (openinfer-frontend says the same, tests/frontend/test_main.py)."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "model"),
+    [
+        (["/m"], "/m"),
+        (["/m", "--model", "/m"], "/m"),
+        (["--model", "/m"], "/m"),
+        ([], str(builtin_target_folder())),
+    ],
+)
+def test_the_model_is_positional_or_a_flag(argv: list[str], model: str) -> None:
+    """`openinfer-serve MODEL` is `--model MODEL` (as `vllm serve MODEL`); no model: the built-in target."""
+    assert engine_flags(*argv).model == model
+
+
+def test_two_different_models_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A positional model and a different --model: a usage error naming both."""
+    with pytest.raises(SystemExit):
+        parse_args(["/m", "--model", "/n"])
+    assert "the model is given twice (/m and --model /n)" in capsys.readouterr().err
+
+
+def test_every_engine_gets_its_own_index_device_and_spec_log() -> None:
+    """Engine i: --engine-index i, GPU i under --device cuda, DIR/spec-engine<i>.jsonl; the rest alike."""
+    argv = ["/m", "--engines", "2", "--device", "cuda", "--spec-log-dir", "/logs", "--max-num-seqs", "8"]
+    engines = [engine_flags(*argv, index=i) for i in range(2)]
+    assert [(e.engine_index, e.gpu, str(e.spec_log)) for e in engines] == [
+        (0, 0, "/logs/spec-engine0.jsonl"),
+        (1, 1, "/logs/spec-engine1.jsonl"),
+    ]
+    assert [e.max_num_seqs for e in engines] == [8, 8]
+    assert config_from_args(engines[1]).device == "cuda:1"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--spec-log", "/s.jsonl", "--engines", "2"], ["--spec-log", "/s.jsonl", "--spec-log-dir", "/logs"]],
+)
+def test_one_spec_log_for_many_engines_is_refused(argv: list[str]) -> None:
+    """--spec-log names one file: with several engines (or --spec-log-dir too) it is a usage error."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert str(engine_flags("--spec-log", "/s.jsonl").spec_log) == "/s.jsonl"  # with one engine it is passed

@@ -1,0 +1,130 @@
+"""Padded fixed-shape DFlash draft forwards (the shapes CUDA graphs replay) propose the eager path's drafts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from openinfer.engine_core.models.dflash import torch_block_attention, triton_block_attention
+from openinfer.engine_core.models.dflash_config import AnchorLayout
+from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
+from openinfer.engine_core.spec_decode.dflash_graphs import pad_blocks
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
+from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.worker.step_graphs import StepGraphs
+
+PAGE = 4
+NUM_PAGES = 64
+MAX_LEN = 64  # the step graphs' model length: block tables of ceil((64 + 33) / 4) = 25 columns
+K = 4  # drafts per block: blocks of K + 1 = 5 slots (the checkpoint's block_size is 6)
+CONTEXTS = [0, 1, 3, 4, 7, 12, 16, 21, 30, 37]  # one request each: empty, within a page, page boundaries
+BATCHES = [[0], [1, 5, 9], [9, 8, 7, 6, 5], [2, 3, 4], list(range(10))]  # buckets 1, 4, 8, 4; 10 > 8: eager
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("target") / "t", seed=4, overrides=SMALL_QWEN3)
+
+
+def draft_checkpoint(folder: Path, target: Path, anchor: AnchorLayout = AnchorLayout.MASK_SLOTS) -> Path:
+    return make_tiny_dflash_checkpoint(
+        folder, target, seed=2, num_layers=2, block_size=6, target_layer_ids=(0, 1), anchor=anchor
+    )
+
+
+def make_drafter(
+    target: Path, draft: Path, device: torch.device, backend: str, graphs: bool, max_batch: int = 8
+) -> DFlashDrafter:
+    """A drafter over a fresh float32 runner; with ``graphs``, the runner has step graphs (capturing on CUDA,
+    padded eagerly on the CPU) of buckets up to ``max_batch`` and the drafter follows it."""
+    runner = ModelRunner(target, device, NUM_PAGES, PAGE, torch.float32, backend, enforce_eager=True)
+    if graphs:
+        runner.step_graphs = StepGraphs(
+            runner.model, runner.kv_caches, PAGE, NUM_PAGES, MAX_LEN, max_batch, capture=device.type == "cuda"
+        )
+    return DFlashDrafter(draft, runner, num_spec_tokens=K)
+
+
+def check_padded_drafts(
+    eager: DFlashDrafter, padded: DFlashDrafter, batches: list[list[int]] = BATCHES
+) -> None:
+    """Ten requests over scattered pages, each drafter's cache full of different noise first (stale entries
+    must never count): every batch gets the same drafts from both, max_drafts 1..K mixed (so block lengths
+    differ within a batch); the padded drafter runs every batch that fits a bucket padded, the rest eagerly."""
+    pages = list(range(NUM_PAGES))
+    random.Random(0).shuffle(pages)
+    gen = torch.Generator().manual_seed(0)
+    width = len(eager.aux_layer_ids) * eager.config.target_hidden_size
+    tables, updates = [], []
+    for context in CONTEXTS:
+        tables.append([pages.pop() for _ in range(-(-(context + K + 1) // PAGE))])
+        if context:
+            updates.append(ContextUpdate(tables[-1], 0, torch.randn(context, width, generator=gen)))
+    for seed, drafter in enumerate((eager, padded)):
+        for cache in drafter.context_caches:
+            cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(seed)))
+        drafter.extend_context(updates)
+    assert padded.graphs is not None
+    runs = padded.graphs.num_runs
+    for batch in batches:
+        queries = [DraftQuery((7 * i + 3) % 256, CONTEXTS[i], tables[i], i % K + 1) for i in batch]
+        expected = eager.propose(queries)
+        assert padded.propose(queries) == expected, f"batch {batch}"
+        assert [len(d) for d in expected] == [i % K + 1 for i in batch]
+    fitting = [b for b in batches if len(b) <= padded.graphs.max_batch]
+    assert padded.graphs.num_runs == runs + len(fitting) and len(fitting) < len(batches)
+
+
+def test_pad_blocks() -> None:
+    """Two queries padded to a bucket of 4: padding rows hold token 0 at position 0 with an empty context and
+    a full block of T = 5; tables keep the columns the contexts use (position 5 of pages of 4: 2)."""
+    queries = [DraftQuery(11, 5, [3, 8, 2], 2), DraftQuery(12, 0, [], 4)]
+    blocks = pad_blocks(queries, [4, 5], batch=4, block_width=5, page_size=4)
+    assert blocks.rows == [[11, 12, 0, 0], [5, 0, 0, 0], [4, 5, 5, 5]]
+    assert blocks.block_tables == [[3, 8], [0, 0], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("anchor", list(AnchorLayout), ids=lambda a: a.value)
+def test_padded_drafts_equal_eager(target: Path, tmp_path: Path, anchor: AnchorLayout) -> None:
+    """The padded static path (torch attention, capture=False) proposes exactly the eager path's drafts, with
+    either anchor layout (draft slots 1..K or 0..K-1)."""
+    draft = draft_checkpoint(tmp_path, target, anchor)
+    cpu = torch.device("cpu")
+    eager = make_drafter(target, draft, cpu, "torch", graphs=False)
+    padded = make_drafter(target, draft, cpu, "torch", graphs=True)
+    assert eager.graphs is None and padded.graphs is not None and not padded.graphs.capture
+    check_padded_drafts(eager, padded)
+
+
+def test_triton_padded_drafts_equal_eager(target: Path, tmp_path: Path) -> None:
+    """A runner on the Triton backend gives its drafter the Triton block kernel (the torch one otherwise):
+    padded (a bucket of 4) and eagerly (5 requests) through it, under the interpreter on the CPU, the drafts
+    are the torch eager path's."""
+    draft = draft_checkpoint(tmp_path, target)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    eager = make_drafter(target, draft, device, "torch", graphs=False)
+    padded = make_drafter(target, draft, device, "triton", graphs=True, max_batch=4)
+    assert eager.model.layers[0].self_attn.attention is torch_block_attention
+    assert padded.model.layers[0].self_attn.attention is triton_block_attention
+    check_padded_drafts(eager, padded, [[1, 5, 9], [9, 8, 7, 6, 5]])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_drafts_equal_eager(target: Path, tmp_path: Path) -> None:
+    """On CUDA: drafts replayed from captured graphs (one per bucket, replayed again with new inputs) equal the
+    eager drafts; a runner with --enforce-eager gives its drafter no graphs."""
+    draft = draft_checkpoint(tmp_path, target)
+    device = torch.device("cuda")
+    eager = make_drafter(target, draft, device, "triton", graphs=False)
+    graphed = make_drafter(target, draft, device, "triton", graphs=True)
+    assert eager.graphs is None and graphed.graphs is not None and graphed.graphs.capture
+    check_padded_drafts(eager, graphed)
+    runner = ModelRunner(target, device, NUM_PAGES, PAGE, torch.float32)  # auto: Triton, graphs on
+    assert runner.step_graphs is not None
+    assert DFlashDrafter(draft, runner, num_spec_tokens=K).graphs is not None

@@ -1,0 +1,285 @@
+"""Speculative decoding in the engine core: lossless at temperature 0, counted exactly (DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.models.dflash_config import AnchorLayout
+from openinfer.engine_core.process.engine_cli import load_runner
+from openinfer.engine_core.spec_decode.ngram import ngram_propose
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.kernels.verification import accepted_prefix_length
+from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
+from tests.engine_core.worker.test_greedy_parity import SMALL, assert_hf_greedy
+
+K = 7
+# Per prompt: max_tokens, several of them cut a 7-token draft short.
+MAX_TOKENS = [40, 5, 13, 40, 2, 9, 31, 17]
+
+
+def make_prompts(seed: int = 0) -> list[list[int]]:
+    """Mixed lengths; half of them repeat a phrase so that prompt lookup hits."""
+    rng = random.Random(seed)
+    prompts = []
+    for i, length in enumerate([3, 9, 17, 30, 12, 45, 6, 60]):
+        if i % 2:
+            phrase = [rng.randrange(3, 512) for _ in range(5)]
+            prompts.append((phrase * 20)[:length])
+        else:
+            prompts.append([rng.randrange(3, 512) for _ in range(length)])
+    return prompts
+
+
+def run(core: EngineCore, prompts: list[list[int]], stop_token_ids: list[list[int]] | None = None):
+    """All prompts as one batch at temperature 0; checks DESIGN.md's counter invariants on every snapshot."""
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    stats = {}
+    for i, prompt in enumerate(prompts):
+        stops = stop_token_ids[i] if stop_token_ids else []
+        params = SamplingParams(
+            max_tokens=MAX_TOKENS[i], temperature=0.0, ignore_eos=True, stop_token_ids=stops
+        )
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    previous = None
+    while core.has_work:
+        for out in core.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+            if out.finish is not None:
+                stats[out.request_id] = out.spec_stats
+        counters = core.load_snapshot().spec_decode
+        if counters is not None:
+            assert counters.violation() is None
+            if previous is not None:
+                assert counters.minus(previous).is_nonnegative()
+            previous = counters.copy()
+    return [outputs[str(i)] for i in range(len(prompts))], stats
+
+
+def make_core(folder: Path, **overrides: object) -> EngineCore:
+    config = EngineConfig(model_path=folder, served_model_name="t", **overrides)  # type: ignore[arg-type]
+    return EngineCore(config, load_runner(config))
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("target") / "t", seed=5, overrides=SMALL)
+
+
+@pytest.fixture(scope="module")
+def baseline(target: Path) -> list[list[int]]:
+    return run(make_core(target), make_prompts())[0]
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_counts_agree(core: EngineCore, log: list[dict], stats: dict) -> None:
+    """Engine counters == the spec log, line by line == the sum of per-request stats."""
+    assert core.spec is not None
+    from_log = SpecDecodeCounters.zero(K)
+    for line in log:
+        from_log.observe_draft(line["num_draft_tokens"], line["num_accepted"])
+    assert core.spec.counters == from_log
+    per_request = [s for s in stats.values() if s is not None]
+    assert sum(s.num_drafts for s in per_request) == from_log.num_drafts
+    assert sum(s.num_draft_tokens for s in per_request) == from_log.num_draft_tokens
+    assert sum(s.num_accepted_tokens for s in per_request) == from_log.num_accepted_tokens
+    assert [sum(s.accepted_length_hist[n] for s in per_request) for n in range(K + 1)] == (
+        from_log.accepted_length_hist
+    )
+
+
+def simulate_ngram(prompt: list[int], expected: list[int], max_tokens: int, stops: list[int]) -> list[tuple]:
+    """The drafts prompt lookup must make, and what each must count, when the target's tokens are known."""
+    seq, out, drafts = list(prompt), [expected[0]], []
+    seq.append(expected[0])
+    while len(out) < max_tokens and out[-1] not in stops:
+        room = min(K, max_tokens - len(out) - 1)
+        draft = ngram_propose(seq, 1, 4, room) if room > 0 else []
+        accepted = accepted_prefix_length(draft, expected[len(out) :])
+        new = expected[len(out) : len(out) + accepted + 1]
+        kept = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
+        if draft:
+            drafts.append((len(draft), min(kept, accepted)))
+        out += new[:kept]
+        seq += new[:kept]
+    return drafts
+
+
+def test_ngram_is_lossless_and_counted_exactly(
+    target: Path, baseline: list[list[int]], tmp_path: Path
+) -> None:
+    """ngram K=7: the tokens of a run without speculation (and HF's); each draft counted as simulated."""
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, speculative=DrafterSpec("ngram", K), spec_log=log)
+    prompts = make_prompts()
+    outputs, stats = run(core, prompts)
+    assert outputs == baseline
+    assert_hf_greedy(target, prompts, outputs)
+    lines = read_log(log)
+    assert (
+        core.spec is not None and core.spec.counters.num_accepted_tokens > 0
+    )  # lookups hit and were accepted
+    for i, prompt in enumerate(prompts):
+        expected = simulate_ngram(prompt, baseline[i], MAX_TOKENS[i], [])
+        assert [
+            (x["num_draft_tokens"], x["num_accepted"]) for x in lines if x["request_id"] == str(i)
+        ] == expected
+    assert_counts_agree(core, lines, stats)
+
+
+def test_stop_token_inside_accepted_run(target: Path, baseline: list[list[int]], tmp_path: Path) -> None:
+    """A stop token inside an accepted draft ends the output there; accepted counts up to and including it."""
+    prompts = make_prompts()
+    stops = [[out[len(out) // 2]] for out in baseline]  # a token each greedy output really produces
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, speculative=DrafterSpec("ngram", K), spec_log=log)
+    outputs, stats = run(core, prompts, stops)
+    for out, base, stop in zip(outputs, baseline, stops, strict=True):
+        assert out == base[: base.index(stop[0]) + 1]
+    lines = read_log(log)
+    for i, prompt in enumerate(prompts):
+        expected = simulate_ngram(prompt, baseline[i], MAX_TOKENS[i], stops[i])
+        assert [
+            (x["num_draft_tokens"], x["num_accepted"]) for x in lines if x["request_id"] == str(i)
+        ] == expected
+    assert_counts_agree(core, lines, stats)
+
+
+def test_dflash_is_lossless(target: Path, baseline: list[list[int]], tmp_path: Path) -> None:
+    """A random tiny DFlash drafter (K=7) changes no token; its drafts are counted consistently."""
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)
+    )
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, speculative=DrafterSpec("dflash", K, draft), spec_log=log)
+    prompts = make_prompts()
+    outputs, stats = run(core, prompts)
+    assert outputs == baseline
+    assert_hf_greedy(target, prompts, outputs)
+    lines = read_log(log)
+    assert len(lines) > 20  # it drafted
+    assert all(x["num_draft_tokens"] <= min(K, MAX_TOKENS[int(x["request_id"])] - 1) for x in lines)
+    assert_counts_agree(core, lines, stats)
+
+
+def test_dflash_with_accepted_drafts_is_lossless(tmp_path: Path) -> None:
+    """A DFlash pair whose drafts are often accepted (anchor-slot layout, a near-identity drafter, a target
+    that tends to repeat): accepted KV is kept, the context grows through accepted tokens, tokens unchanged."""
+    target = make_tiny_checkpoint(tmp_path / "t", seed=5, init_std=0.1, overrides=SMALL)
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "d",
+        target,
+        seed=1,
+        block_size=8,
+        target_layer_ids=(0,),
+        init_std=0.02,
+        anchor=AnchorLayout.ANCHOR_SLOT,
+    )
+    prompts = make_prompts()
+    baseline = run(make_core(target), prompts)[0]
+    core = make_core(target, speculative=DrafterSpec("dflash", K, draft))
+    outputs, stats = run(core, prompts)
+    assert outputs == baseline
+    assert_hf_greedy(target, prompts, outputs)
+    assert core.spec is not None
+    counters = core.spec.counters
+    assert (
+        0.2 * counters.num_drafts < counters.num_accepted_tokens < counters.num_draft_tokens
+    )  # partly accepted
+    assert sum(s.num_accepted_tokens for s in stats.values() if s is not None) == counters.num_accepted_tokens
+
+
+@pytest.mark.parametrize("method", ["ngram", "dflash"])
+def test_first_decode_step_drafts(target: Path, tmp_path: Path, method: str) -> None:
+    """The step that completes a prompt also proposes (z-lab's dflash_generate and vLLM do): step 0 prefills,
+    samples and drafts, step 1 verifies. Chunked prefill too: only the chunk that completes the prompt drafts.
+    (n-gram on the fake model, whose cycle makes the first token continue a phrase the prompt holds.)"""
+    if method == "ngram":
+        cycle = list(range(FIRST_CYCLE_TOKEN, FIRST_CYCLE_TOKEN + 12))
+        prompt = cycle + cycle[:3]  # the first output token cycle[3] continues cycle[1:3]: a 3-gram hit
+        core = make_core(
+            target, fake_model=True, speculative=DrafterSpec("ngram", K), max_num_batched_tokens=8
+        )
+    else:
+        draft = make_tiny_dflash_checkpoint(
+            tmp_path / "d", target, seed=1, block_size=8, target_layer_ids=(0,)
+        )
+        prompt = list(range(5, 20))
+        core = make_core(target, speculative=DrafterSpec("dflash", K, draft), max_num_batched_tokens=8)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    core.add_request(EngineCoreRequest("a", prompt, params))
+    assert core.spec is not None
+    core.step()  # 8 of 15 prompt tokens: no sample, no draft
+    assert core.requests["a"].spec_token_ids == ()
+    (out,) = core.step()  # the rest of the prompt: samples the first token and drafts
+    assert len(out.new_token_ids) == 1 and len(core.requests["a"].spec_token_ids) == K
+    core.step()  # the first decode step verifies them
+    assert core.spec.counters.num_drafts == 1 and core.spec.counters.num_draft_tokens == K
+
+
+def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[list[int]]) -> None:
+    """A small KV cache (preemption by recompute) and a small token budget (drafts cut short): same tokens."""
+    core = make_core(target, speculative=DrafterSpec("ngram", K), num_kv_blocks=14, max_num_batched_tokens=24)
+    outputs, _ = run(core, make_prompts())
+    assert outputs == baseline
+
+
+def test_drafter_load_and_unload_at_run_time(target: Path, baseline: list[list[int]]) -> None:
+    """None, K=3, none, K=7, K=7: zero after none or a new K, kept for the same K; tokens unchanged."""
+    core = make_core(target)
+    assert core.load_snapshot().spec_decode is None
+    core.load_drafter(DrafterSpec("ngram", 3))
+    assert core.load_snapshot().spec_decode == SpecDecodeCounters.zero(3)
+    outputs, _ = run(core, make_prompts())
+    assert outputs == baseline
+    core.unload_drafter()
+    assert core.load_snapshot().spec_decode is None
+    core.load_drafter(DrafterSpec("ngram", 7))
+    assert core.load_snapshot().spec_decode == SpecDecodeCounters.zero(7)
+    run(core, make_prompts())
+    counted = core.load_snapshot().spec_decode
+    assert counted is not None and counted.num_drafts > 0
+    core.load_drafter(DrafterSpec("ngram", 7, prompt_lookup_min=2))  # same K: the counters go on
+    assert core.load_snapshot().spec_decode == counted
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (DrafterSpec("ngram", 33), "MAX_SPEC_TOKENS=32"),
+        (DrafterSpec("ngram", 0), "MAX_SPEC_TOKENS=32"),
+        (DrafterSpec("dflash", 7), "--draft-model"),
+        (DrafterSpec("eagle", 7), "unknown --spec-method"),
+    ],
+)
+def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -> None:
+    """K > 32 (never clamped), a missing draft model or an unknown method: a clear error, old drafter kept."""
+    core = make_core(target, speculative=DrafterSpec("ngram", 4))
+    with pytest.raises(ValueError, match=message):
+        core.load_drafter(spec)
+    assert core.spec is not None and core.spec.num_spec_tokens == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_speculation_is_lossless_on_cuda(target: Path, tmp_path: Path) -> None:
+    """On CUDA (float32), ngram and DFlash K=7 give the tokens of the same engine without speculation."""
+    base = run(make_core(target, device="cuda:0", dtype="float32"), make_prompts())[0]
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)
+    )
+    for spec in (DrafterSpec("ngram", K), DrafterSpec("dflash", K, draft)):
+        core = make_core(target, device="cuda:0", dtype="float32", speculative=spec)
+        assert run(core, make_prompts())[0] == base, spec.method
+        assert core.spec is not None and core.spec.counters.num_drafts > 0
