@@ -10,8 +10,9 @@ rejected, so every step takes the full verify path). Each cell is the median ove
 - step: ``EngineCore.step()`` plus encoding its outputs for the frontend (what the engine loop does per step);
 - model: the target's forward and LM head (on CUDA, synchronised at both ends);
 - host = step - model, and its parts: schedule, prepare (the step's inputs, from the input batch's arrays to
-  the runner's tensors: the rest of the execute call), update (verification, appending, stop checks,
-  counters, outputs), propose (the drafter call and its bookkeeping), encode.
+  the runner's tensors: the worker's execute call but the model and the sampler), update (the sampler:
+  grammar masks, logits processors, verification, logprobs; then the scheduler's booking: appending, stop
+  checks, KV commits; counters, outputs, the drafter's context), propose (the drafter call), encode.
 
 The parts are timed by wrapping the engine core's own methods on this instance. ``--profile`` prints
 cProfile's top functions (by own time) over the host path at the largest batch with drafts.
@@ -117,14 +118,19 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
     runner = core.runner
     assert isinstance(runner, ModelRunner)
     core.scheduler.schedule = timer.wrap("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
-    core._execute = timer.wrap("execute", core._execute)  # type: ignore[method-assign]
+    core.worker.execute = timer.wrap("execute", core.worker.execute)  # type: ignore[method-assign]
+    core.worker.sampler = timer.wrap("sample", core.worker.sampler)  # type: ignore[assignment]
     runner.model.forward = timer.wrap("model", runner.model.forward, synced=True)  # type: ignore[method-assign]
     runner.model.compute_logits = timer.wrap("model", runner.model.compute_logits, synced=True)  # type: ignore[method-assign]
     replay = torch.cuda.CUDAGraph.replay  # graph replays are the model's forward too (restored below)
     if runner.step_graphs is not None:
         torch.cuda.CUDAGraph.replay = timer.wrap("model", replay, synced=True)  # type: ignore[method-assign]
-    core._update = timer.wrap("update", core._update)  # type: ignore[method-assign]
-    core._propose = timer.wrap("propose", core._propose)  # type: ignore[method-assign]
+    scheduler = core.scheduler
+    scheduler.update_from_output = timer.wrap("update", scheduler.update_from_output)  # type: ignore[method-assign]
+    core._outputs = timer.wrap("update", core._outputs)  # type: ignore[method-assign]
+    if core.spec is not None:
+        core.spec.after_step = timer.wrap("update", core.spec.after_step)  # type: ignore[method-assign]
+        core.spec.propose = timer.wrap("propose", core.spec.propose)  # type: ignore[method-assign]
     try:
         samples = timed_steps(core, timer, steps)
     finally:
@@ -145,7 +151,10 @@ def timed_steps(core: EngineCore, timer: PartTimer, steps: int) -> dict[str, lis
         end = time.perf_counter_ns()
         timer.current["encode"] = end - encode_start
         parts = dict(timer.current)
-        parts["prepare"] = parts.pop("execute", 0) - parts.get("model", 0)
+        # The sampler runs inside the worker's execute; it is counted with the update, as it was before.
+        sample = parts.pop("sample", 0)
+        parts["prepare"] = parts.pop("execute", 0) - parts.get("model", 0) - sample
+        parts["update"] = parts.get("update", 0) + sample
         samples["step"].append((end - start) / 1e3)
         samples["host"].append((end - start - parts.get("model", 0)) / 1e3)
         for part in PARTS:

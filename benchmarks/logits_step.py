@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-import openinfer.engine_core.core.engine_core as engine_core_module
+import openinfer.engine_core.sample.sampler as sampler_module
 from openinfer.benchmarks.engine_step import CycleDrafter
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
@@ -75,11 +75,12 @@ def build_core(
 
 
 class LogitsTimer:
-    """Nanoseconds inside the engine's ``processed_logits`` during the current step (wrapped at its import)."""
+    """Nanoseconds inside the engine's ``processed_logits`` during the current step (wrapped where the sampler
+    imports it)."""
 
     def __init__(self) -> None:
         self.current = 0
-        self._wrapped: Callable[..., Any] = engine_core_module.processed_logits
+        self._wrapped: Callable[..., Any] = sampler_module.processed_logits
 
     def __enter__(self) -> LogitsTimer:
         def timed(*args: Any) -> Any:
@@ -88,11 +89,11 @@ class LogitsTimer:
             self.current += time.perf_counter_ns() - start
             return result
 
-        engine_core_module.processed_logits = timed  # type: ignore[assignment]
+        sampler_module.processed_logits = timed  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        engine_core_module.processed_logits = self._wrapped  # type: ignore[assignment]
+        sampler_module.processed_logits = self._wrapped  # type: ignore[assignment]
 
 
 def timed_steps(core: EngineCore, timer: LogitsTimer, steps: int) -> tuple[list[float], list[float]]:

@@ -26,11 +26,17 @@ def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int
     return accepted
 
 
-def verify(logits: Tensor, drafts: Sequence[Sequence[int]], batch: SamplingBatch) -> list[list[int]]:
+def verify(
+    logits: Tensor,
+    drafts: Sequence[Sequence[int]],
+    batch: SamplingBatch,
+    starts: Sequence[int] | None = None,
+) -> list[list[int]]:
     """Per request, the tokens to append: its accepted draft tokens, then one token from the target.
 
     logits (sum(len(d) + 1 for d in drafts), V) float32: request b's len(drafts[b]) + 1 verified positions,
-    back to back. A request without drafts is plain sampling (its list is one token long). Greedy requests
+    back to back (``starts``: each request's first row, when the caller has them). A request without drafts
+    is plain sampling (its list is one token long). Greedy requests
     accept the longest prefix of drafts equal to the target's argmax (walked on the host over the argmax).
     The others use rejection sampling on the device (see ``_rejection_sample``). One host sync in all.
     """
@@ -40,7 +46,8 @@ def verify(logits: Tensor, drafts: Sequence[Sequence[int]], batch: SamplingBatch
     sampled = batch.sampled()
     if not sampled and logits.shape[0] == len(drafts):  # greedy, no drafts: one token per request
         return [[t] for t in argmax.tolist()]
-    starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+    if starts is None:
+        starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
     width = 0  # columns of the sampled requests' token rows
     read_back = argmax
     if sampled:
@@ -67,7 +74,7 @@ def _greedy(drafts: Sequence[int], targets: list[int]) -> list[int]:
 def _rejection_sample(
     logits: Tensor,
     all_drafts: Sequence[Sequence[int]],
-    all_starts: list[int],
+    all_starts: Sequence[int],
     batch: SamplingBatch,
     requests: list[int],
 ) -> tuple[Tensor, Tensor]:

@@ -133,7 +133,8 @@ def check_against_engine(
         tokens = data.tokens[i].tolist()
         p = int(data.prompt_lens[i]) + 5 * i  # an anchor among the generated tokens
         block_ids = list(range(i * SEQ_LEN // page, (i + 1) * SEQ_LEN // page))
-        _, aux = runner.execute_with_aux([SeqChunk(tokens[:p], 0, block_ids)], drafter.aux_layer_ids)
+        aux = runner.execute([SeqChunk(tokens[:p], 0, block_ids)], drafter.aux_layer_ids).aux
+        assert aux is not None  # asked for
         drafter.extend_context([ContextUpdate(block_ids, 0, aux)])
         queries.append(DraftQuery(tokens[p], p, block_ids, k, tokens[: p + 1]))
         blocks = make_blocks(

@@ -15,10 +15,10 @@ Prefix caching has vLLM's semantics, so the numbers agree:
   first; blocks that are not cached are reused before any cached one.
 - A key names the first block cached under it while that block can be hit (vLLM keeps the first); a block
   computed again under the same key replaces it only when the old one is no hit (see the drafter below).
-- A drafter that reads the target's hidden states (DFlash) keeps its own context keys and values in the same
-  block ids. While one is loaded (``context_generation``), a cached block is a hit only if that drafter
-  generation wrote its context (``mark_drafted``, after the step); otherwise the chain stops there and the
-  request computes the rest, target and drafter context together.
+- Whatever else a block id holds beside the target's KV (a DFlash drafter keeps its context keys and values
+  in the same block ids) is not this manager's to know: a ``hit_filter`` predicate, when set, says which
+  cached blocks may serve a hit (the drafter's own record of the blocks whose context it wrote); where it
+  says no, the chain stops there and the request computes the rest.
 - Queries and hits are counted in tokens when a request is admitted for the first time (never again after a
   preemption): ``counters``, cumulative for the engine's life, None when caching is off.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 from openinfer.engine_core.core.request import Request
@@ -56,8 +57,8 @@ class KVCacheManager:
         self._refs = [0] * num_blocks
         self._key_of: list[bytes | None] = [None] * num_blocks  # a cached block's key ...
         self._cached: dict[bytes, int] = {}  # ... and the block of each key: one is set iff the other is
-        self._drafted_by: list[int | None] = [None] * num_blocks  # drafter generation that wrote its context
-        self.context_generation: int | None = None  # set while a drafter that reads hidden states is loaded
+        # Which cached blocks may serve a hit (None: every one); set by whoever keeps more in the block ids.
+        self.hit_filter: Callable[[int], bool] | None = None
         self.enable_caching = enable_caching
         self.counters = PrefixCacheCounters() if enable_caching else None
 
@@ -140,12 +141,6 @@ class KVCacheManager:
             self._key_of[block] = key
         request.num_cached_blocks = full
 
-    def mark_drafted(self, request: Request, start: int, end: int, generation: int) -> None:
-        """The drafter of ``generation`` wrote its context for the request's positions [start, end), and for
-        every position before them: the full blocks among them carry its mark."""
-        for i in range(start // self.block_size, end // self.block_size):
-            self._drafted_by[request.block_ids[i]] = generation
-
     def trim(self, request: Request, num_tokens: int) -> bool:
         """Free the blocks past those holding ``num_tokens`` slots (rolling back rejected draft positions,
         never cached); True when there were any."""
@@ -175,8 +170,8 @@ class KVCacheManager:
     # ---- internals ----
 
     def _is_hit(self, block: int) -> bool:
-        """Whether a cached block serves a lookup now: always, unless a drafter needs context it lacks."""
-        return self.context_generation is None or self._drafted_by[block] == self.context_generation
+        """Whether a cached block serves a lookup now: always, unless the hit filter says no."""
+        return self.hit_filter is None or self.hit_filter(block)
 
     def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
         """The request's block keys, at least its first ``num_blocks`` (computed once, kept on the request:
@@ -196,7 +191,6 @@ class KVCacheManager:
         if key is not None:
             del self._cached[key]
             self._key_of[block] = None
-        self._drafted_by[block] = None
         self._refs[block] = 1
         return block
 

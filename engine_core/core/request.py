@@ -37,6 +37,19 @@ class RequestStatus(enum.IntEnum):
     def is_finished(self) -> bool:
         return self >= RequestStatus.FINISHED_STOPPED
 
+    @property
+    def finish_reason(self) -> FinishReason:
+        """What the frontend is told of a request that ended so, with no more said (an ended status only)."""
+        return _FINISH_REASONS[self]
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason("stop"),
+    RequestStatus.FINISHED_LENGTH: FinishReason("length"),
+    RequestStatus.FINISHED_ABORTED: FinishReason("abort"),
+    RequestStatus.FINISHED_ERROR: FinishReason("error"),
+}
+
 
 @dataclass(eq=False, slots=True)
 class Request:
@@ -63,14 +76,10 @@ class Request:
     spec_token_ids: tuple[int, ...] = ()
     # this request's speculative counts, from its first draft on (moved only by observe_draft)
     spec_counters: SpecDecodeCounters | None = None
-    # the drafter generation whose context this request's prefill filled (None: prefilled before it loaded)
-    drafter_generation: int | None = None
     # logprobs of the output tokens not yet sent, one per token (None: the request did not ask for them)
     unsent_logprobs: list[TokenLogprobs] | None = None
     # tokens that end it when sampled: its stop_token_ids, and the model's EOS ids unless ignore_eos
     stop_ids: frozenset[int] = frozenset()
-    # the request's row in the engine's InputBatch while it runs
-    row: int | None = None
     # prefix caching (the KV manager's): the chained keys of its full blocks of tokens, as far as computed;
     # how many of its first blocks are cached; the prompt tokens its first admission found cached
     prefix_keys: list[bytes] = field(default_factory=list)
@@ -104,10 +113,6 @@ class Request:
         return temperature if temperature >= _MIN_TEMPERATURE else 0.0
 
     @property
-    def top_k(self) -> int | None:
-        return self.sampling_params.top_k
-
-    @property
     def spec_stats(self) -> SpecDecodeCounters | None:
         """This request's speculative counts as the frontend receives them (None before its first draft)."""
         return None if self.spec_counters is None else self.spec_counters.copy()
@@ -123,14 +128,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - len(self.prompt_token_ids)
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids) :]
-
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
 
     def take_output(self) -> EngineCoreOutput:
         """The output tokens (and logprobs) not yet sent, now counted as sent; the finish and stats once it

@@ -1,66 +1,39 @@
-"""Continuous batching: which requests run this step, and how many of their tokens."""
+"""Continuous batching: which requests run this step, and how many of their tokens; and, after the step,
+every state transition the step's output causes (appending, stopping, committing KV, finishing)."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.core.request import Request, RequestStatus
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from openinfer.engine_core.worker.runner_output import ModelRunnerOutput
+from openinfer.protocol import FinishReason
 
 
-class ScheduledRequest(NamedTuple):
-    """What the scheduler decided for one request this step, fixed when it was decided.
+class RequestUpdate(NamedTuple):
+    """What the step did to one scheduled request, as ``update_from_output`` booked it."""
 
-    The step reads these facts, never the request's counters: by the time drafts are proposed, the update
-    has already moved ``num_computed_tokens`` and appended tokens, so re-deriving "did this step sample?"
-    from the request gives the wrong answer (it did for every prefill, which then never drafted).
-    """
-
-    request: Request
-    start: int  # request.num_computed_tokens when scheduled: the position of the first token run
-    num_new_tokens: int  # tokens of request.all_token_ids run from `start` on
-    spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
-    samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
-    admitted: bool  # its first step since it left the queue: its context from `start` on is computed anew
-
-    @classmethod
-    def of(cls, request: Request, num_new_tokens: int, admitted: bool = False) -> ScheduledRequest:
-        """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
-        samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
-        drafts = request.spec_token_ids if samples else ()
-        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples, admitted)
-
-    @property
-    def num_spec_tokens(self) -> int:
-        return len(self.spec_token_ids)
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return self.num_new_tokens + len(self.spec_token_ids)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The tokens run this step: the new ones, then the drafts."""
-        return [
-            *self.request.all_token_ids[self.start : self.start + self.num_new_tokens],
-            *self.spec_token_ids,
-        ]
+    scheduled: ScheduledRequest
+    num_valid: int  # tokens from scheduled.start on whose KV is verified now (new tokens, accepted drafts)
+    num_kept: int  # tokens appended (0: it did not sample); a stop cuts the rest
+    num_accepted: int  # draft tokens accepted and kept (an accepted run cut by a stop counts up to it)
+    grammar_refused: bool  # its grammar refused a kept token (other options forced it): it must end
+    block_ids: list[int]  # its block table as the step ran (a copy for a request that ended: it holds none)
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest]
-    preempted: list[Request]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_scheduled_tokens for s in self.scheduled)
+# How a request ends: its status and, when there is more to say than the status, why.
+_Ending = tuple[RequestStatus, FinishReason | None]
 
 
 class Scheduler:
-    """FCFS with a per-step token budget, chunked prefill and preemption by recompute."""
+    """FCFS with a per-step token budget, chunked prefill and preemption by recompute.
+
+    It is the one writer of a request's progress: its tokens, computed tokens, drafts (``set_drafts``),
+    status and blocks (through the KV manager).
+    """
 
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         self.kv_cache = kv_cache
@@ -68,6 +41,10 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order; the last is preempted first
+        # Since the last decision: requests that ended, and running requests whose block table was cut short
+        # (both go to the worker's persistent rows with the next decision).
+        self._finished: list[Request] = []
+        self._cut: list[Request] = []
 
     @property
     def has_work(self) -> bool:
@@ -93,10 +70,10 @@ class Scheduler:
             drafts = request.spec_token_ids
             if num_new > budget:
                 num_new = budget
-                drafts = request.spec_token_ids = ()
+                drafts = self.set_drafts(request, ())
             elif len(drafts) > budget - num_new:
                 # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
-                drafts = request.spec_token_ids = drafts[: budget - num_new]
+                drafts = self.set_drafts(request, drafts[: budget - num_new])
             if self._allocate_or_preempt(request, start + num_new + len(drafts), preempted):
                 scheduled.append(self._scheduled(request, num_new))
                 budget -= num_new + len(drafts)
@@ -119,7 +96,9 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(self._scheduled(request, num_new, admitted=True))
             budget -= num_new
-        return SchedulerOutput(scheduled, preempted)
+        finished, self._finished = self._finished, []
+        cut, self._cut = self._cut, []
+        return SchedulerOutput.of(scheduled, preempted, finished, cut)
 
     def _scheduled(self, request: Request, num_new: int, admitted: bool = False) -> ScheduledRequest:
         """Schedule ``num_new`` tokens of a request that holds blocks for them; the blocks they fill are
@@ -143,26 +122,82 @@ class Scheduler:
         # the head of the queue.
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
-        request.spec_token_ids = ()  # never verified, so never counted
+        self.set_drafts(request, ())  # never verified, so never counted
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
-    def commit(self, scheduled: ScheduledRequest, num_valid: int) -> bool:
-        """After the step: the `num_valid` tokens from ``scheduled.start`` on hold verified KV (the new tokens
-        and the accepted drafts); the KV manager frees the blocks past them (rejected drafts' slots). True
-        when it freed any."""
-        request = scheduled.request
-        request.num_computed_tokens = scheduled.start + num_valid
-        if request.status.is_finished:  # its blocks are all freed already
-            return False
-        return self.kv_cache.trim(request, request.num_computed_tokens)
+    def set_drafts(self, request: Request, drafts: tuple[int, ...]) -> tuple[int, ...]:
+        """Give ``request`` the drafts its next step verifies (() for none); the one writer of them."""
+        request.spec_token_ids = drafts
+        return drafts
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Take an ended request out of the queues and free its blocks."""
+    def drop_drafts(self) -> None:
+        """Forget every request's drafts (the drafter that proposed them is gone: never verified, never
+        counted)."""
+        for request in (*self.running, *self.waiting):
+            self.set_drafts(request, ())
+
+    def update_from_output(self, decided: SchedulerOutput, output: ModelRunnerOutput) -> list[RequestUpdate]:
+        """Book one step: append each sampling request's tokens until one stops it (a stop token, then
+        max_tokens or the model length), keep its logprobs, advance its grammar, commit the KV the step
+        verified and free the blocks of rejected drafts; finish the requests that ended. One update per
+        scheduled request, in order."""
+        sampled = iter(zip(output.sampled, output.logprobs, strict=True))
+        updates = []
+        for s in decided.scheduled:
+            request = s.request
+            block_ids = request.block_ids
+            num_valid = s.num_new_tokens  # tokens whose KV is now valid
+            num_kept = num_accepted = 0
+            refused = False
+            if s.samples:
+                tokens, logprobs = next(sampled)
+                num_accepted = len(tokens) - 1
+                num_valid += num_accepted
+                num_kept, ended = self._append(request, tokens)
+                if request.grammar is not None and not request.grammar.advance(tokens[:num_kept]):
+                    refused = True
+                if logprobs is not None and request.unsent_logprobs is not None:
+                    request.unsent_logprobs.extend(logprobs[:num_kept])
+                self.set_drafts(request, ())  # verified now (and counted by the caller)
+                if ended is not None:
+                    block_ids = list(block_ids)  # finishing frees them
+                    self.finish(request, *ended)
+            request.num_computed_tokens = s.start + num_valid
+            # An ended request's blocks are all freed already.
+            if not request.status.is_finished and self.kv_cache.trim(request, request.num_computed_tokens):
+                self._cut.append(request)
+            accepted = min(num_kept, num_accepted)
+            updates.append(RequestUpdate(s, num_valid, num_kept, accepted, refused, block_ids))
+        return updates
+
+    def _append(self, request: Request, tokens: list[int]) -> tuple[int, _Ending | None]:
+        """Append tokens until one stops the request (a stop token, then max_tokens or the model length,
+        checked in that order after each token): how many were appended, and how it ends if it does."""
+        room = request.token_limit - len(request.all_token_ids)
+        stop_ids = request.stop_ids
+        if len(tokens) < room and stop_ids.isdisjoint(tokens):
+            request.all_token_ids += tokens
+            return len(tokens), None
+        for i, token in enumerate(tokens):
+            stopped = token in stop_ids
+            if stopped or i + 1 >= room:
+                request.all_token_ids += tokens[: i + 1]
+                if stopped:
+                    return i + 1, (RequestStatus.FINISHED_STOPPED, FinishReason("stop", stop_token_id=token))
+                return i + 1, (RequestStatus.FINISHED_LENGTH, None)
+        raise AssertionError("unreachable: a token stops the request or it has room for all of them")
+
+    def finish(self, request: Request, status: RequestStatus, reason: FinishReason | None = None) -> None:
+        """Take an ended request out of the queues, free its blocks and say why it ended (``reason``, or the
+        status's own)."""
         assert status.is_finished
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.waiting:  # not there while its grammar compiles
             self.waiting.remove(request)
         request.status = status
+        if request.finish is None:
+            request.finish = reason or status.finish_reason
         self.kv_cache.free(request)
+        self._finished.append(request)

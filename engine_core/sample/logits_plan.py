@@ -22,31 +22,29 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler import ScheduledRequest
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest
 from openinfer.engine_core.sample.penalty_pairs import PenaltyPairs
 from openinfer.kernels.logits_processors import LogitsPlan, apply_plan
 from openinfer.protocol import SamplingParams
 
 
-def plan_logits(sampling: Sequence[ScheduledRequest]) -> LogitsPlan | None:
-    """The plan for one step's sampling requests (each has len(drafts) + 1 logits rows, back to back), or
-    None when none of them uses a logits processor: such a step costs one pass over its requests."""
+def plan_logits(sampling: Sequence[ScheduledRequest], starts: Sequence[int]) -> LogitsPlan | None:
+    """The plan for one step's sampling requests (request i has len(drafts) + 1 logits rows from
+    ``starts[i]`` on), or None when none of them uses a logits processor: such a step costs one pass over its
+    requests."""
     planner: _Planner | None = None
-    row = 0
-    for s in sampling:
+    for s, row in zip(sampling, starts, strict=True):
         if s.request.processes_logits:
             planner = planner or _Planner()
-            planner.add(s.request, s.spec_token_ids, row)
-        row += len(s.spec_token_ids) + 1
+            planner.add(s, row)
     return planner.plan() if planner is not None else None
 
 
-def processed_logits(logits: Tensor, sampling: Sequence[ScheduledRequest]) -> Tensor:
+def processed_logits(logits: Tensor, sampling: Sequence[ScheduledRequest], starts: Sequence[int]) -> Tensor:
     """``logits`` (rows as ``plan_logits`` says) after the step's logits processors: the tensor itself,
     processed in place, or a processed copy when some request asks for logprobs (those are of the raw
     logits, vLLM's default); untouched when no processor applies."""
-    plan = plan_logits(sampling)
+    plan = plan_logits(sampling, starts)
     if plan is None:
         return logits
     keep_raw = any(s.request.sampling_params.logprobs is not None for s in sampling)
@@ -96,31 +94,32 @@ class _Planner:
         self.bias_values: list[float] = []
         self.penalties = PenaltyPairs()
 
-    def add(self, request: Request, drafts: tuple[int, ...], first_row: int) -> None:
-        """Request ``request``'s rows first_row .. first_row + len(drafts): row j follows drafts[:j]."""
+    def add(self, scheduled: ScheduledRequest, first_row: int) -> None:
+        """The request's rows first_row .. first_row + len(drafts): row j follows drafts[:j]. Its history is
+        what it held when scheduled (``scheduled.num_tokens``), whatever the step has done since."""
+        request, drafts = scheduled.request, scheduled.spec_token_ids
         params = request.sampling_params
         num_rows = len(drafts) + 1
-        num_output = request.num_output_tokens
+        num_output = scheduled.num_output_tokens
         # min_tokens: row j samples output token num_output + j
         for j in range(min(num_rows, max(params.min_tokens - num_output, 0))):
             self.mask_rows += [first_row + j] * len(request.stop_ids)
             self.mask_tokens += request.stop_ids
         if params.bad_words_token_ids:
-            self._bad_words(params.bad_words_token_ids, request, drafts, first_row)
+            self._bad_words(params.bad_words_token_ids, scheduled, first_row)
         if params.logit_bias:
             for j in range(num_rows):
                 self.bias_rows += [first_row + j] * len(params.logit_bias)
                 self.bias_tokens += params.logit_bias.keys()
                 self.bias_values += params.logit_bias.values()
         if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
-            self.penalties.add(request, drafts, first_row)
+            self.penalties.add(scheduled, first_row)
 
-    def _bad_words(
-        self, words: list[list[int]], request: Request, drafts: tuple[int, ...], first_row: int
-    ) -> None:
+    def _bad_words(self, words: list[list[int]], scheduled: ScheduledRequest, first_row: int) -> None:
         longest_prefix = max(len(word) for word in words) - 1
-        num_output = request.num_output_tokens
-        tail = request.all_token_ids[request.num_tokens - min(longest_prefix, num_output) :]
+        end = scheduled.num_tokens
+        drafts = scheduled.spec_token_ids
+        tail = scheduled.request.all_token_ids[end - min(longest_prefix, scheduled.num_output_tokens) : end]
         context = [*tail, *drafts]  # row j's history ends at context[len(tail) + j]
         for j in range(len(drafts) + 1):
             end = len(tail) + j

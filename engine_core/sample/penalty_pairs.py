@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from openinfer.engine_core.core.request import Request
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest
 
 IntArray = NDArray[np.int64]
 _KEY = 2**32  # key = request index * _KEY + token id: one sorted universe of (request, token) over the step
@@ -29,11 +29,13 @@ class PenaltyPairs:
     values: list[tuple[float, float, float, bool]] = field(default_factory=list)  # presence, frequency,
     # repetition, and whether the prompt counts (a repetition penalty)
 
-    def add(self, request: Request, drafts: tuple[int, ...], first_row: int) -> None:
+    def add(self, scheduled: ScheduledRequest, first_row: int) -> None:
+        """The request's tokens as scheduled (prompt, output, drafts) and its rows from ``first_row`` on."""
+        request, drafts = scheduled.request, scheduled.spec_token_ids
         params = request.sampling_params
-        self.tokens += request.all_token_ids
+        self.tokens += request.all_token_ids[: scheduled.num_tokens]
         self.tokens += drafts
-        self.lengths.append((request.num_prompt_tokens, request.num_output_tokens, len(drafts)))
+        self.lengths.append((request.num_prompt_tokens, scheduled.num_output_tokens, len(drafts)))
         self.first_rows.append(first_row)
         repetition = params.repetition_penalty
         self.values.append((params.presence_penalty, params.frequency_penalty, repetition, repetition != 1.0))

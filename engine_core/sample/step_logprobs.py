@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-from itertools import accumulate
+from collections.abc import Sequence
 
 from torch import Tensor
 
-from openinfer.engine_core.core.scheduler import ScheduledRequest
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest
 from openinfer.kernels.logprobs import token_logprobs
 from openinfer.protocol import TokenLogprobs
 
 
 def sampled_logprobs(
-    logits: Tensor, sampling: list[ScheduledRequest], sampled: list[list[int]]
+    logits: Tensor, sampling: Sequence[ScheduledRequest], starts: Sequence[int], sampled: list[list[int]]
 ) -> list[list[TokenLogprobs] | None]:
     """Per sampling request, the logprobs of the tokens it sampled (None where it did not ask for them).
 
-    Request i's logits rows are its len(drafts) + 1 verified positions (see ``verify``): its j-th
-    sampled token, an accepted draft token or the target's own, comes from its row j.
+    Request i's logits rows are its len(drafts) + 1 verified positions from ``starts[i]`` on (see ``verify``):
+    its j-th sampled token, an accepted draft token or the target's own, comes from its row j.
     """
     asked = [i for i, s in enumerate(sampling) if s.request.sampling_params.logprobs is not None]
     out: list[list[TokenLogprobs] | None] = [None] * len(sampling)
     if not asked:
         return out
-    starts = _row_starts(sampling)
     wanted = [(sampling[i], sampled[i], starts[i]) for i in asked]
     rows = [r for _, tokens, start in wanted for r in range(start, start + len(tokens))]
     token_ids = [t for _, tokens, _ in wanted for t in tokens]
@@ -38,10 +37,3 @@ def sampled_logprobs(
         ]
         i += len(tokens)
     return out
-
-
-def _row_starts(sampling: list[ScheduledRequest]) -> list[int]:
-    """The first logits row of each sampling request: each has len(drafts) + 1 rows, back to back."""
-    if not sampling:
-        return []
-    return list(accumulate((len(s.spec_token_ids) + 1 for s in sampling[:-1]), initial=0))

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler import ScheduledRequest
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest
 from openinfer.protocol import StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -232,17 +232,15 @@ def apply_masks(logits: torch.Tensor, masks: torch.Tensor, rows: list[int] | Non
     xgr.apply_token_bitmask_inplace(logits, masks.to(logits.device, non_blocking=True), indices=rows)
 
 
-def apply_grammars(logits: torch.Tensor, sampling: Sequence[ScheduledRequest]) -> None:
-    """Mask one step's logits rows (``len(drafts) + 1`` per sampling request, back to back) by the requests'
-    grammars, in place; a step with no constrained request costs one pass over its requests."""
+def apply_grammars(logits: torch.Tensor, sampling: Sequence[ScheduledRequest], starts: Sequence[int]) -> None:
+    """Mask one step's logits rows (``len(drafts) + 1`` per sampling request from ``starts[i]`` on) by the
+    requests' grammars, in place; a step with no constrained request costs one pass over its requests."""
     if all(s.request.grammar is None for s in sampling):
         return
     masks = allocate_masks(logits.shape[0], logits.shape[1])
     rows: list[int] = []
-    row = 0
-    for s in sampling:
+    for s, row in zip(sampling, starts, strict=True):
         if s.request.grammar is not None:
             rows += s.request.grammar.fill(masks, row, s.spec_token_ids)
-        row += len(s.spec_token_ids) + 1
     if rows:
         apply_masks(logits, masks, rows)

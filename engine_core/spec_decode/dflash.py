@@ -17,8 +17,7 @@ from openinfer.engine_core.models.dflash import (
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
-from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery, DraftTarget
 from openinfer.kernels.attention import AttentionBackend
 from openinfer.protocol import MAX_SPEC_TOKENS
 
@@ -30,7 +29,8 @@ def follow_backend(backend: AttentionBackend) -> BlockAttention:
 
 
 class DFlashDrafter:
-    """Drafts with a z-lab DFlash checkpoint beside `runner`'s target, sharing its embedding and LM head.
+    """Drafts with a z-lab DFlash checkpoint beside `runner`'s target, sharing its embedding and LM head
+    (:class:`DraftTarget`: the target's hidden states in, its embedding and head out).
 
     Its context cache has the target's paging (runner.num_kv_blocks pages of runner.block_size slots, one
     tensor per draft layer) and is indexed by the target's block ids: position p's context key/value lives in
@@ -47,7 +47,7 @@ class DFlashDrafter:
     """
 
     def __init__(
-        self, path: Path, runner: ModelRunner, num_spec_tokens: int, anchor: AnchorLayout | None = None
+        self, path: Path, runner: DraftTarget, num_spec_tokens: int, anchor: AnchorLayout | None = None
     ) -> None:
         config = DFlashConfig.from_folder(path, anchor)
         config.check_target(runner.model_config)
@@ -65,7 +65,7 @@ class DFlashDrafter:
         self.device, self.dtype = runner.device, runner.dtype
         self.page_size = runner.block_size  # KV-cache block size (config.block_size is the draft block's)
         self.num_pages = runner.num_kv_blocks
-        self._target = runner.model
+        self._target = runner
         # RoPE table: a block's slots run up to block_size positions past the model length.
         max_positions = runner.model_config.max_position_embeddings + config.block_size
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
@@ -189,7 +189,7 @@ class DFlashDrafter:
     def _logits(self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int) -> Tensor:
         """ids (B, T) block tokens at positions (B * T,) -> (B, num_drafts, vocab) float32 logits of the draft
         slots (the first `num_drafts` from the layout's first draft slot), through :meth:`compute_logits`."""
-        embeds = self._target.model.embed_tokens(ids) * self.config.input_embedding_scale  # (B, T, hidden)
+        embeds = self._target.embed(ids) * self.config.input_embedding_scale  # (B, T, hidden)
         hidden = self.model(embeds, positions, self.context_caches, context)  # (B, T, hidden)
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)

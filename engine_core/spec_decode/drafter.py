@@ -1,12 +1,18 @@
-"""The drafter interface (n-gram lookup, DFlash) and the choice between them."""
+"""The drafter interface (n-gram lookup, DFlash), and what a drafter may read of the target."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from openinfer.engine_core.models.config import ModelConfig
+    from openinfer.engine_core.worker.step_graphs import StepGraphs
+    from openinfer.kernels.attention import AttentionBackend
 
 
 @dataclass(frozen=True)
@@ -46,4 +52,26 @@ class Drafter(Protocol):
 
     def describe(self) -> str:
         """One line for logs and replies, e.g. "ngram K=7 n=[1, 4]"."""
+        ...
+
+
+class DraftTarget(Protocol):
+    """What a drafter that shares the target's embedding and LM head reads of the target's runner: its hidden
+    states come in through :class:`ContextUpdate`; the embedding and the head are these two calls; the rest
+    is the geometry it follows (KV paging, device, attention backend, step graphs)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    block_size: int  # tokens per KV block: the drafter's context pages are the target's blocks
+    num_kv_blocks: int
+    model_config: ModelConfig
+    attn_backend: AttentionBackend
+    step_graphs: StepGraphs | None  # the target's padded steps (CUDA graphs): the drafter pads to its buckets
+
+    def embed(self, token_ids: Tensor) -> Tensor:
+        """(...,) int64 token ids -> (..., hidden) the target's input embeddings."""
+        ...
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """(n, hidden) final hidden states -> (n, vocab) float32 logits through the target's LM head."""
         ...

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.worker.executor import SeqChunk, check_kv_geometry
+from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk, check_kv_geometry
 from openinfer.engine_core.worker.step_batch import StepBatch
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).
@@ -56,8 +56,7 @@ class FakeModelRunner:
     """A model executor whose ``execute`` is the fake model's rule: no weights, no KV cache.
 
     It checks every step, the engine's own too (which the real runner takes as they are), so scheduling and
-    input-batch bugs surface in the fake-model tests. DFlash needs a real model's
-    hidden states: ``execute_with_aux`` refuses (the engine refuses ``--fake-model`` with dflash first).
+    input-batch bugs surface in the fake-model tests.
     """
 
     model_path: Path  # unused: the fake model has no folder (the built-in tokenizer's serves its vocabulary)
@@ -72,17 +71,17 @@ class FakeModelRunner:
         self.device = torch.device(self.device)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
-        """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order."""
+    def execute(self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
+        """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order; no
+        hidden states (a DFlash drafter needs a real model's: the engine refuses it with --fake-model first)."""
+        if aux_layer_ids:
+            raise ValueError(
+                "--fake-model has no hidden states for a DFlash drafter; use --spec-method ngram"
+            )
         step = chunks if isinstance(chunks, StepBatch) else StepBatch.of(chunks, self.block_size)
         step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
         last_ids = step.token_ids[step.logits_indices].tolist()
         tokens = torch.tensor(last_ids, dtype=torch.int64, device=self.device)  # (num_logits,)
         logits = torch.zeros(len(last_ids), self.model_config.vocab_size, device=self.device)
         logits[torch.arange(len(last_ids), device=self.device), successors(tokens)] = FAKE_SUCCESSOR_LOGIT
-        return logits
-
-    def execute_with_aux(
-        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
-    ) -> tuple[Tensor, Tensor]:
-        raise ValueError("--fake-model has no hidden states for a DFlash drafter; use --spec-method ngram")
+        return ForwardOutput(logits, None)

@@ -16,6 +16,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class ForwardOutput:
+    """What one forward pass gives: logits at the rows the step asked for and, when asked, hidden states."""
+
+    logits: Tensor  # (sum of num_logits, vocab_size) float32: each chunk's last num_logits rows, chunk order
+    aux: (
+        Tensor | None
+    )  # (num_tokens, len(aux_layer_ids) * hidden) at every token, chunk order; None: not asked
+
+
+@dataclass(frozen=True)
 class SeqChunk:
     """One request's share of a step: the new tokens to run and where their KV entries go."""
 
@@ -39,14 +49,9 @@ class ModelExecutor(Protocol):
     num_kv_blocks: int  # KV blocks the runner holds (block ids are in [0, num_kv_blocks))
     model_config: ModelConfig  # the target's architecture (vocabulary, EOS ids, max positions)
 
-    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
-        """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in chunk order."""
-        ...
-
-    def execute_with_aux(
-        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
-    ) -> tuple[Tensor, Tensor]:
-        """:meth:`execute`, plus (num_tokens, len(aux_layer_ids) * hidden) hidden states at every token."""
+    def execute(self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
+        """Run the step: its logits and, when ``aux_layer_ids`` names decoder layers, their outputs
+        concatenated in that order at every token (a drafter's context features)."""
         ...
 
 

@@ -6,12 +6,15 @@ A row holds its request's tokens (prompt and outputs, then the pending drafts pa
 What keeps it true, and who writes it:
 
 - ``add`` (the request is first scheduled, or again after a preemption) writes every token and the table;
-- ``write_drafts`` (before the step that verifies them) writes a request's drafts after its last token;
-- ``append`` (after each step) writes each sampling request's last new token: its accepted drafts are
-  already in place, its prefill tokens were written by ``add``;
-- ``step_of`` (before the step) rewrites a table whose length changed since it was written, and
-  ``trimmed`` records a table cut short (a cut keeps the blocks before it, so the length says it all);
-- ``remove`` (the request finished or was preempted) frees the row.
+- ``step_of`` (before the step) writes the tokens the request gained since (its accepted drafts are already
+  in place: only its last token is new), its drafts after its last token, and a table whose length changed
+  since it was written;
+- ``release`` (before the step) frees the rows of the requests that ended or were preempted since the last
+  step, and marks the tables the KV manager cut short (a cut table may grow back to the same length with
+  other blocks) to be rewritten.
+
+The rows are the input batch's own record (``Request`` knows nothing of them): whether a request still runs
+is its status, never whether it holds a row.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler import ScheduledRequest
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.worker.step_batch import Int64s, StepBatch, expand_runs
 
 
@@ -29,33 +32,35 @@ class InputBatch:
         self.block_size = block_size
         self.token_ids = np.zeros((max_num_seqs, max_tokens), dtype=np.int64)
         self.block_tables = np.zeros((max_num_seqs, -(-max_tokens // block_size)), dtype=np.int64)
-        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # -1: stale, rewritten when next scheduled
+        self.num_written = [0] * max_num_seqs  # each row's tokens of request.all_token_ids written
+        self.rows: dict[Request, int] = {}
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request) -> int:
         """Give ``request`` a row and write its tokens and block table there."""
-        request.row = row = self._free_rows.pop()
+        self.rows[request] = row = self._free_rows.pop()
         self.token_ids[row, : len(request.all_token_ids)] = request.all_token_ids
+        self.num_written[row] = len(request.all_token_ids)
         self._write_table(row, request.block_ids)
+        return row
 
     def remove(self, request: Request) -> None:
-        if request.row is not None:
-            self._free_rows.append(request.row)
-            request.row = None
+        row = self.rows.pop(request, None)
+        if row is not None:
+            self._free_rows.append(row)
 
-    def write_drafts(self, scheduled: list[ScheduledRequest]) -> None:
-        """Write the drafts each scheduled request verifies after its last token."""
-        rows = [_row(s.request) for s in scheduled for _ in s.spec_token_ids]
-        positions = [s.start + s.num_new_tokens + i for s in scheduled for i in range(len(s.spec_token_ids))]
-        self.token_ids[rows, positions] = [t for s in scheduled for t in s.spec_token_ids]
-
-    def append(self, rows: list[int], positions: list[int], tokens: list[int]) -> None:
-        """Write tokens[i] at positions[i] of row rows[i]."""
-        if rows:
-            self.token_ids[rows, positions] = tokens
-
-    def trimmed(self, request: Request) -> None:
-        self.num_blocks[_row(request)] = len(request.block_ids)
+    def release(self, decided: SchedulerOutput) -> None:
+        """Free the rows of the requests that ended or were preempted since the last step; mark the tables
+        the KV manager cut short for rewriting."""
+        for request in decided.finished:
+            self.remove(request)
+        for request in decided.preempted:
+            self.remove(request)
+        for request in decided.cut:
+            row = self.rows.get(request)
+            if row is not None:
+                self.num_blocks[row] = -1
 
     def _write_table(self, row: int, block_ids: list[int]) -> None:
         self.block_tables[row, : len(block_ids)] = block_ids
@@ -63,24 +68,35 @@ class InputBatch:
 
     def step_of(self, scheduled: list[ScheduledRequest]) -> StepBatch:
         """The inputs of the scheduled step, after bringing its requests' rows up to date: a row for each
-        request scheduled for the first time (or again after a preemption), the drafts it verifies, the
-        tables the scheduler grew. One pass over the requests; the rest is vectorised over their rows."""
+        request scheduled for the first time (or again after a preemption), the tokens it gained, the drafts
+        it verifies, the tables the scheduler grew. One pass over the requests; the rest is vectorised over
+        their rows."""
         facts: list[tuple[int, int, int, int]] = []
-        drafting: list[ScheduledRequest] = []
-        written = self.num_blocks
+        rows: list[int] = []  # (row, position, token) of every token to write
+        positions: list[int] = []
+        tokens: list[int] = []
+        written, num_written = self.num_blocks, self.num_written
         for s in scheduled:
             request = s.request
-            if request.row is None:
-                self.add(request)
-            row = _row(request)
-            if len(request.block_ids) != written[row]:  # the scheduler grew the table
+            row = self.rows.get(request)
+            if row is None:
+                row = self.add(request)
+            if len(request.block_ids) != written[row]:  # the scheduler grew the table (or cut it)
                 self._write_table(row, request.block_ids)
+            num_tokens = s.start + s.num_new_tokens  # the request's tokens when scheduled
+            for position in range(num_written[row], num_tokens):
+                rows.append(row)
+                positions.append(position)
+                tokens.append(request.all_token_ids[position])
+            num_written[row] = num_tokens
+            for i, draft in enumerate(s.spec_token_ids):
+                rows.append(row)
+                positions.append(num_tokens + i)
+                tokens.append(draft)
             num_drafts = len(s.spec_token_ids)
-            if num_drafts:
-                drafting.append(s)
             facts.append((row, s.start, s.num_new_tokens + num_drafts, 1 + num_drafts if s.samples else 0))
-        if drafting:
-            self.write_drafts(drafting)
+        if rows:
+            self.token_ids[rows, positions] = tokens
         return self.step_batch(np.array(facts, dtype=np.int64).reshape(len(scheduled), 4))
 
     def step_batch(self, facts: Int64s) -> StepBatch:
@@ -111,10 +127,3 @@ class InputBatch:
             max_seq_len=int(seq_lens.max()),
             logits_for_every_token=bool((num_logits == query_lens).all()),
         )
-
-
-def _row(request: Request) -> int:
-    """The request's row; it must hold one (a request without one is not running)."""
-    if request.row is None:
-        raise ValueError(f"request {request.request_id!r} has no row in the input batch")
-    return request.row

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
-from openinfer.engine_core.worker.executor import SeqChunk, check_kv_geometry, resolve_dtype
+from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk, check_kv_geometry, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch, runner_step
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend
@@ -75,6 +75,14 @@ class ModelRunner:
                 max_num_seqs, capture=True,
             )  # fmt: skip
 
+    def embed(self, token_ids: Tensor) -> Tensor:
+        """(...,) int64 token ids -> (..., hidden) input embeddings (a drafter shares them)."""
+        return self.model.model.embed_tokens(token_ids)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """(n, hidden) final hidden states -> (n, vocab) float32 logits (a drafter shares the LM head)."""
+        return self.model.compute_logits(hidden)
+
     @staticmethod
     def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         """Bytes of KV cache one block takes across all layers (keys and values)."""
@@ -82,43 +90,32 @@ class ModelRunner:
         return per_token * block_size * dtype.itemsize
 
     @torch.inference_mode()
-    def execute_with_aux(
-        self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int]
-    ) -> tuple[Tensor, Tensor]:
-        """:meth:`execute`, plus the outputs of decoder layers ``aux_layer_ids`` at every token.
-
-        Returns logits as ``execute`` does and aux (num_tokens, len(aux_layer_ids) * hidden), the chosen
-        layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
-        """
-        step = runner_step(chunks, self)
-        padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
-        if self.step_graphs is not None and padded is not None:
-            logits, padded_aux = self.step_graphs.run(step, *padded, aux_layer_ids)
-            assert padded_aux is not None
-            return logits, padded_aux
-        inputs = self._prepare(step)
-        hidden, aux = self.model.forward_with_aux(
-            inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, aux_layer_ids=list(aux_layer_ids)
-        )
-        rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
-        return self.model.compute_logits(rows), torch.cat(aux, dim=-1)
-
-    @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk] | StepBatch) -> Tensor:
+    def execute(self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache.
 
-        Returns (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits tokens,
-        in chunk order.
+        Returns logits (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits
+        tokens, in chunk order; and with ``aux_layer_ids`` aux (num_tokens, len(aux_layer_ids) * hidden), the
+        chosen layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
         """
         step = runner_step(chunks, self)
         padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
-            return self.step_graphs.run(step, *padded)[0]
+            return ForwardOutput(*self.step_graphs.run(step, *padded, aux_layer_ids))
         inputs = self._prepare(step)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
-        if inputs.logits_indices is None:
-            return self.model.compute_logits(hidden)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        aux: Tensor | None = None
+        if aux_layer_ids:
+            hidden, layers = self.model.forward_with_aux(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_caches,
+                inputs.attn,
+                aux_layer_ids=list(aux_layer_ids),
+            )
+            aux = torch.cat(layers, dim=-1)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
+        rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
+        return ForwardOutput(self.model.compute_logits(rows), aux)
 
     def _prepare(self, step: StepBatch) -> _StepInputs:
         """The step's input tensors: the int64 ones in one host-to-device copy, the attention metadata's

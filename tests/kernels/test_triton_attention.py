@@ -190,5 +190,5 @@ def test_triton_qwen3_logits_match_torch_backend() -> None:
         [SeqChunk([12, 13, 14, 15], len(p) + 1, t, 4) for p, t in zip(prompts, tables, strict=True)],
     ]
     for chunks in steps:
-        expected, got = (runner.execute(chunks) for runner in runners)
+        expected, got = (runner.execute(chunks).logits for runner in runners)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

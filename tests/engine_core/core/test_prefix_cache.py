@@ -6,6 +6,8 @@ from __future__ import annotations
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler import Scheduler
+from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
+from openinfer.engine_core.testing.step_outputs import sampled_output
 from openinfer.protocol import PrefixCacheCounters, SamplingParams
 
 BLOCK = 4
@@ -95,9 +97,7 @@ def test_a_preempted_request_resumes_from_its_own_blocks_counted_once() -> None:
     first = scheduler.schedule()
     assert [(s.start, s.num_new_tokens) for s in first.scheduled] == [(0, 8), (8, 5)]  # warm's 2 blocks
     request = first.scheduled[1].request
-    for s in first.scheduled:  # what the engine does after the step
-        scheduler.commit(s, s.num_new_tokens)
-        s.request.all_token_ids.append(7)
+    scheduler.update_from_output(first, sampled_output([7], [7]))  # each sampled a token
     assert request.num_cached_tokens == 8 and kv.counters == PrefixCacheCounters(21, 8)
     scheduler.running.remove(request)
     scheduler._preempt(request)
@@ -110,13 +110,14 @@ def test_a_context_reading_drafter_hits_only_blocks_it_wrote() -> None:
     kv = KVCacheManager(16, BLOCK)
     prompt = list(range(30, 43))  # 3 full blocks before the last token
     first = admit(kv, prompt)
-    kv.context_generation = 1
+    context = ContextBlocks(BLOCK)
+    kv.hit_filter = context.holds
     assert kv.lookup(make_request(prompt)).num_tokens == 0
-    kv.mark_drafted(first, 0, 9, generation=1)  # its context through position 8: blocks 0 and 1 are whole
+    context.drafter_wrote(first.block_ids, 0, 9)  # its context through position 8: blocks 0 and 1 are whole
     assert kv.lookup(make_request(prompt)).num_tokens == 8
-    kv.context_generation = 2  # another drafter loaded: nothing it can read
+    kv.hit_filter = ContextBlocks(BLOCK).holds  # another drafter loaded: nothing it can read
     assert kv.lookup(make_request(prompt)).num_tokens == 0
-    kv.context_generation = None  # n-gram or no drafter: the target's KV is all that counts
+    kv.hit_filter = None  # n-gram or no drafter: the target's KV is all that counts
     assert kv.lookup(make_request(prompt)).num_tokens == 12
 
 
@@ -124,12 +125,13 @@ def test_a_key_cached_again_names_the_newer_block() -> None:
     """Two requests computed the same block (the second could not hit it: its drafter had not written it):
     the key names the second one, which the drafter marks, so later requests reuse it."""
     kv = KVCacheManager(16, BLOCK)
-    kv.context_generation = 1
+    context = ContextBlocks(BLOCK)
+    kv.hit_filter = context.holds
     prompt = list(range(8)) + [5]
     first = admit(kv, prompt, "a")
     second = admit(kv, prompt, "b")
     assert second.num_computed_tokens == 0 and second.block_ids[:2] != first.block_ids[:2]
-    kv.mark_drafted(second, 0, 9, generation=1)
+    context.drafter_wrote(second.block_ids, 0, 9)
     assert kv.lookup(make_request(prompt)).blocks == tuple(second.block_ids[:2])
     first_blocks = list(first.block_ids)
     kv.free(first)  # none of its blocks is cached now: they are reused first
@@ -152,11 +154,14 @@ def test_a_reused_block_loses_its_drafter_mark() -> None:
     """A block the drafter wrote, evicted and reused by another request, is no hit for the drafter until that
     request's context is written there."""
     kv = KVCacheManager(3, BLOCK)
-    kv.context_generation = 1
+    context = ContextBlocks(BLOCK)
+    kv.hit_filter = context.holds
     first = admit(kv, list(range(12)), "a")
-    kv.mark_drafted(first, 0, 12, generation=1)
+    context.drafter_wrote(first.block_ids, 0, 12)
     kv.free(first)
-    kv.free(admit(kv, list(range(100, 112)), "y"))  # takes a's blocks, never marks them
+    other = admit(kv, list(range(100, 112)), "y")  # takes a's blocks; the drafter does not draft for it
+    context.target_wrote(other.block_ids, 0, 12)  # as the engine's step tells it
+    kv.free(other)
     assert kv.lookup(make_request(list(range(100, 112)))).num_tokens == 0
 
 
@@ -164,9 +169,10 @@ def test_a_block_that_can_be_hit_keeps_its_key() -> None:
     """A prompt all cached still computes its last block; when that block is cached again, the key keeps
     naming the block the drafter wrote, so requests after it still hit."""
     kv = KVCacheManager(16, BLOCK)
-    kv.context_generation = 1
+    context = ContextBlocks(BLOCK)
+    kv.hit_filter = context.holds
     first = admit(kv, list(range(12)) + [5], "a")
-    kv.mark_drafted(first, 0, 13, generation=1)
+    context.drafter_wrote(first.block_ids, 0, 13)
     again = admit(kv, list(range(12)), "b")  # hits 2 blocks, computes the third: the same key as a's
     assert again.num_computed_tokens == 8 and again.block_ids[2] != first.block_ids[2]
     assert kv.lookup(make_request(list(range(12)) + [1])).blocks == tuple(first.block_ids[:3])
@@ -179,16 +185,14 @@ def test_drafts_are_not_cached_until_they_are_real_tokens() -> None:
     scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64)
     request = make_request(list(range(10)))
     scheduler.add(request)
-    (prefill,) = scheduler.schedule().scheduled
-    scheduler.commit(prefill, 10)
-    request.all_token_ids.append(50)  # 11 tokens; drafts for positions 11..14
-    request.spec_token_ids = (51, 52, 53, 54)
-    (verify,) = scheduler.schedule().scheduled
+    scheduler.update_from_output(scheduler.schedule(), sampled_output([50]))  # 11 tokens
+    scheduler.set_drafts(request, (51, 52, 53, 54))  # drafts for positions 11..14
+    decided = scheduler.schedule()
+    (verify,) = decided.scheduled
     assert (verify.num_new_tokens, verify.spec_token_ids) == (1, (51, 52, 53, 54))
     assert request.num_cached_blocks == 2  # positions 8..11 hold the token at 10 and draft slots
-    scheduler.commit(verify, 1 + 2)  # two drafts accepted, then the bonus token
-    request.all_token_ids += [51, 52, 60]
-    request.spec_token_ids = ()
+    scheduler.update_from_output(decided, sampled_output([51, 52, 60]))  # two drafts accepted, then a bonus
+    assert request.spec_token_ids == () and request.num_computed_tokens == 13
     scheduler.schedule()
     assert request.num_cached_blocks == 3
 

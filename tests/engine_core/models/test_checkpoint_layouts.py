@@ -25,7 +25,7 @@ PROMPT = [5, 17, 300, 9, 44, 120, 7, 7, 7, 260, 3]
 def logits(folder: Path, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Our logits (len(PROMPT), vocab) for PROMPT, one prefill of a fresh runner."""
     runner = ModelRunner(folder, torch.device("cpu"), num_kv_blocks=1, block_size=16, dtype=dtype)
-    return runner.execute([SeqChunk(PROMPT, 0, [0], num_logits=len(PROMPT))])
+    return runner.execute([SeqChunk(PROMPT, 0, [0], num_logits=len(PROMPT))]).logits
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

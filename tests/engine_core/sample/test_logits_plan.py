@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler import ScheduledRequest
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.sample.logits_plan import check_logits_params, plan_logits, processed_logits
 from openinfer.protocol import SamplingParams
 
@@ -32,12 +32,18 @@ def scheduled(prompt: list[int], output: list[int], drafts: list[int], **options
     return ScheduledRequest(request, request.num_computed_tokens, 1, tuple(drafts), True, False)
 
 
+def rows_of(step: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], list[int]]:
+    """The step's sampling requests and their first logits rows, as the scheduler lays them out."""
+    decided = SchedulerOutput.of(step)
+    return decided.sampling, decided.logits_starts
+
+
 def expected_row(logits: torch.Tensor, s: ScheduledRequest, j: int) -> torch.Tensor:
     """transformers' chain for the sequence row j continues: prompt, output, drafts[:j]; in vLLM's order
     (masks, bias, penalties). Bad words look at the output only (vLLM), so they get the output ids."""
     request = s.request
     params = request.sampling_params
-    output = request.output_token_ids + list(s.spec_token_ids[:j])
+    output = request.all_token_ids[request.num_prompt_tokens :] + list(s.spec_token_ids[:j])
     sequence = torch.tensor([request.prompt_token_ids + output])
     row = logits[None].clone()
     if params.bad_words_token_ids and output:
@@ -88,7 +94,7 @@ def test_every_row_is_processed_as_transformers_would_its_sequence(seed: int) ->
     step = random_step(seed)
     num_rows = sum(len(s.spec_token_ids) + 1 for s in step)
     logits = torch.randn(num_rows, V, generator=torch.Generator().manual_seed(seed)) * 5
-    processed = processed_logits(logits.clone(), step)
+    processed = processed_logits(logits.clone(), *rows_of(step))
     row = 0
     for s in step:
         for j in range(len(s.spec_token_ids) + 1):
@@ -102,23 +108,23 @@ def test_requests_without_processors_cost_nothing_and_keep_their_rows() -> None:
     """No request with a processor: no plan, the same tensor back. Beside one that has them, other rows stay
     bit for bit, and a request that already has min_tokens out plans nothing."""
     plain = scheduled([5, 6], [7, 8], [9, 10])
-    assert plan_logits([plain, plain]) is None
+    assert plan_logits(*rows_of([plain, plain])) is None
     logits = torch.randn(4, V)
-    assert processed_logits(logits, [plain, scheduled([5], [1], [])]) is logits
-    assert plan_logits([scheduled([5], [1, 2, 3], [4], min_tokens=2)]) is None  # min_tokens reached
+    assert processed_logits(logits, *rows_of([plain, scheduled([5], [1], [])])) is logits
+    assert plan_logits(*rows_of([scheduled([5], [1, 2, 3], [4], min_tokens=2)])) is None  # min_tokens reached
     mixed = [plain, scheduled([5], [1], [2], presence_penalty=1.0), plain]
     before = torch.randn(8, V)
-    after = processed_logits(before.clone(), mixed)
+    after = processed_logits(before.clone(), *rows_of(mixed))
     assert torch.equal(after[:3], before[:3]) and torch.equal(after[5:], before[5:])
     assert not torch.equal(after[3:5], before[3:5])
-    biased = processed_logits(before[:1].clone(), [scheduled([5], [1], [], logit_bias={3: 1.5})])
+    biased = processed_logits(before[:1].clone(), *rows_of([scheduled([5], [1], [], logit_bias={3: 1.5})]))
     assert torch.allclose(biased - before[:1], torch.eye(V)[3] * 1.5)  # a bias alone, no penalties
 
 
 def test_min_tokens_masks_stop_tokens_up_to_its_count_inside_the_drafts() -> None:
     """3 tokens out, min_tokens 5, 4 drafts: rows 0 and 1 sample tokens 4 and 5, so they mask EOS and the
     stop token; rows 2..4 do not."""
-    plan = plan_logits([scheduled([9], [1, 2, 3], [4, 5, 6, 8], min_tokens=5)])
+    plan = plan_logits(*rows_of([scheduled([9], [1, 2, 3], [4, 5, 6, 8], min_tokens=5)]))
     assert plan is not None
     assert sorted(zip(plan.mask_rows.tolist(), plan.mask_tokens.tolist(), strict=True)) == [
         (0, 0), (0, 7), (1, 0), (1, 7)
@@ -128,11 +134,11 @@ def test_min_tokens_masks_stop_tokens_up_to_its_count_inside_the_drafts() -> Non
 def test_bad_word_context_runs_through_the_drafts() -> None:
     """Word [4, 5]: its 5 is masked after each 4, an output token or a draft; word [6]: everywhere. The
     prompt is no context: a prompt ending in 4 masks nothing at the first output token."""
-    plan = plan_logits([scheduled([1], [3, 4], [5, 4, 2], bad_words_token_ids=[[4, 5], [6]])])
+    plan = plan_logits(*rows_of([scheduled([1], [3, 4], [5, 4, 2], bad_words_token_ids=[[4, 5], [6]])]))
     assert plan is not None
     masked = sorted(zip(plan.mask_rows.tolist(), plan.mask_tokens.tolist(), strict=True))
     assert masked == [(0, 5), (0, 6), (1, 6), (2, 5), (2, 6), (3, 6)]
-    first = plan_logits([scheduled([4], [], [], bad_words_token_ids=[[4, 5]])])
+    first = plan_logits(*rows_of([scheduled([4], [], [], bad_words_token_ids=[[4, 5]])]))
     assert first is None or first.mask_rows.size == 0
 
 

@@ -30,7 +30,7 @@ def test_execute_gives_each_chunks_last_rows() -> None:
     """Rows for the last num_logits tokens of each chunk, in chunk order; argmax is the successor."""
     runner = FakeModelRunner(builtin_tokenizer_folder(), torch.device("cpu"), num_kv_blocks=8, block_size=4)
     chunks = [SeqChunk([3, 4, 5], 0, [0], num_logits=2), SeqChunk([9], 7, [1, 2], num_logits=1)]
-    logits = runner.execute(chunks)
+    logits = runner.execute(chunks).logits
     assert logits.shape == (3, 512)  # 2 + 1 rows over the built-in vocabulary
     assert logits.argmax(dim=-1).tolist() == [5, 6, 10]
     with pytest.raises(ValueError, match="blocks"):

@@ -6,19 +6,19 @@ drafts' trims, preemption, aborts and finished requests."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
-from torch import Tensor
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.core.scheduler import ScheduledRequest, SchedulerOutput
+from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
-from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
@@ -66,11 +66,13 @@ def test_every_step_equals_the_requests_own_inputs(tmp_path: Path, seed: int) ->
     decided: list[SchedulerOutput] = []
     execute, schedule = core.runner.execute, core.scheduler.schedule
 
-    def checked_execute(chunks: list[SeqChunk] | StepBatch) -> Tensor:
+    def checked_execute(
+        chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()
+    ) -> ForwardOutput:
         assert isinstance(chunks, StepBatch)
         chunks.check(core.runner.model_config.max_position_embeddings, core.runner.num_kv_blocks)
         steps.append((chunks, expected_step(decided[-1].scheduled)))
-        return execute(chunks)
+        return execute(chunks, aux_layer_ids)
 
     def remembered_schedule() -> SchedulerOutput:
         decided.append(schedule())

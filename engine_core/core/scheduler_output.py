@@ -1,0 +1,102 @@
+"""What the scheduler decided for one step, frozen when decided: who runs, how many tokens, which drafts, and
+the layout every reader of the step's rows shares (the runner's logits and hidden states, the sampler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import NamedTuple
+
+from openinfer.engine_core.core.request import Request
+
+
+class ScheduledRequest(NamedTuple):
+    """What the scheduler decided for one request this step, fixed when it was decided.
+
+    The step reads these facts, never the request's counters: by the time drafts are proposed, the update
+    has already moved ``num_computed_tokens`` and appended tokens, so re-deriving "did this step sample?"
+    from the request gives the wrong answer (it did for every prefill, which then never drafted).
+    """
+
+    request: Request
+    start: int  # request.num_computed_tokens when scheduled: the position of the first token run
+    num_new_tokens: int  # tokens of request.all_token_ids run from `start` on
+    spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
+    samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
+    admitted: bool  # its first step since it left the queue: its context from `start` on is computed anew
+
+    @classmethod
+    def of(cls, request: Request, num_new_tokens: int, admitted: bool = False) -> ScheduledRequest:
+        """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
+        samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
+        drafts = request.spec_token_ids if samples else ()
+        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples, admitted)
+
+    @property
+    def num_tokens(self) -> int:
+        """The request's tokens when it was scheduled, when it samples (all of them are run by then)."""
+        return self.start + self.num_new_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Its output tokens when it was scheduled, when it samples: row j of its logits samples output token
+        ``num_output_tokens + j``."""
+        return self.num_tokens - self.request.num_prompt_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens run this step: the new ones, then the drafts."""
+        return [
+            *self.request.all_token_ids[self.start : self.start + self.num_new_tokens],
+            *self.spec_token_ids,
+        ]
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's decision and its row layout, computed once here.
+
+    The runner runs ``scheduled`` in order, token after token (``token_starts``), and returns logits for
+    ``sampling`` only: request i of ``sampling`` has ``len(drafts) + 1`` rows from ``logits_starts[i]`` on
+    (its last new token, then each draft). ``finished`` and ``cut`` tell the worker's persistent rows what
+    changed since the last step: requests that ended (their rows are free), and requests whose block table
+    the KV manager cut short (a grown table may then hold other blocks at the same length).
+    """
+
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]
+    finished: list[Request]
+    cut: list[Request]
+    sampling: list[ScheduledRequest]  # the scheduled requests that sample, in order
+    logits_starts: list[int]  # (len(sampling),): each sampling request's first logits row
+    token_starts: list[int]  # (len(scheduled),): each scheduled request's first token row
+    num_logits: int  # logits rows in all
+    num_tokens: int  # tokens run in all, drafts included
+
+    @classmethod
+    def of(
+        cls,
+        scheduled: list[ScheduledRequest],
+        preempted: list[Request] | None = None,
+        finished: list[Request] | None = None,
+        cut: list[Request] | None = None,
+    ) -> SchedulerOutput:
+        sampling = [s for s in scheduled if s.samples]
+        logits_rows = [len(s.spec_token_ids) + 1 for s in sampling]
+        token_rows = [s.num_new_tokens + len(s.spec_token_ids) for s in scheduled]
+        return cls(
+            scheduled,
+            preempted or [],
+            finished or [],
+            cut or [],
+            sampling,
+            list(accumulate(logits_rows[:-1], initial=0)) if sampling else [],
+            list(accumulate(token_rows[:-1], initial=0)) if scheduled else [],
+            sum(logits_rows),
+            sum(token_rows),
+        )
+
+    @property
+    def drafts(self) -> list[tuple[int, ...]]:
+        """The drafts each sampling request verifies, in order."""
+        return [s.spec_token_ids for s in self.sampling]
