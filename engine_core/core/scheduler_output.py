@@ -3,8 +3,6 @@ the layout every reader of the step's rows shares (the runner's logits and hidde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import accumulate
 from typing import NamedTuple
 
 from openinfer.engine_core.core.request import Request
@@ -52,8 +50,7 @@ class ScheduledRequest(NamedTuple):
         ]
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
+class SchedulerOutput(NamedTuple):
     """One step's decision and its row layout, computed once here.
 
     The runner runs ``scheduled`` in order, token after token (``token_starts``), and returns logits for
@@ -81,20 +78,22 @@ class SchedulerOutput:
         finished: list[Request] | None = None,
         cut: list[Request] | None = None,
     ) -> SchedulerOutput:
-        sampling = [s for s in scheduled if s.samples]
-        logits_rows = [len(s.spec_token_ids) + 1 for s in sampling]
-        token_rows = [s.num_new_tokens + len(s.spec_token_ids) for s in scheduled]
+        sampling: list[ScheduledRequest] = []
+        logits_starts: list[int] = []
+        token_starts: list[int] = []
+        num_logits = num_tokens = 0
+        for s in scheduled:  # one pass: a step's layout costs little next to its scheduling
+            token_starts.append(num_tokens)
+            num_drafts = len(s.spec_token_ids)
+            num_tokens += s.num_new_tokens + num_drafts
+            if s.samples:
+                sampling.append(s)
+                logits_starts.append(num_logits)
+                num_logits += num_drafts + 1
         return cls(
-            scheduled,
-            preempted or [],
-            finished or [],
-            cut or [],
-            sampling,
-            list(accumulate(logits_rows[:-1], initial=0)) if sampling else [],
-            list(accumulate(token_rows[:-1], initial=0)) if scheduled else [],
-            sum(logits_rows),
-            sum(token_rows),
-        )
+            scheduled, preempted or [], finished or [], cut or [], sampling, logits_starts, token_starts,
+            num_logits, num_tokens,
+        )  # fmt: skip
 
     @property
     def drafts(self) -> list[tuple[int, ...]]:

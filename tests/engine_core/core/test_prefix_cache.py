@@ -216,8 +216,9 @@ def test_requests_share_blocks_as_soon_as_they_are_scheduled() -> None:
     scheduler = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=30)
     long_prompt = list(range(500, 540))
     scheduler.add(make_request(long_prompt, "long"))
-    (chunk,) = scheduler.schedule().scheduled  # 30 of its 40 tokens
-    chunk.request.num_computed_tokens += chunk.num_new_tokens
+    first = scheduler.schedule()
+    assert [(s.num_new_tokens, s.samples) for s in first.scheduled] == [(30, False)]  # 30 of its 40 tokens
+    scheduler.update_from_output(first, sampled_output())  # a prefill chunk samples nothing
     scheduler.add(make_request(long_prompt[:12] + [1, 2], "short"))
     out = scheduler.schedule()
     assert [(s.request.request_id, s.start, s.num_new_tokens, s.admitted) for s in out.scheduled] == [

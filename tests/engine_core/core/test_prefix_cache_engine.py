@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.models.dflash_config import AnchorLayout
-from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.engine_cores import make_core
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, PrefixCacheCounters, SamplingParams
 from tests.engine_core.worker.test_greedy_parity import SMALL, assert_hf_greedy
+
+ONE_STEP_WAVES = {"max_num_batched_tokens": 2048}  # a wave of requests is admitted in one step
 
 BLOCK = 16
 MAX_TOKENS = 12
@@ -101,16 +103,6 @@ class Run:
         assert core.kv_cache.num_used_blocks == 0  # every reference let go
 
 
-def make_core(folder: Path, **overrides: object) -> EngineCore:
-    config = EngineConfig(
-        model_path=folder,
-        served_model_name="t",
-        max_num_batched_tokens=2048,
-        **overrides,  # type: ignore[arg-type]
-    )
-    return EngineCore(config, load_runner(config))
-
-
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("target") / "t", seed=5, overrides=SMALL)
@@ -118,7 +110,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def uncached(target: Path) -> Run:
-    return Run(make_core(target, enable_prefix_caching=False), make_waves())
+    return Run(make_core(target, **ONE_STEP_WAVES, enable_prefix_caching=False), make_waves())
 
 
 def all_prompts(waves: list[Wave]) -> dict[str, list[int]]:
@@ -127,7 +119,7 @@ def all_prompts(waves: list[Wave]) -> dict[str, list[int]]:
 
 def test_same_tokens_and_exact_counts(target: Path, uncached: Run) -> None:
     waves = make_waves()
-    run = Run(make_core(target), waves)
+    run = Run(make_core(target, **ONE_STEP_WAVES), waves)
     assert run.outputs == uncached.outputs
     prompts = all_prompts(waves)
     assert_hf_greedy(target, list(prompts.values()), [run.outputs[r] for r in prompts])
@@ -143,10 +135,10 @@ def test_same_tokens_and_exact_counts(target: Path, uncached: Run) -> None:
 def test_follow_up_turn_reuses_the_answer(target: Path, uncached: Run) -> None:
     """A conversation's next turn hits the blocks its previous answer filled (decode steps cache them too)."""
     waves = make_waves(first_output=uncached.outputs["first"])
-    run = Run(make_core(target), waves)
+    run = Run(make_core(target, **ONE_STEP_WAVES), waves)
     hits = expected_hits(waves, run.outputs)
     assert run.cached == hits and hits["follow-up"] == 64  # 60 prompt tokens, 4 of the answer
-    assert run.outputs == Run(make_core(target, enable_prefix_caching=False), waves).outputs
+    assert run.outputs == Run(make_core(target, **ONE_STEP_WAVES, enable_prefix_caching=False), waves).outputs
 
 
 def test_eviction_preemption_and_abort_with_shared_blocks(target: Path) -> None:
@@ -160,12 +152,12 @@ def test_eviction_preemption_and_abort_with_shared_blocks(target: Path) -> None:
     runs: dict[bool, Run] = {}
     preempted_sharing: list[bool] = []  # per preemption: did the request share a block with another?
     for caching in (True, False):
-        core = make_core(target, enable_prefix_caching=caching, num_kv_blocks=12)
+        core = make_core(target, **ONE_STEP_WAVES, enable_prefix_caching=caching, num_kv_blocks=12)
         if caching:
             core.scheduler._preempt = observed(core, preempted_sharing)  # type: ignore[method-assign]
         runs[caching] = Run(core, waves, abort=(aborted, 3))
     on, off = runs[True], runs[False]
-    full = Run(make_core(target), waves)
+    full = Run(make_core(target, **ONE_STEP_WAVES), waves)
     assert any(preempted_sharing)  # it ran short of blocks while they were shared
     assert 0 < len(on.outputs[aborted]) < MAX_TOKENS
     assert on.outputs[aborted] == full.outputs[aborted][: len(on.outputs[aborted])]
@@ -207,12 +199,14 @@ def test_speculation_is_lossless_with_hits(
     the same in every round with caching on and off (its context for a cached block is the one it wrote)."""
     target, draft = accepting_pair
     waves = make_waves()
-    baseline = Run(make_core(target, enable_prefix_caching=False), waves)
+    baseline = Run(make_core(target, **ONE_STEP_WAVES, enable_prefix_caching=False), waves)
     runs = {}
     for caching in (True, False):
         log = tmp_path / f"{caching}.jsonl"
         spec = DrafterSpec(method, 4, draft if method == "dflash" else None)
-        core = make_core(target, enable_prefix_caching=caching, speculative=spec, spec_log=log)
+        core = make_core(
+            target, **ONE_STEP_WAVES, enable_prefix_caching=caching, speculative=spec, spec_log=log
+        )
         runs[caching] = Run(core, waves, spec_log=log)
     on, off = runs[True], runs[False]
     assert on.outputs == off.outputs == baseline.outputs
@@ -231,7 +225,7 @@ def test_a_new_dflash_drafter_reads_only_context_it_wrote(accepting_pair: tuple[
     recomputes them, and the new drafter writes their context); an n-gram drafter reads no context."""
     target, draft = accepting_pair
     prompt = list(range(10, 60))
-    core = make_core(target, speculative=DrafterSpec("dflash", 4, draft))
+    core = make_core(target, **ONE_STEP_WAVES, speculative=DrafterSpec("dflash", 4, draft))
     runs = [Run(core, [[("a", prompt)]]), Run(core, [[("b", prompt)]])]
     core.load_drafter(DrafterSpec("dflash", 4, draft))
     runs += [Run(core, [[("c", prompt)]]), Run(core, [[("d", prompt)]])]  # d reads what c's drafter wrote
@@ -251,7 +245,7 @@ def test_a_failed_step_leaves_nothing_cached_and_loses_no_output(target: Path) -
     """A step that raises may have written anything into the blocks it scheduled: the engine forgets every
     cached block (the next request computes its prompt); an abort answered before it is still sent."""
     prompt = list(range(10, 60))
-    core = make_core(target)
+    core = make_core(target, **ONE_STEP_WAVES)
     Run(core, [[("a", prompt)]])
     execute = core.runner.execute
 

@@ -6,6 +6,7 @@ from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.core.request import Request, RequestStatus
 from openinfer.engine_core.core.scheduler import Scheduler
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
+from openinfer.engine_core.testing.step_outputs import sampled_output
 from openinfer.protocol import SamplingParams
 
 
@@ -19,13 +20,9 @@ def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 8) -
     )
 
 
-def run_step(scheduler: Scheduler, output: SchedulerOutput, new_token: int = 7) -> None:
-    """What the engine core does after execute: advance computed tokens, append a token when sampled."""
-    for s in output.scheduled:
-        samples = s.samples
-        s.request.num_computed_tokens += s.num_new_tokens
-        if samples:
-            s.request.all_token_ids.append(new_token)
+def run_step(scheduler: Scheduler, decided: SchedulerOutput, new_token: int = 7) -> None:
+    """Book the step as the engine core does: every sampling request sampled ``new_token``."""
+    scheduler.update_from_output(decided, sampled_output(*([new_token] for _ in decided.sampling)))
 
 
 def test_kv_manager_allocates_whole_blocks_and_frees() -> None:
@@ -118,3 +115,40 @@ def test_finish_frees_blocks_from_any_queue() -> None:
     scheduler.finish(b, RequestStatus.FINISHED_ABORTED)
     scheduler.finish(a, RequestStatus.FINISHED_ABORTED)
     assert not scheduler.has_work and kv.num_free_blocks == 8
+
+
+def test_update_appends_until_a_stop_and_finishes() -> None:
+    """A verify step whose accepted run holds a stop token keeps the tokens up to it, counts the drafts
+    accepted before it, ends the request (its blocks freed) and hands it to the worker's rows as finished."""
+    kv = KVCacheManager(8, 4)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
+    request = make_request("a", 5, max_tokens=20)
+    request.stop_ids = frozenset({9})
+    scheduler.add(request)
+    run_step(scheduler, scheduler.schedule())  # prefill: 5 tokens, then 7
+    scheduler.set_drafts(request, (3, 9, 4))
+    decided = scheduler.schedule()
+    assert decided.drafts == [(3, 9, 4)] and decided.logits_starts == [0] and decided.num_logits == 4
+    (update,) = scheduler.update_from_output(decided, sampled_output([3, 9, 4, 8]))  # all 3 accepted
+    assert (update.num_kept, update.num_accepted, update.num_valid) == (2, 2, 4)  # cut at the stop token 9
+    assert request.all_token_ids[5:] == [7, 3, 9] and request.status == RequestStatus.FINISHED_STOPPED
+    assert request.finish is not None and request.finish.stop_token_id == 9
+    assert kv.num_free_blocks == 8 and request.spec_token_ids == ()
+    assert scheduler.schedule().finished == [request]
+
+
+def test_update_trims_rejected_drafts_and_reports_the_cut_table() -> None:
+    """Rejected drafts' blocks are freed after the step and the next decision names the request whose table
+    was cut (the worker rewrites its row's table)."""
+    kv = KVCacheManager(16, 4, enable_caching=False)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
+    request = make_request("a", 4, max_tokens=20)
+    scheduler.add(request)
+    run_step(scheduler, scheduler.schedule())  # 5 tokens: 2 blocks
+    scheduler.set_drafts(request, (1, 2, 3, 4, 5, 6))  # positions 5..10: 3 blocks
+    decided = scheduler.schedule()
+    assert len(request.block_ids) == 3
+    (update,) = scheduler.update_from_output(decided, sampled_output([1, 8]))  # one accepted, then 8
+    assert (update.num_kept, update.num_accepted, update.num_valid) == (2, 1, 2)
+    assert request.num_computed_tokens == 6 and len(request.block_ids) == 2  # 6 slots = 2 blocks of 4
+    assert scheduler.schedule().cut == [request]

@@ -16,10 +16,10 @@ from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
-from tests.engine_core.spec_decode.test_spec_decode import make_core, make_prompts
 from tests.engine_core.worker.test_greedy_parity import NEAR_TIE, SMALL, teacher_forced_logits
 
 K = 7
@@ -61,7 +61,7 @@ def generate(
 
 @pytest.fixture(scope="module")
 def plain(pair: tuple[Path, Path]) -> list[list[int]]:
-    return generate(make_core(pair[0]), make_prompts())[0]
+    return generate(make_core(pair[0]), spec_prompts())[0]
 
 
 def options_for(plain: list[list[int]]) -> dict[str, dict[str, Any]]:
@@ -93,7 +93,7 @@ def test_greedy_with_each_option_is_lossless_with_either_drafter(
     were accepted; the option changed the output (for min_tokens: against the same stop token alone)."""
     target, draft = pair
     options = options_for(plain)[name]
-    prompts = make_prompts()
+    prompts = spec_prompts()
     base, _ = generate(make_core(target), prompts, **options)
     without = {k: v for k, v in options.items() if k != "min_tokens"} if name == "min_tokens" else {}
     reference = generate(make_core(target), prompts, **without)[0] if without else plain
@@ -117,7 +117,7 @@ def test_greedy_with_penalty_and_bias_is_transformers_teacher_forced(
     for its position after HF's RepetitionPenalty and SequenceBias processors (or within a float near-tie)."""
     target, draft = pair
     bias = {7: 3.0, 9: 2.0}
-    prompts = make_prompts()
+    prompts = spec_prompts()
     core = make_core(target, speculative=DrafterSpec("dflash", K, draft))
     outputs, _ = generate(core, prompts, repetition_penalty=1.3, logit_bias=bias)
     hf = Qwen3ForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
@@ -135,7 +135,7 @@ def test_sampling_with_options_keeps_its_constraints_with_either_drafter(pair: t
     """Seeded sampling (temperature 0.8, min_p 0.05) with penalties, bias, bad words and min_tokens: no bad
     word ever comes out and no request stops before min_tokens, with each drafter and without."""
     target, draft = pair
-    prompts = make_prompts()
+    prompts = spec_prompts()
     stop = 100  # a stop token the first tokens must not be
     options: dict[str, Any] = {
         "temperature": 0.8, "min_p": 0.05, "repetition_penalty": 1.1, "presence_penalty": 0.4,

@@ -11,9 +11,9 @@ from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams, TokenLogprobs
-from tests.engine_core.spec_decode.test_spec_decode import make_core, make_prompts
 from tests.engine_core.worker.test_greedy_parity import SMALL
 
 TOP = 4  # alternatives asked for
@@ -48,7 +48,7 @@ def greedy(max_tokens: int, logprobs: int | None) -> SamplingParams:
 def test_logprobs_are_hf_log_softmax(target: Path) -> None:
     """Greedy: the sampled token is the top-1, its logprob is HF's log_softmax there (1e-4), and the top
     k are HF's k largest; requests without logprobs in the same batch get none."""
-    prompts = make_prompts()[:4]
+    prompts = spec_prompts()[:4]
     params = [greedy(12, TOP), greedy(12, None), greedy(9, 0), greedy(5, 1)]
     results = run(make_core(target), prompts, params)
     assert results[1][1] is None
@@ -73,7 +73,7 @@ def test_logprobs_are_hf_log_softmax(target: Path) -> None:
 def test_logprobs_with_ngram_speculation_equal_those_without(target: Path) -> None:
     """ngram K=5 (accepted drafts and bonus tokens each read from their own verified row): the same tokens
     and the same logprobs as a run without speculation."""
-    prompts = make_prompts()  # half of them repetitive: prompt lookup hits and drafts get accepted
+    prompts = spec_prompts()  # half of them repetitive: prompt lookup hits and drafts get accepted
     params = [greedy(n, TOP if i % 3 else None) for i, n in enumerate([30, 5, 13, 30, 2, 9, 25, 17])]
     plain = run(make_core(target), prompts, params)
     core = make_core(target, speculative=DrafterSpec("ngram", 5))
@@ -96,7 +96,7 @@ def test_logprobs_with_ngram_speculation_equal_those_without(target: Path) -> No
 def test_sampled_logprobs_ignore_temperature(target: Path) -> None:
     """At temperature 2 with top_k 3 the logprob is still the raw distribution's (vLLM's default), and a
     stop token's logprob is sent with it."""
-    prompt = make_prompts()[3]
+    prompt = spec_prompts()[3]
     params = SamplingParams(max_tokens=20, temperature=2.0, top_k=3, seed=7, logprobs=2, ignore_eos=True)
     [(output, logprobs)] = run(make_core(target), [prompt], [params])
     assert logprobs is not None and len(logprobs) == len(output)

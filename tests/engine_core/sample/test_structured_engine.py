@@ -16,9 +16,9 @@ from tokenizers import Tokenizer
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.sample.structured_output import COMPILE_THREADS
+from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams, StructuredOutputs
 from tests.engine_core.sample.test_logits_spec_decode import generate, pair
-from tests.engine_core.spec_decode.test_spec_decode import make_core, make_prompts
 
 __all__ = ["pair"]  # the fixture: a target that repeats and a DFlash drafter whose drafts it accepts
 
@@ -67,7 +67,7 @@ def constrained(core: EngineCore, name: str, **options: object) -> tuple[list[li
         "structured_outputs": CONSTRAINTS[name],
         **options,
     }
-    return generate(core, make_prompts(), **options)
+    return generate(core, spec_prompts(), **options)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_sampled_output_with_drafts_fits(pair: tuple[Path, Path], tokenizer: Tok
 def test_a_grammar_after_the_reasoning_end_token(pair: tuple[Path, Path], tokenizer: Tokenizer) -> None:
     """Output is the unconstrained one up to and including the start token, constrained after it."""
     target, draft = pair
-    plain = generate(make_core(target), make_prompts())[0]
+    plain = generate(make_core(target), spec_prompts())[0]
     start = plain[0][3]
     after = StructuredOutputs("choice", json.dumps(CHOICES), start_after_token_id=start)
     for spec in (None, DrafterSpec("dflash", K, draft)):

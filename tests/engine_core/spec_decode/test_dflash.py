@@ -13,14 +13,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
+from openinfer.engine_core.worker.executor import SeqChunk
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.kernels.attention import AttentionMetadata
 
 # 3 target layers so that layers 0 and 1 can both feed the drafter (the last one may not); 4 query heads
 # over 2 KV heads (GQA) come from TINY_QWEN3_CONFIG.
@@ -176,22 +177,24 @@ def test_matches_reference_over_steps(
 
 
 def test_aux_hidden_from_the_target(target: Path, runner: ModelRunner, tmp_path: Path) -> None:
-    """The target's forward_with_aux(aux_layer_ids) outputs, concatenated, are the context the drafter takes:
-    after a prefill its proposal equals the reference fed with transformers-convention layer outputs."""
+    """The hidden states the runner hands the drafter (``execute`` with the drafter's aux_layer_ids) are
+    transformers' outputs of those layers (``hidden_states[layer + 1]``, z-lab's convention), and a proposal
+    from them equals the reference fed with transformers' own."""
     drafter = DFlashDrafter(draft_checkpoint(tmp_path, target), runner, num_spec_tokens=5)
     prompt, block_ids = [9, 200, 31, 4, 77, 15, 3], [7, 2]
-    attn = AttentionMetadata.build([0], [len(prompt)], [block_ids], PAGE, runner.device)
+    aux = runner.execute([SeqChunk(prompt, 0, block_ids)], drafter.aux_layer_ids).aux
+    assert aux is not None and aux.shape == (len(prompt), WIDTH)
+    hf = Qwen3ForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     with torch.inference_mode():
-        _, aux = runner.model.forward_with_aux(
-            torch.tensor(prompt), torch.arange(len(prompt)), runner.kv_caches, attn, drafter.aux_layer_ids
-        )
-    hidden = torch.cat(aux, dim=-1)  # (7, WIDTH)
-    drafter.extend_context([ContextUpdate(block_ids, 0, hidden)])
+        states = hf(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    expected = torch.cat([states[layer + 1][0] for layer in LAYER_IDS], dim=-1)  # (7, WIDTH)
+    torch.testing.assert_close(aux, expected, atol=1e-4, rtol=1e-4)
+    drafter.extend_context([ContextUpdate(block_ids, 0, aux)])
     got = drafter.propose([DraftQuery(42, len(prompt), block_ids, 5)])
     embed = runner.model.model.embed_tokens.weight
     head = embed if runner.model.lm_head is None else runner.model.lm_head.weight
     weights = load_file(tmp_path / "model.safetensors")
-    assert got == [reference_drafts(weights, embed, head, hidden, 42, AnchorLayout.MASK_SLOTS, 5)]
+    assert got == [reference_drafts(weights, embed, head, expected, 42, AnchorLayout.MASK_SLOTS, 5)]
 
 
 def test_refuses_missing_or_unexpected_tensor(target: Path, runner: ModelRunner, tmp_path: Path) -> None:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.dflash_config import AnchorLayout
-from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.verification import accepted_prefix_length
@@ -24,19 +23,6 @@ from tests.engine_core.worker.test_greedy_parity import SMALL, assert_hf_greedy
 K = 7
 # Per prompt: max_tokens, several of them cut a 7-token draft short.
 MAX_TOKENS = [40, 5, 13, 40, 2, 9, 31, 17]
-
-
-def make_prompts(seed: int = 0) -> list[list[int]]:
-    """Mixed lengths; half of them repeat a phrase so that prompt lookup hits."""
-    rng = random.Random(seed)
-    prompts = []
-    for i, length in enumerate([3, 9, 17, 30, 12, 45, 6, 60]):
-        if i % 2:
-            phrase = [rng.randrange(3, 512) for _ in range(5)]
-            prompts.append((phrase * 20)[:length])
-        else:
-            prompts.append([rng.randrange(3, 512) for _ in range(length)])
-    return prompts
 
 
 def run(core: EngineCore, prompts: list[list[int]], stop_token_ids: list[list[int]] | None = None):
@@ -64,11 +50,6 @@ def run(core: EngineCore, prompts: list[list[int]], stop_token_ids: list[list[in
     return [outputs[str(i)] for i in range(len(prompts))], stats
 
 
-def make_core(folder: Path, **overrides: object) -> EngineCore:
-    config = EngineConfig(model_path=folder, served_model_name="t", **overrides)  # type: ignore[arg-type]
-    return EngineCore(config, load_runner(config))
-
-
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("target") / "t", seed=5, overrides=SMALL)
@@ -76,7 +57,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def baseline(target: Path) -> list[list[int]]:
-    return run(make_core(target), make_prompts())[0]
+    return run(make_core(target), spec_prompts())[0]
 
 
 def read_log(path: Path) -> list[dict]:
@@ -122,7 +103,7 @@ def test_ngram_is_lossless_and_counted_exactly(
     """ngram K=7: the tokens of a run without speculation (and HF's); each draft counted as simulated."""
     log = tmp_path / "spec.jsonl"
     core = make_core(target, speculative=DrafterSpec("ngram", K), spec_log=log)
-    prompts = make_prompts()
+    prompts = spec_prompts()
     outputs, stats = run(core, prompts)
     assert outputs == baseline
     assert_hf_greedy(target, prompts, outputs)
@@ -140,7 +121,7 @@ def test_ngram_is_lossless_and_counted_exactly(
 
 def test_stop_token_inside_accepted_run(target: Path, baseline: list[list[int]], tmp_path: Path) -> None:
     """A stop token inside an accepted draft ends the output there; accepted counts up to and including it."""
-    prompts = make_prompts()
+    prompts = spec_prompts()
     stops = [[out[len(out) // 2]] for out in baseline]  # a token each greedy output really produces
     log = tmp_path / "spec.jsonl"
     core = make_core(target, speculative=DrafterSpec("ngram", K), spec_log=log)
@@ -163,7 +144,7 @@ def test_dflash_is_lossless(target: Path, baseline: list[list[int]], tmp_path: P
     )
     log = tmp_path / "spec.jsonl"
     core = make_core(target, speculative=DrafterSpec("dflash", K, draft), spec_log=log)
-    prompts = make_prompts()
+    prompts = spec_prompts()
     outputs, stats = run(core, prompts)
     assert outputs == baseline
     assert_hf_greedy(target, prompts, outputs)
@@ -186,7 +167,7 @@ def test_dflash_with_accepted_drafts_is_lossless(tmp_path: Path) -> None:
         init_std=0.02,
         anchor=AnchorLayout.ANCHOR_SLOT,
     )
-    prompts = make_prompts()
+    prompts = spec_prompts()
     baseline = run(make_core(target), prompts)[0]
     core = make_core(target, speculative=DrafterSpec("dflash", K, draft))
     outputs, stats = run(core, prompts)
@@ -231,7 +212,7 @@ def test_first_decode_step_drafts(target: Path, tmp_path: Path, method: str) -> 
 def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[list[int]]) -> None:
     """A small KV cache (preemption by recompute) and a small token budget (drafts cut short): same tokens."""
     core = make_core(target, speculative=DrafterSpec("ngram", K), num_kv_blocks=14, max_num_batched_tokens=24)
-    outputs, _ = run(core, make_prompts())
+    outputs, _ = run(core, spec_prompts())
     assert outputs == baseline
 
 
@@ -241,13 +222,13 @@ def test_drafter_load_and_unload_at_run_time(target: Path, baseline: list[list[i
     assert core.load_snapshot().spec_decode is None
     core.load_drafter(DrafterSpec("ngram", 3))
     assert core.load_snapshot().spec_decode == SpecDecodeCounters.zero(3)
-    outputs, _ = run(core, make_prompts())
+    outputs, _ = run(core, spec_prompts())
     assert outputs == baseline
     core.unload_drafter()
     assert core.load_snapshot().spec_decode is None
     core.load_drafter(DrafterSpec("ngram", 7))
     assert core.load_snapshot().spec_decode == SpecDecodeCounters.zero(7)
-    run(core, make_prompts())
+    run(core, spec_prompts())
     counted = core.load_snapshot().spec_decode
     assert counted is not None and counted.num_drafts > 0
     core.load_drafter(DrafterSpec("ngram", 7, prompt_lookup_min=2))  # same K: the counters go on
@@ -275,11 +256,11 @@ def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_speculation_is_lossless_on_cuda(target: Path, tmp_path: Path) -> None:
     """On CUDA (float32), ngram and DFlash K=7 give the tokens of the same engine without speculation."""
-    base = run(make_core(target, device="cuda:0", dtype="float32"), make_prompts())[0]
+    base = run(make_core(target, device="cuda:0", dtype="float32"), spec_prompts())[0]
     draft = make_tiny_dflash_checkpoint(
         tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)
     )
     for spec in (DrafterSpec("ngram", K), DrafterSpec("dflash", K, draft)):
         core = make_core(target, device="cuda:0", dtype="float32", speculative=spec)
-        assert run(core, make_prompts())[0] == base, spec.method
+        assert run(core, spec_prompts())[0] == base, spec.method
         assert core.spec is not None and core.spec.counters.num_drafts > 0

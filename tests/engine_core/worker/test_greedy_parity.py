@@ -9,9 +9,8 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.process.engine_cli import load_runner
+from openinfer.engine_core.testing.engine_cores import make_core
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
@@ -69,11 +68,6 @@ def assert_hf_greedy(folder: Path, prompts: list[list[int]], outputs: list[list[
             assert gap <= NEAR_TIE, (
                 f"token {i} of a {len(prompt)}-token prompt: {token} is {gap} below argmax"
             )
-
-
-def make_core(folder: Path, **overrides: object) -> EngineCore:
-    config = EngineConfig(model_path=folder, served_model_name="test", **overrides)  # type: ignore[arg-type]
-    return EngineCore(config, load_runner(config))
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
