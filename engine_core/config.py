@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.protocol import DFlashAnchor, DrafterMethod
+from openinfer.protocol.addresses import engine_addresses
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -73,10 +75,7 @@ class EngineConfig:
             raise ValueError(f"--kv-cache-gb must be positive, got {self.kv_cache_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.block_size < 1:
-            raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
+        check_kv_geometry(1 if self.num_kv_blocks is None else self.num_kv_blocks, self.block_size)
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -100,14 +99,8 @@ class EngineConfig:
 
     @property
     def output_address(self) -> str:
-        """The frontend's PULL socket: the port after its ROUTER's."""
-        return output_address(self.frontend_address)
-
-
-def output_address(request_address: str) -> str:
-    """``tcp://HOST:PORT`` -> ``tcp://HOST:PORT+1`` (the frontend binds its PULL beside its ROUTER)."""
-    host, _, port = request_address.rpartition(":")
-    return f"{host}:{int(port) + 1}"
+        """The frontend's PULL socket (``protocol/addresses.py``: the port after its ROUTER's)."""
+        return engine_addresses(self.frontend_address).outputs
 
 
 def from_flags(config_type: type[C], args: argparse.Namespace, **values: Any) -> C:

@@ -9,6 +9,7 @@ there would still poison the weighted sum).
 
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -180,6 +181,15 @@ class AttentionMetadata:
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
 
 
+class BackendName(enum.StrEnum):
+    """``--attention-backend``: auto is triton on CUDA and torch on the CPU."""
+
+    AUTO = "auto"
+    TORCH = "torch"
+    TRITON = "triton"
+    FLASH_ATTN = "flash_attn"
+
+
 class AttentionBackend(Protocol):
     """Paged causal attention for one layer.
 
@@ -189,7 +199,7 @@ class AttentionBackend(Protocol):
     (num_tokens, num_heads, head_dim) in q's dtype.
     """
 
-    name: str  # its --attention-backend name
+    name: BackendName  # its --attention-backend name
     cuda_graphs: bool  # whether a forward may be captured in a CUDA graph and replayed with new inputs
 
     def forward(
@@ -213,7 +223,7 @@ class TorchAttentionBackend:
     one gather of its keys and values, and for no padding at all when the queries are uniform.
     """
 
-    name = "torch"
+    name = BackendName.TORCH
     cuda_graphs = False  # per-step index tensors are built from host lists: not capturable
 
     def forward(
@@ -249,22 +259,26 @@ class TorchAttentionBackend:
         return out  # (num_tokens, num_heads, head_dim)
 
 
-def select_backend(device: torch.device, name: str = "auto", block_size: int = 16) -> AttentionBackend:
+def select_backend(
+    device: torch.device, name: BackendName | str = BackendName.AUTO, block_size: int = 16
+) -> AttentionBackend:
     """The attention backend `name` (``--attention-backend``) for `device` and caches of `block_size`.
 
     auto: the Triton kernels on CUDA, the torch backend on the CPU; torch; triton; flash_attn. triton and
     flash_attn need CUDA (triton also runs on the CPU under TRITON_INTERPRET=1, for tests); their modules are
     imported only here, so the CPU path never imports triton.
     """
-    if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
-    if name == "torch":
-        return TorchAttentionBackend()
-    if name not in ("triton", "flash_attn"):
+    if name not in set(BackendName):
         raise ValueError(f"--attention-backend must be auto, torch, triton or flash_attn, got {name!r}")
-    if device.type != "cuda" and not (name == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
+    name = BackendName(name)
+    if name is BackendName.AUTO:
+        name = BackendName.TRITON if device.type == "cuda" else BackendName.TORCH
+    if name is BackendName.TORCH:
+        return TorchAttentionBackend()
+    interpreted = name is BackendName.TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not interpreted:
         raise ValueError(f"--attention-backend {name} needs a CUDA device; on {device} use torch (or auto)")
-    if name == "triton":
+    if name is BackendName.TRITON:
         from openinfer.kernels.triton_attention import TritonAttentionBackend
 
         return TritonAttentionBackend()

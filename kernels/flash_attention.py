@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from openinfer.kernels.attention import AttentionMetadata, write_kv_cache
+from openinfer.kernels.attention import AttentionMetadata, BackendName, write_kv_cache
 
 FLASH_ATTN_PAGE_MULTIPLE = 256  # flash-attn's paged KV wants page_block_size % 256 == 0 (its C++ checks it)
 
@@ -21,7 +21,7 @@ class FlashAttentionBackend:
     Raises ValueError when block_size is not a multiple of 256, ImportError when flash-attn is not installed.
     """
 
-    name = "flash_attn"
+    name = BackendName.FLASH_ATTN
     cuda_graphs = False  # not captured: the step's max_seqlen_k is a host int
 
     def __init__(self, block_size: int) -> None:

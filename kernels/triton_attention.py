@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openinfer.kernels.attention import AttentionMetadata
+from openinfer.kernels.attention import AttentionMetadata, BackendName
 
 LOG2_E = 1.4426950408889634  # scores are kept in log2 units so that the kernel can use exp2
 DECODE_ROWS, VARLEN_ROWS = 16, 64  # BLOCK_R of the decode and varlen launches; tl.dot wants >= 16 rows
@@ -264,7 +264,7 @@ class TritonAttentionBackend:
     GQA with num_heads a multiple of num_kv_heads; float32, float16 and bfloat16 caches, float32 softmax.
     """
 
-    name = "triton"
+    name = BackendName.TRITON
     cuda_graphs = True  # reads the step's tensors on the device; grids use only batch-shaped ints
 
     def __init__(self, num_kv_splits: int = 8) -> None:

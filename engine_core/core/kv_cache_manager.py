@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
+from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.core.request import Request
 from openinfer.protocol import PrefixCacheCounters
 
@@ -47,10 +48,7 @@ NO_HIT = PrefixHit((), 0)
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"need at least one KV block of at least one slot, got {num_blocks}x{block_size}"
-            )
+        check_kv_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # reused from the front

@@ -242,5 +242,5 @@ class LocalCluster(ProcessGroup):
 
     def _engine(self, index: int, args: list[str], cpus: str | None) -> subprocess.Popen[bytes]:
         base = ["--device", "cpu", "--engine-index", str(index), "--frontend", self.engine_address]
-        argv = python_module("openinfer.engine_core.process.engine_process", *base, *args)
+        argv = python_module("openinfer.engine_core.process.engine_cli", *base, *args)
         return self.spawn(f"engine{index}", argv, cpus=cpus)

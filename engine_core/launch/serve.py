@@ -67,7 +67,7 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
     """Engine ``index``'s command line: its placement, the model and drafter resolved, then every engine
     flag as it was given."""
     command = python_module(
-        "openinfer.engine_core.process.engine_process",
+        "openinfer.engine_core.process.engine_cli",
         "--engine-index",
         str(index),
         "--frontend",

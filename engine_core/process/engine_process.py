@@ -233,16 +233,3 @@ def _load_failure(command: protocol.LoadDrafter, error: Exception) -> str:
     if command.method == "dflash":
         return "cannot load the engine's default drafter; the engine's log says why"
     return f"{type(error).__name__}: {error}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m openinfer.engine_core.process.engine_process``, and console scripts installed before the CLI moved
-    to engine_cli.py: run that CLI."""
-    # imported here: the CLI imports this module
-    from openinfer.engine_core.process.engine_cli import main as cli_main
-
-    cli_main(argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.worker.executor import ModelExecutor
 
 
@@ -19,7 +20,8 @@ class RuntimeFacts:
     vocab_size: int  # token ids are in [0, vocab_size)
 
     def __post_init__(self) -> None:
-        if self.num_kv_blocks < 1 or self.block_size < 1 or self.max_model_len < 2:
+        check_kv_geometry(self.num_kv_blocks, self.block_size)
+        if self.max_model_len < 2:
             raise ValueError(f"impossible engine facts: {self}")
 
     @classmethod

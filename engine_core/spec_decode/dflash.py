@@ -18,14 +18,14 @@ from openinfer.engine_core.models.dflash import (
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery, DraftTarget
-from openinfer.kernels.attention import AttentionBackend
+from openinfer.kernels.attention import AttentionBackend, BackendName
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 
 def follow_backend(backend: AttentionBackend) -> BlockAttention:
     """The draft attention matching the target's backend: the Triton kernel when the target runs Triton's,
     torch's SDPA otherwise (the CPU default; flash-attn has no block kernel here)."""
-    return triton_block_attention if backend.name == "triton" else torch_block_attention
+    return triton_block_attention if backend.name is BackendName.TRITON else torch_block_attention
 
 
 class DFlashDrafter:

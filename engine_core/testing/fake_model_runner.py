@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk, check_kv_geometry
+from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk
 from openinfer.engine_core.worker.step_batch import StepBatch
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).

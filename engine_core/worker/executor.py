@@ -55,12 +55,6 @@ class ModelExecutor(Protocol):
         ...
 
 
-def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
-    """Refuse a KV cache without a block, or blocks without a slot."""
-    if num_kv_blocks < 1 or block_size < 1:
-        raise ValueError(f"need num_kv_blocks >= 1 and block_size >= 1, got {num_kv_blocks}, {block_size}")
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """ "auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
     if name == "auto":

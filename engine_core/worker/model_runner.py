@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
-from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk, check_kv_geometry, resolve_dtype
+from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch, runner_step
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend

@@ -29,7 +29,7 @@ def test_engine_refuses_bad_spec_settings(tiny_model: Path, args: list[str], mes
         [
             sys.executable,
             "-m",
-            "openinfer.engine_core.process.engine_process",
+            "openinfer.engine_core.process.engine_cli",
             "--device",
             "cpu",
             "--model",

@@ -72,7 +72,7 @@ async def test_a_second_engine_0_is_refused_while_the_first_lives(identity_clust
     c = identity_cluster
     first = incarnation(c)
     argv = python_module(
-        "openinfer.engine_core.process.engine_process",
+        "openinfer.engine_core.process.engine_cli",
         *("--device", "cpu", "--engine-index", "0", "--frontend", c.engine_address, "--fake-model"),
         *("--served-model-name", "stranger", "--num-kv-blocks", "256"),
     )

@@ -36,7 +36,7 @@ def gpu_cluster(
         c._spawn(
             "engine0",
             [
-                "openinfer.engine_core.process.engine_process",
+                "openinfer.engine_core.process.engine_cli",
                 "--gpu",
                 "0",
                 "--dtype",
