@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, decoding_requests
+from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
 QWEN3_4B = {
@@ -58,15 +59,17 @@ def decode_ms(runner: ModelRunner, batch: int, context: int, iters: int) -> floa
     vocab = runner.model_config.vocab_size
     prompts = [[(7 * b + 3 * i) % vocab for i in range(context)] for b in range(batch)]
     for b in range(batch):  # prefill one request at a time: bounded activation memory
-        runner.execute([SeqChunk(prompts[b], 0, tables[b])])
-    chunks = [SeqChunk([p[-1]], context, t) for p, t in zip(prompts, tables, strict=True)]
+        runner.execute(chunk_step([SeqChunk(prompts[b], 0, tables[b])], runner))
+    # Each decode step's inputs are gathered as the engine gathers them: from the input batch's rows.
+    scheduled = decoding_requests([[*p, p[-1]] for p in prompts], tables)
+    rows = InputBatch(batch, context + 1, BLOCK_SIZE)
     for _ in range(5):
-        runner.execute(chunks)  # the first graph replay of this shape captures it
+        runner.execute(rows.step_of(scheduled))  # the first graph replay of this shape captures it
     times = []
     for _ in range(iters):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        runner.execute(chunks)
+        runner.execute(rows.step_of(scheduled))
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3

@@ -23,7 +23,8 @@ import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import ATTENTION_BACKENDS
-from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, decoding_requests
+from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
 BLOCK_SIZE = 16
@@ -38,16 +39,18 @@ def decode_step(runner: ModelRunner, batch: int) -> Callable[[], object]:
     tables = [list(range(b * blocks_per_request, (b + 1) * blocks_per_request)) for b in range(batch)]
     vocab = runner.model_config.vocab_size
     prompts = [[(7 * b + 3 * i) % vocab for i in range(CONTEXT_LEN - b % 8)] for b in range(batch)]
-    runner.execute([SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
-    chunks = [SeqChunk([p[-1]], len(p), t) for p, t in zip(prompts, tables, strict=True)]
-    return lambda: runner.execute(chunks)
+    runner.execute(chunk_step([SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)], runner))
+    # Each decode step's inputs are gathered as the engine gathers them: from the input batch's rows.
+    scheduled = decoding_requests([[*p, p[-1]] for p in prompts], tables)
+    rows = InputBatch(batch, CONTEXT_LEN + 1, BLOCK_SIZE)
+    return lambda: runner.execute(rows.step_of(scheduled))
 
 
 def prefill_step(runner: ModelRunner) -> Callable[[], object]:
     """One PREFILL_LEN-token prompt from position 0."""
     table = list(range(-(-PREFILL_LEN // BLOCK_SIZE)))
     chunk = SeqChunk([(5 * i) % runner.model_config.vocab_size for i in range(PREFILL_LEN)], 0, table)
-    return lambda: runner.execute([chunk])
+    return lambda: runner.execute(chunk_step([chunk], runner))
 
 
 def median_ms(step: Callable[[], object], warmup: int, iters: int) -> float:

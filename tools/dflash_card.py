@@ -31,7 +31,7 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfi
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
-from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.verification import accepted_prefix_length
 
@@ -133,7 +133,9 @@ def check_against_engine(
         tokens = data.tokens[i].tolist()
         p = int(data.prompt_lens[i]) + 5 * i  # an anchor among the generated tokens
         block_ids = list(range(i * SEQ_LEN // page, (i + 1) * SEQ_LEN // page))
-        aux = runner.execute([SeqChunk(tokens[:p], 0, block_ids)], drafter.aux_layer_ids).aux
+        aux = runner.execute(
+            chunk_step([SeqChunk(tokens[:p], 0, block_ids)], runner), drafter.aux_layer_ids
+        ).aux
         assert aux is not None  # asked for
         drafter.extend_context([ContextUpdate(block_ids, 0, aux)])
         queries.append(DraftQuery(tokens[p], p, block_ids, k, tokens[: p + 1]))

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk
+from openinfer.engine_core.worker.executor import ForwardOutput
 from openinfer.engine_core.worker.step_batch import StepBatch
 
 # The built-in tokenizer's vocabulary; ids 0..2 are its special tokens (0 is EOS).
@@ -72,14 +72,13 @@ class FakeModelRunner:
         self.device = torch.device(self.device)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
+    def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order; no
         hidden states (a DFlash drafter needs a real model's: the engine refuses it with --fake-model first)."""
         if aux_layer_ids:
             raise ValueError(
                 "--fake-model has no hidden states for a DFlash drafter; use --spec-method ngram"
             )
-        step = chunks if isinstance(chunks, StepBatch) else StepBatch.of(chunks, self.block_size)
         step.check(self.model_config.max_position_embeddings, self.num_kv_blocks)
         last_ids = step.token_ids[step.logits_indices].tolist()
         tokens = torch.tensor(last_ids, dtype=torch.int64, device=self.device)  # (num_logits,)

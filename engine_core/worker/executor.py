@@ -25,16 +25,6 @@ class ForwardOutput:
     )  # (num_tokens, len(aux_layer_ids) * hidden) at every token, chunk order; None: not asked
 
 
-@dataclass(frozen=True)
-class SeqChunk:
-    """One request's share of a step: the new tokens to run and where their KV entries go."""
-
-    token_ids: list[int]  # new tokens to run this step for one request
-    start_pos: int  # tokens of this request already in its KV cache (position of token_ids[0])
-    block_ids: list[int]  # the request's block table, covering start_pos + len(token_ids) slots
-    num_logits: int = 1  # logits wanted for the LAST num_logits tokens (0 for a mid-prompt prefill chunk)
-
-
 class ModelExecutor(Protocol):
     """What the engine core and its drafters need of a model runner.
 
@@ -49,7 +39,7 @@ class ModelExecutor(Protocol):
     num_kv_blocks: int  # KV blocks the runner holds (block ids are in [0, num_kv_blocks))
     model_config: ModelConfig  # the target's architecture (vocabulary, EOS ids, max positions)
 
-    def execute(self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
+    def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """Run the step: its logits and, when ``aux_layer_ids`` names decoder layers, their outputs
         concatenated in that order at every token (a drafter's context features)."""
         ...

@@ -13,8 +13,8 @@ from torch import Tensor
 from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
-from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk, resolve_dtype
-from openinfer.engine_core.worker.step_batch import StepBatch, runner_step
+from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
+from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend
 
@@ -91,14 +91,14 @@ class ModelRunner:
         return per_token * block_size * dtype.itemsize
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
-        """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache.
+    def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
+        """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache (the
+        engine's steps come from its input batch as they are; tests check theirs, ``testing/seq_chunks.py``).
 
         Returns logits (sum of num_logits, vocab_size) float32: each chunk's logits for its last num_logits
         tokens, in chunk order; and with ``aux_layer_ids`` aux (num_tokens, len(aux_layer_ids) * hidden), the
         chosen layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
         """
-        step = runner_step(chunks, self)
         padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
             return ForwardOutput(*self.step_graphs.run(step, *padded, aux_layer_ids))

@@ -1,17 +1,14 @@
-"""One step's chunks as flat numpy arrays: built in a few vectorised operations, checked once, and read by
-the runners, the attention metadata and the padded (CUDA-graph) steps alike."""
+"""One step's chunks as flat numpy arrays: gathered by the engine's input batch (``InputBatch.step_of``; tests
+build them from chunks with ``testing/seq_chunks.py``), and read by the runners, the attention metadata and
+the padded (CUDA-graph) steps alike."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
 
 import numpy as np
 from numpy.typing import NDArray
-
-from openinfer.engine_core.worker.executor import ModelExecutor, SeqChunk
 
 Int64s = NDArray[np.int64]
 
@@ -33,52 +30,9 @@ class StepBatch:
     max_seq_len: int  # the longest context after the step
     logits_for_every_token: bool  # decode and verify steps: logits_indices is 0..N-1
 
-    @classmethod
-    def of(cls, chunks: Sequence[SeqChunk], block_size: int) -> StepBatch:
-        if not chunks:
-            raise ValueError("execute needs at least one chunk")
-        num = len(chunks)
-        counts = np.array(
-            [(len(c.token_ids), c.start_pos, c.num_logits, len(c.block_ids)) for c in chunks], dtype=np.int64
-        ).reshape(num, 4)
-        query_lens, context_lens, num_logits, num_blocks = counts.T
-        num_tokens, total_blocks = int(query_lens.sum()), int(num_blocks.sum())
-        token_ids = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), np.int64, num_tokens)
-        flat = np.fromiter(chain.from_iterable(c.block_ids for c in chunks), np.int64, total_blocks)
-        width = max(int(num_blocks.max()), 1)
-        tables = np.zeros((num, width), dtype=np.int64)
-        tables[np.arange(width) < num_blocks[:, None]] = flat  # row-major order is chunk order
-        chunk_of, positions = expand_runs(context_lens, query_lens)  # (N,) each: its chunk, its position
-        if np.any(positions < 0) or np.any(query_lens < 1):
-            bad = int(np.argmax((context_lens < 0) | (query_lens < 1)))
-            raise ValueError(f"a chunk needs at least one token and start_pos >= 0, got {chunks[bad]}")
-        block_index = positions // block_size
-        covered = block_index < num_blocks[chunk_of]
-        if not covered.all():
-            bad = int(chunk_of[np.argmin(covered)])
-            raise ValueError(
-                f"{len(chunks[bad].block_ids)} blocks of {block_size} cannot hold "
-                f"{chunks[bad].start_pos + len(chunks[bad].token_ids)} tokens"
-            )
-        slots = tables[chunk_of, block_index] * block_size + positions % block_size
-        return cls(
-            token_ids,
-            positions,
-            slots,
-            context_lens,
-            query_lens,
-            num_logits,
-            tables,
-            num_blocks,
-            block_size,
-            max_query_len=int(query_lens.max()),
-            max_seq_len=int((context_lens + query_lens).max()),
-            logits_for_every_token=bool((num_logits == query_lens).all()),
-        )
-
     def check(self, max_positions: int, num_kv_blocks: int) -> None:
         """Refuse what a runner cannot run: logits a chunk lacks, positions past the model's, tables too short
-        for their tokens, block ids out of range (``of`` already refused empty chunks)."""
+        for their tokens, block ids out of range (empty chunks are refused where chunks become a step)."""
         if not self.logits_for_every_token and (
             self.num_logits.min() < 0 or (self.num_logits > self.query_lens).any()
         ):
@@ -128,13 +82,3 @@ def expand_runs(starts: Int64s, lengths: Int64s) -> tuple[Int64s, Int64s]:
     run_of = np.repeat(np.arange(len(lengths)), lengths)
     first = np.cumsum(lengths) - lengths  # (B,): where each run begins in the output
     return run_of, starts[run_of] + np.arange(len(run_of)) - first[run_of]
-
-
-def runner_step(chunks: Sequence[SeqChunk] | StepBatch, runner: ModelExecutor) -> StepBatch:
-    """The step a runner runs: the engine's own StepBatch as it is (gathered from input-batch rows that hold
-    what the KV manager allocated), or a caller's chunks (tests, tools) checked against the runner first."""
-    if isinstance(chunks, StepBatch):
-        return chunks
-    step = StepBatch.of(chunks, runner.block_size)
-    step.check(runner.model_config.max_position_embeddings, runner.num_kv_blocks)
-    return step

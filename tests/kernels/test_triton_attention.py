@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.attention import (
     AttentionMetadata,
@@ -163,10 +163,10 @@ def test_cpu_engine_never_imports_triton() -> None:
         "import sys, torch\n"
         "imported_by_torch = 'triton' in sys.modules\n"
         "from openinfer.engine_core.builtin_model import builtin_target_folder\n"
-        "from openinfer.engine_core.worker.executor import SeqChunk\n"
+        "from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step\n"
         "from openinfer.engine_core.worker.model_runner import ModelRunner\n"
         "runner = ModelRunner(builtin_target_folder(), torch.device('cpu'), num_kv_blocks=4)\n"
-        "runner.execute([SeqChunk([5, 6, 7], 0, [0], 1)])\n"
+        "runner.execute(chunk_step([SeqChunk([5, 6, 7], 0, [0], 1)], runner))\n"
         "assert 'openinfer.kernels.triton_attention' not in sys.modules\n"
         "assert imported_by_torch or 'triton' not in sys.modules, 'triton was imported'\n"
     )
@@ -190,5 +190,5 @@ def test_triton_qwen3_logits_match_torch_backend() -> None:
         [SeqChunk([12, 13, 14, 15], len(p) + 1, t, 4) for p, t in zip(prompts, tables, strict=True)],
     ]
     for chunks in steps:
-        expected, got = (runner.execute(chunks).logits for runner in runners)
+        expected, got = (runner.execute(chunk_step(chunks, runner)).logits for runner in runners)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

@@ -13,8 +13,8 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import load_runner
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from openinfer.engine_core.worker.executor import SeqChunk
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreRequest, FinishReason, SamplingParams
 from tests.engine_core.worker.test_greedy_parity import SMALL
@@ -25,7 +25,7 @@ PROMPT = [5, 17, 300, 9, 44, 120, 7, 7, 7, 260, 3]
 def logits(folder: Path, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Our logits (len(PROMPT), vocab) for PROMPT, one prefill of a fresh runner."""
     runner = ModelRunner(folder, torch.device("cpu"), num_kv_blocks=1, block_size=16, dtype=dtype)
-    return runner.execute([SeqChunk(PROMPT, 0, [0], num_logits=len(PROMPT))]).logits
+    return runner.execute(chunk_step([SeqChunk(PROMPT, 0, [0], num_logits=len(PROMPT))], runner)).logits
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

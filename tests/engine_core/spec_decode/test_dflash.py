@@ -19,8 +19,8 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfi
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
-from openinfer.engine_core.worker.executor import SeqChunk
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
 # 3 target layers so that layers 0 and 1 can both feed the drafter (the last one may not); 4 query heads
@@ -182,7 +182,7 @@ def test_aux_hidden_from_the_target(target: Path, runner: ModelRunner, tmp_path:
     from them equals the reference fed with transformers' own."""
     drafter = DFlashDrafter(draft_checkpoint(tmp_path, target), runner, num_spec_tokens=5)
     prompt, block_ids = [9, 200, 31, 4, 77, 15, 3], [7, 2]
-    aux = runner.execute([SeqChunk(prompt, 0, block_ids)], drafter.aux_layer_ids).aux
+    aux = runner.execute(chunk_step([SeqChunk(prompt, 0, block_ids)], runner), drafter.aux_layer_ids).aux
     assert aux is not None and aux.shape == (len(prompt), WIDTH)
     hf = Qwen3ForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     with torch.inference_mode():

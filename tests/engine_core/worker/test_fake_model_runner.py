@@ -16,7 +16,7 @@ from openinfer.engine_core.testing.fake_model_runner import (
     FakeModelRunner,
     successors,
 )
-from openinfer.engine_core.worker.executor import SeqChunk
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
@@ -30,11 +30,13 @@ def test_execute_gives_each_chunks_last_rows() -> None:
     """Rows for the last num_logits tokens of each chunk, in chunk order; argmax is the successor."""
     runner = FakeModelRunner(builtin_tokenizer_folder(), torch.device("cpu"), num_kv_blocks=8, block_size=4)
     chunks = [SeqChunk([3, 4, 5], 0, [0], num_logits=2), SeqChunk([9], 7, [1, 2], num_logits=1)]
-    logits = runner.execute(chunks).logits
+    logits = runner.execute(chunk_step(chunks, runner)).logits
     assert logits.shape == (3, 512)  # 2 + 1 rows over the built-in vocabulary
     assert logits.argmax(dim=-1).tolist() == [5, 6, 10]
     with pytest.raises(ValueError, match="blocks"):
-        runner.execute([SeqChunk([3] * 5, 0, [0], num_logits=1)])  # 5 tokens in one block of 4
+        runner.execute(
+            chunk_step([SeqChunk([3] * 5, 0, [0], num_logits=1)], runner)
+        )  # 5 tokens in one block of 4
 
 
 def test_engine_core_on_the_fake_model_drafts_that_hit() -> None:

@@ -1,6 +1,6 @@
 """The persistent input batch mirrors the requests: every step's inputs, gathered from its rows, pass the
 runner's checks (which the engine's own steps skip) and equal the inputs built afresh from the scheduled
-requests' own token lists and block tables (``StepBatch.of``), through chunked prefill, drafts, rejected
+requests' own token lists and block tables (``step_of_chunks``), through chunked prefill, drafts, rejected
 drafts' trims, preemption, aborts and finished requests."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
-from openinfer.engine_core.worker.executor import ForwardOutput, SeqChunk
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, step_of_chunks
+from openinfer.engine_core.worker.executor import ForwardOutput
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
@@ -32,7 +33,7 @@ def expected_step(scheduled: list[ScheduledRequest]) -> StepBatch:
         )
         for s in scheduled
     ]
-    return StepBatch.of(chunks, BLOCK_SIZE)
+    return step_of_chunks(chunks, BLOCK_SIZE)
 
 
 def assert_same_step(got: StepBatch, want: StepBatch) -> None:
@@ -66,13 +67,11 @@ def test_every_step_equals_the_requests_own_inputs(tmp_path: Path, seed: int) ->
     decided: list[SchedulerOutput] = []
     execute, schedule = core.runner.execute, core.scheduler.schedule
 
-    def checked_execute(
-        chunks: list[SeqChunk] | StepBatch, aux_layer_ids: Sequence[int] = ()
-    ) -> ForwardOutput:
-        assert isinstance(chunks, StepBatch)
-        chunks.check(core.runner.model_config.max_position_embeddings, core.runner.num_kv_blocks)
-        steps.append((chunks, expected_step(decided[-1].scheduled)))
-        return execute(chunks, aux_layer_ids)
+    def checked_execute(step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
+        assert isinstance(step, StepBatch)
+        step.check(core.runner.model_config.max_position_embeddings, core.runner.num_kv_blocks)
+        steps.append((step, expected_step(decided[-1].scheduled)))
+        return execute(step, aux_layer_ids)
 
     def remembered_schedule() -> SchedulerOutput:
         decided.append(schedule())

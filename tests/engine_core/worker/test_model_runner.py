@@ -10,8 +10,8 @@ import pytest
 import torch
 import transformers
 
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
-from openinfer.engine_core.worker.executor import SeqChunk
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.attention import AttentionMetadata
 
@@ -87,7 +87,7 @@ def test_one_batched_prefill(runner: ModelRunner, hf_model: transformers.Qwen3Fo
     position."""
     blocks = ScatteredBlocks(seed=0)
     chunks = [blocks.chunk(Seq(p), len(p), num_logits=len(p)) for p in PROMPTS]
-    logits = runner.execute(chunks).logits
+    logits = runner.execute(chunk_step(chunks, runner)).logits
     assert logits.shape == (sum(map(len, PROMPTS)), SMALL["vocab_size"]) and logits.dtype == torch.float32
     expected = torch.cat([hf_logits(hf_model, p) for p in PROMPTS])
     torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
@@ -113,7 +113,7 @@ def test_chunked_prefill(runner: ModelRunner, hf_model: transformers.Qwen3ForCau
             num_logits = n if (step % 2 == 0 or last) else 0
             chunks.append(blocks.chunk(seq, n, num_logits))
             wanted.append((i, seq.num_cached - num_logits, num_logits))
-        logits = runner.execute(chunks).logits
+        logits = runner.execute(chunk_step(chunks, runner)).logits
         row = 0
         for i, first_pos, num_logits in wanted:
             got[i].append((first_pos, logits[row : row + num_logits]))
@@ -136,7 +136,7 @@ def test_greedy_decode_matches_hf(runner: ModelRunner, hf_model: transformers.Qw
     for step in range(20):
         live = [i for i in range(len(seqs)) if i < 2 or step >= 5]  # request 2 arrives at step 5
         chunks = [blocks.chunk(seqs[i], len(seqs[i].tokens) - seqs[i].num_cached, 1) for i in live]
-        logits = runner.execute(chunks).logits
+        logits = runner.execute(chunk_step(chunks, runner)).logits
         for i, row in zip(live, logits, strict=True):
             step_logits[i].append(row)
             seqs[i].tokens.append(int(row.argmax()))
@@ -176,10 +176,12 @@ def test_attention_bias_checkpoint(tmp_path: Path) -> None:
     assert bias is not None and bias.abs().sum() > 0  # drawn from N(0, 0.2), not left at zero
     blocks = ScatteredBlocks(seed=4)
     seqs = [Seq(list(p)) for p in PROMPTS[1:]]
-    prefill = runner.execute([blocks.chunk(s, len(s.tokens), len(s.tokens)) for s in seqs]).logits
+    prefill = runner.execute(
+        chunk_step([blocks.chunk(s, len(s.tokens), len(s.tokens)) for s in seqs], runner)
+    ).logits
     for seq in seqs:
         seq.tokens.append(7)
-    decode = runner.execute([blocks.chunk(s, 1, 1) for s in seqs]).logits
+    decode = runner.execute(chunk_step([blocks.chunk(s, 1, 1) for s in seqs], runner)).logits
     expected = [hf_logits(hf.eval(), s.tokens) for s in seqs]
     torch.testing.assert_close(prefill, torch.cat([e[:-1] for e in expected]), atol=ATOL, rtol=0)
     torch.testing.assert_close(decode, torch.stack([e[-1] for e in expected]), atol=ATOL, rtol=0)
@@ -194,7 +196,9 @@ def test_cuda_runner_matches_hf(checkpoint: Path, hf_model: transformers.Qwen3Fo
     seqs = [Seq(list(p)) for p in PROMPTS]
     rows: list[list[torch.Tensor]] = [[] for _ in seqs]
     for _ in range(8):
-        logits = runner.execute([blocks.chunk(s, len(s.tokens) - s.num_cached, 1) for s in seqs]).logits.cpu()
+        logits = runner.execute(
+            chunk_step([blocks.chunk(s, len(s.tokens) - s.num_cached, 1) for s in seqs], runner)
+        ).logits.cpu()
         for seq, row, got in zip(seqs, logits, rows, strict=True):
             got.append(row)
             seq.tokens.append(int(row.argmax()))
@@ -211,6 +215,6 @@ def test_kv_block_bytes(runner: ModelRunner) -> None:
 def test_bad_chunks_are_refused(runner: ModelRunner) -> None:
     """A block table too short for the chunk, or a block id outside the cache, is a clear error."""
     with pytest.raises(ValueError, match="cannot hold"):
-        runner.execute([SeqChunk([1, 2, 3, 4, 5], 0, [0])])
+        runner.execute(chunk_step([SeqChunk([1, 2, 3, 4, 5], 0, [0])], runner))
     with pytest.raises(ValueError, match="block ids"):
-        runner.execute([SeqChunk([1], 0, [NUM_BLOCKS])])
+        runner.execute(chunk_step([SeqChunk([1], 0, [NUM_BLOCKS])], runner))

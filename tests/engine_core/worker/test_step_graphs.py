@@ -10,10 +10,9 @@ import torch
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, step_of_chunks
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
-from openinfer.engine_core.worker.executor import SeqChunk
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs, bucket_for, pad_step, uniform_query_len
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
@@ -39,15 +38,15 @@ def test_shapes_and_buckets() -> None:
     """Decodes and verifications are uniform (q = the longest, up to its query bucket); a prefill chunk is
     not; batch buckets round up too."""
     decode, verify = SeqChunk([5], 7, [0, 1]), SeqChunk([5, 6, 7], 3, [2, 4], num_logits=3)
-    assert uniform_query_len(StepBatch.of([decode, verify], BLOCK_SIZE)) == 4  # 3 tokens: the bucket of 4
-    assert uniform_query_len(StepBatch.of([SeqChunk([5, 6], 0, [3], num_logits=1)], BLOCK_SIZE)) is None
+    assert uniform_query_len(step_of_chunks([decode, verify], BLOCK_SIZE)) == 4  # 3 tokens: the bucket of 4
+    assert uniform_query_len(step_of_chunks([SeqChunk([5, 6], 0, [3], num_logits=1)], BLOCK_SIZE)) is None
     assert [bucket_for(n, 64) for n in (1, 3, 5, 9, 64, 65)] == [1, 4, 8, 16, 64, None]
 
 
 def test_padding_writes_only_the_scratch_block() -> None:
     """A 1-token request padded to q = 3 writes its own slot, then two scratch slots; a padding request
     writes scratch slots only; real queries' contexts end where they did (seq_len = start + q, causal)."""
-    step = pad_step(StepBatch.of([SeqChunk([9], 5, [2, 7])], 4), batch=2, query_len=3, scratch_block=10)
+    step = pad_step(step_of_chunks([SeqChunk([9], 5, [2, 7])], 4), batch=2, query_len=3, scratch_block=10)
     assert step.slot_mapping.ravel().tolist() == [
         7 * 4 + 1,
         40,
@@ -75,7 +74,7 @@ def test_padded_steps_give_the_same_logits(target: Path, backend: str) -> None:
     tables = [[0, 1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11]]
     prefill = [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]
     for runner in (eager, pad):
-        runner.execute(prefill)  # not uniform: eager on both
+        runner.execute(chunk_step(prefill, runner))  # not uniform: eager on both
     steps = [
         [SeqChunk([7], 9, tables[0]), SeqChunk([8], 2, tables[1]), SeqChunk([9], 17, tables[2])],  # decode
         [
@@ -85,7 +84,10 @@ def test_padded_steps_give_the_same_logits(target: Path, backend: str) -> None:
         ],
     ]
     for chunks in steps:
-        expected, got = eager.execute(chunks, [0, 1]), pad.execute(chunks, [0, 1])
+        expected, got = (
+            eager.execute(chunk_step(chunks, eager), [0, 1]),
+            pad.execute(chunk_step(chunks, pad), [0, 1]),
+        )
         assert expected.aux is not None and got.aux is not None
         torch.testing.assert_close(got.aux, expected.aux, atol=1e-5, rtol=1e-5)
         expected, got = expected.logits, got.logits
