@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +20,13 @@ C = TypeVar("C", bound="DataclassInstance")
 # --attention-backend choices; kernels/attention.py select_backend builds them
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # the KV cache on the CPU without --kv-cache-gb
+
+
+class SpecMethod(enum.StrEnum):
+    """``--spec-method``: the drafters an engine can load (protocol's ``DrafterMethod`` on the wire)."""
+
+    NGRAM = "ngram"
+    DFLASH = "dflash"
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda:N', got {self.device!r}")
         if not self.step_sleep >= 0:
             raise ValueError(f"--step-sleep must be >= 0 seconds, got {self.step_sleep}")
-        if self.fake_model and self.speculative is not None and self.speculative.method == "dflash":
+        if self.fake_model and self.speculative is not None and self.speculative.method == SpecMethod.DFLASH:
             raise ValueError("--fake-model has no hidden states for DFlash; use --spec-method ngram")
         if not self.frontend_address.startswith("tcp://") or ":" not in self.frontend_address[6:]:
             raise ValueError(f"--frontend must look like tcp://HOST:PORT, got {self.frontend_address!r}")

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import zmq
 
 from openinfer import protocol
-from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.config import DrafterSpec, EngineConfig, SpecMethod
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
@@ -228,8 +228,8 @@ class EngineProcess:
 def _load_failure(command: protocol.LoadDrafter, error: Exception) -> str:
     """What a client is told of a failed load: a checkpoint read from a path says nothing of the files
     (that they exist, what they hold); a load that read no files (n-gram) says what was wrong."""
-    if command.method == "dflash" and command.draft_model:
+    if command.method == SpecMethod.DFLASH and command.draft_model:
         return CANNOT_LOAD.format(path=command.draft_model)
-    if command.method == "dflash":
+    if command.method == SpecMethod.DFLASH:
         return "cannot load the engine's default drafter; the engine's log says why"
     return f"{type(error).__name__}: {error}"

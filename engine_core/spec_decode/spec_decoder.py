@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from openinfer.engine_core.config import DrafterSpec
+from openinfer.engine_core.config import DrafterSpec, SpecMethod
 from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler import RequestUpdate
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
@@ -36,7 +36,7 @@ def _load_dflash(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
     return DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, anchor)
 
 
-DRAFTERS = {"ngram": _load_ngram, "dflash": _load_dflash}
+DRAFTERS = {SpecMethod.NGRAM: _load_ngram, SpecMethod.DFLASH: _load_dflash}
 
 
 class SpecDecoder:
@@ -49,9 +49,10 @@ class SpecDecoder:
 
     def __init__(self, spec: DrafterSpec, runner: ModelExecutor, log: SpecLog | None) -> None:
         self.counters = SpecDecodeCounters.zero(spec.num_spec_tokens)  # refuses K outside [1, 32] first
-        if spec.method not in DRAFTERS:
-            raise ValueError(f"unknown --spec-method {spec.method!r}; choose one of {sorted(DRAFTERS)}")
-        self.drafter = DRAFTERS[spec.method](spec, runner)
+        if spec.method not in set(SpecMethod):
+            choices = ", ".join(SpecMethod)
+            raise ValueError(f"unknown --spec-method {spec.method!r}; choose one of {choices}")
+        self.drafter = DRAFTERS[SpecMethod(spec.method)](spec, runner)
         self.num_spec_tokens = spec.num_spec_tokens
         self._log = log
         # A drafter that reads hidden states can draft only for requests whose whole context it has seen (those
