@@ -75,26 +75,32 @@ class InputBatch:
         rows: list[int] = []  # (row, position, token) of every token to write
         positions: list[int] = []
         tokens: list[int] = []
-        written, num_written = self.num_blocks, self.num_written
-        for s in scheduled:
-            request = s.request
-            row = self.rows.get(request)
+        table_lens = self.num_blocks.tolist()  # one read of the numpy array, not one per request
+        num_written, row_of = self.num_written, self.rows
+        for request, start, num_new, drafts, samples, _ in scheduled:
+            row = row_of.get(request)
             if row is None:
                 row = self.add(request)
-            if len(request.block_ids) != written[row]:  # the scheduler grew the table (or cut it)
-                self._write_table(row, request.block_ids)
-            num_tokens = s.start + s.num_new_tokens  # the request's tokens when scheduled
-            for position in range(num_written[row], num_tokens):
+                table_lens[row] = len(request.block_ids)
+            block_ids = request.block_ids
+            if len(block_ids) != table_lens[row]:  # the scheduler grew the table (or cut it)
+                self._write_table(row, block_ids)
+            num_tokens = start + num_new  # the request's tokens when scheduled
+            first = num_written[row]
+            if first + 1 == num_tokens:  # the common case: the token it sampled last step
                 rows.append(row)
-                positions.append(position)
-                tokens.append(request.all_token_ids[position])
+                positions.append(first)
+                tokens.append(request.all_token_ids[first])
+            elif first < num_tokens:
+                rows += [row] * (num_tokens - first)
+                positions += range(first, num_tokens)
+                tokens += request.all_token_ids[first:num_tokens]
             num_written[row] = num_tokens
-            for i, draft in enumerate(s.spec_token_ids):
-                rows.append(row)
-                positions.append(num_tokens + i)
-                tokens.append(draft)
-            num_drafts = len(s.spec_token_ids)
-            facts.append((row, s.start, s.num_new_tokens + num_drafts, 1 + num_drafts if s.samples else 0))
+            if drafts:
+                rows += [row] * len(drafts)
+                positions += range(num_tokens, num_tokens + len(drafts))
+                tokens += drafts
+            facts.append((row, start, num_new + len(drafts), 1 + len(drafts) if samples else 0))
         if rows:
             self.token_ids[rows, positions] = tokens
         return self.step_batch(np.array(facts, dtype=np.int64).reshape(len(scheduled), 4))
