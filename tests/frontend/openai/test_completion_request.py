@@ -177,10 +177,11 @@ def test_body_errors_keep_their_messages(body: bytes, message: str) -> None:
 
 def test_neutral_values_of_unsupported_params_are_accepted() -> None:
     """What clients such as vLLM's benchmark send by default (n=1, logprobs null, penalty 1) passes; `user`
-    and fields openinfer does not know are ignored."""
-    parse(
+    and fields openinfer does not know are ignored: the request is the one a bare prompt makes."""
+    neutral = parse(
         prompt="a", n=1, logprobs=None, repetition_penalty=1.0, echo=False, stop=[], user="me", x_new={"a": 1}
     )
+    assert neutral == parse(prompt="a")
 
 
 def test_n_above_one_says_what_to_do() -> None:
