@@ -1,9 +1,9 @@
-"""Fixtures: a frontend served in-process on 127.0.0.1, and engine peers connected to it."""
+"""Fixtures: a frontend served in-process on 127.0.0.1, engine peers connected to it, and the fuzz tests'
+frontend on a loop of its own."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,17 +19,10 @@ from openinfer.frontend.openai.api_server import build_app, serve
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.fuzz_harness import Harness, running_harness
+from tests.frontend.waits import wait_until
 
 __all__ = ["free_port_pair", "wait_until"]
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``condition`` every 10 ms; fail the test if it is not true within ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -131,3 +124,10 @@ async def frontend(start_frontend: FrontendFactory) -> Frontend:
 @pytest.fixture
 async def peer(frontend: Frontend, start_peer: PeerFactory) -> EnginePeer:
     return await start_peer(frontend)
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    """The fuzz tests' frontend and peer, on an event loop hypothesis drives example by example."""
+    with running_harness() as h:
+        yield h

@@ -9,13 +9,10 @@ from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams
+from openinfer.protocol import EngineCoreOutput
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
-
-
-def make_request(request_id: str, max_tokens: int = 3, prompt: list[int] | None = None) -> EngineCoreRequest:
-    return EngineCoreRequest(request_id, prompt or [50, 60, 70], SamplingParams(max_tokens=max_tokens))
+from tests.frontend.engines.engine_requests import make_request
 
 
 def protocol_errors(frontend: Frontend, kind: str) -> float:

@@ -15,18 +15,13 @@ from openinfer.protocol import (
     AbortRequests,
     EngineCoreOutput,
     EngineCoreOutputs,
-    EngineCoreRequest,
     EngineInputCodec,
     EngineOutputCodec,
-    SamplingParams,
     SpecDecodeCounters,
 )
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
-
-
-def make_request(request_id: str, max_tokens: int = 3) -> EngineCoreRequest:
-    return EngineCoreRequest(request_id, [50, 60, 70], SamplingParams(max_tokens=max_tokens))
+from tests.frontend.engines.engine_requests import make_request
 
 
 async def collect(stream: AsyncIterator[EngineCoreOutput]) -> list[EngineCoreOutput]:

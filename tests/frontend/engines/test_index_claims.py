@@ -8,7 +8,7 @@ import asyncio
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from tests.frontend.conftest import FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
-from tests.frontend.engines.test_engine_client import make_request
+from tests.frontend.engines.engine_requests import make_request
 
 
 def sample(metrics: FrontendMetrics, name: str, labels: dict[str, str]) -> float:

@@ -13,36 +13,10 @@ import pytest
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.openai.http_calls import get, post, stream
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 EOS = tiny_tokenizer.EOS_TOKEN_ID
-
-
-async def post(
-    frontend: Frontend, body: object, headers: dict[str, str] | None = None, path: str = "/v1/completions"
-) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **(headers or {})}
-        async with session.post(f"{frontend.url}{path}", data=data, headers=headers) as response:
-            return response.status, await response.json()
-
-
-async def get(frontend: Frontend, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{frontend.url}{path}", headers=headers) as response:
-            return response.status, await response.text()
-
-
-async def stream(frontend: Frontend, body: dict[str, Any]) -> list[Any]:
-    """The SSE events of a streaming completion, decoded; "[DONE]" stays a string."""
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{frontend.url}/v1/completions", json={**body, "stream": True}) as response:
-            assert response.status == 200
-            assert response.headers["Content-Type"].startswith("text/event-stream")
-            raw = await response.text()
-    events = [block.removeprefix("data: ") for block in raw.split("\n\n") if block]
-    return [event if event == "[DONE]" else json.loads(event) for event in events]
 
 
 def assert_openai_error(body: Any, error_type: str) -> None:

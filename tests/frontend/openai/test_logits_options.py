@@ -19,8 +19,7 @@ from openinfer.protocol import SamplingParams
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend
 from tests.frontend.engine_peer import EnginePeer
-from tests.frontend.openai.test_chat_api import MESSAGES, chat
-from tests.frontend.openai.test_openai_surface import request
+from tests.frontend.openai.http_calls import MESSAGES, chat, request
 
 BUILTIN = Path(__file__).parents[3] / "engine_core" / "builtin"
 

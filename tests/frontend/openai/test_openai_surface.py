@@ -11,22 +11,11 @@ import pytest
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.openai.http_calls import request
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
 PROMPT_IDS = TOKENIZER.encode(PROMPT)
-
-
-async def request(
-    frontend: Frontend, method: str, path: str, body: object = None, headers: dict[str, str] | None = None
-) -> tuple[int, Any, aiohttp.typedefs.LooseHeaders]:
-    async with aiohttp.ClientSession() as session:
-        data = None if body is None else json.dumps(body).encode()
-        if data is not None:
-            headers = {"Content-Type": "application/json", **(headers or {})}
-        async with session.request(method, f"{frontend.url}{path}", data=data, headers=headers) as response:
-            text = await response.text()
-            return response.status, json.loads(text) if text else None, response.headers
 
 
 async def complete(frontend: Frontend, body: dict[str, Any]) -> dict[str, Any]:

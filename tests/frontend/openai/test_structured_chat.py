@@ -22,9 +22,8 @@ from openinfer.protocol import StructuredOutputs
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend
 from tests.frontend.engine_peer import EnginePeer
-from tests.frontend.openai.test_api_server import post
-from tests.frontend.openai.test_chat_api import MESSAGES, chat
-from tests.frontend.openai.test_chat_tools import ALL_ON, TOOLS
+from tests.frontend.openai.http_calls import MESSAGES, chat, post
+from tests.frontend.openai.tool_specs import ALL_ON, TOOLS
 
 THINK_END_ID = 151668  # Qwen3's </think>, one added token
 # ChatML with Qwen3's generation prompt; `closed_think` writes the closed think block some templates write
