@@ -36,7 +36,7 @@ def engine_params(max_model_len: int = 64, **fields: Any) -> SamplingParams:
         "tiny", tiny_tokenizer.make_tokenizer(), max_model_len, vocab_size=300, eos_token_ids=(0,)
     )
     parsed = parse_completion_request(json.dumps({"prompt": [5, 6], **fields}).encode())
-    return parsed.to_engine_request(model, "cmpl-1").sampling_params
+    return parsed.prepare(model, "cmpl-1").engine_request.sampling_params
 
 
 BAD = [

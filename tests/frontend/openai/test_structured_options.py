@@ -19,7 +19,7 @@ from openinfer.frontend.openai.structured_options import (
     StructuredOutputsConfig,
     without_additional_properties,
 )
-from openinfer.protocol import EngineCoreRequest, SamplingParams, StructuredOutputs
+from openinfer.protocol import StructuredOutputs
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 SCHEMA_TEXT = '{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}'
@@ -228,12 +228,12 @@ def test_the_servers_structured_outputs_config() -> None:
         StructuredOutputsConfig.parse("{}") == StructuredOutputsConfig()
         and StructuredOutputsConfig().argv() == []
     )
-    outputs = StructuredOutputs("json", "{}", start_after_token_id=7)
-    request = EngineCoreRequest("r", [1], SamplingParams(4, structured_outputs=outputs))
-    applied = config.applied(request).sampling_params.structured_outputs
-    assert applied == StructuredOutputs("json", "{}", any_whitespace=False, start_after_token_id=7)
-    free = EngineCoreRequest("r", [1], SamplingParams(4))
-    assert config.applied(free) is free and StructuredOutputsConfig().applied(request) is request
+    constraint = from_fields("json", "{}")
+    assert config.applied(constraint) == from_fields("json", "{}", any_whitespace=False)
+    assert config.applied(None) is None and StructuredOutputsConfig().applied(constraint) is constraint
+    # the server's setting is on the parsed request: what the grammar check compiles is what the engine gets
+    body = json.dumps({"prompt": "a", "structured_outputs": {"json": {}}}).encode()
+    assert parse_completion_request(body, config).options.structured == config.applied(constraint)
     for text, says in (
         ("[]", "JSON object"),
         ("{", "JSON object"),
