@@ -18,6 +18,7 @@ from openinfer.frontend.metrics.state_dir import StateDir
 from openinfer.frontend.openai.api_server import build_app, serve
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
+from tests.e2e.processes import Cluster
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.fuzz_harness import Harness, running_harness
 from tests.frontend.waits import wait_until
@@ -131,3 +132,40 @@ def harness() -> Iterator[Harness]:
     """The fuzz tests' frontend and peer, on an event loop hypothesis drives example by example."""
     with running_harness() as h:
         yield h
+
+
+FakeFrontendFactory = Callable[..., Awaitable[Frontend]]
+
+
+@pytest.fixture(scope="session")
+def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One real ``--fake-model`` engine process for the session (served as "fake": the built-in 512-token
+    vocabulary, 2048 positions, greedy output a 32-token cycle), stopped by pid at the end. It connects to
+    its cluster's engine address, which each test's in-process frontend binds in turn
+    (:func:`start_fake_frontend`): a frontend that binds it gets the engine's hello within a second."""
+    cluster = Cluster(tmp_path_factory.mktemp("fake_engine"))
+    try:
+        cluster.start_fake_engine(0)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def start_fake_frontend(start_frontend: FrontendFactory, fake_engine: Cluster) -> FakeFrontendFactory:
+    """Start an in-process frontend (build_app's options as keywords) on the session's fake engine and wait
+    until that engine is up on it."""
+
+    async def start(**options: Any) -> Frontend:
+        frontend = await start_frontend(engine_address=fake_engine.engine_address, **options)
+        fake_engine.check_alive()
+        await wait_until(lambda: frontend.client.num_engines_up == 1, timeout=60)  # the first: its start-up
+        return frontend
+
+    return start
+
+
+@pytest.fixture
+async def fake_frontend(start_fake_frontend: FakeFrontendFactory) -> Frontend:
+    """A frontend whose one engine is the session's real ``--fake-model`` engine process."""
+    return await start_fake_frontend()
