@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
-from tests.e2e.load import Load, counter_samples
+from tests.e2e.load import Load, first_tokens, wait_for_first_tokens
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 
 
@@ -30,20 +30,6 @@ def fake_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
-
-
-async def first_tokens(session: aiohttp.ClientSession, url: str) -> float:
-    """How many requests had their first token (the TTFT histogram's count)."""
-    async with session.get(f"{url}/metrics") as r:
-        samples = counter_samples(await r.text())
-    return samples.get(("vllm:time_to_first_token_seconds_count", (("model_name", "fake"),)), 0.0)
-
-
-async def wait_for_first_tokens(session: aiohttp.ClientSession, url: str, count: float) -> None:
-    """Until ``count`` requests had their first token; a bounded wait."""
-    async with asyncio.timeout(30):
-        while await first_tokens(session, url) < count:
-            await asyncio.sleep(0.1)
 
 
 async def test_fake_engine_streams_its_cycle_with_speculation(fake_cluster: Cluster) -> None:
