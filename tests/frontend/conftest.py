@@ -3,6 +3,7 @@ frontend on a loop of its own."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,14 @@ class Frontend:
     client: EngineClient
     metrics: FrontendMetrics
     runner: web.AppRunner
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Stop serving and close the engine sockets (again: nothing)."""
+        if not self.stopped:
+            self.stopped = True
+            await self.runner.cleanup()
+            await self.client.close()
 
 
 FrontendFactory = Callable[..., Awaitable[Frontend]]
@@ -88,8 +97,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
 
     yield start
     for frontend in started:
-        await frontend.runner.cleanup()
-        await frontend.client.close()
+        await frontend.stop()
 
 
 @pytest.fixture
@@ -137,32 +145,77 @@ def harness() -> Iterator[Harness]:
 FakeFrontendFactory = Callable[..., Awaitable[Frontend]]
 
 
+class PortHold:
+    """The engine port pair of the session's fake engine, bound (not listening) while no frontend of a test
+    binds it: no other test's frontend can be given those ports and take the fake engine in as its own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._sockets: list[socket.socket] = []
+        self.hold()
+
+    def hold(self) -> None:
+        for port in (self.port, self.port + 1):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))  # bound, never listening: the engine's connects are refused
+            self._sockets.append(s)
+
+    def release(self) -> None:
+        for s in self._sockets:
+            s.close()
+        self._sockets.clear()
+
+
+@dataclass
+class FakeEngine:
+    """The session's ``--fake-model`` engine process and the hold on its frontend's ports."""
+
+    cluster: Cluster
+    ports: PortHold
+
+    @property
+    def address(self) -> str:
+        return self.cluster.engine_address
+
+
 @pytest.fixture(scope="session")
-def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeEngine]:
     """One real ``--fake-model`` engine process for the session (served as "fake": the built-in 512-token
     vocabulary, 2048 positions, greedy output a 32-token cycle), stopped by pid at the end. It connects to
     its cluster's engine address, which each test's in-process frontend binds in turn
     (:func:`start_fake_frontend`): a frontend that binds it gets the engine's hello within a second."""
     cluster = Cluster(tmp_path_factory.mktemp("fake_engine"))
+    ports = PortHold(cluster.engine_port)
     try:
         cluster.start_fake_engine(0)
-        yield cluster
+        yield FakeEngine(cluster, ports)
     finally:
         cluster.stop()
+        ports.release()
 
 
 @pytest.fixture
-async def start_fake_frontend(start_frontend: FrontendFactory, fake_engine: Cluster) -> FakeFrontendFactory:
+async def start_fake_frontend(
+    start_frontend: FrontendFactory, fake_engine: FakeEngine
+) -> AsyncIterator[FakeFrontendFactory]:
     """Start an in-process frontend (build_app's options as keywords) on the session's fake engine and wait
-    until that engine is up on it."""
+    until that engine is up on it; at teardown it stops and the engine's ports are held again."""
+    started: list[Frontend] = []
 
     async def start(**options: Any) -> Frontend:
-        frontend = await start_frontend(engine_address=fake_engine.engine_address, **options)
-        fake_engine.check_alive()
+        fake_engine.ports.release()
+        frontend = await start_frontend(engine_address=fake_engine.address, **options)
+        started.append(frontend)
+        fake_engine.cluster.check_alive()
         await wait_until(lambda: frontend.client.num_engines_up == 1, timeout=60)  # the first: its start-up
         return frontend
 
-    return start
+    yield start
+    for frontend in started:
+        await frontend.stop()
+    if started:
+        fake_engine.ports.hold()
 
 
 @pytest.fixture

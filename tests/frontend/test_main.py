@@ -15,7 +15,7 @@ from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
 from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from tests.e2e.processes import Cluster
+from tests.frontend.conftest import FakeEngine
 
 
 async def run_main(*args: str) -> asyncio.subprocess.Process:
@@ -39,10 +39,11 @@ async def wait_for_health(url: str, timeout: float = 15.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_frontend_process_serves_and_exits_cleanly_on_sigterm(fake_engine: Cluster) -> None:
+async def test_frontend_process_serves_and_exits_cleanly_on_sigterm(fake_engine: FakeEngine) -> None:
     """The process serves a completion from a connected engine (a real --fake-model engine process), logs
     listen/join lines, exits 0 on SIGTERM."""
-    http_port, engine_address = free_port(), fake_engine.engine_address
+    http_port, engine_address = free_port(), fake_engine.address
+    fake_engine.ports.release()
     process = await run_main("--host", "127.0.0.1", "--port", str(http_port), "--engine-bind", engine_address)
     try:
         url = f"http://127.0.0.1:{http_port}"
@@ -62,6 +63,7 @@ async def test_frontend_process_serves_and_exits_cleanly_on_sigterm(fake_engine:
         if process.returncode is None:
             process.kill()
             await process.wait()
+        fake_engine.ports.hold()
 
 
 async def test_bad_engine_address_is_a_usage_error() -> None:

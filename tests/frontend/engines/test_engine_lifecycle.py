@@ -22,6 +22,7 @@ from openinfer.protocol import (
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.engines.engine_requests import make_request
+from tests.frontend.metrics.scrape import sync
 
 
 async def collect(stream: AsyncIterator[EngineCoreOutput]) -> list[EngineCoreOutput]:
@@ -105,9 +106,12 @@ async def test_outputs_for_ended_requests_are_aborted_once(
     peer = await start_peer(frontend)
     await peer._send_outputs([EngineCoreOutput("ghost", [5])])
     await peer._send_outputs([EngineCoreOutput("ghost", [6])])
-    await wait_until(lambda: peer.aborted == ["ghost"])
-    await asyncio.sleep(0.2)
+    await sync(frontend, peer)  # the frontend has read both outputs (one connection, in order): aborts sent
+    stream = await frontend.client.add_request(make_request("after"), "tiny")
+    # A request sent after those aborts, on the same pipe: once the peer has it, it has every abort before it.
+    await wait_until(lambda: "after" in peer.requests)
     assert peer.aborted == ["ghost"]
+    assert len([output async for output in stream]) == 3
 
 
 async def test_frames_on_the_request_socket_are_counted_and_dropped(frontend: Frontend, peer: object) -> None:
