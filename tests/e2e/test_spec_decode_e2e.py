@@ -125,9 +125,11 @@ async def test_metrics_equal_spec_logs(spec_cluster: Cluster) -> None:
         timeout=60,
     )
     assert checker.returncode == 0, checker.stdout + checker.stderr
-    assert (
-        "SpecDecoding metrics: Mean acceptance length" in (spec_cluster.log_dir / "frontend.log").read_text()
-    )
+    # The frontend logs the interval's line every --spec-log-interval (1 s): a bounded wait for it.
+    log = spec_cluster.log_dir / "frontend.log"
+    async with asyncio.timeout(30):
+        while "SpecDecoding metrics: Mean acceptance length" not in log.read_text():
+            await asyncio.sleep(0.1)
 
 
 async def test_drafter_unload_and_reload_with_new_k(spec_cluster: Cluster) -> None:
