@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -23,9 +23,7 @@ from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetric
 from openinfer.frontend.openai.admin_api import add_admin_routes
 from openinfer.frontend.openai.body_limits import BodyLimits
 from openinfer.frontend.openai.census_worker import CensusWorker
-from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
-from openinfer.frontend.openai.completion_format import CompletionFormat
 from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
@@ -46,7 +44,6 @@ from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.response_format import (
     FormatContext,
     ResponseExtras,
-    ResponseFormat,
     ResponseIds,
 )
 from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
@@ -203,45 +200,43 @@ class _OpenAIApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's completions endpoint, streaming (SSE) or not."""
         arrival = time.monotonic()
-        completion = parse_completion_request(await self._body(request))
-        return await self._generate(request, completion, "cmpl", CompletionFormat, arrival)
+        completion = parse_completion_request(await self._body(request), self._structured_config)
+        return await self._generate(request, completion, arrival)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's chat completions endpoint: the messages through the model's chat template."""
         arrival = time.monotonic()
-        chat = parse_chat_request(await self._body(request), self._chat_parsers)
-
-        def chat_format(context: FormatContext) -> ChatFormat:
-            return ChatFormat(context, chat.output(context.tokenizer, context.prompt_token_ids))
-
-        return await self._generate(request, chat, "chatcmpl", chat_format, arrival)
+        chat = parse_chat_request(await self._body(request), self._chat_parsers, self._structured_config)
+        return await self._generate(request, chat, arrival)
 
     async def _generate(
-        self,
-        request: web.Request,
-        parsed: CompletionRequest | ChatRequest,
-        prefix: str,
-        make_format: Callable[[FormatContext], ResponseFormat],
-        arrival: float,
+        self, request: web.Request, parsed: CompletionRequest | ChatRequest, arrival: float
     ) -> web.StreamResponse:
-        """Run a parsed request on its model; ``prefix`` starts its response id (vLLM's "cmpl-")."""
+        """Run a parsed request on its model: its constraint checked (the one place the frontend compiles
+        one), then prepared once into its engine request and response format."""
         model = self._model(parsed.model)
-        if parsed.options.structured is not None:
-            await self._grammar_checks.check(parsed.options.structured)
-        ids = _response_ids(request, prefix, model)
+        options = parsed.options
+        if options.structured is not None:
+            await self._grammar_checks.check(options.structured)
+        ids = _response_ids(request, parsed.response_prefix, model)
         request_id = _engine_request_id(request, ids)
         if parsed.prepares_off_loop:  # a long prompt to tokenize, a template to render: not on the loop
-            engine_request = await asyncio.to_thread(parsed.to_engine_request, model, request_id)
+            prepared = await asyncio.to_thread(parsed.prepare, model, request_id)
         else:
-            engine_request = parsed.to_engine_request(model, request_id)
-        engine_request = self._structured_config.applied(engine_request)
-        options = parsed.options
+            prepared = parsed.prepare(model, request_id)
+        engine_request = prepared.engine_request
         extras = ResponseExtras(options.include_usage, self._spec_metrics)
         context = FormatContext(
             ids, model.tokenizer, engine_request.prompt_token_ids, options.return_token_ids, extras
         )
         generation = Generation(
-            self._client, self._metrics, model, engine_request, options, arrival, make_format(context)
+            self._client,
+            self._metrics,
+            model,
+            engine_request,
+            options,
+            arrival,
+            prepared.response_format(context),
         )
         try:
             async with generation:

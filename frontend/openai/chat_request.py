@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_messages import template_messages
 from openinfer.frontend.openai.chat_output import ChatOutput
 from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
@@ -14,6 +15,7 @@ from openinfer.frontend.openai.chat_tools import ChatTools, parse_chat_tools
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.parsers.qwen3_reasoning import THINK_END, Qwen3ReasoningParser
+from openinfer.frontend.openai.prepared_request import PreparedRequest
 from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     TYPE_MESSAGES,
@@ -22,9 +24,13 @@ from openinfer.frontend.openai.sampling_options import (
     SamplingOptions,
     check_logprobs_count,
 )
-from openinfer.frontend.openai.structured_options import StructuredConstraint, json_constraint
+from openinfer.frontend.openai.structured_options import (
+    StructuredConstraint,
+    StructuredOutputsConfig,
+    json_constraint,
+    parse_structured,
+)
 from openinfer.frontend.tokenizer import Tokenizer
-from openinfer.protocol import EngineCoreRequest
 
 _NO_FUNCTIONS = "the deprecated `functions` / `function_call` are not supported: send `tools` / `tool_choice`"
 
@@ -80,10 +86,12 @@ class ChatRequest:
     include_reasoning: bool  # vLLM extension, default true
 
     # Rendering a template is Python (jinja2) and messages can be long: it always runs in a thread.
-    prepares_off_loop = True
+    prepares_off_loop: ClassVar[bool] = True
+    response_prefix: ClassVar[str] = "chatcmpl"  # of its response id, as vLLM's
 
-    def to_engine_request(self, model: ServedModel, request_id: str) -> EngineCoreRequest:
-        """Render the model's chat template (special tokens come from it, none are added) and tokenize."""
+    def prepare(self, model: ServedModel, request_id: str) -> PreparedRequest:
+        """Render the model's chat template (special tokens come from it, none are added) and tokenize; the
+        prompt opens the request's one reasoning parser, which places the constraint and reads the output."""
         source = model.tokenizer.chat_template
         if source is None:
             raise invalid_request(
@@ -114,42 +122,44 @@ class ChatRequest:
         prompt_token_ids = model.tokenizer.encode(prompt, add_special_tokens=False)
         if not prompt_token_ids:
             raise invalid_request("the chat template made an empty prompt of these messages", "messages")
-        start_after = None
-        if self.options.structured is not None:
-            start_after = self._reasoning_end_token(model.tokenizer, prompt_token_ids)
-        return self.options.engine_request(
-            model, prompt_token_ids, request_id, prompt_param="messages", structured_start_after=start_after
-        )
-
-    def _reasoning_end_token(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> int | None:
-        """``</think>``'s token id where the output starts in reasoning, which the constraint follows (as
-        vLLM applies it once reasoning ends); None without a reasoning parser, with thinking off, after a
-        prompt that closed the think block, or where ``</think>`` is not one token."""
-        if self.parsers.reasoning_parser is None:
-            return None
-        reasoning = Qwen3ReasoningParser.for_prompt(tokenizer, prompt_token_ids, self.template_kwargs)
-        if reasoning is None or not reasoning.in_reasoning:
-            return None
-        think_end = tokenizer.encode(THINK_END, add_special_tokens=False)
-        return think_end[0] if len(think_end) == 1 else None
-
-    def output(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> ChatOutput:
-        """The reader of this request's output (its prompt says whether the output starts in reasoning)."""
         reasoning = None
         if self.parsers.reasoning_parser is not None:
-            reasoning = Qwen3ReasoningParser.for_prompt(tokenizer, prompt_token_ids, self.template_kwargs)
-        return ChatOutput(
+            reasoning = Qwen3ReasoningParser.for_prompt(
+                model.tokenizer, prompt_token_ids, self.template_kwargs
+            )
+        start_after = None
+        if self.options.structured is not None and reasoning is not None:
+            start_after = _reasoning_end_token(model.tokenizer, reasoning)
+        engine_request = self.options.engine_request(
+            model, prompt_token_ids, request_id, prompt_param="messages", structured_start_after=start_after
+        )
+        output = ChatOutput(
             reasoning,
             self.tools,
             reasoning_fields=self.parsers.reasoning_parser is not None,
             include_reasoning=self.include_reasoning,
         )
+        return PreparedRequest(engine_request, functools.partial(ChatFormat, output=output))
 
 
-def parse_chat_request(body: bytes, parsers: ChatParsers | None = None) -> ChatRequest:
+def _reasoning_end_token(tokenizer: Tokenizer, reasoning: Qwen3ReasoningParser) -> int | None:
+    """``</think>``'s token id where the output starts in reasoning, which the constraint follows (as vLLM
+    applies it once reasoning ends); None after a prompt that closed the think block, or where ``</think>``
+    is not one token."""
+    if not reasoning.in_reasoning:
+        return None
+    think_end = tokenizer.encode(THINK_END, add_special_tokens=False)
+    return think_end[0] if len(think_end) == 1 else None
+
+
+def parse_chat_request(
+    body: bytes, parsers: ChatParsers | None = None, structured_config: StructuredOutputsConfig | None = None
+) -> ChatRequest:
     """Decode and validate a request body; raise :class:`ApiError` (400) naming the bad parameter.
 
-    ``parsers``: the server's output parsers, which decide what tool choices it takes (default: none)."""
+    ``parsers``: the server's output parsers, which decide what tool choices it takes (default: none);
+    ``structured_config``: the server's structured-outputs settings, put on the request's constraint here
+    (default: none)."""
     parsers = parsers or ChatParsers()
     chat = decode_body(body, ChatBody, TYPE_MESSAGES)
     refuse_unsupported(chat, _UNSUPPORTED)
@@ -161,11 +171,14 @@ def parse_chat_request(body: bytes, parsers: ChatParsers | None = None) -> ChatR
         bound, max_tokens = "max_completion_tokens", chat.max_completion_tokens
     else:
         bound, max_tokens = "max_tokens", chat.max_tokens
-    options = SamplingOptions.from_body(
-        chat, bound, max_tokens, logprobs=(top_logprobs or 0) if logprobs else None
-    )
+    structured = parse_structured(chat.response_format, chat.structured_outputs)
     tools = parse_chat_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls, parsers)
-    options = dataclasses.replace(options, structured=_forced_call_constraint(tools, options.structured))
+    structured = (structured_config or StructuredOutputsConfig()).applied(
+        _forced_call_constraint(tools, structured)
+    )
+    options = SamplingOptions.from_body(
+        chat, bound, max_tokens, (top_logprobs or 0) if logprobs else None, structured
+    )
     return ChatRequest(
         messages=template_messages(chat.messages),
         model=chat.model,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.completion_format import CompletionFormat
 from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.prepared_request import PreparedRequest
 from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     MAX_LOGPROBS,
@@ -17,7 +19,7 @@ from openinfer.frontend.openai.sampling_options import (
     TokenId,
     check_logprobs_count,
 )
-from openinfer.protocol import EngineCoreRequest
+from openinfer.frontend.openai.structured_options import StructuredOutputsConfig, parse_structured
 
 # A text prompt up to this long is tokenized on the event loop (well under a millisecond), a longer one in
 # a thread (the tokenizer releases the GIL), so that no request stalls the others.
@@ -55,25 +57,36 @@ class CompletionRequest:
     model: str | None  # None: the first served model
     options: SamplingOptions
 
+    response_prefix: ClassVar[str] = "cmpl"  # of its response id, as vLLM's
+
     @property
     def prepares_off_loop(self) -> bool:
-        """Whether :meth:`to_engine_request` should run in a thread: a long text takes long to tokenize."""
+        """Whether :meth:`prepare` should run in a thread: a long text takes long to tokenize."""
         return isinstance(self.prompt, str) and len(self.prompt) > INLINE_PROMPT_CHARS
 
-    def to_engine_request(self, model: ServedModel, request_id: str) -> EngineCoreRequest:
+    def prepare(self, model: ServedModel, request_id: str) -> PreparedRequest:
         """Tokenize (with the model's special tokens) and bound the request for ``model``."""
         text = self.prompt if isinstance(self.prompt, str) else None
         self.options.check_before_tokenizing(model, text, "prompt")
         prompt_token_ids = self.prompt if text is None else model.tokenizer.encode(text)
-        return self.options.engine_request(model, prompt_token_ids, request_id)
+        return PreparedRequest(
+            self.options.engine_request(model, prompt_token_ids, request_id), CompletionFormat
+        )
 
 
-def parse_completion_request(body: bytes) -> CompletionRequest:
-    """Decode and validate a request body; raise :class:`ApiError` (400) naming the bad parameter."""
+def parse_completion_request(
+    body: bytes, structured_config: StructuredOutputsConfig | None = None
+) -> CompletionRequest:
+    """Decode and validate a request body; raise :class:`ApiError` (400) naming the bad parameter.
+
+    ``structured_config``: the server's structured-outputs settings, put on the request's constraint here
+    (default: none)."""
     completion = decode_body(body, CompletionBody, _TYPE_MESSAGES)
     refuse_unsupported(completion, _UNSUPPORTED)
     logprobs = check_logprobs_count(completion.logprobs, "logprobs")
-    options = SamplingOptions.from_body(completion, "max_tokens", completion.max_tokens, logprobs)
+    structured = parse_structured(completion.response_format, completion.structured_outputs)
+    structured = (structured_config or StructuredOutputsConfig()).applied(structured)
+    options = SamplingOptions.from_body(completion, "max_tokens", completion.max_tokens, logprobs, structured)
     return CompletionRequest(prompt=_prompt(completion.prompt), model=completion.model, options=options)
 
 

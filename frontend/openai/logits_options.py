@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -90,10 +89,11 @@ class LogitsOptions:
             min_p=min_p,
         )
 
-    def engine_fields(self, tokenizer: Tokenizer, vocab_size: int, max_tokens: int) -> dict[str, Any]:
-        """These options as ``SamplingParams`` fields for a model with this tokenizer and vocabulary, and a
-        request bounded to ``max_tokens``: bad words as token ids; 400 for ids outside the vocabulary, or a
-        ``min_tokens`` above the output room the prompt leaves (when the request set no bound itself)."""
+    def bad_words_token_ids(self, tokenizer: Tokenizer, vocab_size: int, max_tokens: int) -> list[list[int]]:
+        """The bad words as token ids for a model with this tokenizer and vocabulary, once these options are
+        checked for it and a request bounded to ``max_tokens``: 400 for logit_bias ids outside the
+        vocabulary, or a ``min_tokens`` above the output room the prompt leaves (when the request set no
+        bound itself)."""
         outside = sorted(t for t in self.logit_bias if not 0 <= t < vocab_size)
         if outside:
             raise invalid_request(
@@ -106,15 +106,7 @@ class LogitsOptions:
                 "leaves room for",
                 param="min_tokens",
             )
-        return {
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-            "min_tokens": self.min_tokens,
-            "logit_bias": self.logit_bias,
-            "bad_words_token_ids": bad_words_token_ids(self.bad_words, tokenizer, vocab_size),
-            "min_p": self.min_p,
-        }
+        return bad_words_token_ids(self.bad_words, tokenizer, vocab_size)
 
 
 def bad_words_token_ids(words: tuple[str, ...], tokenizer: Tokenizer, vocab_size: int) -> list[list[int]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -15,7 +14,7 @@ from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.logits_options import TYPE_MESSAGES as LOGITS_TYPE_MESSAGES
 from openinfer.frontend.openai.logits_options import LogitsBody, LogitsOptions
 from openinfer.frontend.openai.request_body import INT64_MAX, Int64
-from openinfer.frontend.openai.structured_options import StructuredConstraint, parse_structured
+from openinfer.frontend.openai.structured_options import StructuredConstraint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
@@ -110,12 +109,19 @@ class SamplingOptions:
 
     @classmethod
     def from_body(
-        cls, body: SamplingBody, max_tokens_field: str, max_tokens: int | None, logprobs: int | None
+        cls,
+        body: SamplingBody,
+        max_tokens_field: str,
+        max_tokens: int | None,
+        logprobs: int | None,
+        structured: StructuredConstraint | None,
     ) -> SamplingOptions:
         """The shared fields of a decoded body, with their defaults; 400 naming the first bad one.
 
         ``max_tokens`` is the output bound the endpoint read from ``max_tokens_field`` ("max_tokens", or
-        chat's "max_completion_tokens"); ``logprobs`` is already read, each endpoint spelling it its own way.
+        chat's "max_completion_tokens"); ``logprobs`` is already read, each endpoint spelling it its own way;
+        ``structured`` is the request's whole constraint, the server's settings on it (chat's: its forced
+        tool call, if any).
         """
         stream = _or(body.stream, False)
         if body.stream_options is not None and not stream:
@@ -150,7 +156,7 @@ class SamplingOptions:
             stream=stream,
             include_usage=include_usage,
             logits=LogitsOptions.from_body(body, max_tokens_field, max_tokens),
-            structured=parse_structured(body.response_format, body.structured_outputs),
+            structured=structured,
             max_tokens_param=max_tokens_field,
         )
 
@@ -185,15 +191,30 @@ class SamplingOptions:
                     f"`{name}` holds a token id >= the vocabulary size {model.vocab_size}", name
                 )
         max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
-        # Each of SamplingParams' fields is the option of its name; stop strings and output shaping stay here.
-        bounded = dataclasses.replace(self, max_tokens=max_tokens)
-        params = msgspec.convert(bounded, SamplingParams, from_attributes=True)
-        logits = self.logits.engine_fields(model.tokenizer, model.vocab_size, max_tokens)
-        params = msgspec.structs.replace(params, **logits)
-        if self.structured is not None:
-            outputs = self.structured.outputs
-            outputs = msgspec.structs.replace(outputs, start_after_token_id=structured_start_after)
-            params = msgspec.structs.replace(params, structured_outputs=outputs)
+        logits = self.logits
+        bad_words_token_ids = logits.bad_words_token_ids(model.tokenizer, model.vocab_size, max_tokens)
+        structured = self.structured
+        # One pass: every engine field from its option; stop strings and output shaping stay here.
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop_token_ids=list(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+            presence_penalty=logits.presence_penalty,
+            frequency_penalty=logits.frequency_penalty,
+            repetition_penalty=logits.repetition_penalty,
+            min_tokens=logits.min_tokens,
+            logit_bias=logits.logit_bias,
+            bad_words_token_ids=bad_words_token_ids,
+            min_p=logits.min_p,
+            structured_outputs=None
+            if structured is None
+            else structured.engine_outputs(structured_start_after),
+        )
         return EngineCoreRequest(request_id, prompt_token_ids, params, arrival_time=time.time())
 
 

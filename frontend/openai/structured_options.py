@@ -20,7 +20,7 @@ import msgspec
 
 from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
 from openinfer.frontend.openai.request_body import check_nesting
-from openinfer.protocol import EngineCoreRequest, StructuredKind, StructuredOutputs
+from openinfer.protocol import StructuredKind, StructuredOutputs
 
 RESPONSE_FORMAT = "response_format"
 STRUCTURED_OUTPUTS = "structured_outputs"
@@ -35,6 +35,11 @@ class StructuredConstraint:
 
     outputs: StructuredOutputs  # start_after_token_id None: the chat request knows where reasoning ends
     param: str  # "response_format", "structured_outputs", or "tools" for a forced tool call
+
+    def engine_outputs(self, start_after_token_id: int | None) -> StructuredOutputs:
+        """The engine's constraint, applied after ``start_after_token_id`` (chat's ``</think>`` where the
+        output starts in reasoning; None: from the first output token)."""
+        return msgspec.structs.replace(self.outputs, start_after_token_id=start_after_token_id)
 
 
 @dataclass(frozen=True)
@@ -271,15 +276,13 @@ class StructuredOutputsConfig:
             raise ValueError("--structured-outputs-config: disable_any_whitespace must be true or false")
         return cls(disable_any_whitespace=disable)
 
-    def applied(self, request: EngineCoreRequest) -> EngineCoreRequest:
-        """The request with the server's settings on its constraint (if it has one)."""
-        outputs = request.sampling_params.structured_outputs
-        if outputs is None or not self.disable_any_whitespace:
-            return request
-        params = msgspec.structs.replace(
-            request.sampling_params, structured_outputs=msgspec.structs.replace(outputs, any_whitespace=False)
-        )
-        return msgspec.structs.replace(request, sampling_params=params)
+    def applied(self, constraint: StructuredConstraint | None) -> StructuredConstraint | None:
+        """A request's constraint (None: none) with the server's settings on it: what the grammar check
+        compiles is what the engine gets."""
+        if constraint is None or not self.disable_any_whitespace:
+            return constraint
+        outputs = msgspec.structs.replace(constraint.outputs, any_whitespace=False)
+        return StructuredConstraint(outputs, constraint.param)
 
     def argv(self) -> list[str]:
         """The flag that gives this config, for a command line (none for the default)."""

@@ -51,6 +51,19 @@ class FakeServer:
     def bodies(self) -> list[dict[str, Any]]:
         return [r.body for r in self.received]
 
+    def max_in_flight(self, received: list[Received] | None = None) -> int:
+        """The most requests (of ``received``, by default all) the server was streaming at one instant."""
+        events = sorted(
+            (time, change)
+            for r in (self.received if received is None else received)
+            for time, change in ((r.started, 1), (r.finished, -1))
+        )  # at a tie the end (-1) sorts first: one request ending as another starts is not two in flight
+        in_flight = peak = 0
+        for _, change in events:
+            in_flight += change
+            peak = max(peak, in_flight)
+        return peak
+
     async def stream(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         body = await request.json()

@@ -11,7 +11,7 @@ from openinfer.benchmarks.datasets import SampledRequest
 from openinfer.benchmarks.load_report import LoadReport, percentile
 from openinfer.benchmarks.load_runner import arrival_gaps, run_load
 from openinfer.benchmarks.request_client import RequestOutcome, SamplingConfig, send_request
-from tests.benchmarks.openai_fake import CACHED_TOKENS, CHUNK_GAP_S, REPLY, FakeServer
+from tests.benchmarks.openai_fake import CACHED_TOKENS, REPLY, FakeServer
 
 REQUEST = SampledRequest("to be", prompt_len=2, max_tokens=3)
 
@@ -28,9 +28,14 @@ async def test_timings_come_from_chunk_arrivals(fake: tuple[FakeServer, str], en
     assert outcome.error is None
     assert (outcome.prompt_len, outcome.output_tokens) == (7, 3)  # the server's usage, not our 2
     assert (outcome.cached_tokens, outcome.output_text) == (CACHED_TOKENS, REPLY)
-    assert len(outcome.itl) == 2 and all(gap >= CHUNK_GAP_S * 0.9 for gap in outcome.itl)
-    assert outcome.ttft is not None and outcome.e2e is not None and outcome.ttft < CHUNK_GAP_S
-    assert outcome.tpot is not None and outcome.tpot >= CHUNK_GAP_S * 0.9  # the last gap is in E2E too
+    assert len(outcome.itl) == 2  # the gaps between the three text chunks: none for the role or usage chunk
+    assert outcome.ttft is not None and outcome.e2e is not None and outcome.tpot is not None
+    # In order on the client's clock: the first text chunk, the two gaps to the last, then usage and [DONE]
+    # after the server's last pause; and the client's request spans the server's.
+    assert 0 < outcome.ttft < outcome.ttft + sum(outcome.itl) < outcome.e2e
+    [received] = server.received
+    assert outcome.e2e >= received.finished - received.started
+    assert outcome.tpot == (outcome.e2e - outcome.ttft) / 2  # 3 tokens: 2 after the first
     body = server.bodies[0]
     assert body["temperature"] == 0.0 and body["ignore_eos"] is True and body["stream"] is True
     if endpoint == "chat":
@@ -60,8 +65,8 @@ async def test_failures_are_reported_not_raised(fake: tuple[FakeServer, str]) ->
 
 
 async def test_concurrency_caps_requests_in_flight(fake: tuple[FakeServer, str]) -> None:
-    """4 requests of ~0.15 s each, 2 at a time, take two rounds; all at once, one."""
-    _, url = fake
+    """4 requests, 2 at a time: never more than 2 streaming at once on the server; all at once: 4."""
+    server, url = fake
     sampling = SamplingConfig("m", "completions", 0.0, False)
     async with aiohttp.ClientSession() as session:
         capped = await run_load(session, url, [REQUEST] * 4, sampling, 2, math.inf, seed=0, progress=False)
@@ -69,8 +74,8 @@ async def test_concurrency_caps_requests_in_flight(fake: tuple[FakeServer, str])
             session, url, [REQUEST] * 4, sampling, None, math.inf, seed=0, progress=False
         )
     assert len(capped.ok) == len(unbounded.ok) == 4
-    assert capped.duration >= 2 * 2 * CHUNK_GAP_S  # two rounds of >= 2 gaps
-    assert unbounded.duration < capped.duration
+    assert server.max_in_flight(server.received[:4]) == 2
+    assert server.max_in_flight(server.received[4:]) == 4
 
 
 def test_poisson_arrivals_are_seeded() -> None:

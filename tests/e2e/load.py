@@ -1,5 +1,6 @@
 """Load and observation for fault tests: streaming clients that record how each request ended, and a
-scraper that checks that no counter sample ever goes down between successive /metrics scrapes."""
+scraper that checks that no counter sample ever goes down between successive /metrics scrapes, and a bounded
+wait until streams have their first tokens."""
 
 from __future__ import annotations
 
@@ -164,3 +165,18 @@ class Scraper:
             while True:
                 await self.scrape(session)
                 await asyncio.sleep(self.interval_s)
+
+
+async def first_tokens(session: aiohttp.ClientSession, url: str, model: str = "fake") -> float:
+    """How many requests of ``model`` had their first token at this frontend (its TTFT histogram's count)."""
+    async with session.get(f"{url}/metrics") as r:
+        samples = counter_samples(await r.text())
+    return samples.get(("vllm:time_to_first_token_seconds_count", (("model_name", model),)), 0.0)
+
+
+async def wait_for_first_tokens(session: aiohttp.ClientSession, url: str, count: float) -> None:
+    """Until ``count`` requests had their first token, every stream started then has tokens (so none can
+    move to another engine); a bounded wait."""
+    async with asyncio.timeout(30):
+        while await first_tokens(session, url) < count:
+            await asyncio.sleep(0.1)

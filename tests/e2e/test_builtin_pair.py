@@ -14,8 +14,9 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
-from openinfer.tools.spec_tally import read_spec_logs, tally_metrics
+from openinfer.tools.spec_tally import tally_metrics
 from tests.e2e.processes import Cluster
+from tests.e2e.settled_metrics import metrics_matching_logs
 
 K = BUILTIN_NUM_SPEC_TOKENS
 PROMPTS = [
@@ -77,11 +78,8 @@ async def test_dflash_tokens_equal_plain_and_metrics_equal_logs(pair_cluster: Cl
             asyncio.gather(*(token_ids(s, url, "plain", p) for p in PROMPTS)),
             asyncio.gather(*(token_ids(s, url, "dflash", p) for p in PROMPTS)),
         )
-        await asyncio.sleep(1.5)  # a heartbeat carries the last counters
-        async with s.get(f"{url}/metrics") as r:
-            text = await r.text()
+        text, logs = await metrics_matching_logs(s, url, [pair_cluster.log_dir / "spec1.jsonl"], K)
     assert drafted == plain
-    logs = read_spec_logs([pair_cluster.log_dir / "spec1.jsonl"])
     assert not logs.malformed and set(logs.engines) == {1}
     assert tally_metrics(text)[1].bins(K, K + 1) == logs.engines[1].bins(K, K + 1)
     tally = logs.engines[1]

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from openinfer.engine_core.launch.local_cluster import answers_health, python_module
-from tests.e2e.load import CYCLE_PROMPT, Load, Scraper, counter_samples
+from tests.e2e.load import CYCLE_PROMPT, Load, Scraper, counter_samples, first_tokens, wait_for_first_tokens
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, HOST, Cluster, serve_children
 
 
@@ -99,8 +99,9 @@ async def test_a_killed_engine_is_restarted_and_only_its_requests_fail(serve: Se
     load = Load(url, clients=0)
     body = {"model": "fake", "prompt": "Hi", "max_tokens": 200, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as session:
+        before_first_tokens = await first_tokens(session, url)
         streams = [asyncio.create_task(load.request(session, dict(body))) for _ in range(6)]
-        await asyncio.sleep(2.0)  # every stream has tokens
+        await wait_for_first_tokens(session, url, before_first_tokens + 6)  # every stream has tokens
         before = await engines(session, url)
         running_on_0 = before[0]["load"]["num_running_reqs"]
         old_pid = serve.wait_for("engine0")

@@ -15,8 +15,9 @@ import aiohttp
 import pytest
 
 from openinfer.engine_core.builtin_model import builtin_drafter_folder
-from openinfer.tools.spec_tally import read_spec_logs, tally_metrics, total
+from openinfer.tools.spec_tally import tally_metrics, total
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
+from tests.e2e.settled_metrics import metrics_matching_logs
 
 K = 7
 
@@ -84,10 +85,8 @@ async def test_metrics_equal_spec_logs(spec_cluster: Cluster) -> None:
         results = await asyncio.gather(
             *(complete(s, spec_cluster.url, p, stream=i % 2 == 1) for i, p in enumerate(prompts() * 2))
         )
-        await asyncio.sleep(1.5)  # a heartbeat carries the last counters
-        async with s.get(f"{spec_cluster.url}/metrics") as r:
-            text = await r.text()
-    logs = read_spec_logs(sorted(spec_cluster.log_dir.glob("spec*.jsonl")))
+        log_paths = sorted(spec_cluster.log_dir.glob("spec*.jsonl"))
+        text, logs = await metrics_matching_logs(s, spec_cluster.url, log_paths, K)
     assert not logs.malformed
     metrics = tally_metrics(text)
     assert set(logs.engines) == {0, 1}  # both engines drafted
@@ -126,9 +125,11 @@ async def test_metrics_equal_spec_logs(spec_cluster: Cluster) -> None:
         timeout=60,
     )
     assert checker.returncode == 0, checker.stdout + checker.stderr
-    assert (
-        "SpecDecoding metrics: Mean acceptance length" in (spec_cluster.log_dir / "frontend.log").read_text()
-    )
+    # The frontend logs the interval's line every --spec-log-interval (1 s): a bounded wait for it.
+    log = spec_cluster.log_dir / "frontend.log"
+    async with asyncio.timeout(30):
+        while "SpecDecoding metrics: Mean acceptance length" not in log.read_text():
+            await asyncio.sleep(0.1)
 
 
 async def test_drafter_unload_and_reload_with_new_k(spec_cluster: Cluster) -> None:
@@ -150,16 +151,14 @@ async def test_drafter_unload_and_reload_with_new_k(spec_cluster: Cluster) -> No
         ) as r:
             assert r.status == 400 and "32" in (await r.json())["error"]["message"]
         await asyncio.gather(*(complete(s, url, p, stream=False) for p in prompts() * 2))
-        await asyncio.sleep(1.5)
-        async with s.get(f"{url}/metrics") as r:
-            text = await r.text()
+        log_paths = sorted(spec_cluster.log_dir.glob("spec*.jsonl"))
+        text, logs = await metrics_matching_logs(s, url, log_paths, K)
     after = tally_metrics(text)
     for engine in (0, 1):
         assert all(v >= 0 for v in after[engine].minus(before[engine]).bins(K, K + 1).values())
     assert re.search(
         r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*engine="1"[^}]*position="2"', text
     )
-    logs = read_spec_logs(sorted(spec_cluster.log_dir.glob("spec*.jsonl")))
     for engine in (0, 1):
         assert after[engine].bins(K, K + 1) == logs.engines[engine].bins(K, K + 1), engine
 

@@ -1,9 +1,10 @@
-"""Fixtures: a frontend served in-process on 127.0.0.1, and engine peers connected to it."""
+"""Fixtures: a frontend served in-process on 127.0.0.1, engine peers connected to it, and the fuzz tests'
+frontend on a loop of its own."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,18 +19,12 @@ from openinfer.frontend.metrics.state_dir import StateDir
 from openinfer.frontend.openai.api_server import build_app, serve
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
+from tests.e2e.processes import Cluster
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.fuzz_harness import Harness, running_harness
+from tests.frontend.waits import wait_until
 
 __all__ = ["free_port_pair", "wait_until"]
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``condition`` every 10 ms; fail the test if it is not true within ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -41,6 +36,14 @@ class Frontend:
     client: EngineClient
     metrics: FrontendMetrics
     runner: web.AppRunner
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Stop serving and close the engine sockets (again: nothing)."""
+        if not self.stopped:
+            self.stopped = True
+            await self.runner.cleanup()
+            await self.client.close()
 
 
 FrontendFactory = Callable[..., Awaitable[Frontend]]
@@ -94,8 +97,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
 
     yield start
     for frontend in started:
-        await frontend.runner.cleanup()
-        await frontend.client.close()
+        await frontend.stop()
 
 
 @pytest.fixture
@@ -131,3 +133,92 @@ async def frontend(start_frontend: FrontendFactory) -> Frontend:
 @pytest.fixture
 async def peer(frontend: Frontend, start_peer: PeerFactory) -> EnginePeer:
     return await start_peer(frontend)
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    """The fuzz tests' frontend and peer, on an event loop hypothesis drives example by example."""
+    with running_harness() as h:
+        yield h
+
+
+FakeFrontendFactory = Callable[..., Awaitable[Frontend]]
+
+
+class PortHold:
+    """The engine port pair of the session's fake engine, bound (not listening) while no frontend of a test
+    binds it: no other test's frontend can be given those ports and take the fake engine in as its own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._sockets: list[socket.socket] = []
+        self.hold()
+
+    def hold(self) -> None:
+        for port in (self.port, self.port + 1):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))  # bound, never listening: the engine's connects are refused
+            self._sockets.append(s)
+
+    def release(self) -> None:
+        for s in self._sockets:
+            s.close()
+        self._sockets.clear()
+
+
+@dataclass
+class FakeEngine:
+    """The session's ``--fake-model`` engine process and the hold on its frontend's ports."""
+
+    cluster: Cluster
+    ports: PortHold
+
+    @property
+    def address(self) -> str:
+        return self.cluster.engine_address
+
+
+@pytest.fixture(scope="session")
+def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeEngine]:
+    """One real ``--fake-model`` engine process for the session (served as "fake": the built-in 512-token
+    vocabulary, 2048 positions, greedy output a 32-token cycle), stopped by pid at the end. It connects to
+    its cluster's engine address, which each test's in-process frontend binds in turn
+    (:func:`start_fake_frontend`): a frontend that binds it gets the engine's hello within a second."""
+    cluster = Cluster(tmp_path_factory.mktemp("fake_engine"))
+    ports = PortHold(cluster.engine_port)
+    try:
+        cluster.start_fake_engine(0)
+        yield FakeEngine(cluster, ports)
+    finally:
+        cluster.stop()
+        ports.release()
+
+
+@pytest.fixture
+async def start_fake_frontend(
+    start_frontend: FrontendFactory, fake_engine: FakeEngine
+) -> AsyncIterator[FakeFrontendFactory]:
+    """Start an in-process frontend (build_app's options as keywords) on the session's fake engine and wait
+    until that engine is up on it; at teardown it stops and the engine's ports are held again."""
+    started: list[Frontend] = []
+
+    async def start(**options: Any) -> Frontend:
+        fake_engine.ports.release()
+        frontend = await start_frontend(engine_address=fake_engine.address, **options)
+        started.append(frontend)
+        fake_engine.cluster.check_alive()
+        await wait_until(lambda: frontend.client.num_engines_up == 1, timeout=60)  # the first: its start-up
+        return frontend
+
+    yield start
+    for frontend in started:
+        await frontend.stop()
+    if started:
+        fake_engine.ports.hold()
+
+
+@pytest.fixture
+async def fake_frontend(start_fake_frontend: FakeFrontendFactory) -> Frontend:
+    """A frontend whose one engine is the session's real ``--fake-model`` engine process."""
+    return await start_fake_frontend()

@@ -6,6 +6,15 @@ Its spec-decode and prefix-cache counters (``spec``, ``prefix_cache``) are whate
 every message's load carries them. Each request's first output says ``num_cached_tokens`` of its config.
 It answers LoadDrafter / UnloadDrafter with a DrafterReply. It exists to test the frontend's side of the
 boundary.
+
+A test that needs only a plain engine runs on a real ``--fake-model`` engine process instead (the
+``fake_engine`` and ``fake_frontend`` fixtures of conftest.py). The peer stays where a test needs what a
+real engine never does or cannot show: forge or withhold messages (stranger and old-version hellos, seqs
+out of order, silence while connected, errors and refusals on demand, drafter replies withheld or refused,
+cached-token counts and logprobs of its choosing), set its cumulative counters to chosen values, delay each
+token, echo the prompt so that every expected text is known token by token, or record what reached the
+engine (``requests``, ``aborted``, ``drafter_commands``: "nothing reached the engine" is a property many
+tests check).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Fuzzing (hypothesis, bounded) every HTTP route on arbitrary bodies and headers, with the frontend of
-test_fuzz: never a 5xx but 503, no counter moves but those of requests that succeeded, nothing is left in
+fuzz_harness: never a 5xx but 503, no counter moves but those of requests that succeeded, nothing is left in
 flight, the server still serves. Integers reach past 64 bits, JSON nests past any limit, headers carry
 non-ASCII text."""
 
@@ -10,7 +10,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.frontend.test_fuzz import FUZZ, FUZZ_ADMIN_KEY, Harness, harness  # noqa: F401 - harness is the fixture
+from tests.frontend.fuzz_harness import FUZZ, FUZZ_ADMIN_KEY, Harness
 
 _JSON = st.recursive(
     st.none()
@@ -165,7 +165,7 @@ def _requests(draw: st.DrawFn) -> tuple[str, str, bytes]:
     return method, path.replace("{i}", index), body
 
 
-def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:  # noqa: F811 - the fixture
+def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:
     """Arbitrary bodies and headers on every route: never a 5xx but 503; every counter but those of the
     requests that succeeded stays where it was; the server still serves."""
     before = harness.counters()

@@ -15,7 +15,7 @@ from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
 from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.conftest import FakeEngine
 
 
 async def run_main(*args: str) -> asyncio.subprocess.Process:
@@ -39,19 +39,18 @@ async def wait_for_health(url: str, timeout: float = 15.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_frontend_process_serves_and_exits_cleanly_on_sigterm() -> None:
-    """The process serves a completion from a connected engine, logs listen/join lines, exits 0 on SIGTERM."""
-    http_port, engine_address = free_port(), f"tcp://127.0.0.1:{free_port_pair()}"
+async def test_frontend_process_serves_and_exits_cleanly_on_sigterm(fake_engine: FakeEngine) -> None:
+    """The process serves a completion from a connected engine (a real --fake-model engine process), logs
+    listen/join lines, exits 0 on SIGTERM."""
+    http_port, engine_address = free_port(), fake_engine.address
+    fake_engine.ports.release()
     process = await run_main("--host", "127.0.0.1", "--port", str(http_port), "--engine-bind", engine_address)
-    peer = EnginePeer(engine_address)
     try:
-        await peer.start()
         url = f"http://127.0.0.1:{http_port}"
-        await wait_for_health(url)
+        await wait_for_health(url, timeout=60)  # the session's engine may be starting
         async with aiohttp.ClientSession() as session:
-            async with session.post(
-                f"{url}/v1/completions", json={"prompt": "hello", "max_tokens": 2}
-            ) as response:
+            body = {"prompt": "hello", "max_tokens": 2, "ignore_eos": True}
+            async with session.post(f"{url}/v1/completions", json=body) as response:
                 assert response.status == 200
                 assert (await response.json())["usage"]["completion_tokens"] == 2
         process.send_signal(signal.SIGTERM)
@@ -64,7 +63,7 @@ async def test_frontend_process_serves_and_exits_cleanly_on_sigterm() -> None:
         if process.returncode is None:
             process.kill()
             await process.wait()
-        await peer.stop()
+        fake_engine.ports.hold()
 
 
 async def test_bad_engine_address_is_a_usage_error() -> None:

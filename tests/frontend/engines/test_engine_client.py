@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import NoEngineError
@@ -12,10 +13,7 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
-
-
-def make_request(request_id: str, max_tokens: int = 3, prompt: list[int] | None = None) -> EngineCoreRequest:
-    return EngineCoreRequest(request_id, prompt or [50, 60, 70], SamplingParams(max_tokens=max_tokens))
+from tests.frontend.engines.engine_requests import make_request
 
 
 def protocol_errors(frontend: Frontend, kind: str) -> float:
@@ -31,11 +29,15 @@ def test_engine_addresses_use_port_and_port_plus_one() -> None:
             engine_addresses(bad)
 
 
-async def test_outputs_stream_in_order_and_end_with_finish(frontend: Frontend, peer: EnginePeer) -> None:
-    """add_request yields the engine's outputs one by one; the last carries finish "length"."""
-    stream = await frontend.client.add_request(make_request("r1"), "tiny")
+async def test_outputs_stream_in_order_and_end_with_finish(fake_frontend: Frontend) -> None:
+    """add_request yields a real engine's outputs one by one (the fake model's greedy cycle); the last
+    carries finish "length"; nothing stays in flight."""
+    frontend = fake_frontend
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    stream = await frontend.client.add_request(EngineCoreRequest("r1", [50, 60, 70], greedy), "fake")
     outputs = [output async for output in stream]
-    assert [o.new_token_ids for o in outputs] == [[50], [60], [70]]
+    # 70 is outside the cycle: the cycle's first token follows it, then the next ones
+    assert [o.new_token_ids for o in outputs] == [[FIRST_CYCLE_TOKEN + i] for i in range(3)]
     assert outputs[-1].finish is not None and outputs[-1].finish.kind == "length"
     assert frontend.client.router.on_engine(frontend.client.registry.get(0)) == {}  # type: ignore[arg-type]
 

@@ -27,7 +27,7 @@ from openinfer.protocol import (
 )
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
-from tests.frontend.engines.test_engine_client import make_request
+from tests.frontend.engines.engine_requests import make_request
 
 
 def sample(frontend: Frontend, name: str, **labels: str) -> float:

@@ -4,12 +4,11 @@ a restarted engine (its predecessor's connection gone, or silent past the timeou
 from __future__ import annotations
 
 import asyncio
-import time
 
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from tests.frontend.conftest import FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
-from tests.frontend.engines.test_engine_client import make_request
+from tests.frontend.engines.engine_requests import make_request
 
 
 def sample(metrics: FrontendMetrics, name: str, labels: dict[str, str]) -> float:
@@ -52,14 +51,14 @@ async def test_restarted_engine_is_taken_back_at_once(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
     """Engine 0's process dies (its connections close) and a new incarnation says hello at once, maybe read
-    before the close: it is taken within a second, long before the 30 s timeout, and counted a restart."""
+    before the close: it is taken long before the 30 s timeout (a 2 s wait), and counted a restart."""
     frontend = await start_frontend(engine_timeout=30.0)
     peer = await start_peer(frontend)
     old = peer.incarnation
-    started = time.monotonic()
     await peer.restart()
+    # A bounded wait far inside the 30 s timeout: only the closed connection can free the index this soon.
     await wait_until(lambda: frontend.client.registry.current(0, peer.incarnation) is not None, timeout=2)
-    assert time.monotonic() - started < 1.5 and peer.refusals == []
+    assert peer.refusals == []
     assert frontend.client.registry.is_retired(0, old) and not frontend.client.registry.is_refused(0, old)
     assert sample(frontend.metrics, "openinfer:engine_restarts_total", {"engine": "0"}) == 1
     stream = await frontend.client.add_request(make_request("r1"), "tiny")
@@ -74,10 +73,9 @@ async def test_silent_engine_yields_its_index_after_the_timeout(
     frontend = await start_frontend(engine_timeout=0.6)
     holder = await start_peer(frontend)
     holder.silent = True
-    started = time.monotonic()
     newcomer = await start_peer(frontend, wait=False)
     await wait_until(lambda: frontend.client.registry.current(0, newcomer.incarnation) is not None, timeout=3)
-    assert time.monotonic() - started < 0.6 + 0.5  # the timeout, plus a tick and the hello's way
+    assert frontend.client.registry.is_retired(0, holder.incarnation)  # taken from the holder, not beside it
     assert newcomer.refusals == [] and holder.refusals == []
     stream = await frontend.client.add_request(make_request("r1"), "tiny")
     assert len([output async for output in stream]) == 3

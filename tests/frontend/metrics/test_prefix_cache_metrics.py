@@ -9,7 +9,7 @@ from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.protocol import LoadSnapshot, PrefixCacheCounters, SpecDecodeCounters
 from tests.frontend.conftest import Frontend, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
-from tests.frontend.metrics.test_spec_metrics import sample, scrape, sync
+from tests.frontend.metrics.scrape import sample, scrape, sync
 
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 

@@ -6,7 +6,7 @@ from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetric
 from openinfer.protocol import SpecDecodeCounters
 from tests.frontend.conftest import FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import PeerConfig
-from tests.frontend.openai.test_api_server import post, stream
+from tests.frontend.openai.http_calls import post, stream
 
 # K=3, 4 drafts with 0, 1, 2 and 3 accepted: 6 of 11 draft tokens accepted.
 STATS = SpecDecodeCounters(3, num_drafts=4, num_draft_tokens=11, num_accepted_tokens=6,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,7 +11,8 @@ from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
 from openinfer.tools.spec_tally import AcceptanceTally, tally_metrics
 from tests.frontend.conftest import Frontend, PeerFactory, wait_until
-from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.metrics.scrape import sample, scrape, sync
 
 
 def counters(k: int, *drafts: tuple[int, int]) -> SpecDecodeCounters:
@@ -23,22 +23,6 @@ def counters(k: int, *drafts: tuple[int, int]) -> SpecDecodeCounters:
     return c
 
 
-async def sync(frontend: Frontend, peer: EnginePeer) -> None:
-    """Send a snapshot of the peer's counters now and wait until the frontend has taken it."""
-    seq = await peer.send_snapshot()
-    index, incarnation = peer.config.engine_index, peer.incarnation
-    await wait_until(
-        lambda: (r := frontend.client.registry.current(index, incarnation)) is not None and r.last_seq >= seq
-    )
-
-
-async def scrape(frontend: Frontend) -> str:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{frontend.url}/metrics") as response:
-            assert response.status == 200
-            return await response.text()
-
-
 def spec_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every spec-decode counter sample of an exposition, by (name, labels)."""
     return {
@@ -47,14 +31,6 @@ def spec_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
         for s in family.samples
         if "spec_decode" in s.name and s.name.endswith("_total")
     }
-
-
-def sample(text: str, name: str, **labels: str) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and s.labels == labels:
-                return s.value
-    return None
 
 
 async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, start_peer: PeerFactory) -> None:

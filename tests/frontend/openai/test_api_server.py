@@ -13,36 +13,10 @@ import pytest
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.openai.http_calls import get, post, stream
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 EOS = tiny_tokenizer.EOS_TOKEN_ID
-
-
-async def post(
-    frontend: Frontend, body: object, headers: dict[str, str] | None = None, path: str = "/v1/completions"
-) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **(headers or {})}
-        async with session.post(f"{frontend.url}{path}", data=data, headers=headers) as response:
-            return response.status, await response.json()
-
-
-async def get(frontend: Frontend, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{frontend.url}{path}", headers=headers) as response:
-            return response.status, await response.text()
-
-
-async def stream(frontend: Frontend, body: dict[str, Any]) -> list[Any]:
-    """The SSE events of a streaming completion, decoded; "[DONE]" stays a string."""
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{frontend.url}/v1/completions", json={**body, "stream": True}) as response:
-            assert response.status == 200
-            assert response.headers["Content-Type"].startswith("text/event-stream")
-            raw = await response.text()
-    events = [block.removeprefix("data: ") for block in raw.split("\n\n") if block]
-    return [event if event == "[DONE]" else json.loads(event) for event in events]
 
 
 def assert_openai_error(body: Any, error_type: str) -> None:
@@ -59,12 +33,12 @@ async def test_health_is_503_until_an_engine_is_up(frontend: Frontend, start_pee
     assert status == 200
 
 
-async def test_models_lists_the_model_named_in_the_hello(frontend: Frontend, peer: EnginePeer) -> None:
+async def test_models_lists_the_model_named_in_the_hello(fake_frontend: Frontend) -> None:
     """/v1/models is OpenAI's list holding the engine's model name and its max_model_len."""
-    status, text = await get(frontend, "/v1/models")
+    status, text = await get(fake_frontend, "/v1/models")
     body = json.loads(text)
     assert status == 200 and body["object"] == "list"
-    assert [(m["id"], m["object"], m["max_model_len"]) for m in body["data"]] == [("tiny", "model", 64)]
+    assert [(m["id"], m["object"], m["max_model_len"]) for m in body["data"]] == [("fake", "model", 2048)]
 
 
 async def test_completion_has_openai_shape(frontend: Frontend, peer: EnginePeer) -> None:
@@ -166,27 +140,26 @@ async def test_streaming_with_token_ids(frontend: Frontend, peer: EnginePeer) ->
         ({"max_tokens": 5}, 400, "invalid_request_error"),
         ({"prompt": "hi", "max_tokens": 0}, 400, "invalid_request_error"),
         ({"prompt": "hi", "max_tokens": -1}, 400, "invalid_request_error"),
-        ({"prompt": [50] * 64}, 400, "invalid_request_error"),
+        ({"prompt": [50] * 2048}, 400, "invalid_request_error"),  # the fake engine's 2048 positions
         ({"prompt": "hi", "model": "gpt-4"}, 404, "invalid_request_error"),
     ],
 )
 async def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
-    frontend: Frontend, peer: EnginePeer, body: object, status: int, error_type: str
+    fake_frontend: Frontend, body: object, status: int, error_type: str
 ) -> None:
     """Bad JSON, no prompt, max_tokens <= 0, a prompt filling the model, an unknown model: error bodies."""
-    got_status, got = await post(frontend, body)
+    got_status, got = await post(fake_frontend, body)
     assert got_status == status
     assert_openai_error(got, error_type)
-    got_status, _ = await post(frontend, {"prompt": "hi", "max_tokens": 2})
+    got_status, _ = await post(fake_frontend, {"prompt": "hi", "max_tokens": 2})
     assert got_status == 200
 
 
-async def test_too_long_prompt_message_names_the_limit(frontend: Frontend, peer: EnginePeer) -> None:
+async def test_too_long_prompt_message_names_the_limit(fake_frontend: Frontend) -> None:
     """The 400 for a prompt that fills the model says the model's length and the prompt's."""
-    _, body = await post(frontend, {"prompt": [50] * 70})
-    assert (
-        "maximum context length is 64 tokens" in body["error"]["message"] and "70" in body["error"]["message"]
-    )
+    _, body = await post(fake_frontend, {"prompt": [50] * 2100})
+    message = body["error"]["message"]
+    assert "maximum context length is 2048 tokens" in message and "2100" in message
 
 
 async def test_no_engine_is_503(frontend: Frontend) -> None:
@@ -203,23 +176,21 @@ async def test_unknown_route_is_an_openai_404(frontend: Frontend) -> None:
     assert_openai_error(json.loads(text), "invalid_request_error")
 
 
-async def test_metrics_expose_the_serving_metrics_with_engine_labels(
-    frontend: Frontend, peer: EnginePeer
-) -> None:
+async def test_metrics_expose_the_serving_metrics_with_engine_labels(fake_frontend: Frontend) -> None:
     """/metrics carries every DESIGN.md serving metric, labelled with model_name and engine="0"."""
-    await post(frontend, {"prompt": [50, 60, 70], "max_tokens": 3})
-    status, text = await get(frontend, "/metrics")
+    await post(fake_frontend, {"prompt": [50, 60, 70], "max_tokens": 3, "ignore_eos": True})
+    status, text = await get(fake_frontend, "/metrics")
     assert status == 200
     for series in [
-        'vllm:num_requests_running{engine="0",model_name="tiny"}',
-        'vllm:num_requests_waiting{engine="0",model_name="tiny"}',
-        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"}',
-        'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 3.0',
-        'vllm:generation_tokens_total{engine="0",model_name="tiny"} 3.0',
-        'vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 1.0',
-        'vllm:time_to_first_token_seconds_count{model_name="tiny"} 1.0',
-        'vllm:inter_token_latency_seconds_count{model_name="tiny"} 2.0',  # 3 outputs, 2 gaps
-        'vllm:e2e_request_latency_seconds_count{model_name="tiny"} 1.0',
+        'vllm:num_requests_running{engine="0",model_name="fake"}',
+        'vllm:num_requests_waiting{engine="0",model_name="fake"}',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="fake"}',
+        'vllm:prompt_tokens_total{engine="0",model_name="fake"} 3.0',
+        'vllm:generation_tokens_total{engine="0",model_name="fake"} 3.0',
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="fake"} 1.0',
+        'vllm:time_to_first_token_seconds_count{model_name="fake"} 1.0',
+        'vllm:inter_token_latency_seconds_count{model_name="fake"} 2.0',  # 3 outputs, 2 gaps
+        'vllm:e2e_request_latency_seconds_count{model_name="fake"} 1.0',
         'openinfer:engine_up{engine="0"} 1.0',
     ]:
         assert series in text, series

@@ -1,7 +1,8 @@
 """What a web page on another origin can make a browser do to a local server: send only JSON bodies it may
 not send without the server's consent (bodies are `application/json` or refused), read nothing (no CORS
 headers unless --allowed-origins), and nothing through DNS rebinding (a loopback server serves loopback
-Host names only). Over a real HTTP server with an engine peer."""
+Host names only). Over a real HTTP server with a real --fake-model engine process, or an engine peer where a
+test checks that nothing reached the engine."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 from multidict import CIMultiDictProxy
 
 from openinfer.frontend.openai.cors import CorsPolicy
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.conftest import FakeFrontendFactory, Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer
 
 EVIL = "http://evil.example"
 APP = "http://app.example:3000"
-COMPLETION = {"prompt": "hello", "max_tokens": 2}
+COMPLETION = {"prompt": "hello", "max_tokens": 2, "ignore_eos": True}
 
 
 async def send(
@@ -94,28 +95,24 @@ async def test_every_body_route_takes_application_json_only(
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8"])
-async def test_application_json_with_parameters_is_json(
-    frontend: Frontend, peer: EnginePeer, content_type: str
-) -> None:
+async def test_application_json_with_parameters_is_json(fake_frontend: Frontend, content_type: str) -> None:
     """application/json in any case and with parameters is served."""
     headers = {"Content-Type": content_type}
-    status, body, _ = await send(frontend, "POST", "/v1/completions", json.dumps(COMPLETION), headers)
+    status, body, _ = await send(fake_frontend, "POST", "/v1/completions", json.dumps(COMPLETION), headers)
     assert status == 200 and body["usage"]["completion_tokens"] == 2
 
 
-async def test_routes_without_bodies_and_unknown_routes_are_unaffected(
-    frontend: Frontend, peer: EnginePeer
-) -> None:
+async def test_routes_without_bodies_and_unknown_routes_are_unaffected(fake_frontend: Frontend) -> None:
     """GET routes need no Content-Type; a POST to no route is still a 404."""
-    assert (await send(frontend, "GET", "/v1/models"))[0] == 200
-    status, body, _ = await send(frontend, "POST", "/v1/nothing", b"x", {"Content-Type": "text/plain"})
+    assert (await send(fake_frontend, "GET", "/v1/models"))[0] == 200
+    status, body, _ = await send(fake_frontend, "POST", "/v1/nothing", b"x", {"Content-Type": "text/plain"})
     assert (status, body["error"]["code"]) == (404, "not_found")
 
 
 # ---- CORS ----
 
 
-async def test_no_cors_headers_by_default(frontend: Frontend, peer: EnginePeer) -> None:
+async def test_no_cors_headers_by_default(fake_frontend: Frontend) -> None:
     """Without --allowed-origins no response carries an Access-Control-* header, and a preflight is not
     answered as one (405): a browser lets no other origin read an answer or send JSON."""
     origin = {"Origin": EVIL}
@@ -124,24 +121,21 @@ async def test_no_cors_headers_by_default(frontend: Frontend, peer: EnginePeer) 
         ("POST", "/v1/completions", json.dumps(COMPLETION), origin | {"Content-Type": "application/json"}),
         ("OPTIONS", "/v1/completions", None, origin | {"Access-Control-Request-Method": "POST"}),
     ]:
-        status, _, response_headers = await send(frontend, method, path, data, headers)
+        status, _, response_headers = await send(fake_frontend, method, path, data, headers)
         assert status == (405 if method == "OPTIONS" else 200)
         assert cors_headers(response_headers) == {}
 
 
 @pytest.fixture
-async def cors_frontend(start_frontend: FrontendFactory) -> Frontend:
+async def cors_frontend(start_fake_frontend: FakeFrontendFactory) -> Frontend:
     """--allowed-origins '["http://app.example:3000"]' --allowed-methods '["GET", "POST"]'
-    --allowed-headers '["Authorization"]' --allow-credentials, and an API key."""
+    --allowed-headers '["Authorization"]' --allow-credentials, and an API key; on the fake engine."""
     policy = CorsPolicy((APP,), ("GET", "POST"), ("Authorization",), allow_credentials=True)
-    return await start_frontend(api_key="key", cors=policy)
+    return await start_fake_frontend(api_key="key", cors=policy)
 
 
-async def test_an_allowed_origin_may_read_answers_and_streams(
-    cors_frontend: Frontend, start_peer: PeerFactory
-) -> None:
+async def test_an_allowed_origin_may_read_answers_and_streams(cors_frontend: Frontend) -> None:
     """A response to an allowed origin names it (with credentials, Vary: Origin); errors and streams too."""
-    await start_peer(cors_frontend)
     base = {"Origin": APP, "Authorization": "Bearer key", "Content-Type": "application/json"}
     expected = {"Access-Control-Allow-Origin": APP, "Access-Control-Allow-Credentials": "true"}
     for headers, body, status in [
@@ -156,9 +150,8 @@ async def test_an_allowed_origin_may_read_answers_and_streams(
         assert cors_headers(response_headers) == expected and response_headers["Vary"] == "Origin"
 
 
-async def test_another_origin_is_told_nothing(cors_frontend: Frontend, start_peer: PeerFactory) -> None:
+async def test_another_origin_is_told_nothing(cors_frontend: Frontend) -> None:
     """A response to an origin not allowed carries no Access-Control-Allow-Origin."""
-    await start_peer(cors_frontend)
     headers = {"Origin": EVIL, "Authorization": "Bearer key"}
     status, _, response_headers = await send(cors_frontend, "GET", "/v1/models", headers=headers)
     assert status == 200 and "Access-Control-Allow-Origin" not in response_headers
@@ -222,10 +215,10 @@ async def loopback_frontend(start_frontend: FrontendFactory) -> Frontend:
     "host", ["localhost:8000", "127.0.0.1:8000", "[::1]:8000", "localhost", "LOCALHOST:1", "127.0.0.2"]
 )
 async def test_a_loopback_server_serves_loopback_host_names(
-    loopback_frontend: Frontend, start_peer: PeerFactory, host: str
+    start_fake_frontend: FakeFrontendFactory, host: str
 ) -> None:
     """localhost, 127.0.0.0/8 and [::1], with any port or none: served."""
-    await start_peer(loopback_frontend)
+    loopback_frontend = await start_fake_frontend(loopback_host="127.0.0.1")
     headers = {"Host": host, "Content-Type": "application/json"}
     status, body, _ = await send(
         loopback_frontend, "POST", "/v1/completions", json.dumps(COMPLETION), headers
@@ -251,8 +244,8 @@ async def test_a_loopback_server_refuses_other_host_names(
     assert peer.requests == {}
 
 
-async def test_without_the_loopback_rule_any_host_is_served(frontend: Frontend, peer: EnginePeer) -> None:
+async def test_without_the_loopback_rule_any_host_is_served(fake_frontend: Frontend) -> None:
     """A server not listening on loopback (no loopback_host) is reached by names it cannot know: any Host."""
     headers = {"Host": "evil.example:8000", "Content-Type": "application/json"}
-    status, _, _ = await send(frontend, "POST", "/v1/completions", json.dumps(COMPLETION), headers)
+    status, _, _ = await send(fake_frontend, "POST", "/v1/completions", json.dumps(COMPLETION), headers)
     assert status == 200

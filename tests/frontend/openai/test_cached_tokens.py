@@ -10,8 +10,7 @@ import openai
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
-from tests.frontend.openai.test_api_server import post, stream
-from tests.frontend.openai.test_chat_api import MESSAGES, chat, chat_stream
+from tests.frontend.openai.http_calls import MESSAGES, chat, chat_stream, post, stream
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 PROMPT = [50 + i for i in range(40)]  # 40 prompt tokens: 2 full KV blocks of 16 and 8 more

@@ -14,34 +14,11 @@ from openinfer.protocol import SpecDecodeCounters
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.openai.http_calls import MESSAGES, chat, chat_stream
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
-MESSAGES = [
-    {"role": "system", "content": "the quick brown fox"},
-    {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]},
-]
 # What the tiny template makes of MESSAGES (text parts are joined by newlines).
 PROMPT = "system: the quick brown fox\nuser: hello\nworld\nassistant:"
-
-
-async def chat(frontend: Frontend, body: object, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        url = f"{frontend.url}/v1/chat/completions"
-        headers = {"Content-Type": "application/json", **(headers or {})}
-        async with session.post(url, data=data, headers=headers) as response:
-            return response.status, await response.json()
-
-
-async def chat_stream(frontend: Frontend, body: dict[str, Any]) -> list[Any]:
-    """The SSE events of a streaming chat completion, decoded; "[DONE]" stays a string."""
-    async with aiohttp.ClientSession() as session:
-        url = f"{frontend.url}/v1/chat/completions"
-        async with session.post(url, json={**body, "stream": True}) as response:
-            assert response.status == 200 and response.content_type == "text/event-stream"
-            raw = await response.text()
-    events = [block.removeprefix("data: ") for block in raw.split("\n\n") if block]
-    return [event if event == "[DONE]" else json.loads(event) for event in events]
 
 
 def echoed(n: int) -> str:

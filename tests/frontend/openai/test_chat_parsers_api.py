@@ -12,7 +12,7 @@ import pytest
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
-from tests.frontend.openai.test_chat_api import chat, chat_stream
+from tests.frontend.openai.http_calls import chat, chat_stream
 from tests.frontend.tiny_tokenizer import tokenizer_json
 
 ALL_ON = ChatParsers("qwen3", "hermes", enable_auto_tool_choice=True)

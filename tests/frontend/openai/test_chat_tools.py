@@ -11,12 +11,7 @@ import pytest
 from openinfer.frontend.openai.chat_tools import ChatTools, NamedToolChoice, parse_chat_tools
 from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-
-WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "now"}}  # no parameters
-TOOLS = [WEATHER, TIME]
-ALL_ON = ChatParsers("qwen3", "hermes", enable_auto_tool_choice=True)
+from tests.frontend.openai.tool_specs import ALL_ON, TOOLS, WEATHER, WEATHER_PARAMETERS
 
 
 def tools(

@@ -149,7 +149,7 @@ def test_null_fields_mean_their_defaults() -> None:
     request = parse(prompt="a", **nulls)
     assert request.model is None
     assert request.options == parse(prompt="a").options
-    unbounded = parse(prompt=[5], max_tokens=None).to_engine_request(make_model(), "cmpl-1")
+    unbounded = parse(prompt=[5], max_tokens=None).prepare(make_model(), "cmpl-1").engine_request
     assert unbounded.sampling_params.max_tokens == 15  # max_model_len 16 - 1 prompt token
 
 
@@ -177,10 +177,11 @@ def test_body_errors_keep_their_messages(body: bytes, message: str) -> None:
 
 def test_neutral_values_of_unsupported_params_are_accepted() -> None:
     """What clients such as vLLM's benchmark send by default (n=1, logprobs null, penalty 1) passes; `user`
-    and fields openinfer does not know are ignored."""
-    parse(
+    and fields openinfer does not know are ignored: the request is the one a bare prompt makes."""
+    neutral = parse(
         prompt="a", n=1, logprobs=None, repetition_penalty=1.0, echo=False, stop=[], user="me", x_new={"a": 1}
     )
+    assert neutral == parse(prompt="a")
 
 
 def test_n_above_one_says_what_to_do() -> None:
@@ -202,8 +203,8 @@ def test_logprobs_reach_the_engine() -> None:
     """`logprobs: 3` asks the engine for 3 alternatives per token; 0 for the sampled token's alone."""
     for count in (0, 3, 20):
         request = parse(prompt=[5], logprobs=count)
-        assert request.to_engine_request(make_model(), "cmpl-1").sampling_params.logprobs == count
-    assert parse(prompt=[5]).to_engine_request(make_model(), "cmpl-1").sampling_params.logprobs is None
+        assert request.prepare(make_model(), "cmpl-1").engine_request.sampling_params.logprobs == count
+    assert parse(prompt=[5]).prepare(make_model(), "cmpl-1").engine_request.sampling_params.logprobs is None
 
 
 @pytest.mark.parametrize("body", [b"{", b"[1]", b"\xff"])
@@ -218,7 +219,7 @@ def test_engine_request_carries_the_sampling_params() -> None:
     """Sampling fields reach SamplingParams as given; top_k 0 means off; EOS is not added to stop ids."""
     request = parse(prompt=[5, 6], max_tokens=3, temperature=0, top_p=0.5, top_k=0, seed=7,
                     stop_token_ids=[9], ignore_eos=True)  # fmt: skip
-    engine_request = request.to_engine_request(make_model(), "cmpl-1")
+    engine_request = request.prepare(make_model(), "cmpl-1").engine_request
     params = engine_request.sampling_params
     assert engine_request.prompt_token_ids == [5, 6]
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.seed) == (
@@ -235,7 +236,7 @@ def test_max_tokens_is_cut_to_the_room_the_prompt_leaves() -> None:
     """Prompt + output never exceed max_model_len: 16 - 10 prompt tokens leaves 6 of the 16 asked (vLLM
     cuts a bound within the context, as its get_max_tokens does)."""
     request = parse(prompt=list(range(2, 12)), max_tokens=16)
-    engine_request = request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
+    engine_request = request.prepare(make_model(max_model_len=16), "cmpl-1").engine_request
     assert engine_request.sampling_params.max_tokens == 6
 
 
@@ -243,7 +244,7 @@ def test_max_tokens_past_the_context_is_400_in_vllms_words() -> None:
     """max_tokens 17 on a 16-token model: vLLM's TokenizeParams message, naming the field."""
     request = parse(prompt=[5], max_tokens=17)
     with pytest.raises(ApiError) as raised:
-        request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
+        request.prepare(make_model(max_model_len=16), "cmpl-1")
     assert (raised.value.status, raised.value.param) == (400, "max_tokens")
     assert raised.value.message == (
         "max_tokens=17 cannot be greater than max_model_len=16. Please request fewer output tokens."
@@ -261,7 +262,7 @@ def test_prompt_past_or_filling_the_context_is_400(prompt_len: int, words: str) 
     """vLLM's words for a prompt the context cannot hold, and for one that leaves no room for output."""
     request = parse(prompt=[5] * prompt_len)
     with pytest.raises(ApiError) as raised:
-        request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
+        request.prepare(make_model(max_model_len=16), "cmpl-1")
     assert raised.value.message.startswith("This model's maximum context length is 16 tokens. However, ")
     assert words in raised.value.message and raised.value.param == "prompt"
 
@@ -272,14 +273,14 @@ def test_text_too_long_for_any_tokens_is_400_before_tokenizing() -> None:
     model = make_model(max_model_len=16)
     bound = 16 * model.tokenizer.max_chars_per_token
     with pytest.raises(ApiError) as raised:
-        parse(prompt="a" * (bound + 1)).to_engine_request(_untokenizable(model), "cmpl-1")
+        parse(prompt="a" * (bound + 1)).prepare(_untokenizable(model), "cmpl-1")
     assert raised.value.message == (
         f"This model's maximum context length is 16 tokens. However, your prompt contains {bound + 1} "
         f"characters (more than {bound} characters, which is the upper bound for 16 input tokens). Please "
         "reduce the length of the input prompt."
     )
     with pytest.raises(ApiError) as tokenized:  # within the bound: tokenized, then too many tokens
-        parse(prompt="a " * (bound // 2)).to_engine_request(model, "cmpl-1")
+        parse(prompt="a " * (bound // 2)).prepare(model, "cmpl-1")
     assert "input tokens" in tokenized.value.message
 
 
@@ -288,5 +289,5 @@ def test_prompt_filling_the_model_or_out_of_vocabulary_is_400(prompt_len: int, v
     """A prompt of max_model_len tokens leaves no room (400); so is a token id >= vocab_size."""
     request = parse(prompt=[5] * (prompt_len - 1) + [vocab_id])
     with pytest.raises(ApiError) as raised:
-        request.to_engine_request(make_model(max_model_len=16), "cmpl-1")
+        request.prepare(make_model(max_model_len=16), "cmpl-1")
     assert (raised.value.status, raised.value.param) == (400, "prompt")

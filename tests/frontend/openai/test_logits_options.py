@@ -19,8 +19,7 @@ from openinfer.protocol import SamplingParams
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend
 from tests.frontend.engine_peer import EnginePeer
-from tests.frontend.openai.test_chat_api import MESSAGES, chat
-from tests.frontend.openai.test_openai_surface import request
+from tests.frontend.openai.http_calls import MESSAGES, chat, request
 
 BUILTIN = Path(__file__).parents[3] / "engine_core" / "builtin"
 
@@ -37,7 +36,7 @@ def engine_params(max_model_len: int = 64, **fields: Any) -> SamplingParams:
         "tiny", tiny_tokenizer.make_tokenizer(), max_model_len, vocab_size=300, eos_token_ids=(0,)
     )
     parsed = parse_completion_request(json.dumps({"prompt": [5, 6], **fields}).encode())
-    return parsed.to_engine_request(model, "cmpl-1").sampling_params
+    return parsed.prepare(model, "cmpl-1").engine_request.sampling_params
 
 
 BAD = [

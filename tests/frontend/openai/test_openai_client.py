@@ -1,31 +1,41 @@
-"""The official openai client against the frontend: what users and vLLM-compatible tools actually run."""
+"""The official openai client against the frontend and a real ``--fake-model`` engine: what users and
+vLLM-compatible tools actually run."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
+from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
+from tests.frontend.conftest import FakeFrontendFactory, Frontend
 
 
 @pytest.fixture
-async def keyed_frontend(start_frontend: FrontendFactory, start_peer: PeerFactory) -> Frontend:
-    frontend = await start_frontend(api_key="sesame")
-    await start_peer(frontend)
-    return frontend
+async def keyed_frontend(start_fake_frontend: FakeFrontendFactory) -> Frontend:
+    return await start_fake_frontend(api_key="sesame")
 
 
 def make_client(frontend: Frontend, api_key: str = "sesame") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key=api_key, max_retries=0, timeout=10)
 
 
+def cycle_after(token_id: int, n: int) -> list[int]:
+    """The fake model's greedy output after ``token_id``: the next n tokens of its cycle (a token outside the
+    cycle is followed by the cycle's first)."""
+    offset = token_id - FIRST_CYCLE_TOKEN + 1 if 0 <= token_id - FIRST_CYCLE_TOKEN < FAKE_CYCLE else 0
+    return [FIRST_CYCLE_TOKEN + (offset + i) % FAKE_CYCLE for i in range(n)]
+
+
 async def test_openai_client_completes(keyed_frontend: Frontend) -> None:
-    """completions.create parses our response: text, finish_reason "length", usage."""
+    """completions.create parses our response: the greedy text, finish_reason "length", usage."""
     async with make_client(keyed_frontend) as client:
-        completion = await client.completions.create(model="tiny", prompt="hello world", max_tokens=2)
-    tokenizer = tiny_tokenizer.make_tokenizer()
-    assert completion.choices[0].text == tokenizer.decode(tokenizer.encode("hello world")[:2])
+        completion = await client.completions.create(
+            model="fake", prompt="hello world", max_tokens=2, temperature=0
+        )
+    model = keyed_frontend.client.served_model("fake")
+    assert model is not None
+    prompt_ids = model.tokenizer.encode("hello world")
+    assert completion.choices[0].text == model.tokenizer.decode(cycle_after(prompt_ids[-1], 2))
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage is not None and completion.usage.completion_tokens == 2
 
@@ -33,11 +43,13 @@ async def test_openai_client_completes(keyed_frontend: Frontend) -> None:
 async def test_openai_client_streams(keyed_frontend: Frontend) -> None:
     """stream=True yields chunks whose texts join to the non-streamed text, then a usage chunk."""
     async with make_client(keyed_frontend) as client:
-        whole = await client.completions.create(model="tiny", prompt="the quick brown fox", max_tokens=5)
+        whole = await client.completions.create(
+            model="fake", prompt="the quick brown fox", max_tokens=5, temperature=0
+        )
         chunks = [
             chunk
             async for chunk in await client.completions.create(
-                model="tiny", prompt="the quick brown fox", max_tokens=5, stream=True,
+                model="fake", prompt="the quick brown fox", max_tokens=5, temperature=0, stream=True,
                 stream_options={"include_usage": True},
             )
         ]  # fmt: skip
@@ -50,11 +62,11 @@ async def test_openai_client_sees_typed_errors(keyed_frontend: Frontend) -> None
     """A wrong key, an unknown model and max_tokens=0 raise the client's typed errors (401, 404, 400)."""
     async with make_client(keyed_frontend, api_key="wrong") as client:
         with pytest.raises(openai.AuthenticationError):
-            await client.completions.create(model="tiny", prompt="hi")
+            await client.completions.create(model="fake", prompt="hi")
     async with make_client(keyed_frontend) as client:
         with pytest.raises(openai.NotFoundError):
             await client.completions.create(model="gpt-4", prompt="hi")
         with pytest.raises(openai.BadRequestError, match="max_tokens"):
-            await client.completions.create(model="tiny", prompt="hi", max_tokens=0)
+            await client.completions.create(model="fake", prompt="hi", max_tokens=0)
         models = await client.models.list()
-        assert [m.id for m in models.data] == ["tiny"]
+        assert [m.id for m in models.data] == ["fake"]

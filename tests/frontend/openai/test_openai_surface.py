@@ -1,4 +1,5 @@
-"""Stop strings, completion logprobs, request ids, error routes and the API key, against an engine peer."""
+"""Stop strings, completion logprobs, request ids, error routes and the API key, against an engine peer (its
+echoed text and what reached it) or a real --fake-model engine."""
 
 from __future__ import annotations
 
@@ -9,24 +10,13 @@ import aiohttp
 import pytest
 
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
+from tests.frontend.conftest import FakeFrontendFactory, Frontend, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.openai.http_calls import request
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
 PROMPT_IDS = TOKENIZER.encode(PROMPT)
-
-
-async def request(
-    frontend: Frontend, method: str, path: str, body: object = None, headers: dict[str, str] | None = None
-) -> tuple[int, Any, aiohttp.typedefs.LooseHeaders]:
-    async with aiohttp.ClientSession() as session:
-        data = None if body is None else json.dumps(body).encode()
-        if data is not None:
-            headers = {"Content-Type": "application/json", **(headers or {})}
-        async with session.request(method, f"{frontend.url}{path}", data=data, headers=headers) as response:
-            text = await response.text()
-            return response.status, json.loads(text) if text else None, response.headers
 
 
 async def complete(frontend: Frontend, body: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +173,9 @@ async def test_request_id_header_is_honoured_and_echoed(frontend: Frontend, peer
     assert body["id"] == f"cmpl-{response_headers['X-Request-Id']}" and body["id"] in peer.requests
 
 
-async def test_streams_and_errors_echo_the_request_id(frontend: Frontend, peer: EnginePeer) -> None:
+async def test_streams_and_errors_echo_the_request_id(fake_frontend: Frontend) -> None:
     """The header is on streamed responses and on error responses too."""
+    frontend = fake_frontend
     headers = {"X-Request-Id": "abc"}
     async with aiohttp.ClientSession() as session:
         url = f"{frontend.url}/v1/completions"
@@ -197,10 +188,10 @@ async def test_streams_and_errors_echo_the_request_id(frontend: Frontend, peer: 
 
 
 @pytest.mark.parametrize("value", ["has space", "x" * 257])
-async def test_bad_request_id_is_400(frontend: Frontend, peer: EnginePeer, value: str) -> None:
+async def test_bad_request_id_is_400(fake_frontend: Frontend, value: str) -> None:
     """An X-Request-Id that is too long or has spaces is refused, saying what it must be."""
     status, body, _ = await request(
-        frontend, "POST", "/v1/completions", {"prompt": "hi"}, {"X-Request-Id": value}
+        fake_frontend, "POST", "/v1/completions", {"prompt": "hi"}, {"X-Request-Id": value}
     )
     assert status == 400 and "X-Request-Id" in body["error"]["message"]
 
@@ -221,12 +212,9 @@ async def test_unknown_route_names_the_routes(frontend: Frontend) -> None:
     assert status == 404 and "/v1/chat/completions" in body["error"]["message"]
 
 
-async def test_api_key_guards_chat_and_admin(
-    start_frontend: FrontendFactory, start_peer: PeerFactory
-) -> None:
-    """With --api-key, chat and admin routes answer 401 without the key and work with it."""
-    frontend = await start_frontend(api_key="sesame")
-    await start_peer(frontend, PeerConfig())
+async def test_api_key_guards_chat_and_admin(start_fake_frontend: FakeFrontendFactory) -> None:
+    """With --api-key, chat and admin routes answer 401 without the key and work with it (a real engine)."""
+    frontend = await start_fake_frontend(api_key="sesame")
     chat_body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for headers in [None, {"Authorization": "Bearer nope"}]:
         assert (await request(frontend, "POST", "/v1/chat/completions", chat_body, headers))[0] == 401

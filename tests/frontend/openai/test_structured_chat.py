@@ -22,9 +22,8 @@ from openinfer.protocol import StructuredOutputs
 from tests.frontend import tiny_tokenizer
 from tests.frontend.conftest import Frontend
 from tests.frontend.engine_peer import EnginePeer
-from tests.frontend.openai.test_api_server import post
-from tests.frontend.openai.test_chat_api import MESSAGES, chat
-from tests.frontend.openai.test_chat_tools import ALL_ON, TOOLS
+from tests.frontend.openai.http_calls import MESSAGES, chat, post
+from tests.frontend.openai.tool_specs import ALL_ON, TOOLS
 
 THINK_END_ID = 151668  # Qwen3's </think>, one added token
 # ChatML with Qwen3's generation prompt; `closed_think` writes the closed think block some templates write
@@ -128,7 +127,7 @@ def test_reasoning_defers_the_constraint_to_the_think_end_token(
     """--reasoning-parser qwen3 with thinking on: the constraint starts after </think>'s token id (as
     vLLM applies it once reasoning ends); otherwise from the first output token."""
     body = chat_body(response_format=JSON_OBJECT, chat_template_kwargs=template_kwargs)
-    request = parse_chat_request(body, parsers).to_engine_request(qwen3_model, "chatcmpl-1")
+    request = parse_chat_request(body, parsers).prepare(qwen3_model, "chatcmpl-1").engine_request
     expected = StructuredOutputs("json_object", "", start_after_token_id=start_after)
     assert request.sampling_params.structured_outputs == expected
 
@@ -137,9 +136,9 @@ def test_forced_calls_after_reasoning_and_no_constraint_without_one(qwen3_model:
     """A forced call's constraint also starts after </think>; a request without a constraint has none."""
     parsers = ChatParsers("qwen3", "hermes")
     forced = parse_chat_request(chat_body(tools=TOOLS, tool_choice="required"), parsers)
-    outputs = forced.to_engine_request(qwen3_model, "chatcmpl-1").sampling_params.structured_outputs
+    outputs = forced.prepare(qwen3_model, "chatcmpl-1").engine_request.sampling_params.structured_outputs
     assert outputs is not None and (outputs.kind, outputs.start_after_token_id) == ("json", THINK_END_ID)
-    free = parse_chat_request(chat_body(), parsers).to_engine_request(qwen3_model, "chatcmpl-2")
+    free = parse_chat_request(chat_body(), parsers).prepare(qwen3_model, "chatcmpl-2").engine_request
     assert free.sampling_params.structured_outputs is None
 
 
@@ -150,12 +149,12 @@ def test_no_start_token_where_think_end_is_several_tokens_or_for_completions(
     token); completions have no reasoning parser, so none either."""
     tiny = ServedModel("tiny", tiny_tokenizer.make_tokenizer(), 256, vocab_size=300, eos_token_ids=(0,))
     chat_request = parse_chat_request(chat_body(response_format=JSON_OBJECT), ChatParsers("qwen3"))
-    outputs = chat_request.to_engine_request(tiny, "chatcmpl-1").sampling_params.structured_outputs
+    outputs = chat_request.prepare(tiny, "chatcmpl-1").engine_request.sampling_params.structured_outputs
     assert outputs == StructuredOutputs("json_object", "", start_after_token_id=None)
     completion = parse_completion_request(
         json.dumps({"prompt": "a", "response_format": JSON_OBJECT}).encode()
     )
-    outputs = completion.to_engine_request(qwen3_model, "cmpl-1").sampling_params.structured_outputs
+    outputs = completion.prepare(qwen3_model, "cmpl-1").engine_request.sampling_params.structured_outputs
     assert outputs == StructuredOutputs("json_object", "")
 
 
