@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally, total
 from openinfer.protocol.spec_log import parse_spec_log_line
+from openinfer.tools.delivered import Delivered, Fate
 
 # AcceptanceTally and total are this module's API too (the benchmarks and the checkers import them here).
 __all__ = ["AcceptanceTally", "SpecLogTally", "read_spec_logs", "scrape_metrics", "tally_metrics", "total"]
@@ -34,13 +35,25 @@ ACCEPTED_LENGTH = "openinfer:spec_decode_accepted_length_total"
 
 @dataclass
 class SpecLogTally:
-    """Spec-log lines tallied per engine index, and the lines that could not be read."""
+    """Spec-log lines tallied per engine index, and the lines that could not be read.
+
+    With what a frontend counted (:class:`~openinfer.tools.delivered.Delivered`), ``engines`` tallies only the
+    lines it counted; an unsent tail (lines whose snapshot never reached it) and the lines before what it
+    counted are tallied apart, by engine index.
+    """
 
     engines: dict[int, AcceptanceTally] = field(default_factory=dict)
     malformed: list[str] = field(default_factory=list)  # "FILE:LINE: why"
+    unsent: dict[int, AcceptanceTally] = field(default_factory=dict)
+    earlier: dict[int, AcceptanceTally] = field(default_factory=dict)
 
     def add_line(
-        self, line: str | bytes, where: str, since: float | None = None, until: float | None = None
+        self,
+        line: str | bytes,
+        where: str,
+        since: float | None = None,
+        until: float | None = None,
+        delivered: Delivered | None = None,
     ) -> None:
         """Count one line (blank lines are skipped, and drafts outside unix times [since, until] when given).
 
@@ -55,14 +68,20 @@ class SpecLogTally:
             return
         if (since is not None and draft.time < since) or (until is not None and draft.time > until):
             return
-        tally = self.engines.setdefault(draft.engine_index, AcceptanceTally())
+        fate = Fate.COUNTED if delivered is None else delivered.fate(draft)
+        tallies = {Fate.COUNTED: self.engines, Fate.UNSENT: self.unsent, Fate.EARLIER: self.earlier}[fate]
+        tally = tallies.setdefault(draft.engine_index, AcceptanceTally())
         tally.add_draft(draft.num_spec_tokens, draft.num_draft_tokens, draft.num_accepted)
 
 
 def read_spec_logs(
-    paths: Iterable[Path], since: float | None = None, until: float | None = None
+    paths: Iterable[Path],
+    since: float | None = None,
+    until: float | None = None,
+    delivered: Delivered | None = None,
 ) -> SpecLogTally:
-    """Tally every line of these files (only drafts timed within unix times [since, until] when given).
+    """Tally every line of these files (only drafts timed within unix times [since, until] when given; split
+    by what a frontend counted when ``delivered`` is given).
 
     Raises ``OSError`` when a file cannot be read.
     """
@@ -70,7 +89,7 @@ def read_spec_logs(
     for path in paths:
         with path.open("rb") as file:
             for number, line in enumerate(file, start=1):
-                result.add_line(line, f"{path}:{number}", since, until)
+                result.add_line(line, f"{path}:{number}", since, until, delivered)
     return result
 
 
