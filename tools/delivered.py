@@ -19,7 +19,8 @@ class Fate(enum.Enum):
     """What became of one spec-log line at this frontend."""
 
     COUNTED = "counted"  # a snapshot holding it was counted into /metrics: it must be there
-    UNSENT = "unsent"  # no snapshot holding it reached the frontend (its engine died first): not in /metrics
+    # no snapshot holding it reached the frontend (its engine died first, or it never saw the incarnation)
+    UNSENT = "unsent"
     EARLIER = (
         "earlier"  # held by the snapshot the frontend first saw (counted by an earlier frontend, if any)
     )

@@ -80,8 +80,9 @@ def uncounted_lines(logs: SpecLogTally) -> list[str]:
     """One line per engine with drafts /metrics does not hold by design: an unsent tail, or earlier ones."""
     lines = []
     for index, tally in sorted(logs.unsent.items()):
-        lines.append(f"unsent tail: engine {index}: {tally.num_drafts} drafts whose snapshot never arrived "
-                     "(not in /metrics: its engine died first)")  # fmt: skip
+        lines.append(f"unsent tail: engine {index}: {tally.num_drafts} drafts whose snapshot never reached "
+                     "this frontend (not in /metrics: their engine died before sending it, or this frontend "
+                     "never saw that incarnation)")  # fmt: skip
     for index, tally in sorted(logs.earlier.items()):
         lines.append(f"earlier: engine {index}: {tally.num_drafts} drafts in the first snapshot this frontend "
                      "saw (counted before it, if at all)")  # fmt: skip

@@ -68,6 +68,8 @@ def counted_logs(c: Cluster) -> SpecLogTally:
     delivered = Delivered.from_json(admin_body(c))
     logs = read_spec_logs(sorted(c.log_dir.glob("spec*.jsonl")), delivered=delivered)
     assert not logs.malformed, logs.malformed[:3]
+    print("unsent tail drafts:", {i: t.num_drafts for i, t in logs.unsent.items()})
+    print("earlier drafts:", {i: t.num_drafts for i, t in logs.earlier.items()})
     return logs
 
 
@@ -112,7 +114,7 @@ async def test_chaos_with_state_dir(chaos_cluster: Cluster) -> None:
     scraper.start()
     frontend_down: list[tuple[float, float]] = []
     try:
-        await asyncio.sleep(rng.uniform(2.0, 4.0))  # at any instant of its step loop
+        await asyncio.sleep(3.0 + rng.uniform(0.0, 1.0))  # then at any instant of its step loop
         first = admin_engines(c)[0]["incarnation"]
         c.kill("engine0")
         await wait_for(lambda: not admin_engines(c)[0]["up"], timeout=5)  # seen dead within seconds
@@ -126,7 +128,7 @@ async def test_chaos_with_state_dir(chaos_cluster: Cluster) -> None:
         c.kill("engine1", signal.SIGCONT)
         await wait_for(lambda: admin_engines(c)[1]["up"], timeout=5)
 
-        await asyncio.sleep(rng.uniform(1.0, 3.0))
+        await asyncio.sleep(2.0 + rng.uniform(0.0, 1.0))
         killed = time.monotonic()
         c.kill("frontend")
         c.start_frontend(*frontend_args)
@@ -185,10 +187,10 @@ async def test_chaos_without_state_dir(chaos_cluster: Cluster) -> None:
     scraper.start()
     frontend_down: list[tuple[float, float]] = []
     try:
-        await asyncio.sleep(rng.uniform(1.5, 3.0))
+        await asyncio.sleep(2.0 + rng.uniform(0.0, 1.0))
         c.kill("engine0")  # at any moment: what it drafted after its last snapshot is simply never counted
         start_engine(c, 0)
-        await asyncio.sleep(rng.uniform(1.5, 3.0))
+        await asyncio.sleep(2.0 + rng.uniform(0.0, 1.0))
         killed = time.monotonic()
         c.kill("frontend")
         scraper.new_lifetime()

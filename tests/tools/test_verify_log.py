@@ -207,7 +207,7 @@ def test_unsent_tail_and_earlier_drafts_are_reported_apart(
     assert run(*args) == 0
     out = capsys.readouterr().out
     assert "OK: /metrics equals the spec logs bin by bin (6 drafts, 2 engine(s))" in out
-    assert "unsent tail: engine 0: 2 drafts whose snapshot never arrived" in out
+    assert "unsent tail: engine 0: 2 drafts whose snapshot never reached this frontend" in out
     assert "earlier: engine 1: 1 drafts in the first snapshot this frontend saw" in out
     written = json.loads(report.read_text())
     assert (written["unsent"]["0"]["num_drafts"], written["earlier"]["1"]["num_drafts"]) == (2, 1)
