@@ -83,6 +83,8 @@ def uncounted_lines(logs: SpecLogTally) -> list[str]:
         lines.append(f"unsent tail: engine {index}: {tally.num_drafts} drafts whose snapshot never reached "
                      "this frontend (not in /metrics: their engine died before sending it, or this frontend "
                      "never saw that incarnation)")  # fmt: skip
+    for where in logs.cut:
+        lines.append(f"cut by a kill: {where}")
     for index, tally in sorted(logs.earlier.items()):
         lines.append(f"earlier: engine {index}: {tally.num_drafts} drafts in the first snapshot this frontend "
                      "saw (counted before it, if at all)")  # fmt: skip
@@ -245,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
             "equal": equal,
             "differences": [asdict(d) for d in differences],
             "malformed_lines": logs.malformed,
+            "cut_lines": logs.cut,
             "unsent": {str(i): t.to_json() for i, t in sorted(logs.unsent.items())},
             "earlier": {str(i): t.to_json() for i, t in sorted(logs.earlier.items())},
             "sections": {name: {"metrics": m.to_json(), "logs": g.to_json()} for name, m, g in table},

@@ -30,10 +30,10 @@ class SpecLog:
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._fd = open_private(path, APPEND)
-            if _ends_torn(path):
-                # An engine killed while writing left a cut line: end it, so that it stays one bad line of
-                # the dead incarnation instead of swallowing this incarnation's first line.
-                _write_all(self._fd, b"\n")
+            # An engine killed while writing left a cut line: it is ended before this incarnation's first
+            # line, so that it stays one bad line of the dead incarnation instead of swallowing ours (and
+            # stays last in the file, without its newline, while this incarnation writes none).
+            self._ends_cut = _ends_cut(path)
         except OSError as e:
             raise ValueError(f"--spec-log: {e}") from None
         self._encoder = msgspec.json.Encoder()
@@ -64,7 +64,11 @@ class SpecLog:
 
     def flush(self) -> None:
         """Write the step's lines (once per step, before its outputs are sent)."""
+        if not self._pending:
+            return
         data, self._pending = b"".join(self._pending), []
+        if self._ends_cut:
+            data, self._ends_cut = b"\n" + data, False
         _write_all(self._fd, data)
 
     def close(self) -> None:
@@ -77,7 +81,7 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _ends_torn(path: Path) -> bool:
+def _ends_cut(path: Path) -> bool:
     """Whether the file's last byte is not a newline (a line cut short by a kill); False when it is empty."""
     with path.open("rb") as file:
         if file.seek(0, os.SEEK_END) == 0:

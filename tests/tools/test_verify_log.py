@@ -12,7 +12,7 @@ import pytest
 
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
-from openinfer.tools.spec_tally import AcceptanceTally, SpecLogTally
+from openinfer.tools.spec_tally import AcceptanceTally, SpecLogTally, read_spec_logs
 from openinfer.tools.verify_log import main
 
 ADMIN_KEY = "verify-log-admin-key"
@@ -214,3 +214,21 @@ def test_unsent_tail_and_earlier_drafts_are_reported_apart(
     assert run("--metrics-url", url, "--spec-log", log) == 1  # without it, the tail counts as a difference
     monkeypatch.setenv("OPENINFER_ADMIN_API_KEY", "wrong")
     assert run(*args) == 2
+
+
+def test_a_line_cut_by_a_kill_is_reported_apart(tmp_path: Path) -> None:
+    """A line that is not JSON, right before another incarnation's lines or last in a file without its
+    newline, was cut by a kill: reported in ``cut``; one that is JSON but no draft, or is followed by its own
+    incarnation's lines, stays malformed."""
+    restarted = json.dumps({**json.loads(log_line(1, 0, 3, 3, 1)), "incarnation": "00000000000000cd"})
+    first = tmp_path / "first.jsonl"  # incarnation ab cut, then cd; a bad line inside ab's lines
+    first.write_text(log_line(0, 0, 3, 3, 3) + '\n{"time": 2\n' + log_line(1, 0, 3, 3, 1) + '\n{"time": 3, "eng\n'
+                     + restarted + "\n")  # fmt: skip
+    last = tmp_path / "last.jsonl"  # cut last, no newline; and a JSON non-draft last with its newline
+    last.write_text(log_line(0, 1, 2, 2, 2) + '\n{"time": 4, "en')
+    json_last = tmp_path / "json_last.jsonl"
+    json_last.write_text(log_line(0, 1, 2, 2, 2) + '\n{"time": 5}\n')
+    logs = read_spec_logs([first, last, json_last])
+    assert [where.split(": ")[0] for where in logs.cut] == [f"{first}:4", f"{last}:2"]
+    assert [where.split(": ")[0] for where in logs.malformed] == [f"{first}:2", f"{json_last}:2"]
+    assert (logs.engines[0].num_drafts, logs.engines[1].num_drafts) == (3, 2)

@@ -61,12 +61,15 @@ def test_lines_name_the_seq_of_the_message_that_carries_them(tmp_path: Path) -> 
 
 
 def test_a_line_cut_by_a_kill_is_ended_before_the_next_incarnation_writes(tmp_path: Path) -> None:
-    """A file ending in a cut line gets a newline when the next incarnation opens it: the cut line stays one
-    unreadable line, and the new incarnation's first line is whole."""
+    """A file ending in a cut line gets a newline before the next incarnation's first line: the cut line
+    stays one unreadable line, and the new line is whole; an incarnation that writes none leaves it as it is."""
     path = tmp_path / "spec.jsonl"
     path.write_bytes(b'{"time": 1.0, "engine_ind')
     path.chmod(0o600)
+    SpecLog(path, 0, 0xABC).close()  # drafted nothing
+    assert path.read_bytes() == b'{"time": 1.0, "engine_ind'
     log = SpecLog(path, 0, 0xDEF)
+    log.sent(0)
     log.write("r1", 3, 3, 2)
     log.close()
     cut, whole = path.read_bytes().splitlines()
