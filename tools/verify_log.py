@@ -9,10 +9,11 @@ Per engine and summed over engines it compares drafts, draft tokens, accepted to
 counts and the accepted-length histogram, and prints the acceptance table (a "metrics = logs" column where
 they agree, a column each and the differing rows marked where not). On the same server lifetime the two are
 equal (DESIGN.md, verification log). With ``--engines-url`` (the admin key from
-``$OPENINFER_ADMIN_API_KEY``) only the lines the frontend counted are compared, exactly, whenever engines
-were killed: each line names the seq of the snapshot that carries it, the frontend says which seqs of each
-incarnation it counted, and the lines it never received (an unsent tail: the engine died between writing
-them and sending their snapshot) or that came before what it counted are reported apart, not as differences.
+``$OPENINFER_ADMIN_API_KEY``, else ``$OPENINFER_API_KEY``) only the lines the frontend counted are compared,
+exactly, whenever engines were killed: each line names the seq of the snapshot that carries it, the frontend
+says which seqs of each incarnation it counted, and the lines it never received (an unsent tail: the engine
+died between writing them and sending their snapshot) or that came before what it counted are reported
+apart, not as differences; so is a line cut short by a kill.
 Exit 0: equal; 1: a bin differs or a log line is not a draft; 2: usage, I/O or an unreadable /metrics or
 /admin/engines.
 """
@@ -187,8 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--engines-url",
         metavar="URL",
         help="the frontend's /admin/engines, e.g. http://HOST:8000/admin/engines (its admin key from "
-        "$OPENINFER_ADMIN_API_KEY): compare only the drafts whose snapshots it counted, and report an "
-        "unsent tail (drafts of engines killed before sending them) apart",
+        "$OPENINFER_ADMIN_API_KEY, else $OPENINFER_API_KEY): compare only the drafts whose snapshots it "
+        "counted, and report an unsent tail (drafts of engines killed before sending them) apart",
     )
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the comparison as JSON here")
     return parser.parse_args(argv)
@@ -203,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
     delivered: Delivered | None = None
     if args.engines_url is not None:
         try:
-            delivered = fetch_delivered(args.engines_url, os.environ.get("OPENINFER_ADMIN_API_KEY"))
+            key = os.environ.get("OPENINFER_ADMIN_API_KEY") or os.environ.get("OPENINFER_API_KEY")
+            delivered = fetch_delivered(args.engines_url, key)
         except OSError as e:
             print(f"openinfer-verify-log: cannot read {args.engines_url}: {e} (is "
                   "$OPENINFER_ADMIN_API_KEY the frontend's admin key?)", file=sys.stderr)  # fmt: skip
