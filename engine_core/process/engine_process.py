@@ -226,7 +226,7 @@ class EngineProcess:
         seq = self.seq
         self.seq += 1
         if self.core.spec_log is not None:
-            self.core.spec_log.sent(seq)
+            self.core.spec_log.sending(seq)
         return seq
 
 

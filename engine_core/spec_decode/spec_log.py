@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from openinfer.protocol.spec_log import SpecLogLine
-from openinfer.tools.private_file import APPEND, open_private
+from openinfer.tools.private_file import APPEND, READ, open_private
 
 
 class SpecLog:
@@ -40,10 +40,10 @@ class SpecLog:
         self._pending: list[bytes] = []  # this step's lines
         self._engine_index = engine_index
         self._incarnation = f"{incarnation:016x}"
-        # The seq of the engine's next message (its process moves it as it sends: :meth:`sent`).
+        # The seq of the engine's next message (its process moves it as it sends: :meth:`sending`).
         self.next_seq = 0
 
-    def sent(self, seq: int) -> None:
+    def sending(self, seq: int) -> None:
         """The engine is sending its message ``seq``: the lines it carries are written first (so a kill never
         leaves a counted draft out of the file), and lines written from now on name a later one."""
         self.flush()
@@ -83,7 +83,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _ends_cut(path: Path) -> bool:
     """Whether the file's last byte is not a newline (a line cut short by a kill); False when it is empty."""
-    with path.open("rb") as file:
+    with os.fdopen(open_private(path, READ), "rb") as file:
         if file.seek(0, os.SEEK_END) == 0:
             return False
         file.seek(-1, os.SEEK_END)

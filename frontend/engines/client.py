@@ -268,9 +268,8 @@ class EngineClient:
             "joined", "%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec
         )
         self.metrics.set_engine_up(index, True)
-        self.metrics.observe_message(
-            index, incarnation, hello.seq, record.model_name, hello.load
-        )  # (saved if new)
+        # (saved at once if the index is new here)
+        self.metrics.observe_message(index, incarnation, hello.seq, record.model_name, hello.load)
         if previous is not None:
             self._departures.replaced(previous, record)
 

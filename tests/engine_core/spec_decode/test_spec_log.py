@@ -42,14 +42,14 @@ def test_a_link_in_place_of_the_spec_log_is_refused(tmp_path: Path) -> None:
 
 def test_lines_name_the_seq_of_the_message_that_carries_them(tmp_path: Path) -> None:
     """A line names the seq of the next message the engine sends, and is in the file before that message
-    leaves (``sent``); lines written after it name the one after."""
+    leaves (``sending``); lines written after it name the one after."""
     path = tmp_path / "spec.jsonl"
     log = SpecLog(path, 2, 0xABC)
-    log.sent(0)  # the hello
+    log.sending(0)  # the hello
     log.write("r1", 3, 3, 1)
     log.write("r2", 3, 2, 2)
     assert path.read_bytes() == b""  # a step's lines are written together
-    log.sent(1)  # the step's outputs carry both
+    log.sending(1)  # the step's outputs carry both
     log.write("r1", 3, 3, 0)
     log.close()
     lines = [parse_spec_log_line(line) for line in path.read_bytes().splitlines()]
@@ -69,7 +69,7 @@ def test_a_line_cut_by_a_kill_is_ended_before_the_next_incarnation_writes(tmp_pa
     SpecLog(path, 0, 0xABC).close()  # drafted nothing
     assert path.read_bytes() == b'{"time": 1.0, "engine_ind'
     log = SpecLog(path, 0, 0xDEF)
-    log.sent(0)
+    log.sending(0)
     log.write("r1", 3, 3, 2)
     log.close()
     cut, whole = path.read_bytes().splitlines()
