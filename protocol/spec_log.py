@@ -20,6 +20,9 @@ class SpecLogLine(msgspec.Struct):
     num_spec_tokens: int  # K of the drafter that made the draft
     num_draft_tokens: int
     num_accepted: int
+    # seq of the engine's first message sent after the line was written: the first load snapshot whose
+    # counters hold this draft (every later one does too). None in logs of releases before it was written.
+    seq: int | None = None
 
 
 _DECODER = msgspec.json.Decoder(SpecLogLine)

@@ -11,10 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally, total
-from openinfer.protocol.spec_log import parse_spec_log_line
+from openinfer.protocol.spec_log import SpecLogLine, parse_spec_log_line
+from openinfer.tools.delivered import Delivered, Fate
 
 # AcceptanceTally and total are this module's API too (the benchmarks and the checkers import them here).
 __all__ = ["AcceptanceTally", "SpecLogTally", "read_spec_logs", "scrape_metrics", "tally_metrics", "total"]
@@ -34,44 +36,90 @@ ACCEPTED_LENGTH = "openinfer:spec_decode_accepted_length_total"
 
 @dataclass
 class SpecLogTally:
-    """Spec-log lines tallied per engine index, and the lines that could not be read."""
+    """Spec-log lines tallied per engine index, and the lines that could not be read.
+
+    With what a frontend counted (:class:`~openinfer.tools.delivered.Delivered`), ``engines`` tallies only the
+    lines it counted; an unsent tail (lines whose snapshot never reached it) and the lines before what it
+    counted are tallied apart, by engine index.
+
+    A line an engine was writing when it was killed is cut short: a line that is not even JSON, right before
+    another incarnation's lines (a restarted engine ends a cut line before writing) or last in a file without
+    its newline, is in ``cut``, not ``malformed``; it was the last of its incarnation, which no snapshot holds.
+    """
 
     engines: dict[int, AcceptanceTally] = field(default_factory=dict)
     malformed: list[str] = field(default_factory=list)  # "FILE:LINE: why"
+    unsent: dict[int, AcceptanceTally] = field(default_factory=dict)
+    earlier: dict[int, AcceptanceTally] = field(default_factory=dict)
+    cut: list[str] = field(default_factory=list)  # "FILE:LINE: why"
 
     def add_line(
-        self, line: str | bytes, where: str, since: float | None = None, until: float | None = None
-    ) -> None:
-        """Count one line (blank lines are skipped, and drafts outside unix times [since, until] when given).
+        self,
+        line: str | bytes,
+        where: str,
+        since: float | None = None,
+        until: float | None = None,
+        delivered: Delivered | None = None,
+    ) -> SpecLogLine | None:
+        """Count one line (blank lines are skipped, and drafts outside unix times [since, until] when given);
+        the draft read, None when there is none.
 
         A line that is not a possible draft is recorded in ``malformed``, with ``where`` it was.
         """
         if not line.strip():
-            return
+            return None
         try:
             draft = parse_spec_log_line(line)
         except ValueError as e:
             self.malformed.append(f"{where}: {e}")
-            return
+            return None
         if (since is not None and draft.time < since) or (until is not None and draft.time > until):
-            return
-        tally = self.engines.setdefault(draft.engine_index, AcceptanceTally())
+            return draft
+        fate = Fate.COUNTED if delivered is None else delivered.fate(draft)
+        tallies = {Fate.COUNTED: self.engines, Fate.UNSENT: self.unsent, Fate.EARLIER: self.earlier}[fate]
+        tally = tallies.setdefault(draft.engine_index, AcceptanceTally())
         tally.add_draft(draft.num_spec_tokens, draft.num_draft_tokens, draft.num_accepted)
+        return draft
 
 
 def read_spec_logs(
-    paths: Iterable[Path], since: float | None = None, until: float | None = None
+    paths: Iterable[Path],
+    since: float | None = None,
+    until: float | None = None,
+    delivered: Delivered | None = None,
 ) -> SpecLogTally:
-    """Tally every line of these files (only drafts timed within unix times [since, until] when given).
+    """Tally every line of these files (only drafts timed within unix times [since, until] when given; split
+    by what a frontend counted when ``delivered`` is given).
 
     Raises ``OSError`` when a file cannot be read.
     """
     result = SpecLogTally()
     for path in paths:
+        incarnation: str | None = None  # of the last readable line
+        cut: int | None = None  # the last line's place in result.malformed when it is not even JSON
+        last = b""
         with path.open("rb") as file:
             for number, line in enumerate(file, start=1):
-                result.add_line(line, f"{path}:{number}", since, until)
+                num_malformed = len(result.malformed)
+                draft = result.add_line(line, f"{path}:{number}", since, until, delivered)
+                if len(result.malformed) > num_malformed:
+                    cut = num_malformed if not _is_json(line) else None
+                elif draft is not None:
+                    if cut is not None and draft.incarnation != incarnation:
+                        result.cut.append(result.malformed.pop(cut))
+                    cut, incarnation = None, draft.incarnation
+                last = line
+        if cut is not None and not last.endswith(b"\n"):
+            result.cut.append(result.malformed.pop(cut))
     return result
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return False
+    return True
 
 
 # ---- /metrics ----

@@ -22,7 +22,7 @@ from openinfer.engine_core.launch.vllm_flags import (
     unsupported_vllm_flag,
 )
 from openinfer.engine_core.process.engine_args import add_engine_args
-from openinfer.frontend.main import add_frontend_args, env_key
+from openinfer.frontend.flags import add_frontend_args, env_key
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
 
 ENGINE, FRONTEND = "engine", "frontend"

@@ -93,11 +93,13 @@ class EngineProcess:
             except Exception:  # noqa: BLE001 - one bad step must not take the engine (and its peers) down
                 logger.exception("an engine step failed; ending the requests it was running")
                 outputs = self.core.fail_running("the engine failed while running this request; see its log")
-            self._finish_drafter_load()
             now = time.monotonic()
             if outputs or now - last_sent >= self.config.heartbeat_interval:
                 self._send_outputs(outputs)
                 last_sent = now
+            # After the send: a drafter of a new K starts its counters from zero, so the step's drafts must
+            # leave in a snapshot of the counters that hold them (its spec-log lines name that seq).
+            self._finish_drafter_load()
             if busy and self.config.step_sleep > 0:
                 time.sleep(self.config.step_sleep)  # --step-sleep: a slowed engine, for latency tests
         self._loader.shutdown(wait=False, cancel_futures=True)
@@ -220,8 +222,11 @@ class EngineProcess:
         self.outputs.send(self.output_codec.encode(message), copy=False)
 
     def _next_seq(self) -> int:
+        """The seq of the message about to be sent; its snapshot holds every spec-log line written so far."""
         seq = self.seq
         self.seq += 1
+        if self.core.spec_log is not None:
+            self.core.spec_log.sending(seq)
         return seq
 
 

@@ -1,20 +1,27 @@
-"""``--spec-log``: one JSON line per draft, the ground truth that /metrics is checked against."""
+"""``--spec-log``: one JSON line per draft, the ground truth that /metrics is checked against.
+
+Each line names ``seq``: the seq of the first message the engine sends after writing it, which is the first
+load snapshot whose counters hold that draft (every message carries the cumulative counters). A reader that
+knows the last seq a frontend counted of an incarnation splits that incarnation's lines exactly into those in
+/metrics and an unsent tail (an engine killed between a step and its message), whatever the instant of the
+kill: ``openinfer-verify-log --engines-url``.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
-from typing import IO
 
 import msgspec
 
 from openinfer.protocol.spec_log import SpecLogLine
-from openinfer.tools.private_file import APPEND, open_private
+from openinfer.tools.private_file import APPEND, READ, open_private
 
 
 class SpecLog:
-    """Appends lines to a file; flushed once per engine step so a crash loses at most one step."""
+    """Appends lines to a file, a step's lines in one write at its end (:meth:`flush`): a kill loses at most
+    that step's lines, which no snapshot sent holds either."""
 
     def __init__(self, path: Path, engine_index: int, incarnation: int) -> None:
         # Private: the incarnation it names is what a local process needs to pose as this engine. The file
@@ -22,12 +29,25 @@ class SpecLog:
         # or another user's file in its place is refused (ValueError: the engine cannot start so).
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._file: IO[bytes] = os.fdopen(open_private(path, APPEND), "ab")
+            self._fd = open_private(path, APPEND)
+            # An engine killed while writing left a cut line: it is ended before this incarnation's first
+            # line, so that it stays one bad line of the dead incarnation instead of swallowing ours (and
+            # stays last in the file, without its newline, while this incarnation writes none).
+            self._ends_cut = _ends_cut(path)
         except OSError as e:
             raise ValueError(f"--spec-log: {e}") from None
         self._encoder = msgspec.json.Encoder()
+        self._pending: list[bytes] = []  # this step's lines
         self._engine_index = engine_index
         self._incarnation = f"{incarnation:016x}"
+        # The seq of the engine's next message (its process moves it as it sends: :meth:`sending`).
+        self.next_seq = 0
+
+    def sending(self, seq: int) -> None:
+        """The engine is sending its message ``seq``: the lines it carries are written first (so a kill never
+        leaves a counted draft out of the file), and lines written from now on name a later one."""
+        self.flush()
+        self.next_seq = seq + 1
 
     def write(self, request_id: str, num_spec_tokens: int, num_draft_tokens: int, num_accepted: int) -> None:
         line = SpecLogLine(
@@ -38,11 +58,33 @@ class SpecLog:
             num_spec_tokens,
             num_draft_tokens,
             num_accepted,
+            self.next_seq,
         )
-        self._file.write(self._encoder.encode(line) + b"\n")
+        self._pending.append(self._encoder.encode(line) + b"\n")
 
     def flush(self) -> None:
-        self._file.flush()
+        """Write the step's lines (once per step, before its outputs are sent)."""
+        if not self._pending:
+            return
+        data, self._pending = b"".join(self._pending), []
+        if self._ends_cut:
+            data, self._ends_cut = b"\n" + data, False
+        _write_all(self._fd, data)
 
     def close(self) -> None:
-        self._file.close()
+        self.flush()
+        os.close(self._fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _ends_cut(path: Path) -> bool:
+    """Whether the file's last byte is not a newline (a line cut short by a kill); False when it is empty."""
+    with os.fdopen(open_private(path, READ), "rb") as file:
+        if file.seek(0, os.SEEK_END) == 0:
+            return False
+        file.seek(-1, os.SEEK_END)
+        return file.read(1) != b"\n"

@@ -246,7 +246,7 @@ class EngineClient:
             return
         record.hello, record.tokenizer, record.last_seq = kept_hello(hello), tokenizer, hello.seq
         record.num_spec_tokens = hello.num_spec_tokens
-        self._heard_from(record, hello.load, fd, after_hello=False)
+        self._heard_from(record, hello.seq, hello.load, fd, after_hello=False)
 
     def _join(self, hello: protocol.EngineHello, tokenizer: Tokenizer, fd: int | None) -> None:
         """A new incarnation becomes its index's current one; the one it replaces ends as restarted."""
@@ -268,7 +268,8 @@ class EngineClient:
             "joined", "%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec
         )
         self.metrics.set_engine_up(index, True)
-        self.metrics.observe_load(index, incarnation, record.model_name, hello.load)  # (saved if new)
+        # (saved at once if the index is new here)
+        self.metrics.observe_message(index, incarnation, hello.seq, record.model_name, hello.load)
         if previous is not None:
             self._departures.replaced(previous, record)
 
@@ -293,11 +294,11 @@ class EngineClient:
             await self._departures.stale(record, message.seq)
             return None
         record.last_seq = message.seq
-        self._heard_from(record, message.load, fd, after_hello=True)
+        self._heard_from(record, message.seq, message.load, fd, after_hello=True)
         return record
 
     def _heard_from(
-        self, record: EngineRecord, load: protocol.LoadSnapshot, fd: int | None, after_hello: bool
+        self, record: EngineRecord, seq: int, load: protocol.LoadSnapshot, fd: int | None, after_hello: bool
     ) -> None:
         """Any message of a current incarnation: it is alive, and this is its load now."""
         record.last_seen = time.monotonic()
@@ -311,7 +312,7 @@ class EngineClient:
             record.disconnected_at = None
             self._log.info("back", "%s is back", record.describe())
             self.metrics.set_engine_up(record.index, True)
-        self.metrics.observe_load(record.index, record.incarnation, record.model_name, record.load)
+        self.metrics.observe_message(record.index, record.incarnation, seq, record.model_name, record.load)
 
     async def _abort_strays(self, record: EngineRecord, request_ids: list[str]) -> None:
         """An engine sends outputs for requests that ended here (it was paused past the timeout, or an

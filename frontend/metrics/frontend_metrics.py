@@ -22,6 +22,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from openinfer.frontend.metrics.counted_seqs import CountedSeqsLog
 from openinfer.frontend.metrics.prefix_cache_bridge import PrefixCacheMetrics
 from openinfer.frontend.metrics.spec_bridge import SpecDecodeMetrics
 from openinfer.frontend.metrics.spec_decode_log import SpecDecodeLogger
@@ -130,6 +131,8 @@ class FrontendMetrics:
         self.spec_decode_log = SpecDecodeLogger()
         # Prefix caching: exact deltas of each engine's cumulative lookups, by the same rules.
         self.prefix_cache = PrefixCacheMetrics(t, self.protocol_errors)
+        # Which spec-log lines the totals hold: the seqs counted of each incarnation.
+        self.counted_seqs = CountedSeqsLog()
         r.register(t)
 
         state = state_dir.load() if state_dir is not None else None
@@ -138,6 +141,7 @@ class FrontendMetrics:
             self.spec_decode.restore_baselines(state.spec_baselines)
             self.prefix_cache.restore_baselines(state.prefix_cache_baselines)
             self._incarnations = dict(state.incarnations)
+            self.counted_seqs.restore(state.counted_seqs)
             for index in state.forgotten:
                 self._keep_forgotten(index)
             logger.info(
@@ -157,6 +161,7 @@ class FrontendMetrics:
             dict(self._incarnations),
             self.prefix_cache.baselines(),
             list(self._forgotten),
+            self.counted_seqs.saved(),
         )
 
     def save(self) -> None:
@@ -183,6 +188,15 @@ class FrontendMetrics:
             self.engine_restarts.inc((str(engine_index),))
         else:
             self.engine_restarts.inc((str(engine_index),), 0)  # the series exists from the first hello
+
+    def observe_message(
+        self, engine_index: int, incarnation: int, seq: int, model_name: str, load: LoadSnapshot
+    ) -> None:
+        """Publish the snapshot of message ``seq`` of a current engine incarnation (:meth:`observe_load`),
+        and record that the totals now hold its spec-log lines through that seq."""
+        first_sight = not self.spec_decode.knows(engine_index)
+        self.counted_seqs.observe(engine_index, incarnation, seq, first_sight)
+        self.observe_load(engine_index, incarnation, model_name, load)
 
     def observe_load(self, engine_index: int, incarnation: int, model_name: str, load: LoadSnapshot) -> None:
         """Publish one snapshot of a current engine incarnation: every message carries one, in seq order.

@@ -19,6 +19,7 @@ from typing import IO
 
 import msgspec
 
+from openinfer.frontend.metrics.counted_seqs import CountedSeqs
 from openinfer.frontend.metrics.engine_baselines import SavedBaseline
 from openinfer.frontend.metrics.totals import TotalsState
 from openinfer.protocol import PrefixCacheCounters, SpecDecodeCounters
@@ -43,6 +44,8 @@ class FrontendState(msgspec.Struct):
     # indices whose record was forgotten (their series dropped, never having moved), oldest first: their
     # baselines and incarnations are kept, bounded, so that an engine coming back continues exactly
     forgotten: list[int] = []
+    # by engine index: the seqs of each incarnation the totals were counted over (absent from older files)
+    counted_seqs: dict[int, list[CountedSeqs]] = {}
 
 
 class StateError(Exception):

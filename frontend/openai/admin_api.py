@@ -1,6 +1,8 @@
 """Admin routes: list the engines, load or unload an engine's drafter at run time.
 
-- ``GET /admin/engines``: every engine this frontend knows, live or not, with its load.
+- ``GET /admin/engines``: every engine this frontend knows, live or not, with its load; and
+  ``counted_seqs``, by engine index, the seqs of each incarnation ``/metrics`` counted
+  (:mod:`openinfer.frontend.metrics.counted_seqs`).
 - ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash", "num_spec_tokens": K,
   "draft_model": PATH (dflash only), "prompt_lookup_min": 1, "prompt_lookup_max": 4}``: load (or replace)
   the drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done.
@@ -122,7 +124,10 @@ class _AdminApi:
 
     async def engines(self, request: web.Request) -> web.Response:
         records = self._client.registry.records()
-        return web.json_response({"engines": [_engine_json(record) for record in records]})
+        engines = [_engine_json(record) for record in records]
+        # which spec-log lines /metrics holds, per incarnation (openinfer-verify-log --engines-url reads it)
+        counted = self._client.metrics.counted_seqs.to_json()
+        return web.json_response({"engines": engines, "counted_seqs": counted})
 
     async def load_drafter(self, request: web.Request) -> web.Response:
         body = await read_body(request, MAX_BODY_BYTES, self._body_timeout, _too_large)

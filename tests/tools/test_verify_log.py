@@ -12,8 +12,10 @@ import pytest
 
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
-from openinfer.tools.spec_tally import AcceptanceTally, SpecLogTally
+from openinfer.tools.spec_tally import AcceptanceTally, SpecLogTally, read_spec_logs
 from openinfer.tools.verify_log import main
+
+ADMIN_KEY = "verify-log-admin-key"
 
 # (engine, K, num_draft_tokens, num_accepted) per draft: engine 0 with K=3, engine 1 with K=2.
 DRAFTS = [(0, 3, 3, 3), (0, 3, 3, 0), (0, 3, 2, 1), (0, 3, 3, 1), (1, 2, 2, 2), (1, 2, 1, 0)]
@@ -32,24 +34,26 @@ def metrics_text() -> str:
     return metrics.render().decode()
 
 
-def log_line(i: int, engine: int, k: int, num_draft_tokens: int, num_accepted: int) -> str:
-    """One engine spec-log line, as ``openinfer-engine --spec-log`` writes it."""
+def log_line(i: int, engine: int, k: int, num_draft_tokens: int, num_accepted: int, seq: int = 0) -> str:
+    """One engine spec-log line, as ``openinfer-engine --spec-log`` writes it (carried by message ``seq``)."""
     return json.dumps({
         "time": 1.0 + i, "engine_index": engine, "incarnation": "00000000000000ab", "request_id": f"r{i}",
-        "num_spec_tokens": k, "num_draft_tokens": num_draft_tokens, "num_accepted": num_accepted,
+        "num_spec_tokens": k, "num_draft_tokens": num_draft_tokens, "num_accepted": num_accepted, "seq": seq,
     })  # fmt: skip
 
 
 def spec_log(path: Path, extra: str = "") -> Path:
-    lines = [log_line(i, *draft) for i, draft in enumerate(DRAFTS)]
+    lines = [log_line(i, *draft, seq=i + 1) for i, draft in enumerate(DRAFTS)]  # seqs 1..6, after the hello
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
 
 
 class _Served:
-    """A /metrics text served over HTTP from a thread, changeable between requests."""
+    """A /metrics text (and an /admin/engines body) served over HTTP from a thread, changeable between
+    requests."""
 
     text = ""
+    admin: dict[str, object] = {}
 
 
 @pytest.fixture
@@ -58,7 +62,13 @@ def served() -> Iterator[tuple[_Served, str]]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = served.text.encode()
+            if self.path == "/admin/engines":
+                if self.headers.get("Authorization") != f"Bearer {ADMIN_KEY}":
+                    self.send_error(401)
+                    return
+                body = json.dumps(served.admin).encode()
+            else:
+                body = served.text.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -172,3 +182,53 @@ def test_tallies_add_and_subtract_bin_by_bin() -> None:
     assert logs.engines[1] == AcceptanceTally(2, 3, 2, [1, 1], [1, 0, 1], 2)
     later = AcceptanceTally(5, 14, 8, [4, 2, 2], [1, 2, 0, 2], 3)
     assert later.minus(logs.engines[0]) == AcceptanceTally(1, 3, 3, [1, 1, 1], [0, 0, 0, 1], 3)
+
+
+def test_unsent_tail_and_earlier_drafts_are_reported_apart(
+    served: tuple[_Served, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --engines-url, lines past the last seq the frontend counted (an engine killed before sending
+    them) and lines in its first snapshot are tallied apart: /metrics equals the counted lines, exit 0."""
+    server, url = served
+    server.text = metrics_text()
+    engine_0 = {"incarnation": "00000000000000ab", "after_seq": None, "through_seq": 6}
+    engine_1 = {"incarnation": "00000000000000ab", "after_seq": 0, "through_seq": 9}
+    server.admin = {"engines": [], "counted_seqs": {"0": [engine_0], "1": [engine_1]}}
+    tail = "".join(log_line(10 + i, 0, 3, 3, 3, seq=7) + "\n" for i in range(2))  # never sent
+    earlier = log_line(12, 1, 2, 2, 1, seq=0) + "\n"  # in the hello this frontend took for a baseline
+    log = str(spec_log(tmp_path / "e.jsonl", extra=tail + earlier))
+    engines_url = url.replace("/metrics", "/admin/engines")
+    report = tmp_path / "report.json"
+    args = ("--metrics-url", url, "--spec-log", log, "--engines-url", engines_url, "--json", str(report))
+    monkeypatch.setenv("OPENINFER_ADMIN_API_KEY", ADMIN_KEY)
+    assert run(*args) == 0
+    out = capsys.readouterr().out
+    assert "OK: /metrics equals the spec logs bin by bin (6 drafts, 2 engine(s))" in out
+    assert "unsent tail: engine 0: 2 drafts whose snapshot never reached this frontend" in out
+    assert "earlier: engine 1: 1 drafts in the first snapshot this frontend saw" in out
+    written = json.loads(report.read_text())
+    assert (written["unsent"]["0"]["num_drafts"], written["earlier"]["1"]["num_drafts"]) == (2, 1)
+    assert run("--metrics-url", url, "--spec-log", log) == 1  # without it, the tail counts as a difference
+    monkeypatch.setenv("OPENINFER_ADMIN_API_KEY", "wrong")
+    assert run(*args) == 2
+
+
+def test_a_line_cut_by_a_kill_is_reported_apart(tmp_path: Path) -> None:
+    """A line that is not JSON, right before another incarnation's lines or last in a file without its
+    newline, was cut by a kill: reported in ``cut``; one that is JSON but no draft, or is followed by its own
+    incarnation's lines, stays malformed."""
+    restarted = json.dumps({**json.loads(log_line(1, 0, 3, 3, 1)), "incarnation": "00000000000000cd"})
+    first = tmp_path / "first.jsonl"  # incarnation ab cut, then cd; a bad line inside ab's lines
+    first.write_text(log_line(0, 0, 3, 3, 3) + '\n{"time": 2\n' + log_line(1, 0, 3, 3, 1) + '\n{"time": 3, "eng\n'
+                     + restarted + "\n")  # fmt: skip
+    last = tmp_path / "last.jsonl"  # cut last, no newline; and a JSON non-draft last with its newline
+    last.write_text(log_line(0, 1, 2, 2, 2) + '\n{"time": 4, "en')
+    json_last = tmp_path / "json_last.jsonl"
+    json_last.write_text(log_line(0, 1, 2, 2, 2) + '\n{"time": 5}\n')
+    logs = read_spec_logs([first, last, json_last])
+    assert [where.split(": ")[0] for where in logs.cut] == [f"{first}:4", f"{last}:2"]
+    assert [where.split(": ")[0] for where in logs.malformed] == [f"{first}:2", f"{json_last}:2"]
+    assert (logs.engines[0].num_drafts, logs.engines[1].num_drafts) == (3, 2)
