@@ -6,7 +6,7 @@ tokenizer. One row a prompt: rounds and accepted drafts on each side, and whethe
 accepted count are equal (`openinfer.engine_core.testing.zlab_reference` says how rounds are matched):
 
     python -m openinfer.benchmarks.dflash_reference --draft-model DRAFTER \\
-        --dataset-path ../shared/datasets/tinyshakespeare.txt --num-prompts 8 --max-tokens 48
+        --dataset-path tinyshakespeare.txt --num-prompts 8 --max-tokens 48
 
 Needs the `dflash` package (`pip install -e '.[test]'`).
 """

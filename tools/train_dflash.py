@@ -1,7 +1,7 @@
 """Distil the built-in DFlash drafter from the built-in target. Run once by the project (after
 tools/train_target.py); the output folder is committed as package data.
 
-    python tools/train_dflash.py ../shared/datasets/tinyshakespeare.txt [--target engine_core/builtin/target]
+    python tools/train_dflash.py tinyshakespeare.txt [--target engine_core/builtin/target]
         [--out-dir engine_core/builtin/dflash] [--work-dir runs/train_dflash] [--steps 1200] [--seed 0]
 
 1. Data: prompts cut from the training part of the text (the last tenth stays held out, as for the target),
@@ -54,7 +54,6 @@ from dflash_forward import (
 )
 from training import (
     BUILTIN_DIR,
-    DEFAULT_DATASET,
     REPO_ROOT,
     adamw,
     add_training_flags,
@@ -73,7 +72,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("dataset", type=Path, nargs="?", default=DEFAULT_DATASET, help="tinyshakespeare.txt")
+    parser.add_argument(
+        "dataset",
+        type=Path,
+        help="the training text: any copy of tinyshakespeare (char-rnn's input.txt)",
+    )
     parser.add_argument("--target", type=Path, default=BUILTIN_DIR / "target", help="the trained target")
     parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "dflash", help="the drafter folder")
     parser.add_argument(

@@ -1,7 +1,7 @@
 """Train the built-in target model: a 3.3M-parameter Qwen3 (4 layers, hidden 256, the built-in 512-token
 tokenizer) on tinyshakespeare. Run once by the project; the output folder is committed as package data.
 
-    python tools/train_target.py ../shared/datasets/tinyshakespeare.txt [--out-dir engine_core/builtin/target]
+    python tools/train_target.py tinyshakespeare.txt [--out-dir engine_core/builtin/target]
         [--work-dir runs/train_target] [--steps 700] [--batch-size 16] [--seq-len 256] [--seed 0] [--threads 1]
 
 The training loop is transformers' `Qwen3ForCausalLM` with the architecture of
@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from training import (
     BUILTIN_DIR,
-    DEFAULT_DATASET,
     REPO_ROOT,
     TokenSplit,
     adamw,
@@ -48,7 +47,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("dataset", type=Path, nargs="?", default=DEFAULT_DATASET, help="tinyshakespeare.txt")
+    parser.add_argument(
+        "dataset",
+        type=Path,
+        help="the training text: any copy of tinyshakespeare (char-rnn's input.txt)",
+    )
     parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "target", help="the model folder")
     parser.add_argument(
         "--work-dir", type=Path, default=REPO_ROOT / "runs" / "train_target", help="resumable checkpoint"

@@ -21,7 +21,6 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATASET = REPO_ROOT / ".." / "shared" / "datasets" / "tinyshakespeare.txt"
 DEFAULT_OUT_DIR = REPO_ROOT / "engine_core" / "builtin"
 
 VOCAB_SIZE = 512  # total, special tokens included
@@ -98,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dataset-path", type=Path, default=DEFAULT_DATASET, help="training text (UTF-8)")
+    parser.add_argument("--dataset-path", type=Path, required=True, help="training text (UTF-8)")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="where to write the two files")
     args = parser.parse_args()
 

@@ -24,7 +24,6 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATASET = REPO_ROOT / ".." / "shared" / "datasets" / "tinyshakespeare.txt"
 BUILTIN_DIR = REPO_ROOT / "engine_core" / "builtin"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 VAL_FRACTION = 0.1  # the last tenth of the tokens is held out (nanoGPT's split of tinyshakespeare)
