@@ -71,7 +71,7 @@ class InputBatch:
         request scheduled for the first time (or again after a preemption), the tokens it gained, the drafts
         it verifies, the tables the scheduler grew. One pass over the requests; the rest is vectorised over
         their rows."""
-        facts: list[tuple[int, int, int, int]] = []
+        facts: list[int] = []  # (row, start, query length, logits wanted) of each request, flat
         rows: list[int] = []  # (row, position, token) of every token to write
         positions: list[int] = []
         tokens: list[int] = []
@@ -100,7 +100,7 @@ class InputBatch:
                 rows += [row] * len(drafts)
                 positions += range(num_tokens, num_tokens + len(drafts))
                 tokens += drafts
-            facts.append((row, start, num_new + len(drafts), 1 + len(drafts) if samples else 0))
+            facts += (row, start, num_new + len(drafts), 1 + len(drafts) if samples else 0)
         if rows:
             self.token_ids[rows, positions] = tokens
         return self.step_batch(np.array(facts, dtype=np.int64).reshape(len(scheduled), 4))
@@ -109,13 +109,13 @@ class InputBatch:
         """The step of B requests, ``facts`` (B, 4): each one's row, the position of its first token run
         (tokens before it are cached), how many tokens it runs, and for how many of its last it wants logits."""
         rows, starts, query_lens, num_logits = facts.T
-        num_reqs, block_size = len(rows), self.block_size
+        block_size = self.block_size
         longest_query = int(query_lens.max())
         if longest_query == 1:  # all decodes: one token each, at its request's start
-            chunk_of, positions = np.arange(num_reqs), starts
+            token_rows, positions = rows, starts
         else:
             chunk_of, positions = expand_runs(starts, query_lens)  # (N,) each: its request, its position
-        token_rows = rows[chunk_of]
+            token_rows = rows[chunk_of]
         num_blocks = self.num_blocks[rows]
         seq_lens = starts + query_lens
         slots = self.block_tables[token_rows, positions // block_size] * block_size + positions % block_size
