@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.config import Device, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -90,7 +90,7 @@ def build_core(batch: int, num_spec_tokens: int, device: torch.device, model: Pa
     config = EngineConfig(
         model_path=model,
         served_model_name="bench",
-        device=str(device),
+        device=Device.parse(str(device)),
         num_kv_blocks=batch * blocks_per_request,
         max_num_seqs=batch,
         max_num_batched_tokens=max(batch * PROMPT_LEN, batch * (num_spec_tokens + 1)),

@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.config import ATTENTION_BACKENDS
+from openinfer.engine_core.config import ModelDtype
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, decoding_requests
+from openinfer.engine_core.worker.executor import resolve_dtype
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.kernels.backend_name import BackendName
 
 BLOCK_SIZE = 16
 CONTEXT_LEN = 64  # most tokens already cached per decode request
@@ -90,14 +92,15 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200, help="timed calls per cell (prefill: a tenth)")
     parser.add_argument("--profile", action="store_true", help="also print the aten ops of one decode step")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    parser.add_argument("--dtype", default="float32", choices=list(ModelDtype))
+    parser.add_argument("--attention-backend", default="auto", choices=list(BackendName))
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for the decode rows")
     args = parser.parse_args()
 
     model = args.model or builtin_target_folder()
     num_blocks = max(DECODE_BATCHES) * -(-(CONTEXT_LEN + 1) // BLOCK_SIZE) + PREFILL_LEN // BLOCK_SIZE
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device = torch.device(args.device)
+    dtype = resolve_dtype(ModelDtype(args.dtype), device)
     runner = ModelRunner(
         model, device, num_blocks, BLOCK_SIZE, dtype, args.attention_backend, args.enforce_eager
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from openinfer.engine_core.core.kv_geometry import check_kv_geometry
+from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
 from openinfer.protocol.addresses import engine_addresses
 
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 C = TypeVar("C", bound="DataclassInstance")
-# --attention-backend choices; kernels/attention.py select_backend builds them
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # the KV cache on the CPU without --kv-cache-gb
 
 
@@ -27,6 +26,45 @@ class SpecMethod(enum.StrEnum):
 
     NGRAM = "ngram"
     DFLASH = "dflash"
+
+
+class ModelDtype(enum.StrEnum):
+    """``--dtype``: the weights' and KV cache's; auto is float32 on the CPU (exact parity with transformers)
+    and bfloat16 on CUDA (``worker/executor.py`` ``resolve_dtype``)."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class DeviceKind(enum.StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where an engine runs: the CPU, or CUDA device ``index`` (``--gpu N``)."""
+
+    kind: DeviceKind = DeviceKind.CPU
+    index: int = 0  # the GPU's index; always 0 on the CPU
+
+    def __post_init__(self) -> None:
+        if self.index < 0 or (self.kind is DeviceKind.CPU and self.index):
+            raise ValueError(f"device index must be >= 0 (and 0 on the CPU), got {self.kind}:{self.index}")
+
+    @classmethod
+    def parse(cls, text: str) -> Device:
+        """``cpu``, ``cuda`` or ``cuda:N`` (torch's spelling)."""
+        kind, _, index = text.partition(":")
+        if kind not in set(DeviceKind) or (index and (kind != DeviceKind.CUDA or not index.isdigit())):
+            raise ValueError(f"device must be 'cpu' or 'cuda:N', got {text!r}")
+        return cls(DeviceKind(kind), int(index or 0))
+
+    def __str__(self) -> str:
+        """torch's spelling: ``cpu`` or ``cuda:N``."""
+        return "cpu" if self.kind is DeviceKind.CPU else f"cuda:{self.index}"
 
 
 @dataclass(frozen=True)
@@ -47,8 +85,8 @@ class EngineConfig:
 
     model_path: Path  # Hugging Face-format Qwen3 folder
     served_model_name: str  # the name clients ask for (vLLM: --served-model-name, else --model as given)
-    device: str = "cpu"  # "cpu" or "cuda:N"
-    dtype: str = "auto"  # weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16...
+    device: Device = Device()  # the CPU, or a CUDA device
+    dtype: ModelDtype = ModelDtype.AUTO  # weights and KV cache (auto: float32 on the CPU, bfloat16 on CUDA)
     engine_index: int = 0  # this engine's index behind the frontend (one per GPU)
     frontend_address: str = "tcp://127.0.0.1:5555"  # the frontend's ROUTER; its PULL is on the next port
     # KV cache GiB; None (the CLI's default): gpu_memory_utilization's share on CUDA, 1 GiB on the CPU
@@ -56,7 +94,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # CUDA: this engine's fraction of the GPU (vLLM's flag)
     num_kv_blocks: int | None = None  # exact KV block count (tests use it to force preemption)
     block_size: int = 16  # tokens per KV block
-    attention_backend: str = "auto"  # auto (triton on CUDA, torch on the CPU), torch, triton or flash_attn
+    attention_backend: BackendName = BackendName.AUTO  # auto: triton on CUDA, torch on the CPU
     max_num_seqs: int = 64  # most requests running at once
     max_num_batched_tokens: int = 512  # token budget per step (chunked prefill above it)
     max_model_len: int | None = None  # prompt + output limit; None: the model's max_position_embeddings
@@ -90,14 +128,15 @@ class EngineConfig:
             raise ValueError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if not 0 < self.heartbeat_interval <= 1.0:
             raise ValueError("the heartbeat interval must be in (0, 1] seconds")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
+        if self.dtype not in set(ModelDtype):
+            raise ValueError(f"--dtype must be one of {', '.join(ModelDtype)}, got {self.dtype!r}")
+        if self.attention_backend not in set(BackendName):
             raise ValueError(
-                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+                f"--attention-backend must be one of {', '.join(BackendName)}, got {self.attention_backend!r}"
             )
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device must be 'cpu' or 'cuda:N', got {self.device!r}")
+        # The flags' strings become their enums here, once (a StrEnum member equals its string).
+        object.__setattr__(self, "dtype", ModelDtype(self.dtype))
+        object.__setattr__(self, "attention_backend", BackendName(self.attention_backend))
         if not self.step_sleep >= 0:
             raise ValueError(f"--step-sleep must be >= 0 seconds, got {self.step_sleep}")
         if self.fake_model and self.speculative is not None and self.speculative.method == SpecMethod.DFLASH:

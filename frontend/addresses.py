@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from openinfer.protocol.addresses import EngineAddresses, engine_addresses, split_address
+from openinfer.protocol.addresses import EngineAddresses, engine_addresses, engine_ports, split_address
 
-__all__ = ["EngineAddresses", "engine_addresses", "is_loopback_host", "split_address"]
+__all__ = ["EngineAddresses", "engine_addresses", "engine_ports", "is_loopback_host", "split_address"]
 
 
 def is_loopback_host(host: str) -> bool:

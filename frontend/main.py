@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zmq
 
-from openinfer.frontend.addresses import engine_addresses, is_loopback_host, split_address
+from openinfer.frontend.addresses import engine_addresses, engine_ports, is_loopback_host, split_address
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.server_keys import load_server_keys
 from openinfer.frontend.flags import add_frontend_args, env_key, keep_alive_from_env
@@ -185,6 +185,7 @@ async def _stop_or_crash(stop: asyncio.Event, client: EngineClient) -> str | Non
 def _warn_exposure(args: argparse.Namespace) -> None:
     """Loud warnings for what others could do: join as an engine, or use the API."""
     host, port = split_address(args.engine_bind)
+    requests_port, outputs_port = engine_ports(port)
     if args.zmq_curve_keys is None:
         who = "any process on this host" if is_loopback_host(host) else "anyone who can reach them"
         logger.warning(
@@ -193,8 +194,8 @@ def _warn_exposure(args: argparse.Namespace) -> None:
             "--engines N` and give --zmq-curve-keys DIR here and to every engine (openinfer-serve does so "
             "by itself)",
             host,
-            port,
-            port + 1,
+            requests_port,
+            outputs_port,
             who,
         )
     if not is_loopback_host(args.host) and args.api_key is None:

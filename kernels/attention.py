@@ -9,7 +9,6 @@ there would still poison the weighted sum).
 
 from __future__ import annotations
 
-import enum
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from numpy.typing import NDArray
 from torch import Tensor
+
+from openinfer.kernels.backend_name import BackendName as BackendName  # re-exported: backends name themselves
 
 
 def host_to_device(
@@ -181,15 +182,6 @@ class AttentionMetadata:
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
 
 
-class BackendName(enum.StrEnum):
-    """``--attention-backend``: auto is triton on CUDA and torch on the CPU."""
-
-    AUTO = "auto"
-    TORCH = "torch"
-    TRITON = "triton"
-    FLASH_ATTN = "flash_attn"
-
-
 class AttentionBackend(Protocol):
     """Paged causal attention for one layer.
 
@@ -260,7 +252,7 @@ class TorchAttentionBackend:
 
 
 def select_backend(
-    device: torch.device, name: BackendName | str = BackendName.AUTO, block_size: int = 16
+    device: torch.device, name: BackendName = BackendName.AUTO, block_size: int = 16
 ) -> AttentionBackend:
     """The attention backend `name` (``--attention-backend``) for `device` and caches of `block_size`.
 

@@ -20,7 +20,13 @@ class EngineAddresses(NamedTuple):
 def engine_addresses(address: str) -> EngineAddresses:
     """Split ``tcp://HOST:PORT`` into the request and output endpoints; ``ValueError`` if it is not one."""
     host, port = split_address(address)
-    return EngineAddresses(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}")
+    requests, outputs = engine_ports(port)
+    return EngineAddresses(f"tcp://{host}:{requests}", f"tcp://{host}:{outputs}")
+
+
+def engine_ports(port: int) -> tuple[int, int]:
+    """The (request, output) ports that an engine address's PORT stands for."""
+    return port, port + 1
 
 
 def split_address(address: str) -> tuple[str, int]:

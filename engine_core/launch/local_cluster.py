@@ -18,6 +18,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from openinfer.protocol.addresses import engine_ports
+
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
@@ -30,13 +32,14 @@ def free_port() -> int:
 
 
 def free_port_pair() -> int:
-    """A port p with p and p + 1 both free on loopback (the frontend's engine sockets use two)."""
+    """A port whose engine sockets' two ports (``protocol/addresses.py``) are both free on loopback."""
     for _ in range(100):
         port = free_port()
         try:
             with socket.socket() as a, socket.socket() as b:
-                a.bind((HOST, port))
-                b.bind((HOST, port + 1))
+                requests, outputs = engine_ports(port)
+                a.bind((HOST, requests))
+                b.bind((HOST, outputs))
             return port
         except OSError:
             continue

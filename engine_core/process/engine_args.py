@@ -19,13 +19,16 @@ from openinfer.engine_core.builtin_model import (
     builtin_tokenizer_folder,
 )
 from openinfer.engine_core.config import (
-    ATTENTION_BACKENDS,
     DEFAULT_CPU_KV_CACHE_GB,
+    Device,
+    DeviceKind,
     DrafterSpec,
     EngineConfig,
+    ModelDtype,
     from_flags,
 )
 from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders
+from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
 
 FAKE_MODEL_NAME = "openinfer-fake"
@@ -39,7 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--gpu", type=int, metavar="N", help="run on CUDA device N")
-    where.add_argument("--device", choices=["cpu", "cuda"], help="run on this device (cuda: device 0)")
+    where.add_argument(
+        "--device",
+        choices=list(DeviceKind),
+        default=DeviceKind.CPU,
+        help="run on this device (cuda: device 0)",
+    )
     parser.add_argument(
         "--frontend",
         dest="frontend_address",
@@ -71,7 +79,7 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "--dtype",
         default="auto",
         type=lambda name: DTYPE_ALIASES.get(name, name),
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=list(ModelDtype),
         help="weights and KV cache (auto: float32 on the CPU, bfloat16 on CUDA; vLLM's half and float too)",
     )
     parser.add_argument(
@@ -93,7 +101,7 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     parser.add_argument(
         "--attention-backend",
         default="auto",
-        choices=ATTENTION_BACKENDS,
+        choices=list(BackendName),
         help="auto: triton on CUDA, torch on the CPU; flash_attn needs flash-attn and a --block-size multiple of 256",
     )
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -181,9 +189,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     elif args.num_spec_tokens is not None or args.draft_model is not None:
         raise ValueError("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
     if args.gpu is not None:
-        device = f"cuda:{args.gpu}"
+        device = Device(DeviceKind.CUDA, args.gpu)
     else:
-        device = "cuda:0" if args.device == "cuda" else "cpu"
+        device = Device(DeviceKind(args.device))
     allowed = args.allowed_drafter_dir or default_drafter_folders(model_path, draft_model)
     return from_flags(
         EngineConfig,

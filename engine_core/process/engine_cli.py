@@ -55,7 +55,7 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     The KV cache holds as many blocks as :func:`kv_sizing.num_kv_blocks` says (``--num-kv-blocks``,
     ``--kv-cache-gb``, ``--gpu-memory-utilization``).
     """
-    device = torch.device(config.device)
+    device = torch.device(str(config.device))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"--device cuda (or --gpu): this torch ({torch.__version__}) sees no CUDA device; install a CUDA "

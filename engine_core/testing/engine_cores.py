@@ -5,15 +5,20 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.config import Device, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import load_runner
 
 
-def make_core(folder: Path, served_model_name: str = "t", **overrides: object) -> EngineCore:
-    """An engine core over the checkpoint in ``folder`` (``fake_model=True``: the fake runner), with the
-    runner the engine process would load and ``overrides`` of ``EngineConfig``'s defaults."""
-    config = EngineConfig(model_path=folder, served_model_name=served_model_name, **overrides)  # type: ignore[arg-type]
+def make_core(
+    folder: Path, served_model_name: str = "t", device: str = "cpu", **overrides: object
+) -> EngineCore:
+    """An engine core over the checkpoint in ``folder`` (``fake_model=True``: the fake runner) on ``device``
+    (torch's spelling), with the runner the engine process would load and ``overrides`` of
+    ``EngineConfig``'s defaults."""
+    config = EngineConfig(
+        model_path=folder, served_model_name=served_model_name, device=Device.parse(device), **overrides
+    )  # type: ignore[arg-type]
     return EngineCore(config, load_runner(config))
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.config import ModelDtype
 from openinfer.engine_core.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -45,8 +46,16 @@ class ModelExecutor(Protocol):
         ...
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """ "auto" is float32 on the CPU (exact parity with transformers) and bfloat16 on CUDA."""
-    if name == "auto":
+def resolve_dtype(dtype: ModelDtype, device: torch.device) -> torch.dtype:
+    """``--dtype`` on ``device``: auto is float32 on the CPU (exact parity with transformers) and bfloat16
+    on CUDA."""
+    if dtype is ModelDtype.AUTO:
         return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return _TORCH_DTYPES[dtype]
+
+
+_TORCH_DTYPES = {
+    ModelDtype.FLOAT32: torch.float32,
+    ModelDtype.BFLOAT16: torch.bfloat16,
+    ModelDtype.FLOAT16: torch.float16,
+}

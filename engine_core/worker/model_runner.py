@@ -10,13 +10,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.config import ModelDtype
 from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
-from openinfer.kernels.attention import AttentionMetadata, host_to_device_parts, select_backend
+from openinfer.kernels.attention import AttentionMetadata, BackendName, host_to_device_parts, select_backend
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ModelRunner:
         num_kv_blocks: int,
         block_size: int = 16,
         dtype: torch.dtype | None = None,
-        attention_backend: str = "auto",
+        attention_backend: BackendName = BackendName.AUTO,
         enforce_eager: bool = False,
         max_num_seqs: int = 256,
     ) -> None:
@@ -54,7 +55,7 @@ class ModelRunner:
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton launches and graph capture use the current device
             torch.cuda.set_device(self.device.index or 0)
-        self.dtype = dtype or resolve_dtype("auto", self.device)
+        self.dtype = dtype or resolve_dtype(ModelDtype.AUTO, self.device)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)

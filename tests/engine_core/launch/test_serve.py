@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
+from openinfer.engine_core.config import Device, DeviceKind
 from openinfer.engine_core.launch.serve import engine_command, frontend_command, parse_args, resolve_builtin
 from openinfer.engine_core.process.engine_args import config_from_args
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
@@ -132,7 +133,7 @@ def test_every_engine_gets_its_own_index_device_and_spec_log() -> None:
         (1, 1, "/logs/spec-engine1.jsonl"),
     ]
     assert [e.max_num_seqs for e in engines] == [8, 8]
-    assert config_from_args(engines[1]).device == "cuda:1"
+    assert config_from_args(engines[1]).device == Device(DeviceKind.CUDA, 1)
 
 
 @pytest.mark.parametrize(
