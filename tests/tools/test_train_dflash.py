@@ -4,7 +4,6 @@ what the engine's DFlashDrafter proposes from the written checkpoint, in both an
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,7 @@ from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import dflash_card  # noqa: E402 - tools/ is not a package
-import dflash_data  # noqa: E402
+from openinfer.tools import dflash_card, dflash_data
 
 SMALL = {
     "vocab_size": 512,
