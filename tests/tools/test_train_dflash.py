@@ -13,18 +13,10 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 from openinfer.tools import dflash_card, dflash_data
 
-SMALL = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
+SMALL = {**SMALL_TEXT_QWEN3, "num_hidden_layers": 3}
 
 
 @pytest.mark.parametrize("anchor", list(AnchorLayout))
