@@ -20,7 +20,6 @@ from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CY
 from openinfer.engine_core.testing.hf_greedy import NEAR_TIE, teacher_forced_logits
 
 K = 7
-MAX_TOKENS = 30
 
 
 @pytest.fixture(scope="module")
