@@ -24,139 +24,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import re
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from openinfer.benchmarks.attack_observer import Observation, Observer, Window, auth_headers
 from openinfer.benchmarks.attackers import ATTACKERS, Attacker, Target
 from openinfer.engine_core.launch.local_cluster import HOST, LocalCluster, python_module, serve_children
 
-PROBE_INTERVAL_S = 0.02
-VICTIM_TIMEOUT_S = 120.0  # a victim request unanswered this long counts as failed
 ATTACK_GRACE_S = 60.0  # an attack still running this long after its time is stopped
 STOP_TIMEOUT_S = 30.0  # openinfer-serve SIGKILLs its children after 10 s of SIGTERM
 # Lines the engines ("... engine0 INFO ...") and openinfer-serve ("... serve INFO ...") tag as theirs.
 _NOT_FRONTEND = re.compile(rb"^\S+ \S+ (engine\d+|serve) ")
-
-
-# ---- the observer: /health prober and victim, in a child process ----
-
-
-@dataclass(frozen=True)
-class Window:
-    """Observe this server until None comes."""
-
-    url: str
-    model: str
-    api_key: str | None
-
-
-@dataclass
-class Observation:
-    """What the prober and the victim saw in one window."""
-
-    health_ms: list[float] = field(default_factory=list)
-    health_not_200: int = 0
-    chat_s: list[float] = field(default_factory=list)
-    completion_s: list[float] = field(default_factory=list)
-    victim_ok: int = 0
-    victim_failed: int = 0
-
-
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-async def _observe(window: Window, pipe: Connection) -> Observation:
-    seen, stop = Observation(), asyncio.Event()
-    chat = {"model": window.model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
-    completion = {"model": window.model, "prompt": "ROMEO:", "max_tokens": 32, "ignore_eos": True}
-    victims = [
-        ("/v1/chat/completions", chat, seen.chat_s),
-        ("/v1/completions", completion, seen.completion_s),
-    ]
-    limit = aiohttp.ClientTimeout(total=VICTIM_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=limit, headers=_auth(window.api_key)) as session:
-
-        async def status(path: str, body: object = None) -> int:
-            try:
-                async with session.request("POST" if body else "GET", window.url + path, json=body) as r:
-                    await r.read()
-                    return r.status
-            except (TimeoutError, aiohttp.ClientError):
-                return 0
-
-        async def probe() -> None:
-            while not stop.is_set():
-                started = time.monotonic()
-                seen.health_not_200 += await status("/health") != 200
-                seen.health_ms.append((time.monotonic() - started) * 1000)
-                await asyncio.sleep(PROBE_INTERVAL_S)
-
-        async def victim() -> None:
-            while not stop.is_set():
-                for path, body, latencies in victims:
-                    started = time.monotonic()
-                    ok = await status(path, body) == 200
-                    latencies.append(time.monotonic() - started)
-                    seen.victim_ok, seen.victim_failed = seen.victim_ok + ok, seen.victim_failed + (not ok)
-                await asyncio.sleep(0.1)
-
-        tasks = [asyncio.create_task(probe()), asyncio.create_task(victim())]
-        await asyncio.to_thread(pipe.recv)  # None: the attack is over
-        stop.set()  # the victim's request in flight still ends: it is the stall being measured
-        await asyncio.gather(*tasks)
-    return seen
-
-
-def observe_windows(pipe: Connection) -> None:
-    """The observer process: one :class:`Observation` per :class:`Window`, until the pipe closes."""
-    while True:
-        try:
-            window = pipe.recv()
-        except EOFError:
-            return
-        pipe.send(asyncio.run(_observe(window, pipe)))
-
-
-class Observer:
-    """The /health prober and the victim, in a child process of their own (stopped by ``close``)."""
-
-    def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._pipe, child = context.Pipe()
-        self._process = context.Process(target=observe_windows, args=(child,), daemon=True)
-        self._process.start()
-        child.close()
-        print(f"observer pid {self._process.pid}", file=sys.stderr, flush=True)
-
-    def begin(self, window: Window) -> None:
-        self._pipe.send(window)
-
-    def end(self) -> Observation:
-        self._pipe.send(None)
-        if not self._pipe.poll(VICTIM_TIMEOUT_S + 30.0):
-            raise RuntimeError("the observer process did not report: is it still running?")
-        observation = self._pipe.recv()
-        assert isinstance(observation, Observation), observation
-        return observation
-
-    def close(self) -> None:
-        """Closing the pipe ends the child; SIGKILL to its pid if it is still there after 10 s."""
-        self._pipe.close()
-        self._process.join(10)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
 
 
 # ---- the server ----
@@ -203,7 +89,7 @@ class Server:
 
     def request(self, path: str, body: object = None, timeout: float = 30.0) -> tuple[int, bytes]:
         """GET (``body`` None) or POST a route with the API key: (status, body); status 0 when none came."""
-        headers = {"Content-Type": "application/json", **_auth(self.api_key)}
+        headers = {"Content-Type": "application/json", **auth_headers(self.api_key)}
         request = urllib.request.Request(
             self.url + path, None if body is None else json.dumps(body).encode(), headers
         )
@@ -275,7 +161,7 @@ class Row:
 async def _attack(attacker: Attacker, server: Server, options: argparse.Namespace) -> str:
     limit = max(options.seconds, options.idle_seconds) + ATTACK_GRACE_S
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout, headers=_auth(server.api_key)) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(server.api_key)) as session:
         target = Target(
             session, HOST, server.cluster.http_port, server.api_key, server.model, server.cluster.engine_port,
             server.spec_log_dir, server.state_dir, options.seconds, options.idle_seconds, options.body_mb,

@@ -8,8 +8,20 @@ On the CPU nothing else runs Triton, so the rest of the suite (and the processes
 """
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
+
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served tests' small checkpoint (e2e, benchmarks): the built-in tokenizer's vocabulary, so text
+    prompts work end to end, and 256 positions."""
+    overrides = {**SMALL_TEXT_QWEN3, "max_position_embeddings": 256}
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny", seed=3, overrides=overrides)

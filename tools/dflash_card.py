@@ -10,20 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from dflash_data import (
-    PROMPT_LENS,
-    SEQ_LEN,
-    Distillation,
-)
-from dflash_forward import (
-    draft_logits,
-    make_blocks,
-)
-from training import (
-    TokenSplit,
-    command_line,
-    format_minutes,
-)
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.models.dflash import DFlashDraftModel
@@ -34,6 +20,20 @@ from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.verification import accepted_prefix_length
+from openinfer.tools.dflash_data import (
+    PROMPT_LENS,
+    SEQ_LEN,
+    Distillation,
+)
+from openinfer.tools.dflash_forward import (
+    draft_logits,
+    make_blocks,
+)
+from openinfer.tools.training import (
+    TokenSplit,
+    command_line,
+    format_minutes,
+)
 
 LAYOUTS = {  # for the model card
     AnchorLayout.MASK_SLOTS: (

@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from tqdm import tqdm
-from training import (
+from transformers import Qwen3ForCausalLM
+
+from openinfer.tools.training import (
     TokenSplit,
     builtin_tokenizer,
 )
-from transformers import Qwen3ForCausalLM
 
 SEQ_LEN = 192  # prompt + greedy continuation, every sequence
 

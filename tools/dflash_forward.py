@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from dflash_data import (
-    SEQ_LEN,
-    Distillation,
-)
 from torch import Tensor
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.qwen3 import apply_rope
+from openinfer.tools.dflash_data import (
+    SEQ_LEN,
+    Distillation,
+)
 
 
 def draft_hidden(

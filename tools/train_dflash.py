@@ -39,20 +39,24 @@ import time
 from pathlib import Path
 
 import torch
-from dflash_card import check_against_engine, measure, write_card
-from dflash_data import (
+
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash_config import AnchorLayout
+from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
+from openinfer.tools.dflash_card import check_against_engine, measure, write_card
+from openinfer.tools.dflash_data import (
     distillation_data,
     load_target,
     mask_token,
     target_digest,
 )
-from dflash_forward import (
+from openinfer.tools.dflash_forward import (
     distillation_loss,
     new_drafter,
     slot_losses,
     slot_weight_vector,
 )
-from training import (
+from openinfer.tools.training import (
     BUILTIN_DIR,
     REPO_ROOT,
     adamw,
@@ -62,10 +66,6 @@ from training import (
     load_split,
     train,
 )
-
-from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash_config import AnchorLayout
-from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
 
 
 def parse_args() -> argparse.Namespace:

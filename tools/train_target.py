@@ -23,7 +23,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from training import (
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
+from openinfer.tools.training import (
     BUILTIN_DIR,
     REPO_ROOT,
     TokenSplit,
@@ -36,9 +39,6 @@ from training import (
     load_split,
     train,
 )
-from transformers import Qwen3Config, Qwen3ForCausalLM
-
-from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
 
 SAMPLE_PROMPT = "ROMEO:"
 

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig, zlab_target_layer_ids
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 
 
 def make_tiny_dflash_checkpoint(
@@ -106,3 +107,15 @@ def write_dflash_checkpoint(
     contiguous = {name: t.detach().to(torch.float32).contiguous() for name, t in tensors.items()}
     save_file(contiguous, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
+
+
+def make_accepting_dflash_pair(folder: Path) -> tuple[Path, Path]:
+    """A target that tends to repeat (narrow init) and a near-identity DFlash drafter in the anchor-slot
+    layout, written under ``folder`` as ``t`` and ``d``: many of its drafts are accepted, in whole or in part,
+    so tests reach accepted draft positions. Returns (target folder, drafter folder)."""
+    target = make_tiny_checkpoint(folder / "t", seed=5, init_std=0.1, overrides=SMALL_TEXT_QWEN3)
+    draft = make_tiny_dflash_checkpoint(
+        folder / "d", target, seed=1, block_size=8, target_layer_ids=(0,), init_std=0.02,
+        anchor=AnchorLayout.ANCHOR_SLOT,
+    )  # fmt: skip
+    return target, draft

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from openinfer.engine_core.config import Device, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import load_runner
+from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
 def make_core(
@@ -20,6 +22,46 @@ def make_core(
         model_path=folder, served_model_name=served_model_name, device=Device.parse(device), **overrides
     )  # type: ignore[arg-type]
     return EngineCore(config, load_runner(config))
+
+
+def generate_greedy(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Run all prompts as one concurrent batch at temperature 0, EOS ignored; return each request's output
+    tokens. Raises AssertionError if a request ends other than by max_tokens or the batch never drains."""
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    finished = set()
+    for _ in range(10_000):  # bounds the loop: every request ends within max_tokens steps past its prompt
+        for out in core.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+            if out.finish is not None:
+                assert out.finish.kind == "length", out.finish
+                finished.add(out.request_id)
+        if not core.has_work:
+            break
+    assert finished == set(outputs)
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+def generate_with(
+    core: EngineCore, prompts: list[list[int]], each: list[dict[str, Any]] | None = None, **options: Any
+) -> tuple[list[list[int]], list[str]]:
+    """All prompts as one batch with these ``SamplingParams`` options (by default 30 tokens at temperature 0,
+    EOS ignored), and each[i]'s for request i, seeded i when sampling; each request's tokens and finish kind."""
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    finishes: dict[str, str] = {}
+    options = {"max_tokens": 30, "temperature": 0.0, "ignore_eos": True, **options}
+    for i, prompt in enumerate(prompts):
+        own = {**options, **(each[i] if each else {})}
+        seeded = {"seed": i} if own["temperature"] else {}
+        core.add_request(EngineCoreRequest(str(i), prompt, SamplingParams(**own, **seeded)))
+    while core.has_work:
+        for out in core.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+            if out.finish is not None:
+                finishes[out.request_id] = out.finish.kind
+    return [outputs[str(i)] for i in range(len(prompts))], [finishes[str(i)] for i in range(len(prompts))]
 
 
 def spec_prompts(seed: int = 0) -> list[list[int]]:

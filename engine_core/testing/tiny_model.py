@@ -34,6 +34,11 @@ TINY_QWEN3_CONFIG: MappingProxyType[str, Any] = MappingProxyType(
 SMALL_QWEN3: MappingProxyType[str, Any] = MappingProxyType(
     {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16, "intermediate_size": 128}
 )
+# Overrides for a test model as small as SMALL_QWEN3 that keeps the built-in tokenizer's vocabulary (512), so
+# that text prompts work; its 2 layers still give greedy output that varies (the parity tests' model).
+SMALL_TEXT_QWEN3: MappingProxyType[str, Any] = MappingProxyType(
+    {"hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16, "intermediate_size": 128}
+)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 

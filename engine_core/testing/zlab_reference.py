@@ -14,7 +14,6 @@ benchmarks/dflash_reference.py.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import load_runner
+from openinfer.engine_core.testing.spec_logs import read_spec_log
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
@@ -110,7 +110,7 @@ def openinfer_runs(
     while core.has_work:
         for output in core.step():
             tokens[output.request_id].extend(output.new_token_ids)
-    lines = [json.loads(line) for line in spec_log.read_text().splitlines()]
+    lines = read_spec_log(spec_log)
     runs = []
     for i in range(len(prompts)):
         mine = [x for x in lines if x["request_id"] == str(i)]

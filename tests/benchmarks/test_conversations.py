@@ -14,8 +14,8 @@ from openinfer.benchmarks.datasets import DatasetConfig, SampledRequest
 from openinfer.benchmarks.load_runner import NOT_SENT, run_conversations
 from openinfer.benchmarks.request_client import RequestOutcome, SamplingConfig, request_body
 from openinfer.benchmarks.vocabulary import load_tokenizer
-from tests.benchmarks.conftest import SONNETS
 from tests.benchmarks.openai_fake import FAIL_WORD, REPLY, FakeServer
+from tests.benchmarks.texts import SONNETS
 
 
 def test_multi_turn_user_messages_are_seeded_windows_of_the_text() -> None:

@@ -20,7 +20,7 @@ from openinfer.benchmarks.datasets import (
 )
 from openinfer.benchmarks.text_windows import TextWindows
 from openinfer.benchmarks.vocabulary import load_tokenizer, text_token_ids
-from tests.benchmarks.conftest import SONNETS, WORDS
+from tests.benchmarks.texts import SONNETS, WORDS
 
 HAMLET = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 4
 

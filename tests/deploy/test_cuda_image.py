@@ -17,9 +17,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.deploy.compose_files import active, compose_config
 from tests.deploy.images import reachable
 from tests.deploy.stack import DEPLOY
-from tests.deploy.test_compose import active, compose_config
 
 ROOT = DEPLOY.parent
 UBUNTU_PYTHON = "3.12"  # python3 of ubuntu24.04, the UBUNTU the Dockerfile names

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 from openinfer.tools.spec_tally import total
+from tests.deploy.dashboard_queries import dashboard_exprs, metric_names, recorded_names
 from tests.deploy.live_host import WINDOW, Host, run_load, wait_for_final_counters, wait_for_zero_scrape
 from tests.deploy.recorded_checks import REL, check_host_ratios, check_totals
 from tests.deploy.stack import (
@@ -46,20 +47,8 @@ from tests.deploy.stack import (
     require_tools,
     wait_until,
 )
-from tests.deploy.test_dashboard import dashboard_exprs, metric_names, recorded_names
 from tests.e2e.processes import free_port
 
-# A small checkpoint with the built-in tokenizer's vocabulary (as tests/e2e uses).
-SMALL = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-}
 HOSTS = {"a": (7, 3), "b": (5,)}  # host label -> K of each engine
 
 # deploy/README.md's fleet-wide queries, run on the global Prometheus.
@@ -92,7 +81,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("deploy-live")
     processes = ProcessGroup(work)
     try:
-        model = make_tiny_checkpoint(work / "tiny", seed=3, overrides=SMALL)
+        model = make_tiny_checkpoint(
+            work / "tiny", seed=3, overrides={**SMALL_TEXT_QWEN3, "max_position_embeddings": 256}
+        )
         hosts: dict[str, Host] = {}
         for name, ks in HOSTS.items():
             frontend = Frontend(processes, f"frontend-{name}")

@@ -86,6 +86,15 @@ async def wait_for(condition, timeout: float = 30.0) -> None:  # type: ignore[no
         await asyncio.sleep(0.1)
 
 
+def engines_idle(c: Cluster, count: int) -> bool:
+    """``count`` engines up whose latest snapshots at the frontend run and queue nothing: they draft no more."""
+    engines = admin_engines(c).values()
+    return len(engines) == count and all(
+        engine["up"] and engine["load"]["num_running_reqs"] == engine["load"]["num_waiting_reqs"] == 0
+        for engine in engines
+    )
+
+
 def assert_requests_ended(load: Load, frontend_down: list[tuple[float, float]]) -> None:
     """Nothing hung; errors say what happened; connection errors only while the frontend was down."""
     assert load.outcomes and not load.of_kind("timeout"), load.of_kind("timeout")[:3]
@@ -137,7 +146,7 @@ async def test_chaos_with_state_dir(chaos_cluster: Cluster) -> None:
         await asyncio.sleep(4)
     finally:
         await load.stop()
-    await asyncio.sleep(1.5)  # heartbeats carry the last counters
+    await wait_for(lambda: engines_idle(c, 3))  # an idle engine's latest snapshot carries its last counters
     await scraper.stop()
 
     assert_requests_ended(load, frontend_down)
@@ -200,7 +209,7 @@ async def test_chaos_without_state_dir(chaos_cluster: Cluster) -> None:
         await asyncio.sleep(3)
     finally:
         await load.stop()
-    await asyncio.sleep(1.5)
+    await wait_for(lambda: engines_idle(c, 2))
     await scraper.stop()
 
     assert_requests_ended(load, frontend_down)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,18 +14,11 @@ import pytest
 import zmq
 import zmq.auth
 
-from openinfer.engine_core.builtin_model import builtin_tokenizer_folder
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.protocol import (
-    PROTOCOL_VERSION,
-    EngineCoreOutputs,
-    EngineHello,
-    EngineOutputCodec,
-    LoadSnapshot,
-    SpecDecodeCounters,
-)
+from tests.e2e.frontend_reads import errors_key, wait
 from tests.e2e.load import counter_samples
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, HOST, Cluster
+from tests.e2e.stranger_frames import forged_messages
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +64,6 @@ def engines(c: Cluster) -> list[int]:
     return [e["index"] for e in admin_engines(c)]
 
 
-def forged_messages() -> list[bytes]:
-    """A hello that would register engine 5, then counters that would publish drafts, if they got in."""
-    folder = builtin_tokenizer_folder()
-    spec = SpecDecodeCounters.zero(3)
-    load = LoadSnapshot(0, 64, 0, 0, spec)
-    hello = EngineHello(
-        PROTOCOL_VERSION, 5, 77, 0, "fake", 2048, 16, 64, 3, 512, [0],
-        (folder / "tokenizer.json").read_bytes(), (folder / "tokenizer_config.json").read_bytes(), load,
-    )  # fmt: skip
-    grown = spec.copy()
-    grown.observe_draft(3, 3)
-    outputs = EngineCoreOutputs(5, 77, 1, time.time(), [], LoadSnapshot(0, 64, 0, 0, grown))
-    codec = EngineOutputCodec()
-    return [codec.encode(hello), codec.encode(outputs)]
-
-
 def test_engine_with_keys_serves(curve_cluster: tuple[Cluster, Path]) -> None:
     """The keyed engine joined and completes requests through the encrypted sockets; with keys the frontend
     warns of nothing."""
@@ -131,7 +107,9 @@ def test_stranger_cannot_inject(curve_cluster: tuple[Cluster, Path], stranger: s
                 push.send(frame, zmq.NOBLOCK)
             except zmq.Again:
                 pass
-        time.sleep(1.0)
+        handshakes = before.get(errors_key("handshake"), 0)
+        # Both sockets' handshakes refused (the frontend counts each): what they sent can no longer arrive.
+        wait(lambda: scrape(c).get(errors_key("handshake"), 0) >= handshakes + 2, 30, "both refused")
         after = scrape(c)
         assert engines(c) == [0]
         test_engine_with_keys_serves(curve_cluster)  # its requests still reach the real engine 0

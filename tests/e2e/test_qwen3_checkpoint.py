@@ -17,9 +17,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
+from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy, teacher_forced_logits
 from openinfer.engine_core.testing.qwen3_checkpoint import make_qwen3_0_6b_shaped_checkpoint
 from tests.e2e.processes import Cluster
-from tests.engine_core.worker.test_greedy_parity import assert_hf_greedy, teacher_forced_logits
 
 _rng = random.Random(7)
 # Text ids, <|im_start|> and <|endoftext|>, and two ids past the tokenizer (151669..151935: padding rows

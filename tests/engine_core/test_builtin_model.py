@@ -20,12 +20,12 @@ from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.testing.engine_cores import make_core
+from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
+from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
+from openinfer.engine_core.testing.spec_logs import read_spec_log
 from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import SpecDecodeCounters
-from tests.engine_core.spec_decode.test_spec_decode import read_log
-from tests.engine_core.worker.test_greedy_parity import assert_hf_greedy, generate
 
 K = BUILTIN_NUM_SPEC_TOKENS
 MAX_TOKENS = 48
@@ -48,7 +48,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def baseline(prompts: list[list[int]]) -> list[list[int]]:
-    return generate(make_core(builtin_target_folder(), "builtin"), prompts, MAX_TOKENS)
+    return generate_greedy(make_core(builtin_target_folder(), "builtin"), prompts, MAX_TOKENS)
 
 
 def test_architecture_and_files() -> None:
@@ -84,7 +84,7 @@ def test_weights_are_small_and_load() -> None:
 def assert_log_is_the_counters(core: EngineCore, log: Path) -> SpecDecodeCounters:
     assert core.spec is not None
     from_log = SpecDecodeCounters.zero(K)
-    for line in read_log(log):
+    for line in read_spec_log(log):
         from_log.observe_draft(line["num_draft_tokens"], line["num_accepted"])
     assert core.spec.counters == from_log
     assert from_log.violation() is None
@@ -104,7 +104,7 @@ def test_dflash_is_lossless_with_real_acceptance(
         speculative=DrafterSpec("dflash", K, builtin_drafter_folder()),
         spec_log=log,
     )
-    outputs = generate(core, prompts, MAX_TOKENS)
+    outputs = generate_greedy(core, prompts, MAX_TOKENS)
     assert outputs == baseline
     assert_hf_greedy(builtin_target_folder(), prompts, outputs)
     counters = assert_log_is_the_counters(core, log)
@@ -115,5 +115,5 @@ def test_ngram_is_lossless(prompts: list[list[int]], baseline: list[list[int]], 
     """n-gram lookup (K=7) on the built-in target changes no token either."""
     log = tmp_path / "spec.jsonl"
     core = make_core(builtin_target_folder(), "builtin", speculative=DrafterSpec("ngram", K), spec_log=log)
-    assert generate(core, prompts, MAX_TOKENS) == baseline
+    assert generate_greedy(core, prompts, MAX_TOKENS) == baseline
     assert assert_log_is_the_counters(core, log).num_drafts > 0

@@ -99,6 +99,11 @@ class EnginePeer:
         await self._send_hello()
         self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]
 
+    @property
+    def num_sent(self) -> int:
+        """Messages this incarnation sent (its hello and outputs; each takes the next seq)."""
+        return self._seq
+
     async def stop(self) -> None:
         """Stop every task and close the sockets, as if the process died."""
         for task in [*self._tasks, *self._running.values()]:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
-from tests.frontend.conftest import wait_until
 from tests.frontend.fuzz_harness import FUZZ, Harness
+from tests.frontend.waits import wait_until
 
 
 def _spec() -> protocol.SpecDecodeCounters:

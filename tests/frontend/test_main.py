@@ -15,7 +15,7 @@ from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
 from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from tests.frontend.conftest import FakeEngine
+from tests.frontend.frontends import FakeEngine
 
 
 async def run_main(*args: str) -> asyncio.subprocess.Process:

@@ -4,7 +4,6 @@ what the engine's DFlashDrafter proposes from the written checkpoint, in both an
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,21 +13,10 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
+from openinfer.tools import dflash_card, dflash_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import dflash_card  # noqa: E402 - tools/ is not a package
-import dflash_data  # noqa: E402
-
-SMALL = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
+SMALL = {**SMALL_TEXT_QWEN3, "num_hidden_layers": 3}
 
 
 @pytest.mark.parametrize("anchor", list(AnchorLayout))

@@ -15,12 +15,11 @@ import pytest
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.models.dflash_config import AnchorLayout
-from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.engine_cores import make_core
+from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, PrefixCacheCounters, SamplingParams
-from tests.engine_core.worker.test_greedy_parity import SMALL, assert_hf_greedy
 
 ONE_STEP_WAVES = {"max_num_batched_tokens": 2048}  # a wave of requests is admitted in one step
 
@@ -179,25 +178,11 @@ def observed(core: EngineCore, sharing: list[bool]) -> Callable[[Request], None]
     return preempt_and_note
 
 
-@pytest.fixture(scope="module")
-def accepting_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A target that tends to repeat and a near-identity DFlash drafter: many drafts accepted in part."""
-    folder = tmp_path_factory.mktemp("pair")
-    target = make_tiny_checkpoint(folder / "t", seed=5, init_std=0.1, overrides=SMALL)
-    draft = make_tiny_dflash_checkpoint(
-        folder / "d", target, seed=1, block_size=8, target_layer_ids=(0,), init_std=0.02,
-        anchor=AnchorLayout.ANCHOR_SLOT,
-    )  # fmt: skip
-    return target, draft
-
-
 @pytest.mark.parametrize("method", ["ngram", "dflash"])
-def test_speculation_is_lossless_with_hits(
-    accepting_pair: tuple[Path, Path], method: str, tmp_path: Path
-) -> None:
+def test_speculation_is_lossless_with_hits(pair: tuple[Path, Path], method: str, tmp_path: Path) -> None:
     """n-gram and DFlash with caching on: the tokens of no drafter and no caching; DFlash accepts exactly
     the same in every round with caching on and off (its context for a cached block is the one it wrote)."""
-    target, draft = accepting_pair
+    target, draft = pair
     waves = make_waves()
     baseline = Run(make_core(target, **ONE_STEP_WAVES, enable_prefix_caching=False), waves)
     runs = {}
@@ -220,10 +205,10 @@ def test_speculation_is_lossless_with_hits(
     assert on.rounds == off.rounds
 
 
-def test_a_new_dflash_drafter_reads_only_context_it_wrote(accepting_pair: tuple[Path, Path]) -> None:
+def test_a_new_dflash_drafter_reads_only_context_it_wrote(pair: tuple[Path, Path]) -> None:
     """Cached blocks whose drafter context another DFlash load wrote are no hits for the new one (the target
     recomputes them, and the new drafter writes their context); an n-gram drafter reads no context."""
-    target, draft = accepting_pair
+    target, draft = pair
     prompt = list(range(10, 60))
     core = make_core(target, **ONE_STEP_WAVES, speculative=DrafterSpec("dflash", 4, draft))
     runs = [Run(core, [[("a", prompt)]]), Run(core, [[("b", prompt)]])]

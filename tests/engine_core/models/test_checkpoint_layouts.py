@@ -14,10 +14,10 @@ from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreRequest, FinishReason, SamplingParams
-from tests.engine_core.worker.test_greedy_parity import SMALL
 
 PROMPT = [5, 17, 300, 9, 44, 120, 7, 7, 7, 260, 3]
 

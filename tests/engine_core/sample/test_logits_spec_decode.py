@@ -14,49 +14,12 @@ from transformers import Qwen3ForCausalLM, RepetitionPenaltyLogitsProcessor, Seq
 
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.models.dflash_config import AnchorLayout
-from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.engine_cores import generate_with as generate
 from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
-from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from openinfer.protocol import EngineCoreRequest, SamplingParams
-from tests.engine_core.worker.test_greedy_parity import NEAR_TIE, SMALL, teacher_forced_logits
+from openinfer.engine_core.testing.hf_greedy import NEAR_TIE, teacher_forced_logits
 
 K = 7
-MAX_TOKENS = 30
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A target that tends to repeat and a near-identity DFlash drafter: many drafts are accepted, so the
-    options act at accepted draft positions (test_spec_decode's accepted-drafts pair)."""
-    folder = tmp_path_factory.mktemp("pair")
-    target = make_tiny_checkpoint(folder / "t", seed=5, init_std=0.1, overrides=SMALL)
-    draft = make_tiny_dflash_checkpoint(
-        folder / "d", target, seed=1, block_size=8, target_layer_ids=(0,), init_std=0.02,
-        anchor=AnchorLayout.ANCHOR_SLOT,
-    )  # fmt: skip
-    return target, draft
-
-
-def generate(
-    core: EngineCore, prompts: list[list[int]], each: list[dict[str, Any]] | None = None, **options: Any
-) -> tuple[list[list[int]], list[str]]:
-    """All prompts as one batch with these options (and each[i]'s for request i, seeded i when sampling);
-    each request's tokens and finish kind."""
-    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    finishes: dict[str, str] = {}
-    options = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, **options}
-    for i, prompt in enumerate(prompts):
-        own = {**options, **(each[i] if each else {})}
-        seeded = {"seed": i} if own["temperature"] else {}
-        core.add_request(EngineCoreRequest(str(i), prompt, SamplingParams(**own, **seeded)))
-    while core.has_work:
-        for out in core.step():
-            outputs[out.request_id].extend(out.new_token_ids)
-            if out.finish is not None:
-                finishes[out.request_id] = out.finish.kind
-    return [outputs[str(i)] for i in range(len(prompts))], [finishes[str(i)] for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.protocol import EngineCoreRequest, SamplingParams, TokenLogprobs
-from tests.engine_core.worker.test_greedy_parity import SMALL
 
 TOP = 4  # alternatives asked for
 

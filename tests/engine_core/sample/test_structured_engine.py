@@ -16,11 +16,9 @@ from tokenizers import Tokenizer
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.sample.structured_output import COMPILE_THREADS
+from openinfer.engine_core.testing.engine_cores import generate_with as generate
 from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams, StructuredOutputs
-from tests.engine_core.sample.test_logits_spec_decode import generate, pair
-
-__all__ = ["pair"]  # the fixture: a target that repeats and a DFlash drafter whose drafts it accepts
 
 K = 7
 SCHEMA = {

@@ -21,8 +21,8 @@ from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.process.engine_process import EngineProcess
 from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders, is_allowed
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from tests.engine_core.worker.test_greedy_parity import SMALL
 
 
 def test_symlinks_and_dot_dot_cannot_leave_an_allowed_folder(tmp_path: Path) -> None:

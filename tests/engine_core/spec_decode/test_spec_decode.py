@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,12 @@ from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
+from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
+from openinfer.engine_core.testing.spec_logs import read_spec_log as read_log
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.verification import accepted_prefix_length
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
-from tests.engine_core.worker.test_greedy_parity import SMALL, assert_hf_greedy
 
 K = 7
 # Per prompt: max_tokens, several of them cut a 7-token draft short.
@@ -58,10 +59,6 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def baseline(target: Path) -> list[list[int]]:
     return run(make_core(target), spec_prompts())[0]
-
-
-def read_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def assert_counts_agree(core: EngineCore, log: list[dict], stats: dict) -> None:

@@ -19,8 +19,9 @@ from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.request_stream import RequestStream
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 _PATIENCE_S = 2.0  # how long the client retries an unroutable engine (client._SEND_PATIENCE_S)
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from openinfer.engine_core.launch.local_cluster import free_port_pair
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, free_port_pair, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.engines.engine_requests import make_request
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 
 def protocol_errors(frontend: Frontend, kind: str) -> float:

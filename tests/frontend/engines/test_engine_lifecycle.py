@@ -19,10 +19,11 @@ from openinfer.protocol import (
     EngineOutputCodec,
     SpecDecodeCounters,
 )
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.engines.engine_requests import make_request
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.metrics.scrape import sync
+from tests.frontend.waits import wait_until
 
 
 async def collect(stream: AsyncIterator[EngineCoreOutput]) -> list[EngineCoreOutput]:

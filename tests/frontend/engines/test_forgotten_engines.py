@@ -5,8 +5,9 @@ steps) comes back with drafts made since its hello, and every one is counted. Re
 from __future__ import annotations
 
 from openinfer.protocol import SpecDecodeCounters
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 K = 3
 

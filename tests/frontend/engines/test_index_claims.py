@@ -3,12 +3,11 @@ a restarted engine (its predecessor's connection gone, or silent past the timeou
 
 from __future__ import annotations
 
-import asyncio
-
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from tests.frontend.conftest import FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
 from tests.frontend.engines.engine_requests import make_request
+from tests.frontend.frontends import FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 
 def sample(metrics: FrontendMetrics, name: str, labels: dict[str, str]) -> float:
@@ -43,8 +42,13 @@ async def test_stranger_with_a_live_engines_index_is_refused(
     await wait_until(lambda: len(stranger.refusals) == 2, timeout=3)
     assert sample(frontend.metrics, "openinfer:engine_restarts_total", {"engine": "0"}) == 0
     await stranger.stop()  # the stranger dies: nothing to take back, the first never left
-    await asyncio.sleep(0.3)
-    assert frontend.client.num_engines_up == 1 and registry.current(0, first.incarnation) is not None
+    record = registry.current(0, first.incarnation)
+    assert record is not None
+    seq_at_stop = record.last_seq
+    # Two more of the first's heartbeats taken after the stranger's connection closed: it still holds index 0.
+    await wait_until(lambda: record.last_seq >= seq_at_stop + 2, timeout=3)
+    assert frontend.client.num_engines_up == 1 and registry.current(0, first.incarnation) is record
+    assert record.up and record.disconnected_at is None
 
 
 async def test_restarted_engine_is_taken_back_at_once(
@@ -89,8 +93,9 @@ async def test_outputs_of_a_waiting_hello_are_not_merged(
     frontend = await start_frontend()
     first = await start_peer(frontend, PeerConfig(heartbeat_s=0.5))  # slow: the verdict takes a while
     stranger = await start_peer(frontend, PeerConfig(heartbeat_s=0.05), wait=False)
-    # No verdict before the holder is heard from 0.3 s after the hello; several heartbeats arrive meanwhile.
-    await asyncio.sleep(0.25)
+    # No verdict before the holder is heard from after the hello (0.5 s); the stranger's hello and three
+    # heartbeats are sent meanwhile.
+    await wait_until(lambda: stranger.num_sent >= 4, timeout=3)
     registry = frontend.client.registry
     assert registry.current(0, stranger.incarnation) is None and not registry.is_retired(
         0, stranger.incarnation

@@ -5,8 +5,9 @@ from __future__ import annotations
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.frontend.conftest import Frontend, wait_until
 from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.frontends import Frontend
+from tests.frontend.waits import wait_until
 
 
 async def sync(frontend: Frontend, peer: EnginePeer) -> None:

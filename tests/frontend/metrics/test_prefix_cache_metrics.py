@@ -7,9 +7,10 @@ from pathlib import Path
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.protocol import LoadSnapshot, PrefixCacheCounters, SpecDecodeCounters
-from tests.frontend.conftest import Frontend, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.frontends import Frontend, PeerFactory
 from tests.frontend.metrics.scrape import sample, scrape, sync
+from tests.frontend.waits import wait_until
 
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.protocol import SpecDecodeCounters
-from tests.frontend.conftest import FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.frontends import FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import post, stream
 
 # K=3, 4 drafts with 0, 1, 2 and 3 accepted: 6 of 11 draft tokens accepted.

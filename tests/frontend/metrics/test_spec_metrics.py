@@ -10,9 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
 from openinfer.tools.spec_tally import AcceptanceTally, tally_metrics
-from tests.frontend.conftest import Frontend, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.frontends import Frontend, PeerFactory
 from tests.frontend.metrics.scrape import sample, scrape, sync
+from tests.frontend.waits import wait_until
 
 
 def counters(k: int, *drafts: tuple[int, int]) -> SpecDecodeCounters:

@@ -12,8 +12,9 @@ from openinfer.frontend.metrics.frontend_metrics import MAX_FORGOTTEN, FrontendM
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir, StateError
 from openinfer.frontend.metrics.totals import MetricTotals
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
-from tests.frontend.conftest import FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.frontends import FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 
 def counters(k: int, *drafts: tuple[int, int]) -> SpecDecodeCounters:

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.frontend.conftest import Frontend
+from tests.frontend.frontends import Frontend
 
 
 async def post(

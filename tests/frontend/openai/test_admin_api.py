@@ -12,8 +12,9 @@ import pytest
 
 from openinfer.frontend.openai.admin_api import MAX_BODY_BYTES
 from openinfer.protocol import LoadDrafter, UnloadDrafter
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 ADMIN_KEY = "admin-sesame"
 

@@ -11,9 +11,10 @@ import aiohttp
 import pytest
 
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import get, post, stream
+from tests.frontend.waits import wait_until
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 EOS = tiny_tokenizer.EOS_TOKEN_ID

@@ -26,7 +26,7 @@ from openinfer.frontend.openai.body_census import (
 )
 from openinfer.frontend.openai.census_worker import CensusWorker
 from openinfer.frontend.openai.errors import ApiError
-from tests.frontend.conftest import wait_until
+from tests.frontend.waits import wait_until
 
 _WAIT_S = 30.0  # the bound on any one census, the worker's start included
 CensusFactory = Callable[..., Awaitable[CensusWorker]]

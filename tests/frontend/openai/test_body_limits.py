@@ -17,8 +17,8 @@ from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.body_census import INLINE_BYTES, BodyCensus, take_census
 from openinfer.frontend.openai.body_limits import BodyLimits
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()  # longest token: 13 characters
 # The peer's model: 64 positions, 300 vocabulary rows (ids of at most 3 digits)

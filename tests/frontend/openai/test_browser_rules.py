@@ -14,8 +14,8 @@ import pytest
 from multidict import CIMultiDictProxy
 
 from openinfer.frontend.openai.cors import CorsPolicy
-from tests.frontend.conftest import FakeFrontendFactory, Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.frontends import FakeFrontendFactory, Frontend, FrontendFactory, PeerFactory
 
 EVIL = "http://evil.example"
 APP = "http://app.example:3000"

@@ -8,9 +8,10 @@ import asyncio
 import openai
 
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import MESSAGES, chat, chat_stream, post, stream
+from tests.frontend.waits import wait_until
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 PROMPT = [50 + i for i in range(40)]  # 40 prompt tokens: 2 full KV blocks of 16 and 8 more

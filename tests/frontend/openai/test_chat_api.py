@@ -12,8 +12,8 @@ from openinfer.frontend.openai.chat_request import parse_chat_request
 from openinfer.frontend.openai.chat_template import compile_chat_template
 from openinfer.protocol import SpecDecodeCounters
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import MESSAGES, chat, chat_stream
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import chat, chat_stream
 from tests.frontend.tiny_tokenizer import tokenizer_json
 

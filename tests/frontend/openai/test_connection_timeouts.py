@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 
 KEEP_ALIVE_S = 0.5
 _WAIT_S = 10.0  # the bound on a close or an answer: 20 times the timeout

@@ -21,7 +21,8 @@ from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.grammar_pool import MAX_WORKERS, GrammarCheckPool
 from openinfer.frontend.openai.structured_options import StructuredConstraint
 from openinfer.protocol import StructuredOutputs
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 needs_xgrammar = pytest.mark.skipif(
     importlib.util.find_spec("xgrammar") is None, reason="xgrammar not installed"

@@ -15,8 +15,9 @@ import pytest
 
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.request_body import MAX_NESTING
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.waits import wait_until
 
 KEY = "sesame"
 CHAT = '{"messages": [{"role": "user", "content": "hi"}], '  # a chat body's start

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.frontend.conftest import Frontend, FrontendFactory
 from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.frontends import Frontend, FrontendFactory
 
 ADMIN_KEY = "admin"
 PAST_UINT64 = 2**64  # msgpack's largest is 2**64 - 1: the encoder raised OverflowError after admission

@@ -17,8 +17,8 @@ from openinfer.frontend.openai.logits_options import MAX_BAD_WORDS, bad_words_to
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import SamplingParams
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend
 from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.frontends import Frontend
 from tests.frontend.openai.http_calls import MESSAGES, chat, request
 
 BUILTIN = Path(__file__).parents[3] / "engine_core" / "builtin"

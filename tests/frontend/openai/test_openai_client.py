@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
-from tests.frontend.conftest import FakeFrontendFactory, Frontend
+from tests.frontend.frontends import FakeFrontendFactory, Frontend
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ import aiohttp
 import pytest
 
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import FakeFrontendFactory, Frontend, PeerFactory, wait_until
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import FakeFrontendFactory, Frontend, PeerFactory
 from tests.frontend.openai.http_calls import request
+from tests.frontend.waits import wait_until
 
 TOKENIZER = tiny_tokenizer.make_tokenizer()
 PROMPT = "hello world, the quick brown fox jumps over the lazy dog"

@@ -4,11 +4,22 @@ business: tests hold what happens, never how quickly)."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import aiohttp
 import pytest
 
 from openinfer.benchmarks.health_during_prompt import post_while_polling_health, random_words
-from tests.frontend.conftest import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
+from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+
+# Where a parsed request's prepare (tokenizing, rendering a template) is defined.
+PREPARE_FILES = {"completion_request.py", "chat_request.py"}
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
@@ -45,15 +56,41 @@ def _prompt_body(endpoint: str, text: str) -> tuple[str, dict[str, object]]:
     return "/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}
 
 
+def _preparing_off_loop() -> bool:
+    """Whether a thread other than this one (the event loop's) is inside a request's ``prepare`` now."""
+    loop_thread = threading.get_ident()
+    for thread, frame in sys._current_frames().items():
+        walk: FrameType | None = frame if thread != loop_thread else None
+        while walk is not None:
+            code = walk.f_code
+            if code.co_name == "prepare" and PREPARE_FILES & {Path(code.co_filename).name}:
+                return True
+            walk = walk.f_back
+    return False
+
+
 async def test_long_prompt_is_tokenized_off_the_event_loop(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
-    """1.2 M characters on a 100,000-token model fit the character bound (1.3 M), so they are tokenized (about
-    2 s here) before the token count refuses them; /health answers again and again meanwhile (on the event
-    loop the tokenizing would hold every poll until it ended)."""
+    """1.2 M characters on a 100,000-token model fit the character bound (1.3 M), so they are tokenized before
+    the token count refuses them, in another thread: this test's coroutine, on the frontend's event loop, runs
+    while that thread is inside the request's prepare, and /health answers then (on the loop the tokenizing
+    would hold every coroutine until it ended, so the wait below would never see it)."""
     frontend = await start_frontend()
     await start_peer(frontend, PeerConfig(max_model_len=100_000))
     body = {"prompt": random_words(1_200_000), "max_tokens": 1}
-    status, got, _, latencies = await post_while_polling_health(frontend.url, "/v1/completions", body, 0.02)
+    async with aiohttp.ClientSession() as session:
+
+        async def post() -> tuple[int, Any]:
+            async with session.post(f"{frontend.url}/v1/completions", json=body) as r:
+                return r.status, await r.json()
+
+        answer = asyncio.create_task(post())
+        async with asyncio.timeout(60):  # bounds the wait for the prompt to be in prepare
+            while not _preparing_off_loop():
+                assert not answer.done(), f"answered before it was seen being prepared: {answer.result()}"
+                await asyncio.sleep(0.001)
+        async with session.get(f"{frontend.url}/health") as r:
+            assert r.status == 200
+        status, got = await asyncio.wait_for(answer, 120)
     assert status == 400 and "input tokens, which exceeds this limit" in got["error"]["message"]
-    assert len(latencies) > 10  # /health polls answered while it was tokenized (polled one after another)

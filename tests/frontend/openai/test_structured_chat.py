@@ -20,8 +20,8 @@ from openinfer.frontend.openai.structured_options import json_constraint
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import StructuredOutputs
 from tests.frontend import tiny_tokenizer
-from tests.frontend.conftest import Frontend
 from tests.frontend.engine_peer import EnginePeer
+from tests.frontend.frontends import Frontend
 from tests.frontend.openai.http_calls import MESSAGES, chat, post
 from tests.frontend.openai.tool_specs import ALL_ON, TOOLS
 
