@@ -1,9 +1,11 @@
 """Verification of draft tokens against the target's logits, batched on the device: greedy acceptance and
-exact rejection sampling, one host sync per call (the sampled ids)."""
+exact rejection sampling. Nothing here reads the device back: the engine reads the verified tokens in the
+step's one read-back (``verify`` is the list-returning wrapper tests and tools call)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -13,12 +15,31 @@ from openinfer.kernels.attention import host_to_device
 from openinfer.kernels.sampling import SamplingBatch, draw, uniforms
 
 
+@dataclass(frozen=True)
+class Verified:
+    """Per sampling request, on the device: how many of its drafts it accepted and the tokens to append.
+
+    Row r of ``tokens`` holds request r's accepted drafts, then one token of the target's, then padding:
+    its first ``num_accepted[r] + 1`` entries are its tokens.
+    """
+
+    num_accepted: Tensor | None  # (R,) int64; None when no request had drafts (every count is 0)
+    tokens: Tensor  # (R, W) int64, W = 1 + the longest draft
+
+    def read(self, counts: list[int] | None, tokens: list[int]) -> list[list[int]]:
+        """The tokens per request from the host copies of ``num_accepted`` and ``tokens`` (flat)."""
+        if counts is None:  # one column
+            return [[t] for t in tokens]
+        width = self.tokens.shape[1]
+        return [tokens[r * width : r * width + n + 1] for r, n in enumerate(counts)]
+
+
 def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int:
     """How many leading draft tokens equal the target's tokens at their positions: greedy acceptance.
 
     The one longest-prefix walk on the host: the training script's simulated rounds and the tests' oracles
-    count with it (``verify`` counts the same run on the device). ``targets`` may be longer than ``drafts``
-    (the bonus position) or shorter.
+    count with it (``verify_on_device`` counts the same run on the device). ``targets`` may be longer than
+    ``drafts`` (the bonus position) or shorter.
     """
     accepted = 0
     while accepted < min(len(drafts), len(targets)) and drafts[accepted] == targets[accepted]:
@@ -32,43 +53,56 @@ def verify(
     batch: SamplingBatch,
     starts: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Per request, the tokens to append: its accepted draft tokens, then one token from the target.
+    """``verify_on_device``, read back: per request, its accepted draft tokens then one token of the target's
+    (tests and tools; the engine reads the device output in its step's one read-back)."""
+    if not drafts:
+        return []
+    verified = verify_on_device(logits, drafts, batch, starts)
+    counts = verified.num_accepted.tolist() if verified.num_accepted is not None else None
+    return verified.read(counts, verified.tokens.flatten().tolist())
+
+
+def verify_on_device(
+    logits: Tensor,
+    drafts: Sequence[Sequence[int]],
+    batch: SamplingBatch,
+    starts: Sequence[int] | None = None,
+) -> Verified:
+    """Per request (R >= 1), its accepted count and tokens on the device, nothing read back.
 
     logits (sum(len(d) + 1 for d in drafts), V) float32: request b's len(drafts[b]) + 1 verified positions,
     back to back (``starts``: each request's first row, when the caller has them). A request without drafts
-    is plain sampling (its list is one token long). Greedy requests
-    accept the longest prefix of drafts equal to the target's argmax (walked on the host over the argmax).
-    The others use rejection sampling on the device (see ``_rejection_sample``). One host sync in all.
+    is plain sampling (one token). Greedy requests accept the longest prefix of drafts equal to the target's
+    argmax (a cumulative product over the padded rows); the others use rejection sampling
+    (see ``_rejection_sample``).
     """
-    if not drafts:
-        return []
+    device = logits.device
     argmax = logits.argmax(dim=-1)  # (N,)
     sampled = batch.sampled()
-    if not sampled and logits.shape[0] == len(drafts):  # greedy, no drafts: one token per request
-        return [[t] for t in argmax.tolist()]
+    lens = [len(d) for d in drafts]
+    width = max(lens) + 1
+    if width == 1 and not sampled:  # greedy, no drafts: one token per request, its row's argmax
+        return Verified(None, argmax[:, None])
     if starts is None:
-        starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
-    width = 0  # columns of the sampled requests' token rows
-    read_back = argmax
+        starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
+    pos = torch.arange(width, device=device)  # (W,)
+    num_drafts = host_to_device(lens, torch.int64, device)  # (R,)
+    # Row of request r's position j; past its drafts the last row repeats (never read: past its tokens).
+    rows = host_to_device(list(starts), torch.int64, device)[:, None] + torch.minimum(
+        pos[None, :], num_drafts[:, None]
+    )  # (R, W)
+    # Drafts padded to W columns (the extra one is never accepted), so position j = #accepted indexes.
+    padded = [t for d in drafts for t in (*d, *[-1] * (width - len(d)))]
+    draft_ids = host_to_device(padded, torch.int64, device).view(len(drafts), width)  # (R, W)
+    tokens = argmax[rows]  # (R, W): the target's argmax; its accepted drafts are equal to it
+    num_accepted = (draft_ids == tokens).cumprod(dim=1).sum(dim=1)  # (R,); padding (-1) never matches
     if sampled:
-        counts, tokens = _rejection_sample(logits, drafts, starts, batch, sampled)
-        read_back, width = torch.cat((argmax, counts, tokens.flatten())), tokens.shape[1]
-    values = read_back.tolist()  # the one host sync
-    num_rows, num_sampled = logits.shape[0], len(sampled)
-    targets, num_accepted = values[:num_rows], values[num_rows : num_rows + num_sampled]
-    drawn = values[num_rows + num_sampled :]
-    out = [_greedy(d, targets[start : start + len(d) + 1]) for d, start in zip(drafts, starts, strict=True)]
-    for i, b in enumerate(sampled):
-        out[b] = drawn[i * width : i * width + num_accepted[i] + 1]
-    return out
-
-
-def _greedy(drafts: Sequence[int], targets: list[int]) -> list[int]:
-    """The longest prefix of ``drafts`` equal to the target's argmax, plus the target's next token."""
-    if not drafts:
-        return targets[:1]
-    accepted = accepted_prefix_length(drafts, targets)
-    return [*drafts[:accepted], targets[accepted]]
+        counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled)  # (S,), (S, k + 1)
+        index = host_to_device(sampled, torch.int64, device)  # (S,)
+        num_accepted = num_accepted.index_copy(0, index, counts)
+        padded_drawn = torch.nn.functional.pad(drawn, (0, width - drawn.shape[1]))  # (S, W)
+        tokens = tokens.index_copy(0, index, padded_drawn)
+    return Verified(num_accepted, tokens)
 
 
 def _rejection_sample(
