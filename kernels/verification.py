@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.kernels.attention import host_to_device
+from openinfer.kernels.attention import host_to_device, host_to_device_parts
 from openinfer.kernels.sampling import SamplingBatch, draw, uniforms
 
 
@@ -85,17 +86,19 @@ def verify_on_device(
         return Verified(None, argmax[:, None])
     if starts is None:
         starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
-    pos = torch.arange(width, device=device)  # (W,)
-    num_drafts = host_to_device(lens, torch.int64, device)  # (R,)
+    num_reqs = len(drafts)
     # Row of request r's position j; past its drafts the last row repeats (never read: past its tokens).
-    rows = host_to_device(list(starts), torch.int64, device)[:, None] + torch.minimum(
-        pos[None, :], num_drafts[:, None]
+    rows = np.asarray(starts, dtype=np.int64)[:, None] + np.minimum(
+        np.arange(width), np.asarray(lens, dtype=np.int64)[:, None]
     )  # (R, W)
-    # Drafts padded to W columns (the extra one is never accepted), so position j = #accepted indexes.
-    padded = [t for d in drafts for t in (*d, *[-1] * (width - len(d)))]
-    draft_ids = host_to_device(padded, torch.int64, device).view(len(drafts), width)  # (R, W)
-    tokens = argmax[rows]  # (R, W): the target's argmax; its accepted drafts are equal to it
-    num_accepted = (draft_ids == tokens).cumprod(dim=1).sum(dim=1)  # (R,); padding (-1) never matches
+    # Drafts padded to W columns with -1 (never the argmax, so never accepted): position j = #accepted indexes.
+    pad = [-1] * width
+    padded = np.fromiter(
+        (t for d in drafts for t in (*d, *pad[: width - len(d)])), dtype=np.int64, count=num_reqs * width
+    )
+    rows_t, draft_ids = host_to_device_parts(np.concatenate((rows.ravel(), padded)), [rows.size] * 2, device)
+    tokens = argmax[rows_t].view(num_reqs, width)  # (R, W): the target's argmax; accepted drafts equal it
+    num_accepted = (draft_ids.view(num_reqs, width) == tokens).cumprod(dim=1).sum(dim=1)  # (R,)
     if sampled:
         counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled)  # (S,), (S, k + 1)
         index = host_to_device(sampled, torch.int64, device)  # (S,)
