@@ -12,27 +12,47 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.kernels.attention import host_to_device, host_to_device_parts
+from openinfer.kernels.attention import host_to_device
 from openinfer.kernels.sampling import SamplingBatch, draw, uniforms
 
 
 @dataclass(frozen=True)
 class Verified:
-    """Per sampling request, on the device: how many of its drafts it accepted and the tokens to append.
+    """Per sampling request, on the device: the tokens to append and, once known, how many drafts it accepted.
 
     Row r of ``tokens`` holds request r's accepted drafts, then one token of the target's, then padding:
-    its first ``num_accepted[r] + 1`` entries are its tokens.
+    its first ``accepted + 1`` entries are its tokens. When every request is greedy the row is the target's
+    argmax at each of its positions and ``num_accepted`` is None: the accepted drafts are the argmax there,
+    and the count is the longest prefix of ``drafts`` equal to the row, on the host once the row is read
+    back (``read``) or on the device for whoever needs it before (``accepted``).
     """
 
-    num_accepted: Tensor | None  # (R,) int64; None when no request had drafts (every count is 0)
+    num_accepted: Tensor | None  # (R,) int64, or None: greedy, counted from the rows and the drafts
     tokens: Tensor  # (R, W) int64, W = 1 + the longest draft
+    drafts: Sequence[Sequence[int]]  # per request, the drafts it verified (host)
 
     def read(self, counts: list[int] | None, tokens: list[int]) -> list[list[int]]:
-        """The tokens per request from the host copies of ``num_accepted`` and ``tokens`` (flat)."""
-        if counts is None:  # one column
-            return [[t] for t in tokens]
+        """The tokens per request, from the host copies of ``tokens`` (flat) and of ``num_accepted`` (None
+        when it is None)."""
         width = self.tokens.shape[1]
-        return [tokens[r * width : r * width + n + 1] for r, n in enumerate(counts)]
+        if width == 1:  # no drafts
+            return [[t] for t in tokens]
+        rows = [tokens[r * width : (r + 1) * width] for r in range(len(self.drafts))]
+        if counts is None:
+            counts = [accepted_prefix_length(d, row) for d, row in zip(self.drafts, rows, strict=True)]
+        return [row[: n + 1] for row, n in zip(rows, counts, strict=True)]
+
+    def accepted(self) -> Tensor:
+        """(R,) int64 accepted counts on the device (computed from the greedy rows when not yet known: the
+        longest prefix of drafts equal to the argmax, a cumulative product over the padded rows)."""
+        if self.num_accepted is not None:
+            return self.num_accepted
+        num_reqs, width = self.tokens.shape
+        # Drafts padded with -1 (never an argmax, so never accepted): position j = #accepted indexes.
+        pad = [-1] * width
+        padded = [t for d in self.drafts for t in (*d, *pad[: width - len(d)])]
+        draft_ids = host_to_device(padded, torch.int64, self.tokens.device).view(num_reqs, width)
+        return (draft_ids == self.tokens).cumprod(dim=1).sum(dim=1)
 
 
 def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int:
@@ -74,7 +94,7 @@ def verify_on_device(
     logits (sum(len(d) + 1 for d in drafts), V) float32: request b's len(drafts[b]) + 1 verified positions,
     back to back (``starts``: each request's first row, when the caller has them). A request without drafts
     is plain sampling (one token). Greedy requests accept the longest prefix of drafts equal to the target's
-    argmax (a cumulative product over the padded rows); the others use rejection sampling
+    argmax (counted from the argmax rows, see ``Verified``); the others use rejection sampling
     (see ``_rejection_sample``).
     """
     device = logits.device
@@ -82,30 +102,31 @@ def verify_on_device(
     sampled = batch.sampled()
     lens = [len(d) for d in drafts]
     width = max(lens) + 1
-    if width == 1 and not sampled:  # greedy, no drafts: one token per request, its row's argmax
-        return Verified(None, argmax[:, None])
+    num_reqs = len(drafts)
+    if argmax.shape[0] == num_reqs * width:  # every request has width - 1 drafts: its rows are back to back
+        tokens = argmax.view(num_reqs, width)  # (R, W): the target's argmax at each request's positions
+    else:
+        if starts is None:
+            starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
+        # Row of request r's position j; past its drafts the last row repeats (never read: past its tokens).
+        rows = np.asarray(starts, dtype=np.int64)[:, None] + np.minimum(
+            np.arange(width), np.asarray(lens, dtype=np.int64)[:, None]
+        )  # (R, W)
+        tokens = argmax[host_to_device(rows.ravel(), torch.int64, device)].view(num_reqs, width)
+    verified = Verified(None, tokens, drafts)
+    if not sampled:
+        return verified
     if starts is None:
         starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
-    num_reqs = len(drafts)
-    # Row of request r's position j; past its drafts the last row repeats (never read: past its tokens).
-    rows = np.asarray(starts, dtype=np.int64)[:, None] + np.minimum(
-        np.arange(width), np.asarray(lens, dtype=np.int64)[:, None]
-    )  # (R, W)
-    # Drafts padded to W columns with -1 (never the argmax, so never accepted): position j = #accepted indexes.
-    pad = [-1] * width
-    padded = np.fromiter(
-        (t for d in drafts for t in (*d, *pad[: width - len(d)])), dtype=np.int64, count=num_reqs * width
+    counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled)  # (S,), (S, k + 1)
+    index = host_to_device(sampled, torch.int64, device)  # (S,)
+    num_accepted = (
+        verified.accepted() if width > 1 else torch.zeros(num_reqs, dtype=torch.int64, device=device)
     )
-    rows_t, draft_ids = host_to_device_parts(np.concatenate((rows.ravel(), padded)), [rows.size] * 2, device)
-    tokens = argmax[rows_t].view(num_reqs, width)  # (R, W): the target's argmax; accepted drafts equal it
-    num_accepted = (draft_ids.view(num_reqs, width) == tokens).cumprod(dim=1).sum(dim=1)  # (R,)
-    if sampled:
-        counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled)  # (S,), (S, k + 1)
-        index = host_to_device(sampled, torch.int64, device)  # (S,)
-        num_accepted = num_accepted.index_copy(0, index, counts)
-        padded_drawn = torch.nn.functional.pad(drawn, (0, width - drawn.shape[1]))  # (S, W)
-        tokens = tokens.index_copy(0, index, padded_drawn)
-    return Verified(num_accepted, tokens)
+    padded_drawn = torch.nn.functional.pad(drawn, (0, width - drawn.shape[1]))  # (S, W)
+    return Verified(
+        num_accepted.index_copy(0, index, counts), tokens.index_copy(0, index, padded_drawn), drafts
+    )
 
 
 def _rejection_sample(

@@ -146,10 +146,7 @@ class SpecDecoder:
         device = verified.tokens.device
         index = host_to_device(picked, torch.int64, device)  # (P,)
         sampling = [decided.sampling[i] for i in picked]
-        if verified.num_accepted is None:  # no drafts this step: nothing accepted
-            accepted = torch.zeros(len(picked), dtype=torch.int64, device=device)
-        else:
-            accepted = verified.num_accepted[index]  # (P,)
+        accepted = verified.accepted()[index]  # (P,)
         # Per proposer: its tokens when scheduled, and the room (query's) once it appends a + 1 tokens is
         # token_limit - (tokens + a + 1) - 1.
         host = [s.start + s.num_new_tokens for s in sampling] + [
