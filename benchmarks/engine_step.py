@@ -10,9 +10,10 @@ rejected, so every step takes the full verify path). Each cell is the median ove
 - step: ``EngineCore.step()`` plus encoding its outputs for the frontend (what the engine loop does per step);
 - model: the target's forward and LM head (on CUDA, synchronised at both ends);
 - host = step - model, and its parts: schedule, prepare (the step's inputs, from the input batch's arrays to
-  the runner's tensors: the worker's execute call but the model and the sampler), update (the sampler:
-  grammar masks, logits processors, verification, logprobs; then the scheduler's booking: appending, stop
-  checks, KV commits; counters, outputs, the drafter's context), propose (the drafter call), encode.
+  the runner's tensors: the worker's execute call but the model, the sampler, the drafter's device part and
+  the read-back), update (the sampler: grammar masks, logits processors, verification, logprobs; the
+  drafter's context; the step's one read-back; then the scheduler's booking: appending, stop checks, KV
+  commits; counters, outputs), propose (the drafter call), encode.
 
 The parts are timed by wrapping the engine core's own methods on this instance. ``--profile`` prints
 cProfile's top functions (by own time) over the host path at the largest batch with drafts.
@@ -37,6 +38,7 @@ from openinfer.engine_core.config import Device, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.worker.read_back import ReadBack
 from openinfer.protocol import EngineCoreOutputs, EngineCoreRequest, EngineOutputCodec, SamplingParams
 
 PROMPT_LEN = 32
@@ -120,6 +122,8 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
     core.scheduler.schedule = timer.wrap("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
     core.worker.execute = timer.wrap("execute", core.worker.execute)  # type: ignore[method-assign]
     core.worker.sampler = timer.wrap("sample", core.worker.sampler)  # type: ignore[assignment]
+    read = ReadBack.read  # the step's read-back, inside the worker's execute (restored below)
+    ReadBack.read = timer.wrap("sample", read)  # type: ignore[method-assign]
     runner.model.forward = timer.wrap("model", runner.model.forward, synced=True)  # type: ignore[method-assign]
     runner.model.compute_logits = timer.wrap("model", runner.model.compute_logits, synced=True)  # type: ignore[method-assign]
     replay = torch.cuda.CUDAGraph.replay  # graph replays are the model's forward too (restored below)
@@ -130,11 +134,13 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
     core._outputs = timer.wrap("update", core._outputs)  # type: ignore[method-assign]
     if core.spec is not None:
         core.spec.after_step = timer.wrap("update", core.spec.after_step)  # type: ignore[method-assign]
+        core.spec.draft_on_device = timer.wrap("sample", core.spec.draft_on_device)  # type: ignore[method-assign]
         core.spec.propose = timer.wrap("propose", core.spec.propose)  # type: ignore[method-assign]
     try:
         samples = timed_steps(core, timer, steps)
     finally:
         torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
+        ReadBack.read = read  # type: ignore[method-assign]
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -151,7 +157,8 @@ def timed_steps(core: EngineCore, timer: PartTimer, steps: int) -> dict[str, lis
         end = time.perf_counter_ns()
         timer.current["encode"] = end - encode_start
         parts = dict(timer.current)
-        # The sampler runs inside the worker's execute; it is counted with the update, as it was before.
+        # The sampler, the drafter's device part and the read-back run inside the worker's execute; they are
+        # counted with the update, as the sampler and the drafter's context were before.
         sample = parts.pop("sample", 0)
         parts["prepare"] = parts.pop("execute", 0) - parts.get("model", 0) - sample
         parts["update"] = parts.get("update", 0) + sample

@@ -1,11 +1,14 @@
 """Verification of draft tokens against the target's logits, batched on the device: greedy acceptance and
-exact rejection sampling, one host sync per call (the sampled ids)."""
+exact rejection sampling. Nothing here reads the device back: the engine reads the verified tokens in the
+step's one read-back (``verify`` is the list-returning wrapper tests and tools call)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -13,12 +16,51 @@ from openinfer.kernels.attention import host_to_device
 from openinfer.kernels.sampling import SamplingBatch, draw, uniforms
 
 
+@dataclass(frozen=True)
+class Verified:
+    """Per sampling request, on the device: the tokens to append and, once known, how many drafts it accepted.
+
+    Row r of ``tokens`` holds request r's accepted drafts, then one token of the target's, then padding:
+    its first ``accepted + 1`` entries are its tokens. When every request is greedy the row is the target's
+    argmax at each of its positions and ``num_accepted`` is None: the accepted drafts are the argmax there,
+    and the count is the longest prefix of ``drafts`` equal to the row, on the host once the row is read
+    back (``read``) or on the device for whoever needs it before (``accepted``).
+    """
+
+    num_accepted: Tensor | None  # (R,) int64, or None: greedy, counted from the rows and the drafts
+    tokens: Tensor  # (R, W) int64, W = 1 + the longest draft
+    drafts: Sequence[Sequence[int]]  # per request, the drafts it verified (host)
+
+    def read(self, counts: list[int] | None, tokens: list[int]) -> list[list[int]]:
+        """The tokens per request, from the host copies of ``tokens`` (flat) and of ``num_accepted`` (None
+        when it is None)."""
+        width = self.tokens.shape[1]
+        if width == 1:  # no drafts
+            return [[t] for t in tokens]
+        rows = [tokens[r * width : (r + 1) * width] for r in range(len(self.drafts))]
+        if counts is None:
+            counts = [accepted_prefix_length(d, row) for d, row in zip(self.drafts, rows, strict=True)]
+        return [row[: n + 1] for row, n in zip(rows, counts, strict=True)]
+
+    def accepted(self) -> Tensor:
+        """(R,) int64 accepted counts on the device (computed from the greedy rows when not yet known: the
+        longest prefix of drafts equal to the argmax, a cumulative product over the padded rows)."""
+        if self.num_accepted is not None:
+            return self.num_accepted
+        num_reqs, width = self.tokens.shape
+        # Drafts padded with -1 (never an argmax, so never accepted): position j = #accepted indexes.
+        pad = [-1] * width
+        padded = [t for d in self.drafts for t in (*d, *pad[: width - len(d)])]
+        draft_ids = host_to_device(padded, torch.int64, self.tokens.device).view(num_reqs, width)
+        return (draft_ids == self.tokens).cumprod(dim=1).sum(dim=1)
+
+
 def accepted_prefix_length(drafts: Sequence[int], targets: Sequence[int]) -> int:
     """How many leading draft tokens equal the target's tokens at their positions: greedy acceptance.
 
     The one longest-prefix walk on the host: the training script's simulated rounds and the tests' oracles
-    count with it (``verify`` counts the same run on the device). ``targets`` may be longer than ``drafts``
-    (the bonus position) or shorter.
+    count with it (``verify_on_device`` counts the same run on the device). ``targets`` may be longer than
+    ``drafts`` (the bonus position) or shorter.
     """
     accepted = 0
     while accepted < min(len(drafts), len(targets)) and drafts[accepted] == targets[accepted]:
@@ -32,43 +74,59 @@ def verify(
     batch: SamplingBatch,
     starts: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Per request, the tokens to append: its accepted draft tokens, then one token from the target.
+    """``verify_on_device``, read back: per request, its accepted draft tokens then one token of the target's
+    (tests and tools; the engine reads the device output in its step's one read-back)."""
+    if not drafts:
+        return []
+    verified = verify_on_device(logits, drafts, batch, starts)
+    counts = verified.num_accepted.tolist() if verified.num_accepted is not None else None
+    return verified.read(counts, verified.tokens.flatten().tolist())
+
+
+def verify_on_device(
+    logits: Tensor,
+    drafts: Sequence[Sequence[int]],
+    batch: SamplingBatch,
+    starts: Sequence[int] | None = None,
+) -> Verified:
+    """Per request (R >= 1), its accepted count and tokens on the device, nothing read back.
 
     logits (sum(len(d) + 1 for d in drafts), V) float32: request b's len(drafts[b]) + 1 verified positions,
     back to back (``starts``: each request's first row, when the caller has them). A request without drafts
-    is plain sampling (its list is one token long). Greedy requests
-    accept the longest prefix of drafts equal to the target's argmax (walked on the host over the argmax).
-    The others use rejection sampling on the device (see ``_rejection_sample``). One host sync in all.
+    is plain sampling (one token). Greedy requests accept the longest prefix of drafts equal to the target's
+    argmax (counted from the argmax rows, see ``Verified``); the others use rejection sampling
+    (see ``_rejection_sample``).
     """
-    if not drafts:
-        return []
+    device = logits.device
     argmax = logits.argmax(dim=-1)  # (N,)
     sampled = batch.sampled()
-    if not sampled and logits.shape[0] == len(drafts):  # greedy, no drafts: one token per request
-        return [[t] for t in argmax.tolist()]
+    lens = [len(d) for d in drafts]
+    width = max(lens) + 1
+    num_reqs = len(drafts)
+    if argmax.shape[0] == num_reqs * width:  # every request has width - 1 drafts: its rows are back to back
+        tokens = argmax.view(num_reqs, width)  # (R, W): the target's argmax at each request's positions
+    else:
+        if starts is None:
+            starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
+        # Row of request r's position j; past its drafts the last row repeats (never read: past its tokens).
+        rows = np.asarray(starts, dtype=np.int64)[:, None] + np.minimum(
+            np.arange(width), np.asarray(lens, dtype=np.int64)[:, None]
+        )  # (R, W)
+        tokens = argmax[host_to_device(rows.ravel(), torch.int64, device)].view(num_reqs, width)
+    verified = Verified(None, tokens, drafts)
+    if not sampled:
+        return verified
     if starts is None:
-        starts = list(accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
-    width = 0  # columns of the sampled requests' token rows
-    read_back = argmax
-    if sampled:
-        counts, tokens = _rejection_sample(logits, drafts, starts, batch, sampled)
-        read_back, width = torch.cat((argmax, counts, tokens.flatten())), tokens.shape[1]
-    values = read_back.tolist()  # the one host sync
-    num_rows, num_sampled = logits.shape[0], len(sampled)
-    targets, num_accepted = values[:num_rows], values[num_rows : num_rows + num_sampled]
-    drawn = values[num_rows + num_sampled :]
-    out = [_greedy(d, targets[start : start + len(d) + 1]) for d, start in zip(drafts, starts, strict=True)]
-    for i, b in enumerate(sampled):
-        out[b] = drawn[i * width : i * width + num_accepted[i] + 1]
-    return out
-
-
-def _greedy(drafts: Sequence[int], targets: list[int]) -> list[int]:
-    """The longest prefix of ``drafts`` equal to the target's argmax, plus the target's next token."""
-    if not drafts:
-        return targets[:1]
-    accepted = accepted_prefix_length(drafts, targets)
-    return [*drafts[:accepted], targets[accepted]]
+        starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
+    counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled)  # (S,), (S, k + 1)
+    index = host_to_device(sampled, torch.int64, device)  # (S,)
+    num_accepted = (
+        verified.accepted() if width > 1 else torch.zeros(num_reqs, dtype=torch.int64, device=device)
+    )
+    padded_drawn = torch.nn.functional.pad(drawn, (0, width - drawn.shape[1]))  # (S, W)
+    return Verified(
+        num_accepted.index_copy(0, index, counts), tokens.index_copy(0, index, padded_drawn), drafts
+    )
 
 
 def _rejection_sample(

@@ -167,15 +167,17 @@ class EngineCore:
         self._admit_compiled()
         decided = self.scheduler.schedule()
         spec = self.spec
-        output = self.worker.execute(decided, spec.aux_layer_ids if spec is not None else ())
+        # The worker runs, samples and drafts (DFlash) on the device, then reads the step back once; from
+        # here on the step is booked on the host, without touching the device.
+        output = self.worker.execute(decided, spec)
         outputs = []
         if decided.scheduled:
             updates = self.scheduler.update_from_output(decided, output)
             if spec is not None:
-                spec.after_step(decided, updates, output.aux)
+                spec.after_step(decided, updates)
             outputs = self._outputs(updates)
             if spec is not None:
-                for request, drafts in spec.propose(self.facts.max_model_len):
+                for request, drafts in spec.propose(self.facts.max_model_len, output.draft_ids):
                     self.scheduler.set_drafts(request, drafts)
         if self.spec_log is not None:
             self.spec_log.flush()

@@ -1,9 +1,10 @@
-"""The sampler: one step's logits in, each sampling request's tokens (and logprobs) out.
+"""The sampler: one step's logits in, each sampling request's tokens (and logprobs) out, on the device.
 
 Everything that turns logits into tokens happens here, in vLLM's order: grammar masks (logprobs see them, as
 vLLM's do), then the logits processors (penalties, bias, bad words, min_tokens; logprobs stay raw), then
 verification (greedy or rejection sampling) of every sampling request's drafts, then the logprobs of the
-tokens kept. Rows are laid out once, by the scheduler's decision (``SchedulerOutput.logits_starts``).
+verified tokens. Rows are laid out once, by the scheduler's decision (``SchedulerOutput.logits_starts``).
+Nothing is read back here: the worker reads the output in the step's one read-back (``read``).
 """
 
 from __future__ import annotations
@@ -15,20 +16,29 @@ from torch import Tensor
 
 from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.sample.logits_plan import processed_logits
-from openinfer.engine_core.sample.step_logprobs import sampled_logprobs
+from openinfer.engine_core.sample.step_logprobs import StepLogprobs, step_logprobs
 from openinfer.engine_core.sample.structured_output import apply_grammars
 from openinfer.kernels.sampling import SamplingBatch
-from openinfer.kernels.verification import verify
+from openinfer.kernels.verification import Verified, verify_on_device
 from openinfer.protocol import TokenLogprobs
 
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    """Per sampling request of the decision, in order: the tokens to append (its accepted drafts, then one
-    token of the target's) and their logprobs (None where it did not ask for them)."""
+    """Per sampling request of the decision, on the device: its verified tokens and the logprobs table of
+    those that asked for logprobs (None when none did)."""
 
-    sampled: list[list[int]]
-    logprobs: list[list[TokenLogprobs] | None]
+    verified: Verified
+    logprobs: StepLogprobs | None
+
+    def read(
+        self, counts: list[int] | None, tokens: list[int], table: list[float] | None
+    ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None]]:
+        """The tokens and logprobs per sampling request, from the host copies of ``verified`` and the table."""
+        sampled = self.verified.read(counts, tokens)
+        if self.logprobs is None or table is None:
+            return sampled, [None] * len(sampled)
+        return sampled, self.logprobs.read(table, [len(t) for t in sampled], len(sampled))
 
 
 class Sampler:
@@ -38,14 +48,17 @@ class Sampler:
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
-    def __call__(self, logits: Tensor, decided: SchedulerOutput) -> SamplerOutput:
-        """``logits`` (decided.num_logits, V) float32, rows as ``decided`` lays them out; processed in place."""
+    def __call__(self, logits: Tensor, decided: SchedulerOutput) -> SamplerOutput | None:
+        """``logits`` (decided.num_logits, V) float32, rows as ``decided`` lays them out; processed in place.
+        None when no request samples this step."""
         sampling, starts = decided.sampling, decided.logits_starts
+        if not sampling:
+            return None
         batch = self._sampling_batch(sampling, logits.shape[1])
         apply_grammars(logits, sampling, starts)
         processed = processed_logits(logits, sampling, starts)
-        sampled = verify(processed, decided.drafts, batch, starts)
-        return SamplerOutput(sampled, sampled_logprobs(logits, sampling, starts, sampled))
+        verified = verify_on_device(processed, decided.drafts, batch, starts)
+        return SamplerOutput(verified, step_logprobs(logits, sampling, starts, verified.tokens))
 
     def _sampling_batch(self, sampling: list[ScheduledRequest], vocab_size: int) -> SamplingBatch:
         """The sampling parameters of the requests that sample this step (one list when all are greedy)."""

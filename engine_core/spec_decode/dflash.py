@@ -16,9 +16,9 @@ from openinfer.engine_core.models.dflash import (
     triton_block_attention,
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
-from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery, DraftTarget
-from openinfer.kernels.attention import AttentionBackend, BackendName
+from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery, DraftTarget
+from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 
@@ -36,10 +36,14 @@ class DFlashDrafter:
     tensor per draft layer) and is indexed by the target's block ids: position p's context key/value lives in
     the target's slot for p, so the target's block allocation covers it and no allocator of its own is needed.
 
-    Invariant: the engine calls `extend_context` only for verified positions, in order, and `propose` reads
-    only positions < DraftQuery.position. An entry at a position whose token was later rejected (or left by a
-    previous owner of the block) is never read before that position is verified again and overwritten, so
-    nothing is ever rolled back.
+    Invariant: a draft block reads only context positions < its query's position (its context length, on the
+    device in ``propose_on_device``), all verified; the engine calls `extend_context` before the step's
+    read-back for every position the target ran for a request that may draft, drafts and rejected positions
+    included (it cannot know yet which were accepted), in order. An entry at a rejected position (or left by
+    a previous owner of the block) lies at or past the request's next position, so it is never read before
+    the target runs that position again, and that step's `extend_context` overwrites it before its drafts
+    are proposed: nothing is ever rolled back. Which blocks hold valid context for prefix-cache hits is the
+    host's record (``ContextBlocks``), kept from the accepted counts once they are read back.
 
     Its attention follows the target's backend (:func:`follow_backend`), and so do its CUDA graphs: when the
     runner has ``step_graphs`` (CUDA, Triton, no ``--enforce-eager``; or padded eagerly in tests), drafts run
@@ -142,6 +146,35 @@ class DFlashDrafter:
             for i, row in zip(active, self._draft_ids([queries[i] for i in active]), strict=True):
                 drafts[i] = row[: queries[i].max_drafts]
         return drafts
+
+    @torch.inference_mode()
+    def propose_on_device(self, queries: DeviceQueries) -> Tensor:
+        """(B, K) greedy draft ids on the device from ONE batched forward of blocks padded to the drafter's
+        width (``DraftGraphs`` when a bucket holds them, else eagerly), nothing read back: each block's length
+        (``block_length``) comes from its device max_drafts."""
+        block_width = min(self.num_spec_tokens + 1, self.config.block_size)
+        # block_length on the device: min(K + 1, max_drafts + 2, block_size)
+        block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
+        if self.graphs is not None:
+            bucket = self.graphs.fits_tables(queries.block_ids)
+            if bucket is not None:
+                return self.graphs.run_on_device(
+                    queries.current_tokens, queries.positions, block_lens, queries.block_ids, bucket
+                )
+        columns = max(len(b) for b in queries.block_ids)
+        tables = host_to_device(
+            [t for b in queries.block_ids for t in (*b, *[0] * (columns - len(b)))], torch.int64, self.device
+        ).view(len(queries.block_ids), columns)  # (B, columns)
+        return padded_drafts(
+            lambda ids, positions, context: self._logits(ids, positions, context, self.num_spec_tokens),
+            queries.current_tokens,
+            queries.positions,
+            block_lens,
+            tables,
+            mask_token_id=self.config.mask_token_id,
+            page_size=self.page_size,
+            block_width=block_width,
+        )
 
     def _draft_ids(self, batch: list[DraftQuery]) -> list[list[int]]:
         """Greedy draft ids per query (at least its max_drafts), read back once: padded through ``graphs``

@@ -9,7 +9,9 @@ columns; only the columns a step's contexts use are copied (the kernel never rea
 path reads the stale ones but masks them).
 
 On CUDA each bucket is captured once into a graph over static input buffers, from the token ids to the argmax
-draft ids; a replay copies the step's inputs into the buffers and the draft ids are read back once.
+draft ids. The engine fills the buffers from the step's device output (``run_on_device``: device-to-device
+copies, the block tables from the host) and reads the draft ids in the step's one read-back; ``run`` takes
+host queries and reads its drafts itself (tests and tools).
 ``DraftGraphs(..., capture=False)`` runs the same padded forward eagerly (the CPU path of the tests).
 """
 
@@ -27,6 +29,35 @@ from openinfer.engine_core.worker.step_graphs import BATCH_BUCKETS, bucket_for
 
 # (ids (B, T) int64, positions (B * T,) int64, context) -> (B, K, vocab) draft logits
 DraftForward = Callable[[Tensor, Tensor, BlockContext], Tensor]
+
+
+def padded_drafts(
+    forward: DraftForward,
+    tokens: Tensor,
+    positions: Tensor,
+    block_lens: Tensor,
+    block_tables: Tensor,
+    *,
+    mask_token_id: int,
+    page_size: int,
+    block_width: int,
+) -> Tensor:
+    """(B, K) int64 greedy draft ids of B padded blocks given on the device: tokens, positions (== context
+    lengths) and block_lens (B,) int64, block_tables (B, columns). Every block is ``block_width`` slots (the
+    current token, then mask tokens; slots past block_lens[b] are masked as keys); the torch path gathers
+    the context up to the tables' columns."""
+    slots = torch.arange(block_width, device=tokens.device)  # (T,) slot offsets within a block
+    ids = torch.where(slots == 0, tokens[:, None], mask_token_id)  # (B, T)
+    context = BlockContext(
+        block_tables=block_tables,
+        context_lens=positions,
+        block_lens=block_lens,
+        max_context_len=block_tables.shape[1] * page_size,
+        page_size=page_size,
+        block_width=block_width,
+    )
+    logits = forward(ids, (positions[:, None] + slots).flatten(), context)  # (B, K, vocab)
+    return logits.argmax(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -79,7 +110,6 @@ class DraftGraphs:
         # Static inputs: every replay reads these; a copy of the step's values refreshes them.
         self._rows = torch.zeros((3, self.max_batch), dtype=torch.int64, device=device)  # see PaddedBlocks
         self._tables = torch.zeros((self.max_batch, width), dtype=torch.int32, device=device)
-        self._slots = torch.arange(block_width, device=device)  # (T,) slot offsets within a block
 
     def fits(self, queries: Sequence[DraftQuery]) -> int | None:
         """The batch bucket these queries run padded in, or None (run them eagerly)."""
@@ -90,16 +120,51 @@ class DraftGraphs:
     def run(self, queries: Sequence[DraftQuery], block_lens: Sequence[int], batch: int) -> list[list[int]]:
         """K greedy draft ids per query (query order), from the padded forward: one read-back."""
         self._load(pad_blocks(queries, block_lens, batch, self.block_width, self.page_size))
+        return self._run(batch)[: len(queries)].tolist()
+
+    def fits_tables(self, block_ids: Sequence[list[int]]) -> int | None:
+        """The batch bucket of requests with these block tables (whole), or None (run them eagerly)."""
+        if max(len(b) for b in block_ids) > self.width:
+            return None
+        return bucket_for(len(block_ids), self.max_batch)
+
+    def run_on_device(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        block_lens: Tensor,
+        block_ids: Sequence[list[int]],
+        batch: int,
+    ) -> Tensor:
+        """(B, K) greedy draft ids on the device for B blocks given on the device (tokens, positions, block
+        lengths: (B,) int64 each) with host block tables, padded to ``batch``: the inputs reach the static
+        buffers by device-to-device copies, nothing is read back. The result is a view of the static output:
+        read it before the next run."""
+        n = tokens.shape[0]
+        rows = self._rows
+        for i, values in enumerate((tokens, positions, block_lens)):
+            rows[i, :n].copy_(values)
+        rows[:2, n:batch].zero_()  # padding rows: token 0 at position 0, an empty context, a full block
+        rows[2, n:batch].fill_(self.block_width)
+        columns = max(len(b) for b in block_ids)
+        if columns:
+            tables = torch.tensor([b + [0] * (columns - len(b)) for b in block_ids], dtype=torch.int32)
+            self._tables[:n, :columns].copy_(
+                tables.pin_memory() if self.capture else tables, non_blocking=True
+            )
+            self._tables[n:batch, :columns].zero_()
+        return self._run(batch)[:n]
+
+    def _run(self, batch: int) -> Tensor:
+        """The padded forward of the loaded buffers: a graph replay when capturing, else eagerly."""
         self.num_runs += 1
-        if self.capture:
-            graph = self._graphs.get(batch)
-            if graph is None:
-                graph = self._graphs[batch] = self._capture(batch)
-            graph.graph.replay()
-            draft_ids = graph.draft_ids
-        else:
-            draft_ids = self._forward(batch)
-        return draft_ids[: len(queries)].tolist()
+        if not self.capture:
+            return self._forward(batch)
+        graph = self._graphs.get(batch)
+        if graph is None:
+            graph = self._graphs[batch] = self._capture(batch)
+        graph.graph.replay()
+        return graph.draft_ids
 
     def _load(self, blocks: PaddedBlocks) -> None:
         """Copy the blocks' inputs into the static buffers (one pinned host tensor per buffer on CUDA)."""
@@ -114,17 +179,16 @@ class DraftGraphs:
     def _forward(self, batch: int) -> Tensor:
         """The padded forward over the static buffers: (batch, K) int64 greedy draft ids."""
         tokens, positions, block_lens = self._rows[:, :batch]  # (batch,) each
-        ids = torch.where(self._slots == 0, tokens[:, None], self.mask_token_id)  # (batch, T)
-        context = BlockContext(
-            block_tables=self._tables[:batch],
-            context_lens=positions,
-            block_lens=block_lens,
-            max_context_len=self.width * self.page_size,
+        return padded_drafts(
+            self.forward,
+            tokens,
+            positions,
+            block_lens,
+            self._tables[:batch],
+            mask_token_id=self.mask_token_id,
             page_size=self.page_size,
             block_width=self.block_width,
         )
-        logits = self.forward(ids, (positions[:, None] + self._slots).flatten(), context)  # (batch, K, vocab)
-        return logits.argmax(dim=-1)
 
     def _capture(self, batch: int) -> _Graph:
         """Warm up on a side stream (Triton compiles, the RoPE table is built), then record the padded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -52,6 +52,28 @@ class Drafter(Protocol):
 
     def describe(self) -> str:
         """One line for logs and replies, e.g. "ngram K=7 n=[1, 4]"."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeviceQueries:
+    """B requests' asks for drafts, made before the step's read-back: what depends on the step's accepted
+    counts is on the device (``DraftQuery``'s fields, one tensor each), the block tables are host lists."""
+
+    current_tokens: Tensor  # (B,) int64: each request's last verified token (the target's own)
+    positions: Tensor  # (B,) int64: its position (== verified tokens before it, all in the context)
+    max_drafts: Tensor  # (B,) int64 in [0, num_spec_tokens]: the drafts it may verify (its block length)
+    block_ids: list[list[int]]  # per request, its block table; covers positions [0, positions[b])
+
+
+@runtime_checkable
+class DeviceDrafter(Drafter, Protocol):
+    """A drafter that proposes on the device from the step's device output, before the step's one read-back
+    (DFlash); the others propose on the host after it (n-gram)."""
+
+    def propose_on_device(self, queries: DeviceQueries) -> Tensor:
+        """(B, num_spec_tokens) int64 greedy draft ids on the device; the host keeps each row's first
+        max_drafts once it has read them."""
         ...
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import DrafterSpec, SpecMethod
@@ -12,10 +13,18 @@ from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler import RequestUpdate
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, Drafter, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import (
+    ContextUpdate,
+    DeviceDrafter,
+    DeviceQueries,
+    Drafter,
+    DraftQuery,
+)
 from openinfer.engine_core.spec_decode.ngram import NgramDrafter
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.worker.executor import ModelExecutor
+from openinfer.kernels.attention import host_to_device
+from openinfer.kernels.verification import Verified
 from openinfer.protocol import SpecDecodeCounters
 
 
@@ -43,7 +52,8 @@ class SpecDecoder:
     """One loaded drafter, built complete: its cumulative counters of K (DESIGN.md, counter semantics), and,
     for a drafter that reads the target's hidden states (DFlash), its own record of whose context it holds.
 
-    The engine calls ``after_step`` with each step's decision and output (the drafter takes the new context),
+    The worker calls ``draft_on_device`` before the step's one read-back (the drafter takes the new context
+    and, DFlash, proposes from the device tokens); the engine calls ``after_step`` once the step is booked,
     then ``propose`` for the requests it may draft for; a new drafter plugs in through ``DRAFTERS``.
     """
 
@@ -59,7 +69,12 @@ class SpecDecoder:
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
         self._whole_context: set[Request] = set()
         self._context_blocks = ContextBlocks(runner.block_size)
-        self._drafting: list[Request] = []  # may draft after the step (can_draft, evaluated once per step)
+        # The step's plan, made before its read-back (can_draft, evaluated once per step): per scheduled
+        # request whether it may draft, and the sampling ones that propose after it, in order.
+        self._may_draft: list[bool] = []
+        self._proposers: list[Request] = []
+        # DFlash proposes on the device before the read-back; n-gram on the host after it.
+        self._on_device = self.drafter if isinstance(self.drafter, DeviceDrafter) else None
 
     def describe(self) -> str:
         return self.drafter.describe()
@@ -87,50 +102,101 @@ class SpecDecoder:
             return False
         return not self.aux_layer_ids or request in self._whole_context
 
-    def after_step(self, decided: SchedulerOutput, updates: list[RequestUpdate], aux: Tensor | None) -> None:
-        """Take the step's new context (``aux``, the target's hidden states at every token run, rows at
-        ``decided.token_starts``) for each request that goes on, and note who may draft next: called once per
-        step, after the scheduler booked it."""
+    def draft_on_device(
+        self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None
+    ) -> Tensor | None:
+        """Before the step's read-back (the worker calls it): note who may draft after this step, write the
+        drafter's context at every position the target ran for them (``aux``: the target's hidden states at
+        every token run, rows at ``decided.token_starts``; rejected positions too, see ``DFlashDrafter``), and
+        let a device drafter propose from the step's device tokens (``verified``): (P, K) draft ids, one row
+        per request of ``self._proposers``; None when the drafter proposes on the host."""
         reads_context = bool(self.aux_layer_ids)
         for request in decided.finished:
             self._whole_context.discard(request)
-        self._drafting = []
+        self._may_draft = []
+        self._proposers = []
+        picked: list[int] = []  # sampling index of each proposer
         context: list[ContextUpdate] = []
-        for update, row in zip(updates, decided.token_starts, strict=True):
-            s = update.scheduled
+        num_sampling = 0
+        for s, row in zip(decided.scheduled, decided.token_starts, strict=True):
             request = s.request
             if reads_context and s.admitted:
                 self._whole_context.add(request)  # its context from s.start on is computed now, the rest hit
-            # A request that ended hands the drafter nothing (can_draft is evaluated once per step, here).
-            drafts = not request.status.is_finished and self.can_draft(request)
+            drafts = self.can_draft(request)  # evaluated once per step, here
+            self._may_draft.append(drafts)
             if drafts and s.samples:
-                self._drafting.append(request)
-            if not reads_context:
-                continue
-            # The target wrote its KV at every position run; the verified ones get context when it drafts.
-            end = s.start + s.num_new_tokens + len(s.spec_token_ids)
-            written = s.start + update.num_valid if drafts else s.start
-            self._context_blocks.target_wrote(update.block_ids, written, end)
-            if drafts and aux is not None:
-                hidden = aux[row : row + update.num_valid]
-                context.append(ContextUpdate(update.block_ids, s.start, hidden))
-                self._context_blocks.drafter_wrote(update.block_ids, s.start, written)
+                self._proposers.append(request)
+                picked.append(num_sampling)
+            num_sampling += s.samples
+            if drafts and reads_context and aux is not None:
+                hidden = aux[row : row + s.num_new_tokens + len(s.spec_token_ids)]
+                context.append(ContextUpdate(request.block_ids, s.start, hidden))
         if context:
             self.drafter.extend_context(context)
+        if self._on_device is None or verified is None or not picked:
+            return None
+        return self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
 
-    def propose(self, max_model_len: int) -> list[tuple[Request, tuple[int, ...]]]:
-        """Drafts for every request that sampled in the last step, goes on and may draft: one drafter call."""
-        requests, queries = [], []
-        for request in self._drafting:
-            if not request.status.is_finished:
+    def _device_queries(
+        self, decided: SchedulerOutput, verified: Verified, picked: list[int]
+    ) -> DeviceQueries:
+        """The proposers' queries, from the step's device tokens: each one's current token is the target's
+        token after its accepted drafts, its position start + new tokens + accepted, and its max_drafts
+        (``query``'s room, as it will be once the step is booked) the room before the step minus them."""
+        device = verified.tokens.device
+        index = host_to_device(picked, torch.int64, device)  # (P,)
+        sampling = [decided.sampling[i] for i in picked]
+        accepted = verified.accepted()[index]  # (P,)
+        # Per proposer: its tokens when scheduled, and the room (query's) once it appends a + 1 tokens is
+        # token_limit - (tokens + a + 1) - 1.
+        host = [s.start + s.num_new_tokens for s in sampling] + [
+            s.request.token_limit - s.start - s.num_new_tokens - 2 for s in sampling
+        ]
+        before, room = host_to_device(host, torch.int64, device).view(2, len(picked))  # (P,) each
+        return DeviceQueries(
+            current_tokens=verified.tokens[index, accepted],
+            positions=before + accepted,
+            max_drafts=torch.clamp(room - accepted, 0, self.num_spec_tokens),
+            block_ids=[s.request.block_ids for s in sampling],
+        )
+
+    def after_step(self, decided: SchedulerOutput, updates: list[RequestUpdate]) -> None:
+        """Once the scheduler booked the step: record which full blocks hold the drafter's context (the
+        verified positions of the requests that go on and may draft; the target wrote every position run)."""
+        if not self.aux_layer_ids:
+            return
+        for update, may_draft in zip(updates, self._may_draft, strict=True):
+            s = update.scheduled
+            end = s.start + s.num_new_tokens + len(s.spec_token_ids)
+            # A request that ended hands the drafter nothing.
+            drafts = may_draft and not s.request.status.is_finished
+            written = s.start + update.num_valid if drafts else s.start
+            self._context_blocks.target_wrote(update.block_ids, written, end)
+            if drafts:
+                self._context_blocks.drafter_wrote(update.block_ids, s.start, written)
+
+    def propose(
+        self, max_model_len: int, draft_ids: list[list[int]]
+    ) -> list[tuple[Request, tuple[int, ...]]]:
+        """Drafts for every request that sampled in the last step, goes on and may draft: a device drafter's
+        ``draft_ids`` (one row per proposer, read back with the step) cut to each one's max_drafts, or one
+        host drafter call."""
+        requests, queries, rows = [], [], []
+        for p, request in enumerate(self._proposers):
+            if not request.status.is_finished:  # one that stopped has its drafts dropped
                 query = self.query(request, max_model_len)
                 if query.max_drafts > 0:
                     requests.append(request)
                     queries.append(query)
-        self._drafting = []
+                    rows.append(p)
+        self._proposers = []
         if not queries:
             return []
-        return [(r, tuple(d)) for r, d in zip(requests, self.drafter.propose(queries), strict=True)]
+        if self._on_device is not None:
+            drafts = [draft_ids[p][: q.max_drafts] for p, q in zip(rows, queries, strict=True)]
+        else:
+            drafts = self.drafter.propose(queries)
+        return [(r, tuple(d)) for r, d in zip(requests, drafts, strict=True)]
 
     def query(self, request: Request, max_model_len: int) -> DraftQuery:
         """Drafts never run past max_tokens or the model length: the bonus token always comes on top."""

@@ -7,5 +7,5 @@ from openinfer.engine_core.worker.runner_output import ModelRunnerOutput
 
 def sampled_output(*sampled: list[int]) -> ModelRunnerOutput:
     """A step's output in which sampling request i kept ``sampled[i]`` (accepted drafts, then the target's
-    token), with no logprobs and no hidden states."""
-    return ModelRunnerOutput(list(sampled), [None] * len(sampled), None)
+    token), with no logprobs and no drafts."""
+    return ModelRunnerOutput(list(sampled), [None] * len(sampled))

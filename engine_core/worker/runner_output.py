@@ -1,10 +1,9 @@
-"""What the worker hands back for one step: the sampled tokens and what the drafter reads, frozen."""
+"""What the worker hands back for one step, on the host and frozen: the sampled tokens, their logprobs and the
+drafts proposed on the device, all read back in the step's one device-to-host copy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from torch import Tensor
+from dataclasses import dataclass, field
 
 from openinfer.protocol import TokenLogprobs
 
@@ -12,15 +11,15 @@ from openinfer.protocol import TokenLogprobs
 @dataclass(frozen=True)
 class ModelRunnerOutput:
     """One step's result, in the decision's order (``SchedulerOutput``): the scheduler books it
-    (``Scheduler.update_from_output``), the drafter reads its hidden states."""
+    (``Scheduler.update_from_output``), the drafter reads its drafts (``SpecDecoder.propose``)."""
 
     # per sampling request: the tokens to append (its accepted drafts, then one of the target's)
     sampled: list[list[int]]
     # per sampling request: their logprobs (None where it did not ask for them)
     logprobs: list[list[TokenLogprobs] | None]
-    # (decided.num_tokens, aux width): the target's hidden states at every token run, rows at
-    # decided.token_starts; None when no drafter reads them
-    aux: Tensor | None
+    # per request the drafter proposed for on the device (SpecDecoder's order), num_spec_tokens draft ids,
+    # to be cut to what the request may verify; empty when the drafter proposes on the host
+    draft_ids: list[list[int]] = field(default_factory=list)
 
 
-EMPTY_OUTPUT = ModelRunnerOutput([], [], None)
+EMPTY_OUTPUT = ModelRunnerOutput([], [])

@@ -1,14 +1,34 @@
-"""The worker: runs the scheduler's decision through the model and samples it, one frozen output per step."""
+"""The worker: runs the scheduler's decision through the model, samples it and lets the drafter propose, all on
+the device; then reads the step back to the host once, one frozen output per step."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Protocol
+
+from torch import Tensor
 
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.engine_core.worker.input_batch import InputBatch
+from openinfer.engine_core.worker.read_back import ReadBack
 from openinfer.engine_core.worker.runner_output import EMPTY_OUTPUT, ModelRunnerOutput
+from openinfer.kernels.verification import Verified
+
+
+class StepDrafter(Protocol):
+    """What the worker asks of the loaded drafter (``SpecDecoder``) before the step's read-back."""
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """The target layers whose hidden states the drafter reads; () when none."""
+        ...
+
+    def draft_on_device(
+        self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None
+    ) -> Tensor | None:
+        """Take the step's context and propose from its device tokens: (P, K) draft ids, or None."""
+        ...
 
 
 class Worker:
@@ -23,12 +43,36 @@ class Worker:
         # Drafts never run past the model length, so a row holds max_model_len tokens.
         self.input_batch = InputBatch(max_num_seqs, max_model_len, runner.block_size)
 
-    def execute(self, decided: SchedulerOutput, aux_layer_ids: Sequence[int] = ()) -> ModelRunnerOutput:
-        """Run the decided step and sample it: tokens and logprobs per sampling request, and the hidden states
-        of ``aux_layer_ids`` at every token when a drafter reads them."""
+    def execute(self, decided: SchedulerOutput, drafter: StepDrafter | None = None) -> ModelRunnerOutput:
+        """Run the decided step, sample it and (when a drafter is given) let it take the step's hidden states
+        and propose on the device; then read it all back at once: one device-to-host copy per step."""
         self.input_batch.release(decided)
         if not decided.scheduled:
             return EMPTY_OUTPUT
+        aux_layer_ids = drafter.aux_layer_ids if drafter is not None else ()
         forward = self.runner.execute(self.input_batch.step_of(decided.scheduled), aux_layer_ids)
         sampled = self.sampler(forward.logits, decided)
-        return ModelRunnerOutput(sampled.sampled, sampled.logprobs, forward.aux)
+        drafts = None
+        if drafter is not None:
+            verified = sampled.verified if sampled is not None else None
+            drafts = drafter.draft_on_device(decided, verified, forward.aux)
+        if sampled is None:  # no request samples (prefill chunks only): nothing to read
+            return EMPTY_OUTPUT
+        verified = sampled.verified
+        read_back = ReadBack()
+        counts = read_back.add(verified.num_accepted) if verified.num_accepted is not None else None
+        tokens = read_back.add(verified.tokens)
+        table = read_back.add(sampled.logprobs.table) if sampled.logprobs is not None else None
+        draft_ids = read_back.add(drafts) if drafts is not None else None
+        read_back.read()  # the step's one device-to-host copy
+        token_ids, logprobs = sampled.read(
+            read_back.ints(counts) if counts is not None else None,
+            read_back.ints(tokens),
+            read_back.floats(table) if table is not None else None,
+        )
+        if drafts is None or draft_ids is None:
+            return ModelRunnerOutput(token_ids, logprobs)
+        flat, width = read_back.ints(draft_ids), drafts.shape[1]
+        return ModelRunnerOutput(
+            token_ids, logprobs, [flat[i : i + width] for i in range(0, len(flat), width)]
+        )

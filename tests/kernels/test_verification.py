@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from openinfer.kernels.sampling import SamplingBatch, processed_probs
-from openinfer.kernels.verification import verify
+from openinfer.kernels.verification import verify, verify_on_device
 
 
 def batch_of(
@@ -112,3 +112,15 @@ def test_seeded_requests_draw_alike_whatever_their_batch() -> None:
 def test_a_step_without_sampling_requests_verifies_nothing() -> None:
     """A step of prefill chunks only (no request samples) has no rows: nothing to verify."""
     assert verify(torch.empty(0, 10), [], batch_of(0, 0.0, 10)) == []
+
+
+def test_greedy_counts_on_device_equal_the_host_walk() -> None:
+    """Greedy acceptance counted on the device (for a drafter that proposes before the read-back) equals the
+    host's walk over the argmax rows: drafts of mixed lengths, matching 0, some or all of their tokens."""
+    targets = [[2, 3, 4], [7], [1, 1], [5, 6, 9, 8]]  # argmax per verified row, per request
+    drafts = [[2, 3], [], [4], [5, 6, 7]]  # accepted: 2 (all), 0 (none drafted), 0, 2
+    logits = one_hot_logits([t for req in targets for t in req])
+    verified = verify_on_device(logits, drafts, batch_of(4, 0.0, 10))
+    assert verified.num_accepted is None  # greedy: counted when read
+    assert verified.accepted().tolist() == [2, 0, 0, 2]
+    assert verify(logits, drafts, batch_of(4, 0.0, 10)) == [[2, 3, 4], [7], [1], [5, 6, 9]]

@@ -12,7 +12,7 @@ from openinfer.engine_core.models.dflash import torch_block_attention, triton_bl
 from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.dflash_graphs import pad_blocks
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -50,12 +50,31 @@ def make_drafter(
     return DFlashDrafter(draft, runner, num_spec_tokens=K)
 
 
+def device_drafts(drafter: DFlashDrafter, queries: list[DraftQuery]) -> list[list[int]]:
+    """The queries asked on the device (as the engine asks before its read-back), read back and cut to each
+    query's max_drafts."""
+    device = drafter.device
+
+    def column(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    asked = DeviceQueries(
+        column([q.current_token for q in queries]),
+        column([q.position for q in queries]),
+        column([q.max_drafts for q in queries]),
+        [q.block_ids for q in queries],
+    )
+    rows = drafter.propose_on_device(asked).tolist()
+    return [row[: q.max_drafts] for row, q in zip(rows, queries, strict=True)]
+
+
 def check_padded_drafts(
     eager: DFlashDrafter, padded: DFlashDrafter, batches: list[list[int]] = BATCHES
 ) -> None:
     """Ten requests over scattered pages, each drafter's cache full of different noise first (stale entries
     must never count): every batch gets the same drafts from both, max_drafts 1..K mixed (so block lengths
-    differ within a batch); the padded drafter runs every batch that fits a bucket padded, the rest eagerly."""
+    differ within a batch); the padded drafter runs every batch that fits a bucket padded, the rest eagerly.
+    Asked on the device (block lengths from device max_drafts), both give the same drafts again."""
     pages = list(range(NUM_PAGES))
     random.Random(0).shuffle(pages)
     gen = torch.Generator().manual_seed(0)
@@ -76,8 +95,11 @@ def check_padded_drafts(
         expected = eager.propose(queries)
         assert padded.propose(queries) == expected, f"batch {batch}"
         assert [len(d) for d in expected] == [i % K + 1 for i in batch]
+        assert device_drafts(eager, queries) == expected, f"batch {batch}, eagerly on the device"
+        assert device_drafts(padded, queries) == expected, f"batch {batch}, padded on the device"
     fitting = [b for b in batches if len(b) <= padded.graphs.max_batch]
-    assert padded.graphs.num_runs == runs + len(fitting) and len(fitting) < len(batches)
+    # each fitting batch ran padded twice: from host queries, then from device ones
+    assert padded.graphs.num_runs == runs + 2 * len(fitting) and len(fitting) < len(batches)
 
 
 def test_pad_blocks() -> None:
