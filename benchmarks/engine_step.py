@@ -37,8 +37,8 @@ from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import Device, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.worker import worker as worker_module
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.engine_core.worker.read_back import ReadBack
 from openinfer.protocol import EngineCoreOutputs, EngineCoreRequest, EngineOutputCodec, SamplingParams
 
 PROMPT_LEN = 32
@@ -122,8 +122,8 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
     core.scheduler.schedule = timer.wrap("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
     core.worker.execute = timer.wrap("execute", core.worker.execute)  # type: ignore[method-assign]
     core.worker.sampler = timer.wrap("sample", core.worker.sampler)  # type: ignore[assignment]
-    read = ReadBack.read  # the step's read-back, inside the worker's execute (restored below)
-    ReadBack.read = timer.wrap("sample", read)  # type: ignore[method-assign]
+    read = worker_module.read_back  # the step's read-back, inside the worker's execute (restored below)
+    worker_module.read_back = timer.wrap("sample", read)
     runner.model.forward = timer.wrap("model", runner.model.forward, synced=True)  # type: ignore[method-assign]
     runner.model.compute_logits = timer.wrap("model", runner.model.compute_logits, synced=True)  # type: ignore[method-assign]
     replay = torch.cuda.CUDAGraph.replay  # graph replays are the model's forward too (restored below)
@@ -140,7 +140,7 @@ def measure(core: EngineCore, steps: int, device: torch.device) -> dict[str, flo
         samples = timed_steps(core, timer, steps)
     finally:
         torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
-        ReadBack.read = read  # type: ignore[method-assign]
+        worker_module.read_back = read
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -177,7 +177,7 @@ class EngineCore:
                 spec.after_step(decided, updates)
             outputs = self._outputs(updates)
             if spec is not None:
-                for request, drafts in spec.propose(self.facts.max_model_len, output.draft_ids):
+                for request, drafts in spec.propose(output.draft_ids):
                     self.scheduler.set_drafts(request, drafts)
         if self.spec_log is not None:
             self.spec_log.flush()

@@ -175,16 +175,14 @@ class SpecDecoder:
             if drafts:
                 self._context_blocks.drafter_wrote(update.block_ids, s.start, written)
 
-    def propose(
-        self, max_model_len: int, draft_ids: list[list[int]]
-    ) -> list[tuple[Request, tuple[int, ...]]]:
+    def propose(self, draft_ids: list[list[int]]) -> list[tuple[Request, tuple[int, ...]]]:
         """Drafts for every request that sampled in the last step, goes on and may draft: a device drafter's
         ``draft_ids`` (one row per proposer, read back with the step) cut to each one's max_drafts, or one
         host drafter call."""
         requests, queries, rows = [], [], []
         for p, request in enumerate(self._proposers):
             if not request.status.is_finished:  # one that stopped has its drafts dropped
-                query = self.query(request, max_model_len)
+                query = self.query(request)
                 if query.max_drafts > 0:
                     requests.append(request)
                     queries.append(query)
@@ -198,16 +196,13 @@ class SpecDecoder:
             drafts = self.drafter.propose(queries)
         return [(r, tuple(d)) for r, d in zip(requests, drafts, strict=True)]
 
-    def query(self, request: Request, max_model_len: int) -> DraftQuery:
-        """Drafts never run past max_tokens or the model length: the bonus token always comes on top."""
-        params = request.sampling_params
-        room = min(params.max_tokens - request.num_output_tokens, max_model_len - request.num_tokens) - 1
+    def query(self, request: Request) -> DraftQuery:
+        """Drafts never run past max_tokens or the model length (``token_limit``): the bonus token always
+        comes on top."""
+        tokens = request.all_token_ids
+        room = request.token_limit - len(tokens) - 1
         return DraftQuery(
-            request.all_token_ids[-1],
-            request.num_tokens - 1,
-            request.block_ids,
-            max(0, min(self.num_spec_tokens, room)),
-            request.all_token_ids,
+            tokens[-1], len(tokens) - 1, request.block_ids, max(0, min(self.num_spec_tokens, room)), tokens
         )
 
     def observe(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:

@@ -11,7 +11,7 @@ from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.engine_core.worker.input_batch import InputBatch
-from openinfer.engine_core.worker.read_back import ReadBack
+from openinfer.engine_core.worker.read_back import read_back
 from openinfer.engine_core.worker.runner_output import EMPTY_OUTPUT, ModelRunnerOutput
 from openinfer.kernels.verification import Verified
 
@@ -59,20 +59,16 @@ class Worker:
         if sampled is None:  # no request samples (prefill chunks only): nothing to read
             return EMPTY_OUTPUT
         verified = sampled.verified
-        read_back = ReadBack()
-        counts = read_back.add(verified.num_accepted) if verified.num_accepted is not None else None
-        tokens = read_back.add(verified.tokens)
-        table = read_back.add(sampled.logprobs.table) if sampled.logprobs is not None else None
-        draft_ids = read_back.add(drafts) if drafts is not None else None
-        read_back.read()  # the step's one device-to-host copy
-        token_ids, logprobs = sampled.read(
-            read_back.ints(counts) if counts is not None else None,
-            read_back.ints(tokens),
-            read_back.floats(table) if table is not None else None,
+        table = sampled.logprobs.table if sampled.logprobs is not None else None
+        # The step's one device-to-host copy.
+        counts, tokens, logprob_values, draft_ids = read_back(
+            [verified.num_accepted, verified.tokens, table, drafts]
         )
+        assert tokens is not None
+        token_ids, logprobs = sampled.read(counts, tokens, logprob_values)
         if drafts is None or draft_ids is None:
             return ModelRunnerOutput(token_ids, logprobs)
-        flat, width = read_back.ints(draft_ids), drafts.shape[1]
+        width = drafts.shape[1]
         return ModelRunnerOutput(
-            token_ids, logprobs, [flat[i : i + width] for i in range(0, len(flat), width)]
+            token_ids, logprobs, [draft_ids[i : i + width] for i in range(0, len(draft_ids), width)]
         )

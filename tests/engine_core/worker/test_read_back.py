@@ -21,7 +21,7 @@ from openinfer.engine_core.builtin_model import (
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.engine_cores import make_core
-from openinfer.engine_core.worker.read_back import ReadBack
+from openinfer.engine_core.worker.read_back import read_back
 from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams
 
 # Every Tensor call that copies values to the host (on CUDA: waits for the device).
@@ -134,9 +134,8 @@ def test_one_read_back_per_step(method: str | None) -> None:
 def test_read_back_packs_ints_and_floats_exactly() -> None:
     """Integer and float32 parts read back together come back exact: token ids as ints, logprobs as the
     float32 values they were."""
-    read_back = ReadBack()
-    tokens = read_back.add(torch.tensor([[151_645, 0], [7, 2**31 - 1]]))
-    logprobs = read_back.add(torch.tensor([-0.1, -23.456789], dtype=torch.float32).double())
-    read_back.read()
-    assert read_back.ints(tokens) == [151_645, 0, 7, 2**31 - 1]
-    assert read_back.floats(logprobs) == torch.tensor([-0.1, -23.456789], dtype=torch.float32).tolist()
+    logprobs = torch.tensor([-0.1, -23.456789], dtype=torch.float32)
+    tokens, absent, values = read_back([torch.tensor([[151_645, 0], [7, 2**31 - 1]]), None, logprobs])
+    assert tokens == [151_645, 0, 7, 2**31 - 1] and all(type(t) is int for t in tokens)
+    assert absent is None
+    assert values == logprobs.tolist()
