@@ -29,12 +29,17 @@ import triton.language as tl
 from torch import Tensor
 
 from openinfer.kernels.attention import AttentionMetadata, BackendName
+from openinfer.kernels.triton_launch import KernelLaunch
 
 LOG2_E = 1.4426950408889634  # scores are kept in log2 units so that the kernel can use exp2
 DECODE_ROWS, VARLEN_ROWS = 16, 64  # BLOCK_R of the decode and varlen launches; tl.dot wants >= 16 rows
 # BLOCK_N by cache element size: 64 keys of 16-bit, 32 of float32 (K and V tiles of 16 KiB at head_dim 128,
 # so that the pipelined loop's shared memory stays well under an A100's 164 KiB).
 KEYS_PER_TILE = {2: 64, 4: 32}
+# Launch options found by benchmarks/triton_compile.py: with Triton's defaults (4 warps, 3 stages) the 64-row
+# launches and float32 spill registers on sm_80 or sm_90. 8 warps spill nothing with 2 stages (16-bit) and
+# 16 rows (float32: 1 stage for the varlen launch, 3 for decode and DFlash, as measured).
+WIDE_WARPS, WIDE_STAGES = 8, 2
 
 
 @triton.jit
@@ -230,24 +235,30 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
 
 def write_kv_cache_triton(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
     """`attention.write_kv_cache` as one kernel: k/v (num_tokens, num_kv_heads, head_dim) into their slots."""
+    if k.shape[0]:
+        write_kv_launch(kv_cache, k, v, slot_mapping).run()
+
+
+def write_kv_launch(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> KernelLaunch:
+    """The launch of `_write_kv_kernel` for num_tokens >= 1 (write_kv_cache_triton and the compile check)."""
     num_tokens, num_kv_heads, head_dim = k.shape
-    if num_tokens == 0:
-        return
     if k.stride(-1) != 1 or v.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("k, v and the KV cache need a contiguous head_dim")
-    _write_kv_kernel[(num_tokens, num_kv_heads)](
-        k,
-        v,
-        kv_cache,
-        slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        *kv_cache.stride()[:4],
-        BLOCK_SIZE=kv_cache.shape[2],
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P2=head_dim_p2(head_dim),
+    return KernelLaunch(
+        _write_kv_kernel,
+        (num_tokens, num_kv_heads),
+        (
+            k,
+            v,
+            kv_cache,
+            slot_mapping,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            *kv_cache.stride()[:4],
+        ),
+        {"BLOCK_SIZE": kv_cache.shape[2], "HEAD_DIM": head_dim, "HEAD_DIM_P2": head_dim_p2(head_dim)},
     )
 
 
@@ -275,26 +286,44 @@ class TritonAttentionBackend:
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
     ) -> Tensor:
-        num_tokens, num_heads, head_dim = q.shape
-        _, _, block_size, num_kv_heads, _ = kv_cache.shape
+        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         if num_heads % num_kv_heads:
             raise ValueError(f"need num_heads ({num_heads}) a multiple of num_kv_heads ({num_kv_heads})")
         if q.stride(-1) != 1:
             raise ValueError("q needs a contiguous head_dim")
         write_kv_cache_triton(kv_cache, k, v, meta.slot_mapping)
-        group = num_heads // num_kv_heads
-        group_p2 = triton.next_power_of_2(group)
-        decode = meta.max_query_len == 1
-        splits = self.num_kv_splits if decode else 1
-        rows = max(DECODE_ROWS if decode else VARLEN_ROWS, group_p2)
-        num_query_tiles = math.ceil(meta.max_query_len / (rows // group_p2))
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (num_tokens, num_heads, head_dim)
-        if splits > 1:
-            partial = q.new_empty((num_tokens, num_heads, splits, head_dim), dtype=torch.float32)
-            lse = q.new_empty((num_tokens, num_heads, splits), dtype=torch.float32)
-        else:
-            partial, lse = out, out  # the kernel writes the output itself; lse is not touched
-        _paged_attention_kernel[(len(meta.query_lens), num_kv_heads, num_query_tiles * splits)](
+        out, launches = attention_launches(q, kv_cache, meta, scale, self.num_kv_splits)
+        for launch in launches:
+            launch.run()
+        return out
+
+
+def attention_launches(
+    q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float, num_kv_splits: int
+) -> tuple[Tensor, list[KernelLaunch]]:
+    """The output (num_tokens, num_heads, head_dim) and the launches that fill it: the paged-attention
+    kernel, then with NUM_SPLITS > 1 (decode steps) the combine. Used by the backend and the compile check."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    group = num_heads // num_kv_heads
+    group_p2 = triton.next_power_of_2(group)
+    decode = meta.max_query_len == 1
+    splits = num_kv_splits if decode else 1
+    float32 = kv_cache.dtype == torch.float32
+    rows = max(DECODE_ROWS if decode or float32 else VARLEN_ROWS, group_p2)
+    num_query_tiles = math.ceil(meta.max_query_len / (rows // group_p2))
+    num_warps = WIDE_WARPS if float32 or not decode else 4
+    num_stages = 3 if decode else 1 if float32 else WIDE_STAGES
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (num_tokens, num_heads, head_dim)
+    if splits > 1:
+        partial = q.new_empty((num_tokens, num_heads, splits, head_dim), dtype=torch.float32)
+        lse = q.new_empty((num_tokens, num_heads, splits), dtype=torch.float32)
+    else:
+        partial, lse = out, out  # the kernel writes the output itself; lse is not touched
+    paged = KernelLaunch(
+        _paged_attention_kernel,
+        (len(meta.query_lens), num_kv_heads, num_query_tiles * splits),
+        (
             partial,
             lse,
             q,
@@ -307,19 +336,28 @@ class TritonAttentionBackend:
             q.stride(1),
             *kv_cache.stride()[:4],
             meta.block_tables.stride(0),
-            GROUP=group,
-            GROUP_P2=group_p2,
-            BLOCK_R=rows,
-            BLOCK_N=KEYS_PER_TILE[kv_cache.element_size()],
-            BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim,
-            HEAD_DIM_P2=head_dim_p2(head_dim),
-            NUM_SPLITS=splits,
-            DOT_DTYPE=dot_dtype(kv_cache.dtype),
-            DOT_PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
-        )
-        if splits > 1:
-            _combine_splits_kernel[(num_tokens, num_heads)](
-                out, partial, lse, NUM_SPLITS=splits, HEAD_DIM=head_dim, HEAD_DIM_P2=head_dim_p2(head_dim)
-            )
-        return out
+        ),
+        {
+            "GROUP": group,
+            "GROUP_P2": group_p2,
+            "BLOCK_R": rows,
+            "BLOCK_N": KEYS_PER_TILE[kv_cache.element_size()],
+            "BLOCK_SIZE": block_size,
+            "HEAD_DIM": head_dim,
+            "HEAD_DIM_P2": head_dim_p2(head_dim),
+            "NUM_SPLITS": splits,
+            "DOT_DTYPE": dot_dtype(kv_cache.dtype),
+            "DOT_PRECISION": "ieee" if kv_cache.dtype == torch.float32 else "tf32",
+        },
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if splits == 1:
+        return out, [paged]
+    combine = KernelLaunch(
+        _combine_splits_kernel,
+        (num_tokens, num_heads),
+        (out, partial, lse),
+        {"NUM_SPLITS": splits, "HEAD_DIM": head_dim, "HEAD_DIM_P2": head_dim_p2(head_dim)},
+    )
+    return out, [paged, combine]

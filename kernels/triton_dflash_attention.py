@@ -23,14 +23,18 @@ import triton.language as tl
 from torch import Tensor
 
 from openinfer.kernels.triton_attention import (
+    DECODE_ROWS,
     KEYS_PER_TILE,
     LOG2_E,
     VARLEN_ROWS,
+    WIDE_STAGES,
+    WIDE_WARPS,
     dot_dtype,
     head_dim_p2,
     load_paged_kv,
     online_softmax_step,
 )
+from openinfer.kernels.triton_launch import KernelLaunch
 
 
 @triton.jit
@@ -132,6 +136,24 @@ def block_attention_triton(
     [0, context_lens[b]) in `cache` (2, num_pages, page_size, num_kv_heads, head_dim), through
     block_tables (B, width) int32/int64, then over the first block_lens[b] of k/v (B, T, num_kv_heads,
     head_dim). Returns (B, T, num_heads, head_dim) in q's dtype. Any page order, context_len 0 allowed."""
+    out = q.new_empty(q.shape)  # (B, T, num_heads, head_dim)
+    if q.shape[0] and q.shape[1]:
+        block_attention_launch(out, q, k, v, cache, block_tables, context_lens, block_lens, scale).run()
+    return out
+
+
+def block_attention_launch(
+    out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    block_lens: Tensor,
+    scale: float,
+) -> KernelLaunch:
+    """The launch of `_block_attention_kernel` for B, T >= 1 (block_attention_triton and the compile check)."""
     batch, block_width, num_heads, head_dim = q.shape
     _, _, page_size, num_kv_heads, _ = cache.shape
     if num_heads % num_kv_heads:
@@ -140,35 +162,41 @@ def block_attention_triton(
         raise ValueError("q, k, v and the cache need a contiguous head_dim")
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
-    rows = max(16, group_p2, min(VARLEN_ROWS, triton.next_power_of_2(block_width) * group_p2))
+    # float32 spills on sm_90 past 16 rows (benchmarks/triton_compile.py), whatever the warps and stages
+    max_rows = DECODE_ROWS if cache.dtype == torch.float32 else VARLEN_ROWS
+    rows = max(16, group_p2, min(max_rows, triton.next_power_of_2(block_width) * group_p2))
     num_query_tiles = math.ceil(block_width / (rows // group_p2))
-    out = q.new_empty((batch, block_width, num_heads, head_dim))
-    if batch == 0 or block_width == 0:
-        return out
-    _block_attention_kernel[(batch, num_kv_heads, num_query_tiles)](
-        out,
-        q,
-        k,
-        v,
-        cache,
-        block_tables,
-        context_lens,
-        block_lens,
-        scale * LOG2_E,
-        block_width,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *cache.stride()[:4],
-        block_tables.stride(0),
-        GROUP=group,
-        GROUP_P2=group_p2,
-        BLOCK_R=rows,
-        BLOCK_N=KEYS_PER_TILE[cache.element_size()],
-        PAGE_SIZE=page_size,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P2=head_dim_p2(head_dim),
-        DOT_DTYPE=dot_dtype(cache.dtype),
-        DOT_PRECISION="ieee" if cache.dtype == torch.float32 else "tf32",
+    return KernelLaunch(
+        _block_attention_kernel,
+        (batch, num_kv_heads, num_query_tiles),
+        (
+            out,
+            q,
+            k,
+            v,
+            cache,
+            block_tables,
+            context_lens,
+            block_lens,
+            scale * LOG2_E,
+            block_width,
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *cache.stride()[:4],
+            block_tables.stride(0),
+        ),
+        {
+            "GROUP": group,
+            "GROUP_P2": group_p2,
+            "BLOCK_R": rows,
+            "BLOCK_N": KEYS_PER_TILE[cache.element_size()],
+            "PAGE_SIZE": page_size,
+            "HEAD_DIM": head_dim,
+            "HEAD_DIM_P2": head_dim_p2(head_dim),
+            "DOT_DTYPE": dot_dtype(cache.dtype),
+            "DOT_PRECISION": "ieee" if cache.dtype == torch.float32 else "tf32",
+        },
+        num_warps=WIDE_WARPS,
+        num_stages=3 if cache.dtype == torch.float32 else WIDE_STAGES,
     )
-    return out

@@ -1,0 +1,200 @@
+"""Compiles every Triton kernel of the project for sm_90 (H100/H200) and sm_80 (A100), at the specializations
+the engine launches, on a machine without a GPU (ptxas ships in Triton's wheel), and prints a markdown table
+of registers, spills and shared memory per launch. Exits non-zero on a compile error, a spill in an attention
+kernel, or shared memory past the target's per-block limit.
+
+    python -m openinfer.benchmarks.triton_compile [--targets 90 80] [--subset ci]
+
+The launches come from the backends' own launch builders (`write_kv_launch`, `attention_launches`,
+`block_attention_launch`) applied to small example tensors shaped as the engine shapes them (q/k/v views of
+one projection, int64 block tables), so the signature, integer specializations and constexprs are the ones a
+real launch computes. TRITON_INTERPRET must be unset (the interpreter compiles nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from openinfer.kernels.attention import AttentionMetadata
+from openinfer.kernels.triton_attention import attention_launches, write_kv_launch
+from openinfer.kernels.triton_dflash_attention import block_attention_launch
+from openinfer.kernels.triton_launch import CompiledLaunch, KernelLaunch, compile_launch
+
+SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}  # bytes of shared memory one block may use
+NUM_KV_HEADS = 8  # every Qwen3 size; num_heads = GROUP * 8
+NUM_KV_SPLITS = 8  # TritonAttentionBackend's default
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Subset(enum.Enum):
+    FULL = "full"  # the whole matrix (the benchmark's default)
+    CI = (
+        "ci"  # the heaviest head dim at every dtype and the GQA extremes (the test's: under ~2 min on 2 CPUs)
+    )
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One specialization: what varies between the engine's launches of the attention kernels."""
+
+    head_dim: int
+    group: int  # query heads per KV head
+    dtype: str  # the KV cache's (and the model's) dtype, a DTYPES key
+    block_size: int  # --block-size (the DFlash cache's page size is the target's block size)
+    table_width: int  # block-table columns: 1 and multiples of 16 are specialized by Triton
+    block_width: int = 16  # DFlash's T (num_spec_tokens + 1)
+
+    def __str__(self) -> str:
+        shape = f"d{self.head_dim} g{self.group} {self.dtype}"
+        return f"{shape} bs{self.block_size} w{self.table_width} T{self.block_width}"
+
+
+@dataclass(frozen=True)
+class Row:
+    kernel: str
+    spec: Spec
+    target: int
+    result: CompiledLaunch | None
+    error: str | None
+
+    def problem(self) -> str | None:
+        """Why this row fails the check, or None."""
+        if self.result is None:
+            return f"compile error: {self.error}"
+        if self.result.spill_bytes and "attention" in self.kernel:
+            return f"{self.result.spill_bytes} bytes spilled"
+        if self.result.shared_bytes > SHARED_LIMIT[self.target]:
+            return f"{self.result.shared_bytes} bytes of shared memory > {SHARED_LIMIT[self.target]}"
+        return None
+
+
+def specs(subset: Subset) -> Iterator[Spec]:
+    """The matrix: head dims 64/128 (128 is also the DFlash drafters'), GQA groups 1/2/4/8, the three cache
+    dtypes, block sizes 16/32 with a general table width; then other block sizes, table widths 1 and 16 and
+    DFlash block widths at the heaviest point (head_dim 128, bf16, group 4)."""
+    if subset is Subset.CI:
+        for dtype, group in itertools.product(DTYPES, (1, 8)):
+            yield Spec(128, group, dtype, 16, 3)
+        return
+    for head_dim, group, dtype, block_size in itertools.product((64, 128), (1, 2, 4, 8), DTYPES, (16, 32)):
+        yield Spec(head_dim, group, dtype, block_size, 3)
+    for block_size in (1, 8, 24, 64, 128, 256):
+        yield Spec(128, 4, "bf16", block_size, 3)
+    for table_width in (1, 16):
+        yield Spec(128, 4, "bf16", 16, table_width)
+    for block_width in (1, 4, 8, 33):
+        yield Spec(128, 4, "bf16", 16, 3, block_width)
+
+
+def launches(spec: Spec) -> Iterator[tuple[str, KernelLaunch]]:
+    """The engine's launches at `spec`, built by the backends' launch builders from CPU example tensors."""
+    dtype, d, kv = DTYPES[spec.dtype], spec.head_dim, NUM_KV_HEADS
+    heads = spec.group * kv
+    cache = torch.empty(2, 4 * spec.table_width, spec.block_size, kv, d, dtype=dtype)
+    for name, requests in (("decode", [(5, 1), (9, 1)]), ("varlen", [(0, 3), (2, 8)])):
+        step_tables = [[0] * spec.table_width for _ in requests]  # as wide as the step's longest table
+        meta = AttentionMetadata.build(
+            [c for c, _ in requests],
+            [q for _, q in requests],
+            step_tables,
+            spec.block_size,
+            torch.device("cpu"),
+        )
+        qkv = torch.empty(meta.num_tokens, heads + 2 * kv, d, dtype=dtype)  # (n, heads + 2 * kv_heads, d)
+        q, k, v = qkv.split([heads, kv, kv], dim=1)  # views, strided as the model's
+        if name == "decode":
+            yield "write_kv", write_kv_launch(cache, k, v, meta.slot_mapping)
+        _, steps = attention_launches(q, cache, meta, 0.1, NUM_KV_SPLITS)
+        yield f"paged_attention {name}", steps[0]
+        if len(steps) > 1:
+            yield "combine_splits", steps[1]
+    b, t = 2, spec.block_width
+    q = torch.empty(b, t, heads, d, dtype=dtype)
+    k, v = torch.empty(b, t, kv, d, dtype=dtype), torch.empty(b, t, kv, d, dtype=dtype)
+    tables = torch.zeros(b, spec.table_width, dtype=torch.int64)
+    lens = torch.zeros(b, dtype=torch.int64)
+    yield (
+        "dflash_block_attention",
+        block_attention_launch(q.new_empty(q.shape), q, k, v, cache, tables, lens, lens, 0.1),
+    )
+
+
+def specialization(launch: KernelLaunch) -> tuple[object, ...]:
+    """What tells two launches' compilations apart: the constexprs, the tensors' dtypes and the integers as
+    Triton specializes them (equal to 1, a multiple of 16, or neither)."""
+    args = tuple(
+        str(a.dtype)
+        if isinstance(a, torch.Tensor)
+        else (a == 1, a % 16 == 0)
+        if isinstance(a, int)
+        else type(a)
+        for a in launch.args
+    )
+    return (args, tuple(sorted((k, str(v)) for k, v in launch.constexprs.items())), launch.num_warps)
+
+
+def check(targets: list[int], subset: Subset) -> list[Row]:
+    """Every launch of every spec compiled for every target; a failed compile is a row with its error."""
+    rows, seen = [], set()
+    for spec in specs(subset):
+        for kernel, launch in launches(spec):
+            for target in targets:
+                key = (kernel, target, specialization(launch))
+                if key in seen:  # write_kv and combine_splits do not depend on the GQA group, say
+                    continue
+                seen.add(key)
+                try:
+                    rows.append(Row(kernel, spec, target, compile_launch(launch, target), None))
+                except Exception as error:  # noqa: BLE001 - any compile failure is a row of the report
+                    rows.append(
+                        Row(kernel, spec, target, None, f"{type(error).__name__}: {error}".splitlines()[0])
+                    )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| kernel | specialization | target | registers | spills (bytes) | shared (bytes) | compile s | check |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        r = row.result
+        cells = (
+            [str(r.registers), str(r.spill_bytes), str(r.shared_bytes), f"{r.seconds:.2f}"]
+            if r
+            else ["-"] * 4
+        )
+        lines.append(
+            f"| {row.kernel} | {row.spec} | sm_{row.target} | {' | '.join(cells)} | {row.problem() or 'ok'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: prints the table and a summary; exit status 1 if any row fails the check."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, nargs="+", default=[90, 80], choices=sorted(SHARED_LIMIT))
+    parser.add_argument("--subset", type=Subset, default=Subset.FULL, choices=list(Subset))
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        parser.error("unset TRITON_INTERPRET: the interpreter compiles nothing")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
+    rows = check(args.targets, args.subset)
+    print(table(rows))
+    problems = [row for row in rows if row.problem()]
+    print(f"\n{len(rows)} launches compiled, {len(problems)} failing the check")
+    for row in problems:
+        print(f"FAIL {row.kernel} {row.spec} sm_{row.target}: {row.problem()}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
