@@ -1,6 +1,7 @@
 """Where a decode step's time goes on the real vocabulary, against the memory floor; not a test.
 
     python benchmarks/decode_profile.py [--batch-sizes 1 8] [--prompt-len 100] [--steps 30] [--threads 1]
+    python benchmarks/decode_profile.py --floor-only --model DIR --prompt-len 1500   # the floor alone
 
 B greedy requests (no penalties, no logprobs, no grammar) of ``real_vocab_checkpoint`` (Qwen3-0.6B's widths
 and 151,936-token vocabulary, 2 layers) are prefilled, then decode in one in-process engine core, float32.
@@ -16,12 +17,14 @@ instance (nothing is reimplemented):
 
 floor: the bytes a step must read (every weight once, the tied embedding once as the LM head, and each
 request's KV cache) over the copy bandwidth measured with a large ``torch`` copy (bytes read + written per
-second); step/floor is how far the step is from it.
+second); step/floor is how far the step is from it. ``--floor-only`` prints the floor of one request of
+``--prompt-len`` tokens from the checkpoint's tensor shapes, loading nothing (``vs_vllm.sh`` prints it).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -31,10 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from openinfer.benchmarks.real_vocab_checkpoint import real_vocab_checkpoint
 from openinfer.engine_core.config import Device, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.weights import checkpoint_files
 from openinfer.engine_core.sample import sampler as sampler_module
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.engine_core.worker.read_back import ReadBack
@@ -146,10 +152,28 @@ def step_bytes(core: EngineCore, batch: int) -> int:
     assert isinstance(runner, ModelRunner)
     weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     config = runner.model_config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # float32
     context = sum(r.num_tokens for r in core.requests.values())
     assert len(core.requests) == batch
-    return weights + per_token * context
+    return weights + kv_bytes_per_token(config) * context
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
+    """float32 keys and values of one token in every layer."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+
+
+def checkpoint_floor(folder: Path, context: int, bandwidth: float) -> str:
+    """The floor of one request's decode step at ``context`` tokens, from the checkpoint's tensor shapes
+    (float32; a tied head is stored once), as one line."""
+    numel = 0
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    num_bytes = 4 * numel + kv_bytes_per_token(ModelConfig.from_folder(folder)) * context
+    return (
+        f"decode step memory floor at batch 1, {context}-token context: {num_bytes / 1e6:.0f} MB read (float32"
+        f" weights + KV cache) / {bandwidth / 1e9:.1f} GB/s copy bandwidth = {num_bytes / bandwidth * 1e3:.1f} ms"
+    )
 
 
 def main() -> None:
@@ -163,10 +187,14 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=100, help="prompt tokens per request")
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per row")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--floor-only", action="store_true", help="print the floor of one request and exit")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = args.model or real_vocab_checkpoint()
     bandwidth = copy_bandwidth()
+    if args.floor_only:
+        print(checkpoint_floor(model, args.prompt_len, bandwidth))
+        return
     print(f"model {model.name} on cpu, float32, {args.threads} thread(s), {args.prompt_len}-token prompts;")
     print(
         f"ms per decode step, median of {args.steps}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write)\n"

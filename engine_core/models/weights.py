@@ -11,17 +11,20 @@ from safetensors import safe_open
 from torch import Tensor
 
 
-def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
-    """Every (name, tensor) of the folder's model.safetensors, or of the shards its index names."""
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The folder's model.safetensors, or the shards its model.safetensors.index.json names."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
-    for file in files:
-        with safe_open(str(folder / file), framework="pt", device="cpu") as f:
+        return [folder / file for file in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
+    """Every (name, tensor) of the folder's model.safetensors, or of the shards its index names."""
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
 
