@@ -4,11 +4,16 @@
 #   benchmarks/vs_vllm.sh                      # from anywhere; results go to a fresh /tmp/vs_vllm.* folder
 #   NUM_PROMPTS=64 OUT_DIR=/tmp/vs benchmarks/vs_vllm.sh
 #
-# Both servers serve engine_core/builtin/target (tiny Qwen3, float32) on 127.0.0.1, one after the other, and
-# get the identical openinfer-bench run: text prompts cut from tinyshakespeare (seed-picked), greedy
-# (temperature 0), --ignore-eos, OUTPUT_LEN output tokens, at each of CONCURRENCIES. Then it prints one
-# markdown table with the openinfer/vLLM ratios per concurrency. Run it on a quiet machine: on a shared CPU
-# the numbers are noise.
+# Each workload (WORKLOADS) is one model that both servers serve on 127.0.0.1 (float32), one after the other,
+# with the identical openinfer-bench runs: text prompts cut from tinyshakespeare (seed-picked), greedy
+# (temperature 0), --ignore-eos, at each prompt length and each of CONCURRENCIES. Then it prints one markdown
+# table per workload with the openinfer/vLLM ratios.
+#   builtin  engine_core/builtin/target (tiny Qwen3, 512 tokens): INPUT_LEN-token prompts, OUTPUT_LEN out.
+#   real     a Qwen3-0.6B-shaped checkpoint with the real 151,936-token vocabulary and 2 layers, random
+#            weights (benchmarks/real_vocab_checkpoint.py writes it once to the temporary folder):
+#            REAL_INPUT_LENS-token prompts (short and long), REAL_OUTPUT_LEN out; its table also gives the
+#            memory floor of a decode step (benchmarks/decode_profile.py --floor-only).
+# Run it on a quiet machine: on a shared CPU the numbers are noise.
 #
 # vLLM comes from its own venv (VLLM_VENV). Install recipe (python3.11; the CPU torch wheel, never an unpinned
 # torch, which pulls a multi-GB CUDA build):
@@ -28,8 +33,12 @@
 #   VLLM_VENV        vLLM's venv (default: vllm-venv beside the repository)
 #   PY               the project's python (default: .venv/bin/python beside this repo, else python3)
 #   DATASET          text file to cut prompts from (default ../shared/datasets/tinyshakespeare.txt)
-#   NUM_PROMPTS      requests per run (default 32)      CONCURRENCIES  (default "1 8")
-#   INPUT_LEN        prompt tokens (default 64)          OUTPUT_LEN     output tokens (default 128)
+#   WORKLOADS        (default "builtin real")             CONCURRENCIES  (default "1 8")
+#   NUM_PROMPTS      builtin: requests per run (default 32)
+#   INPUT_LEN        builtin: prompt tokens (default 64)  OUTPUT_LEN     builtin: output tokens (default 128)
+#   REAL_NUM_PROMPTS real: requests per run (default 16)  REAL_OUTPUT_LEN real: output tokens (default 64)
+#   REAL_INPUT_LENS  real: prompt lengths (default "100 1500")
+#   REAL_MODEL_DIR   real: a checkpoint folder to serve instead of the one written to the temporary folder
 #   NUM_WARMUPS      uncounted requests before each run (default 2)    SEED (default 0)
 #   STARTUP_TIMEOUT  seconds for a server's /health (default 600)
 #   BENCH_TIMEOUT    seconds for one bench run (default 1200)
@@ -47,13 +56,15 @@ VLLM_VENV=${VLLM_VENV:-$ROOT/../vllm-venv}
 if [[ -z ${PY:-} ]]; then
     if [[ -x $ROOT/.venv/bin/python ]]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
-MODEL_DIR=$ROOT/engine_core/builtin/target
-SERVED_NAME=openinfer-builtin-target
+WORKLOADS=${WORKLOADS:-"builtin real"}
 DATASET=${DATASET:-$ROOT/../shared/datasets/tinyshakespeare.txt}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
 CONCURRENCIES=${CONCURRENCIES:-"1 8"}
 INPUT_LEN=${INPUT_LEN:-64}
 OUTPUT_LEN=${OUTPUT_LEN:-128}
+REAL_NUM_PROMPTS=${REAL_NUM_PROMPTS:-16}
+REAL_INPUT_LENS=${REAL_INPUT_LENS:-"100 1500"}
+REAL_OUTPUT_LEN=${REAL_OUTPUT_LEN:-64}
 NUM_WARMUPS=${NUM_WARMUPS:-2}
 SEED=${SEED:-0}
 STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-600}
@@ -112,7 +123,10 @@ trap 'say "interrupted"; exit 130' INT TERM
 command -v curl >/dev/null || die 2 "curl is needed"
 command -v timeout >/dev/null || die 2 "timeout (coreutils) is needed"
 [[ -f $DATASET ]] || die 2 "dataset $DATASET not found (set DATASET=...)"
-[[ -f $MODEL_DIR/config.json ]] || die 2 "model folder $MODEL_DIR not found"
+for workload in $WORKLOADS; do
+    [[ $workload == builtin || $workload == real ]] || die 2 "unknown workload '$workload' (builtin or real)"
+done
+[[ -f $ROOT/engine_core/builtin/target/config.json ]] || die 2 "the built-in model is missing"
 timeout 120 "$PY" -c "import openinfer.benchmarks.bench, openinfer.engine_core.launch.serve" 2>"$OUT_DIR/openinfer-import.err" \
     || die 2 "the project's python ($PY) cannot import openinfer: $(tail -n 3 "$OUT_DIR/openinfer-import.err")"
 VLLM_PY=$VLLM_VENV/bin/python
@@ -198,89 +212,123 @@ greedy_probe() {
         | "$PY" -c "import json, sys; print(json.load(sys.stdin)['choices'][0]['text'], end='')" >"$2"
 }
 
-# bench SERVER URL: one openinfer-bench run per concurrency, identical flags for both servers.
+# bench SERVER URL: one openinfer-bench run per prompt length and concurrency of the workload, identical
+# flags for both servers.
 bench() {
-    local server=$1 url=$2 c
-    for c in $CONCURRENCIES; do
-        say "$server: bench at concurrency $c ($NUM_PROMPTS prompts)"
-        timeout "$BENCH_TIMEOUT" "$PY" -m openinfer.benchmarks.bench \
-            --base-url "$url" --model "$SERVED_NAME" --tokenizer "$MODEL_DIR" \
-            --dataset-name text --dataset-path "$DATASET" \
-            --text-input-len "$INPUT_LEN" --text-output-len "$OUTPUT_LEN" --max-tokens "$OUTPUT_LEN" \
-            --num-prompts "$NUM_PROMPTS" --max-concurrency "$c" --seed "$SEED" \
-            --temperature 0 --ignore-eos --num-warmups "$NUM_WARMUPS" --disable-tqdm \
-            --json "$OUT_DIR/$server-c$c.json" >"$OUT_DIR/$server-c$c.txt" 2>&1 &
-        BENCH_PID=$!
-        if ! wait "$BENCH_PID"; then
+    local server=$1 url=$2 c len run
+    for len in $INPUT_LENS; do
+        for c in $CONCURRENCIES; do
+            run=$OUT_DIR/$WORKLOAD-$server-in$len-c$c
+            say "$WORKLOAD/$server: bench at concurrency $c, $len-token prompts ($NUM_PROMPTS prompts)"
+            timeout "$BENCH_TIMEOUT" "$PY" -m openinfer.benchmarks.bench \
+                --base-url "$url" --model "$SERVED_NAME" --tokenizer "$MODEL_DIR" \
+                --dataset-name text --dataset-path "$DATASET" \
+                --text-input-len "$len" --text-output-len "$OUTPUT_LEN" --max-tokens "$OUTPUT_LEN" \
+                --num-prompts "$NUM_PROMPTS" --max-concurrency "$c" --seed "$SEED" \
+                --temperature 0 --ignore-eos --num-warmups "$NUM_WARMUPS" --disable-tqdm \
+                --json "$run.json" >"$run.txt" 2>&1 &
+            BENCH_PID=$!
+            if ! wait "$BENCH_PID"; then
+                BENCH_PID=""
+                say "$server: the bench at concurrency $c, $len-token prompts failed (or ran past" \
+                    "${BENCH_TIMEOUT}s); its output ends:"
+                tail -n 25 "$run.txt" >&2
+                return 1
+            fi
             BENCH_PID=""
-            say "$server: the bench at concurrency $c failed (or ran past ${BENCH_TIMEOUT}s); its output ends:"
-            tail -n 25 "$OUT_DIR/$server-c$c.txt" >&2
-            return 1
-        fi
-        BENCH_PID=""
+        done
     done
 }
 
 say "vLLM $VLLM_VERSION from $VLLM_VENV; results in $OUT_DIR"
 
 # One server after the other: start it, wait for /health, check one greedy completion, bench, stop.
-serve_and_bench() {  # $1 label, $2 url, $3 log, then the server's command line; sets STARTUP_<label>
+serve_and_bench() {  # $1 label, $2 url, $3 log, then the server's command line; sets STARTUP_<workload>_<label>
     local label=$1 url=$2 log=$3
     shift 3
     start_server "$label" "$log" "$@"
     wait_health "$url" "$log" || exit 1
-    printf -v "STARTUP_$label" '%s' "$STARTUP_S"
-    say "$label healthy after ${STARTUP_S}s"
-    greedy_probe "$url" "$OUT_DIR/$label-greedy.txt" || { say "$label: /v1/completions failed"; exit 1; }
+    printf -v "STARTUP_${WORKLOAD}_$label" '%s' "$STARTUP_S"
+    say "$WORKLOAD/$label healthy after ${STARTUP_S}s"
+    greedy_probe "$url" "$OUT_DIR/$WORKLOAD-$label-greedy.txt" || { say "$label: /v1/completions failed"; exit 1; }
     bench "$label" "$url" || exit 1
     stop_server
 }
 
-# No prefix caching on either server: the warm-ups and every concurrency resend the same prompts.
-# shellcheck disable=SC2086  # the *_EXTRA_ARGS are lists of flags
-serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
-    --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
-    --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
-# shellcheck disable=SC2086
-serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/openinfer.log" "$PY" -m openinfer.engine_core.launch.serve \
-    --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec --no-enable-prefix-caching \
-    --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
-    --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
-VLLM_STARTUP=$STARTUP_vllm
-OPENINFER_STARTUP=$STARTUP_openinfer
-
-# ---- the table ----
-"$PY" - "$OUT_DIR" "$CONCURRENCIES" "$VLLM_VERSION" "$VLLM_STARTUP" "$OPENINFER_STARTUP" <<'EOF' | tee "$OUT_DIR/table.md"
+# run_workload: both servers over the workload's model (MODEL_DIR, SERVED_NAME, INPUT_LENS, OUTPUT_LEN,
+# NUM_PROMPTS), then its table. No prefix caching on either server: the warm-ups and every concurrency resend
+# the same prompts.
+run_workload() {
+    local floors="" len
+    # shellcheck disable=SC2086  # the *_EXTRA_ARGS are lists of flags
+    serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/$WORKLOAD-vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
+        --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
+        --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
+    # shellcheck disable=SC2086
+    serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/$WORKLOAD-openinfer.log" "$PY" -m openinfer.engine_core.launch.serve \
+        --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec --no-enable-prefix-caching \
+        --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
+        --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
+    if [[ $WORKLOAD == real ]]; then
+        for len in $INPUT_LENS; do  # with both servers stopped: the copy bandwidth of a quiet machine
+            floors+=$(timeout 300 "$PY" "$ROOT/benchmarks/decode_profile.py" --floor-only --model "$MODEL_DIR" \
+                --prompt-len "$len")$'\n' || die 1 "the memory floor could not be measured"
+        done
+    fi
+    local up_vllm="STARTUP_${WORKLOAD}_vllm" up_openinfer="STARTUP_${WORKLOAD}_openinfer"
+    "$PY" - "$OUT_DIR" "$WORKLOAD" "$MODEL_DIR" "$INPUT_LENS" "$CONCURRENCIES" "$VLLM_VERSION" \
+        "${!up_vllm}" "${!up_openinfer}" "$floors" <<'EOF' | tee "$OUT_DIR/$WORKLOAD-table.md"
 import json, os, sys
 
-out, concurrencies, vllm_version, vllm_up, oi_up = sys.argv[1:]
+out, workload, model, input_lens, concurrencies, vllm_version, vllm_up, oi_up, floors = sys.argv[1:]
+runs = [(n, c) for n in input_lens.split() for c in concurrencies.split()]
 load = {}
 for server in ("vllm", "openinfer"):
-    for c in concurrencies.split():
-        with open(os.path.join(out, f"{server}-c{c}.json")) as f:
+    for n, c in runs:
+        with open(os.path.join(out, f"{workload}-{server}-in{n}-c{c}.json")) as f:
             report = json.load(f)
-        load[server, c] = (report["config"], report["load"])
-config = load["vllm", concurrencies.split()[0]][0]
-same = open(os.path.join(out, "vllm-greedy.txt")).read() == open(os.path.join(out, "openinfer-greedy.txt")).read()
+        load[server, n, c] = (report["config"], report["load"])
+config = load[("vllm", *runs[0])][0]
+greedy = [open(os.path.join(out, f"{workload}-{s}-greedy.txt")).read() for s in ("vllm", "openinfer")]
 
-print(f"\nvLLM {vllm_version} (CPU) vs openinfer-serve --no-spec; engine_core/builtin/target, float32, 127.0.0.1")
+print(f"\n{workload}: vLLM {vllm_version} (CPU) vs openinfer-serve --no-spec; {os.path.basename(model)}, float32, "
+      "127.0.0.1")
 print(f"workload: {config['num_prompts']} {config['dataset_name']} prompts from "
       f"{os.path.basename(config['dataset_path'])} (seed {config['seed']}), {config['max_tokens']} output tokens, "
       f"temperature {config['temperature']}, ignore_eos {config['ignore_eos']}")
 print(f"startup to /health: vLLM {vllm_up} s, openinfer {oi_up} s; "
-      f"greedy 'ROMEO:' continuation identical on both: {'yes' if same else 'NO'}\n")
-print("| server | concurrency | ok/failed | output tok/s | mean TTFT (ms) | median TTFT (ms) | mean TPOT (ms) |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-for c in concurrencies.split():
+      f"greedy 'ROMEO:' continuation identical on both: {'yes' if greedy[0] == greedy[1] else 'NO'}")
+if floors.strip():
+    print(floors.strip())
+print("\n| server | prompt tokens | concurrency | ok/failed | output tok/s | mean TTFT (ms) | median TTFT (ms) "
+      "| mean TPOT (ms) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for n, c in runs:
     for server, label in (("vllm", "vLLM"), ("openinfer", "openinfer")):
-        r = load[server, c][1]
-        print(f"| {label} | {c} | {r['completed']}/{r['failed']} | {r['output_throughput']:.1f} | "
+        r = load[server, n, c][1]
+        print(f"| {label} | {n} | {c} | {r['completed']}/{r['failed']} | {r['output_throughput']:.1f} | "
               f"{r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} |")
-    v, o = load["vllm", c][1], load["openinfer", c][1]
+    v, o = load["vllm", n, c][1], load["openinfer", n, c][1]
     ratio = lambda key: f"{o[key] / v[key]:.2f}x" if v[key] else "n/a"
-    print(f"| **openinfer/vLLM** | {c} | | **{ratio('output_throughput')}** | {ratio('mean_ttft_ms')} | "
+    print(f"| **openinfer/vLLM** | {n} | {c} | | **{ratio('output_throughput')}** | {ratio('mean_ttft_ms')} | "
           f"{ratio('median_ttft_ms')} | {ratio('mean_tpot_ms')} |")
 print("\n(ratio > 1 is better for openinfer in tok/s, worse in TTFT and TPOT; a mean TTFT far above the median"
       " means a few stalled requests, e.g. another process on the core vLLM pins its model thread to)")
 EOF
-say "done: logs, bench outputs and JSON in $OUT_DIR"
+}
+
+for WORKLOAD in $WORKLOADS; do
+    if [[ $WORKLOAD == builtin ]]; then
+        MODEL_DIR=$ROOT/engine_core/builtin/target SERVED_NAME=openinfer-builtin-target
+        INPUT_LENS=$INPUT_LEN WORKLOAD_OUTPUT_LEN=$OUTPUT_LEN WORKLOAD_NUM_PROMPTS=$NUM_PROMPTS
+    else
+        say "real: the real-vocabulary checkpoint (written once to the temporary folder, ~10 s)"
+        MODEL_DIR=${REAL_MODEL_DIR:-$(timeout 600 "$PY" -m openinfer.benchmarks.real_vocab_checkpoint | tail -n 1)} \
+            || die 1 "the real-vocabulary checkpoint could not be written"
+        SERVED_NAME=openinfer-real-vocab INPUT_LENS=$REAL_INPUT_LENS
+        WORKLOAD_OUTPUT_LEN=$REAL_OUTPUT_LEN WORKLOAD_NUM_PROMPTS=$REAL_NUM_PROMPTS
+    fi
+    [[ -f $MODEL_DIR/config.json ]] || die 2 "model folder $MODEL_DIR not found"
+    OUTPUT_LEN=$WORKLOAD_OUTPUT_LEN NUM_PROMPTS=$WORKLOAD_NUM_PROMPTS run_workload
+done
+say "done: logs, bench outputs, JSON and tables in $OUT_DIR"

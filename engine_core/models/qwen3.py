@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
 
@@ -197,10 +198,18 @@ class Qwen3DecoderLayer(nn.Module):
 class Qwen3Model(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
-        # Given its (uninitialised) weight, nn.Embedding skips its random init: load_weights fills it, and
-        # normal_ under the meta device would import torch._dynamo, ~1.5 s of every engine's start-up.
-        weight = torch.empty(config.vocab_size, config.hidden_size)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
+        # Tied: the embedding is the LM head too, held transposed for the head's matmul (VocabMatrix).
+        # Untied: a plain row-major embedding; given its (uninitialised) weight, nn.Embedding skips its random
+        # init (load_weights fills it; normal_ would import torch._dynamo, ~1.5 s of every engine's start-up).
+        self.embed_tokens: VocabMatrix | nn.Embedding = (
+            VocabMatrix(config.vocab_size, config.hidden_size)
+            if config.tie_word_embeddings
+            else nn.Embedding(
+                config.vocab_size,
+                config.hidden_size,
+                _weight=torch.empty(config.vocab_size, config.hidden_size),
+            )
+        )
         self.layers = nn.ModuleList(
             Qwen3DecoderLayer(config, attn_backend) for _ in range(config.num_hidden_layers)
         )
@@ -240,9 +249,7 @@ class Qwen3ForCausalLM(nn.Module):
         self.model = Qwen3Model(config, attn_backend)
         # Tied checkpoints have no lm_head.weight: the embedding matrix serves as the head.
         self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            None if config.tie_word_embeddings else VocabMatrix(config.vocab_size, config.hidden_size)
         )
 
     def forward(
@@ -271,9 +278,10 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, attn, aux_layer_ids)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """(n, hidden_size) -> (n, vocab_size) float32."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        """(n, hidden_size) -> (n, vocab_size) float32 (no copy when the model is float32)."""
+        head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
+        assert isinstance(head, VocabMatrix)  # tied: the embedding is one
+        return head.logits(hidden).float()
 
     def load_weights(self, folder: Path) -> None:
         """Copy every tensor of the folder's safetensors (one file or an indexed set of shards) into the
@@ -295,6 +303,8 @@ class Qwen3ForCausalLM(nn.Module):
             if isinstance(module, PackedLinear):
                 parent = path.rpartition(".")[0]  # "model.layers.0.self_attn" for its qkv_proj
                 targets.update((f"{parent}.{name}", view) for name, view in module.checkpoint_views())
+            elif isinstance(module, VocabMatrix):
+                targets[f"{path}.weight"] = module.weight  # (vocab, hidden): a view of weight_t
             else:
                 prefix = f"{path}." if path else ""
                 targets.update((prefix + name, p) for name, p in module.named_parameters(recurse=False))

@@ -11,17 +11,20 @@ from safetensors import safe_open
 from torch import Tensor
 
 
-def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
-    """Every (name, tensor) of the folder's model.safetensors, or of the shards its index names."""
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The folder's model.safetensors, or the shards its model.safetensors.index.json names."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
-    for file in files:
-        with safe_open(str(folder / file), framework="pt", device="cpu") as f:
+        return [folder / file for file in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
+    """Every (name, tensor) of the folder's model.safetensors, or of the shards its index names."""
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
 
@@ -52,8 +55,18 @@ def load_checkpoint(
                 problem = f"tensor {name!r} has shape {shape}, the config says {tuple(target.shape)}"
             raise ValueError(f"{folder}: {problem}")
         with torch.no_grad():
-            target.copy_(tensor)
+            _copy_in_memory_order(target, tensor)
         loaded.add(name)
     missing = sorted(targets.keys() - loaded)
     if missing:
         raise ValueError(f"{folder}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")
+
+
+def _copy_in_memory_order(target: Tensor, tensor: Tensor) -> None:
+    """target[...] = tensor, written in the target's memory order: a transposed view (a packed or transposed
+    parameter's, stride 1 along dim 0) is filled through its contiguous transpose, which on the CPU reads
+    the checkpoint's rows strided instead of scattering the writes (4x faster for a 151,936-row head)."""
+    if target.dim() == 2 and target.stride(0) == 1 and target.shape[0] > 1:
+        target.t().copy_(tensor.t())
+    else:
+        target.copy_(tensor)
