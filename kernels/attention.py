@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from torch import Tensor
 
 from openinfer.kernels.backend_name import BackendName as BackendName  # re-exported: backends name themselves
-from openinfer.kernels.cpu_attention import in_place_attention
+from openinfer.kernels.cpu_attention import in_place_attention, in_place_pays
 
 
 def host_to_device(
@@ -259,8 +259,9 @@ def padded_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale
 
 class TorchAttentionBackend:
     """Portable backend (CPU and CUDA). On the CPU each request reads its keys and values in place
-    (`cpu_attention.in_place_attention`: no per-layer copy of the whole context); on CUDA, the padded
-    gather of `padded_attention`, the reference every backend is tested against.
+    (`cpu_attention.in_place_attention`: no per-layer copy of the whole context) unless the step is small
+    enough that one padded gather is cheaper (`in_place_pays`); on CUDA, the padded gather of
+    `padded_attention`, the reference every backend is tested against.
     """
 
     name = BackendName.TORCH
@@ -270,7 +271,7 @@ class TorchAttentionBackend:
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
     ) -> Tensor:
         write_kv_cache(kv_cache, k, v, meta.slot_mapping)
-        if q.device.type == "cpu":
+        if q.device.type == "cpu" and in_place_pays(kv_cache, meta):
             return in_place_attention(q, kv_cache, meta, scale)
         return padded_attention(q, kv_cache, meta, scale)
 

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from openinfer.kernels.attention import AttentionMetadata, padded_attention, write_kv_cache
-from openinfer.kernels.cpu_attention import in_place_attention
+from openinfer.kernels.cpu_attention import in_place_attention, in_place_pays
 
 # (context_len, query_len) per request: decodes over ragged contexts (one at a block boundary), a fresh
 # prefill, a chunk after a context, a verification of K + 1 = 4 tokens.
 MIXED = [(37, 1), (0, 21), (48, 1), (29, 13), (70, 4), (1, 1)]
 DECODES = [(5, 1), (100, 1), (31, 1), (64, 1)]
+# Decodes past DECODE_PIECE_BLOCKS blocks of 16 (256 tokens): scattered ones fold pieces into an online
+# softmax, the last piece partial (600 keys = 2 full pieces + 88) or exactly full (512 keys).
+LONG_DECODES = [(599, 1), (511, 1), (300, 1)]
 HEADS = [(4, 2, 16), (4, 4, 8), (8, 1, 16)]  # (num_heads, num_kv_heads, head_dim): GQA 2, MHA, MQA
 
 
@@ -25,7 +28,7 @@ def tables_for(requests: list[tuple[int, int]], block_size: int, consecutive: bo
     return [pool[s : s + n] for s, n in zip(starts, sizes, strict=True)]
 
 
-@pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decodes"])
+@pytest.mark.parametrize("requests", [MIXED, DECODES, LONG_DECODES], ids=["mixed", "decodes", "long-decodes"])
 @pytest.mark.parametrize("heads", HEADS, ids=["gqa", "mha", "mqa"])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("consecutive", [True, False], ids=["views", "gathers"])
@@ -66,3 +69,14 @@ def test_first_blocks() -> None:
     meta = AttentionMetadata.build([20, 3, 40], [1, 1, 1], [[4, 5], [9], [7, 9, 8]], 16, torch.device("cpu"))
     # 21 keys = blocks 4, 5; 4 keys = block 9; 41 keys over 7, 9, 8 (ends 7 and 8 are not a run)
     assert meta.first_blocks == [4, 9, None]
+
+
+def test_in_place_pays() -> None:
+    """A lone request reads in place; a batch does only once its padded gather passes the limit."""
+    cache = torch.zeros(2, 1, 16, 8, 128)  # float32, 8 KV heads of 128: 8 KiB of keys+values per token
+    small = AttentionMetadata.build([127, 127], [1, 1], [[0] * 8, [0] * 8], 16, torch.device("cpu"))
+    large = AttentionMetadata.build([600, 600], [1, 1], [[0] * 38, [0] * 38], 16, torch.device("cpu"))
+    lone = AttentionMetadata.build([10], [1], [[0]], 16, torch.device("cpu"))
+    assert not in_place_pays(cache, small)  # 2 x 128 tokens x 8 KiB = 2 MiB <= 8 MiB
+    assert in_place_pays(cache, large)  # 2 x 601 tokens x 8 KiB > 8 MiB
+    assert in_place_pays(cache, lone)
