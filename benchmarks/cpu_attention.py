@@ -7,7 +7,7 @@ decode step's attention for one layer (the new keys written, then B queries of o
 (`padded_attention`), new (`in_place_attention`) and the torch backend, which takes whichever
 `in_place_pays` says. "consecutive" gives each request a run of block ids (a
 prompt allocated at once); "interleaved" deals the blocks out round-robin, as B requests decoding together
-allocate them, so the new path gathers each request's blocks.
+allocate them (plus one other request's block per round), so the new path gathers each request's blocks.
 """
 
 from __future__ import annotations
@@ -49,12 +49,15 @@ def decode_case(
     """The old, the new and the backend's call for `batch` decodes over `context` cached tokens each."""
     num_heads, num_kv_heads, head_dim = heads
     n = -(-(context + 1) // BLOCK_SIZE)
-    if interleaved:  # block j of request b is the j-th round's b-th allocation
-        tables = [[j * batch + b for j in range(n)] for b in range(batch)]
+    # interleaved: block j of request b is round j's b-th allocation, one more request's block in each round
+    # (so that a lone request's blocks are scattered too)
+    stride = batch + 1
+    if interleaved:
+        tables = [[j * stride + b for j in range(n)] for b in range(batch)]
     else:
         tables = [list(range(b * n, (b + 1) * n)) for b in range(batch)]
     g = torch.Generator().manual_seed(0)
-    cache = torch.randn(2, batch * n, BLOCK_SIZE, num_kv_heads, head_dim, generator=g).to(dtype)
+    cache = torch.randn(2, stride * n, BLOCK_SIZE, num_kv_heads, head_dim, generator=g).to(dtype)
     meta = AttentionMetadata.build([context] * batch, [1] * batch, tables, BLOCK_SIZE, torch.device("cpu"))
     q = torch.randn(batch, num_heads, head_dim, generator=g).to(dtype)
     k, v = (torch.randn(batch, num_kv_heads, head_dim, generator=g).to(dtype) for _ in range(2))

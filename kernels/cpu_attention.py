@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 # about 8 MiB, then costs 4-5x more per byte; docs/benchmarks.md "CPU attention in place").
 PADDED_GATHER_LIMIT = 8 << 20
 # A decode over scattered blocks gathers this many blocks at a time and folds each piece into an online
-# softmax, so what it copies is read back while still in cache (one whole-context copy at 4,096 tokens is
-# 32 MiB and costs as much as the attention itself).
-DECODE_PIECE_BLOCKS = 16
+# softmax, so what it copies is read back while still in cache (one whole-context copy at 4,096 tokens of
+# 8 float32 KV heads of 128 is 32 MiB: 4-8x slower than the pieces here; 16-64 blocks measured alike).
+DECODE_PIECE_BLOCKS = 32
 
 
 def in_place_pays(kv_cache: Tensor, meta: AttentionMetadata) -> bool:

@@ -12,9 +12,9 @@ from openinfer.kernels.cpu_attention import in_place_attention, in_place_pays
 # prefill, a chunk after a context, a verification of K + 1 = 4 tokens.
 MIXED = [(37, 1), (0, 21), (48, 1), (29, 13), (70, 4), (1, 1)]
 DECODES = [(5, 1), (100, 1), (31, 1), (64, 1)]
-# Decodes past DECODE_PIECE_BLOCKS blocks of 16 (256 tokens): scattered ones fold pieces into an online
-# softmax, the last piece partial (600 keys = 2 full pieces + 88) or exactly full (512 keys).
-LONG_DECODES = [(599, 1), (511, 1), (300, 1)]
+# Decodes past DECODE_PIECE_BLOCKS (32) blocks of 16 (512 tokens): scattered ones fold pieces into an
+# online softmax, the last piece partial (1,100 keys = 2 full pieces + 76) or exactly full (1,024 keys).
+LONG_DECODES = [(1099, 1), (1023, 1), (600, 1)]
 HEADS = [(4, 2, 16), (4, 4, 8), (8, 1, 16)]  # (num_heads, num_kv_heads, head_dim): GQA 2, MHA, MQA
 
 
