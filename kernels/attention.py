@@ -62,6 +62,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # per request, its first block id when the blocks holding its keys have consecutive ids (the CPU path
+    # then reads a view of the cache), else None (it gathers them; always correct). Found on the host.
+    first_blocks: list[int | None]
 
     @classmethod
     def build(
@@ -125,6 +128,7 @@ class AttentionMetadata:
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             block_size=block_size,
+            first_blocks=consecutive_first_blocks(block_tables, context_lens + query_lens, block_size),
         )
 
     @property
@@ -179,21 +183,19 @@ class AttentionMetadata:
         return (blocks * self.block_size + key_pos % self.block_size).flatten()
 
     @cached_property
-    def first_blocks(self) -> list[int | None]:
-        """Per request, its first block id when the blocks holding its seq_lens[b] keys have consecutive ids
-        (its keys are then one view of the cache), else None. Read on the host: the CPU path's plan."""
-        tables = self.block_tables.cpu().tolist()
-        firsts: list[int | None] = []
-        for table, seq_len in zip(tables, self.seq_lens.tolist(), strict=True):
-            used = table[: -(-seq_len // self.block_size)]
-            consecutive = all(b - a == 1 for a, b in zip(used, used[1:], strict=False))
-            firsts.append(used[0] if consecutive else None)
-        return firsts
-
-    @cached_property
     def cu_seqlens_k(self) -> Tensor:
         """(B + 1,) int32: request b's keys are [cu_seqlens_k[b], cu_seqlens_k[b+1]) when packed."""
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
+
+
+def consecutive_first_blocks(
+    block_tables: NDArray[np.int64], seq_lens: NDArray[np.int64], block_size: int
+) -> list[int | None]:
+    """`AttentionMetadata.first_blocks` from the (B, W) host block tables and (B,) sequence lengths."""
+    used = -(-seq_lens // block_size)  # (B,) blocks holding each request's keys
+    steps = np.diff(block_tables, axis=1) != 1  # (B, W - 1): block j + 1 does not follow block j
+    broken = (steps & (np.arange(steps.shape[1]) < used[:, None] - 1)).any(axis=1)  # (B,)
+    return [None if b else int(first) for b, first in zip(broken, block_tables[:, 0], strict=True)]
 
 
 class AttentionBackend(Protocol):
