@@ -1,9 +1,10 @@
-"""Paged attention: the per-step metadata, the backend protocol, the torch backend (the CPU path and the
-reference) and the choice of backend (`select_backend`; Triton kernels in triton_attention.py).
+"""Paged attention: the per-step metadata, the backend protocol, the torch backend (its CPU path in
+cpu_attention.py), the padded reference (`padded_attention`) and the choice of backend (`select_backend`;
+Triton kernels in triton_attention.py).
 
 KV cache layout, one tensor per layer: (2, num_blocks, block_size, num_kv_heads, head_dim), index 0 keys and
 1 values. Token position p of a request lives in slot block_table[p // block_size] * block_size
-+ p % block_size. The cache must start zeroed: the torch backend reads padding slots (masked out, but a NaN
++ p % block_size. The cache must start zeroed: the padded reference reads padding slots (masked out, but a NaN
 there would still poison the weighted sum).
 """
 
@@ -22,6 +23,7 @@ from numpy.typing import NDArray
 from torch import Tensor
 
 from openinfer.kernels.backend_name import BackendName as BackendName  # re-exported: backends name themselves
+from openinfer.kernels.cpu_attention import in_place_attention, in_place_pays
 
 
 def host_to_device(
@@ -60,6 +62,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # per request, its first block id when the blocks holding its keys have consecutive ids (the CPU path
+    # then reads a view of the cache), else None (it gathers them; always correct). Found on the host.
+    first_blocks: list[int | None]
 
     @classmethod
     def build(
@@ -123,6 +128,7 @@ class AttentionMetadata:
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             block_size=block_size,
+            first_blocks=consecutive_first_blocks(block_tables, context_lens + query_lens, block_size),
         )
 
     @property
@@ -182,6 +188,16 @@ class AttentionMetadata:
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
 
 
+def consecutive_first_blocks(
+    block_tables: NDArray[np.int64], seq_lens: NDArray[np.int64], block_size: int
+) -> list[int | None]:
+    """`AttentionMetadata.first_blocks` from the (B, W) host block tables and (B,) sequence lengths."""
+    used = -(-seq_lens // block_size)  # (B,) blocks holding each request's keys
+    steps = np.diff(block_tables, axis=1) != 1  # (B, W - 1): block j + 1 does not follow block j
+    broken = (steps & (np.arange(steps.shape[1]) < used[:, None] - 1)).any(axis=1)  # (B,)
+    return [None if b else int(first) for b, first in zip(broken, block_tables[:, 0], strict=True)]
+
+
 class AttentionBackend(Protocol):
     """Paged causal attention for one layer.
 
@@ -207,12 +223,47 @@ def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor)
     slots[1].index_copy_(0, slot_mapping, v)
 
 
-class TorchAttentionBackend:
-    """Portable backend (CPU and CUDA): one `scaled_dot_product_attention` per layer over the batch padded to
-    (B, max_query_len) queries and (B, max_seq_len) keys gathered through the block tables.
+def padded_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float) -> Tensor:
+    """The reference: one `scaled_dot_product_attention` over the batch padded to (B, max_query_len) queries
+    and (B, max_seq_len) keys gathered through the block tables (the new keys already written).
 
     Per-step index tensors and the mask come from the metadata's cached properties, so each layer pays for
     one gather of its keys and values, and for no padding at all when the queries are uniform.
+    """
+    _, num_heads, head_dim = q.shape
+    num_reqs, max_q, max_s = len(meta.query_lens), meta.max_query_len, meta.max_seq_len
+    num_kv_heads = kv_cache.shape[3]
+
+    # index_select of whole slot rows: several times faster on the CPU than advanced indexing.
+    slots = kv_cache.view(2, -1, num_kv_heads * head_dim)  # (2, num_slots, kv_heads * head_dim)
+    kv = slots.index_select(1, meta.padded_key_slots).view(2, num_reqs, max_s, num_kv_heads, head_dim)
+    keys, values = kv.transpose(2, 3).unbind(0)  # (B, num_kv_heads, S, head_dim) each
+
+    if meta.queries_are_padded:
+        padded_q = q.new_zeros(num_reqs * max_q, num_heads, head_dim)
+        padded_q.index_copy_(0, meta.padded_query_index, q)
+    else:
+        padded_q = q  # every request has max_q tokens: the packed layout is the padded one
+    bias = meta.attn_bias
+    out = F.scaled_dot_product_attention(
+        padded_q.reshape(num_reqs, max_q, num_heads, head_dim).transpose(1, 2),  # (B, num_heads, Q, D)
+        keys,
+        values,
+        attn_mask=None if bias is None else bias.to(q.dtype),  # (B, 1, Q, S)
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )  # (B, num_heads, Q, head_dim)
+    out = out.transpose(1, 2).reshape(num_reqs * max_q, num_heads, head_dim)
+    if meta.queries_are_padded:
+        out = out.index_select(0, meta.padded_query_index)
+    return out  # (num_tokens, num_heads, head_dim)
+
+
+class TorchAttentionBackend:
+    """Portable backend (CPU and CUDA). On the CPU each request reads its keys and values in place
+    (`cpu_attention.in_place_attention`: no per-layer copy of the whole context) unless the step is small
+    enough that one padded gather is cheaper (`in_place_pays`); on CUDA, the padded gather of
+    `padded_attention`, the reference every backend is tested against.
     """
 
     name = BackendName.TORCH
@@ -221,34 +272,10 @@ class TorchAttentionBackend:
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
     ) -> Tensor:
-        num_tokens, num_heads, head_dim = q.shape
-        num_reqs, max_q, max_s = len(meta.query_lens), meta.max_query_len, meta.max_seq_len
-        num_kv_heads = k.shape[1]
         write_kv_cache(kv_cache, k, v, meta.slot_mapping)
-
-        # index_select of whole slot rows: several times faster on the CPU than advanced indexing.
-        slots = kv_cache.view(2, -1, num_kv_heads * head_dim)  # (2, num_slots, kv_heads * head_dim)
-        kv = slots.index_select(1, meta.padded_key_slots).view(2, num_reqs, max_s, num_kv_heads, head_dim)
-        keys, values = kv.transpose(2, 3).unbind(0)  # (B, num_kv_heads, S, head_dim) each
-
-        if meta.queries_are_padded:
-            padded_q = q.new_zeros(num_reqs * max_q, num_heads, head_dim)
-            padded_q.index_copy_(0, meta.padded_query_index, q)
-        else:
-            padded_q = q  # every request has max_q tokens: the packed layout is the padded one
-        bias = meta.attn_bias
-        out = F.scaled_dot_product_attention(
-            padded_q.reshape(num_reqs, max_q, num_heads, head_dim).transpose(1, 2),  # (B, num_heads, Q, D)
-            keys,
-            values,
-            attn_mask=None if bias is None else bias.to(q.dtype),  # (B, 1, Q, S)
-            scale=scale,
-            enable_gqa=num_heads != num_kv_heads,
-        )  # (B, num_heads, Q, head_dim)
-        out = out.transpose(1, 2).reshape(num_reqs * max_q, num_heads, head_dim)
-        if meta.queries_are_padded:
-            out = out.index_select(0, meta.padded_query_index)
-        return out  # (num_tokens, num_heads, head_dim)
+        if q.device.type == "cpu" and in_place_pays(kv_cache, meta):
+            return in_place_attention(q, kv_cache, meta, scale)
+        return padded_attention(q, kv_cache, meta, scale)
 
 
 def select_backend(
