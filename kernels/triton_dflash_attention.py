@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openinfer.kernels.triton_attention import (
+from openinfer.kernels.triton_launch import KernelLaunch
+from openinfer.kernels.triton_tiles import (
     DECODE_ROWS,
     KEYS_PER_TILE,
     LOG2_E,
@@ -34,7 +35,6 @@ from openinfer.kernels.triton_attention import (
     load_paged_kv,
     online_softmax_step,
 )
-from openinfer.kernels.triton_launch import KernelLaunch
 
 
 @triton.jit
