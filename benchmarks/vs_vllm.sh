@@ -29,10 +29,10 @@
 # On this CPU build vLLM pins its one model thread to core 0 and keeps core 1 for its API server
 # (VLLM_CPU_OMP_THREADS_BIND=auto); openinfer's engine also runs one torch thread (--num-threads 1).
 #
-# Environment (all optional):
+# Environment: DATASET (required) is the text file prompts are cut from, e.g. a copy of tinyshakespeare.txt.
+# The rest is optional:
 #   VLLM_VENV        vLLM's venv (default: vllm-venv beside the repository)
 #   PY               the project's python (default: .venv/bin/python beside this repo, else python3)
-#   DATASET          text file to cut prompts from (default ../shared/datasets/tinyshakespeare.txt)
 #   WORKLOADS        (default "builtin real")             CONCURRENCIES  (default "1 8")
 #   NUM_PROMPTS      builtin: requests per run (default 32)
 #   INPUT_LEN        builtin: prompt tokens (default 64)  OUTPUT_LEN     builtin: output tokens (default 128)
@@ -57,7 +57,7 @@ if [[ -z ${PY:-} ]]; then
     if [[ -x $ROOT/.venv/bin/python ]]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
 WORKLOADS=${WORKLOADS:-"builtin real"}
-DATASET=${DATASET:-$ROOT/../shared/datasets/tinyshakespeare.txt}
+DATASET=${DATASET:-}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
 CONCURRENCIES=${CONCURRENCIES:-"1 8"}
 INPUT_LEN=${INPUT_LEN:-64}
@@ -122,7 +122,7 @@ trap 'say "interrupted"; exit 130' INT TERM
 # ---- pre-flight: fail fast and clearly, before starting anything ----
 command -v curl >/dev/null || die 2 "curl is needed"
 command -v timeout >/dev/null || die 2 "timeout (coreutils) is needed"
-[[ -f $DATASET ]] || die 2 "dataset $DATASET not found (set DATASET=...)"
+[[ -n $DATASET && -f $DATASET ]] || die 2 "set DATASET to a text file to cut prompts from (e.g. a copy of tinyshakespeare.txt); got '$DATASET'"
 for workload in $WORKLOADS; do
     [[ $workload == builtin || $workload == real ]] || die 2 "unknown workload '$workload' (builtin or real)"
 done

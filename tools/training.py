@@ -193,13 +193,16 @@ def train(
 
 
 def command_line() -> str:
-    """How this script was invoked, for the model card."""
-    script = Path(sys.argv[0]).resolve()
-    try:
-        shown = script.relative_to(REPO_ROOT)
-    except ValueError:
-        shown = script
-    return shlex.join(["python", str(shown), *sys.argv[1:]])
+    """How this script was invoked, for the model card: paths inside the repository relative to it, a file
+    outside it (the training text) by its name alone, so that the card names nothing a clone lacks."""
+    return shlex.join(["python", *(_shown(arg) for arg in sys.argv)])
+
+
+def _shown(arg: str) -> str:
+    path = Path(arg).resolve()
+    if not path.exists():
+        return arg
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
 
 
 def format_minutes(seconds: float) -> str:
