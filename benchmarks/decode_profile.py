@@ -36,15 +36,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from openinfer.benchmarks.engine_step import start_decoding
 from openinfer.benchmarks.real_vocab_checkpoint import real_vocab_checkpoint
 from openinfer.engine_core.config import Device, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.weights import checkpoint_files
 from openinfer.engine_core.sample import sampler as sampler_module
+from openinfer.engine_core.worker import worker as worker_module
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.engine_core.worker.read_back import ReadBack
-from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 PARTS = ("layers", "embed", "lm head", "grammar", "plan", "verify", "logprobs", "read-back")
 SAMPLER_CALLS = {"grammar": "apply_grammars", "plan": "processed_logits", "verify": "verify_on_device"}
@@ -84,13 +84,8 @@ def build_core(model: Path, batch: int, prompt_len: int, steps: int) -> EngineCo
     )
     core = EngineCore(config, runner)
     vocab = runner.model_config.vocab_size
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for b in range(batch):
-        prompt = [(7919 * b + 104729 * i + 13) % vocab for i in range(prompt_len)]
-        core.add_request(EngineCoreRequest(f"r{b}", prompt, params))
-    while any(r.num_output_tokens < 2 for r in core.requests.values()):
-        core.step()
-    return core
+    prompts = [[(7919 * b + 104729 * i + 13) % vocab for i in range(prompt_len)] for b in range(batch)]
+    return start_decoding(core, prompts, max_tokens)
 
 
 @contextmanager
@@ -104,16 +99,16 @@ def timed_calls(core: EngineCore, timer: PartTimer) -> Iterator[None]:
     model.model.embed_tokens.forward = timer.wrap("embed", model.model.embed_tokens.forward)  # type: ignore[method-assign]
     model.compute_logits = timer.wrap("lm head", model.compute_logits)  # type: ignore[method-assign]
     saved = {name: getattr(sampler_module, name) for name in SAMPLER_CALLS.values()}
-    read = ReadBack.read
+    read = worker_module.read_back
     try:
         for part, name in SAMPLER_CALLS.items():
             setattr(sampler_module, name, timer.wrap(part, saved[name]))
-        ReadBack.read = timer.wrap("read-back", read)  # type: ignore[method-assign]
+        worker_module.read_back = timer.wrap("read-back", read)
         yield
     finally:
         for name, call in saved.items():
             setattr(sampler_module, name, call)
-        ReadBack.read = read  # type: ignore[method-assign]
+        worker_module.read_back = read
 
 
 def measure(core: EngineCore, steps: int) -> dict[str, float]:

@@ -104,9 +104,15 @@ def build_core(batch: int, num_spec_tokens: int, device: torch.device, model: Pa
         core.load_drafter(DrafterSpec("ngram", num_spec_tokens))
         assert core.spec is not None
         core.spec.drafter = CycleDrafter(num_spec_tokens, vocab)
+    prompts = [[(7 * b + 3 * i + 1) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
+    return start_decoding(core, prompts, max_tokens)
+
+
+def start_decoding(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> EngineCore:
+    """Add one greedy request per prompt (EOS ignored) and step until every one has decoded twice: prefill
+    behind it, the steps timed next are decodes."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for b in range(batch):
-        prompt = [(7 * b + 3 * i + 1) % vocab for i in range(PROMPT_LEN)]
+    for b, prompt in enumerate(prompts):
         core.add_request(EngineCoreRequest(f"r{b}", prompt, params))
     while any(r.num_output_tokens < 2 for r in core.requests.values()):
         core.step()
