@@ -13,12 +13,11 @@ allocate them (plus one other request's block per round), so the new path gather
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from openinfer.benchmarks.model_step import median_ms
 from openinfer.kernels.attention import (
     AttentionMetadata,
     TorchAttentionBackend,
@@ -30,17 +29,6 @@ from openinfer.kernels.cpu_attention import in_place_attention
 BLOCK_SIZE = 16
 CONTEXTS = (64, 256, 1024, 4096)
 BATCHES = (1, 8)
-
-
-def median_ms(call: Callable[[], object], iters: int) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def decode_case(
@@ -95,7 +83,7 @@ def main() -> None:
             for context in CONTEXTS:
                 for interleaved in (False, True):
                     calls = decode_case(batch, context, interleaved, tuple(args.heads), dtype)
-                    old_ms, new_ms, backend_ms = (median_ms(call, args.iters) for call in calls)
+                    old_ms, new_ms, backend_ms = (median_ms(call, 3, args.iters) for call in calls)
                     layout = "interleaved" if interleaved else "consecutive"
                     print(
                         f"| {batch} | {context} | {layout} | {old_ms:.3f} | {new_ms:.3f} | {backend_ms:.3f} "

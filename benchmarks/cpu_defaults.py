@@ -13,14 +13,13 @@ hidden 1024, 16/8 heads of 128, MLP 3072, 2 layers) is written with random weigh
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from openinfer.benchmarks.model_step import median_ms
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.testing.qwen3_checkpoint import make_qwen3_0_6b_shaped_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
@@ -29,16 +28,6 @@ from openinfer.engine_core.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 PROMPT_LEN = 1500
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-def median_ms(call: Callable[[], object], repeats: int) -> float:
-    call()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def prefill(runner: ModelRunner, chunk: int) -> Callable[[], object]:
@@ -61,7 +50,7 @@ def decode(runner: ModelRunner) -> Callable[[], object]:
 
 def matmul_ms(dtype: torch.dtype) -> float:
     a, b = torch.randn(1024, 1024).to(dtype), torch.randn(1024, 3072).to(dtype)
-    return median_ms(lambda: a @ b, 20)
+    return median_ms(lambda: a @ b, 1, 20)
 
 
 def main() -> None:
@@ -82,10 +71,10 @@ def main() -> None:
                 runner = ModelRunner(folder, torch.device("cpu"), num_blocks, BLOCK_SIZE, dtype)
                 for threads in args.threads:
                     torch.set_num_threads(threads)
-                    cells = [median_ms(prefill(runner, c), args.repeats) for c in args.chunks]
+                    cells = [median_ms(prefill(runner, c), 1, args.repeats) for c in args.chunks]
                     label = f"| {name} | {str(dtype).removeprefix('torch.')} | {threads} |"
                     prefill_rows.append(label + "".join(f" {ms:.0f} |" for ms in cells))
-                    decode_rows.append(label + f" {median_ms(decode(runner), 10 * args.repeats):.2f} |")
+                    decode_rows.append(label + f" {median_ms(decode(runner), 1, 10 * args.repeats):.2f} |")
                     print(prefill_rows[-1], decode_rows[-1], flush=True)
     head = "| model | dtype | threads |"
     print(f"\nprefill of {PROMPT_LEN} tokens, total ms by chunk size\n")

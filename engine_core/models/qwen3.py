@@ -17,6 +17,7 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
+from openinfer.kernels.cpu_matmul import pack_weight, packed_matmul
 
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
@@ -45,6 +46,7 @@ class PackedLinear(nn.Module):
     weight_t (in_features, out_features) is the transpose of the checkpoint's (out, in) layout: on the CPU
     MKL multiplies the few rows of a decode step by a row-major (in, out) matrix up to 2x faster than by
     the transposed one `F.linear` hands it. `checkpoint_views` maps the checkpoint's names to views of it.
+    After loading, `pack_for_cpu` may move the weight into oneDNN's blocked layout (kernels/cpu_matmul.py).
     """
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
@@ -53,9 +55,12 @@ class PackedLinear(nn.Module):
         out_features = sum(parts.values())
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: Tensor | None = None  # a oneDNN-packed copy for steps of 2+ rows (pack_for_cpu), or None
 
     def forward(self, x: Tensor) -> Tensor:
         """(n, in_features) -> (n, out_features)."""
+        if self.packed is not None and x.shape[0] > 1:
+            return packed_matmul(x, self.packed, self.bias)
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
@@ -68,6 +73,11 @@ class PackedLinear(nn.Module):
             if self.bias is not None:
                 yield f"{name}.bias", self.bias[start : start + width]
             start += width
+
+    def pack_for_cpu(self) -> None:
+        """From now on multiply 2+ rows by a oneDNN-packed copy of the (loaded) weight; one row still by
+        weight_t, which MKL reads at the memory bandwidth (oneDNN's packed layout is ~25 % slower there)."""
+        self.packed = pack_weight(self.weight_t.t())
 
 
 class RotaryEmbedding:
@@ -282,6 +292,14 @@ class Qwen3ForCausalLM(nn.Module):
         head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
         assert isinstance(head, VocabMatrix)  # tied: the embedding is one
         return head.logits(hidden).float()
+
+    def pack_for_cpu(self) -> None:
+        """Give every projection and the LM head a oneDNN-packed copy for CPU matmuls of 2+ rows
+        (kernels/cpu_matmul.py; call after `load_weights`, only where `cpu_packing_available`). The plain
+        matrices stay, for single-row steps and embedding lookups: twice the weights' memory on the CPU."""
+        for module in self.modules():
+            if isinstance(module, PackedLinear | VocabMatrix):
+                module.pack_for_cpu()
 
     def load_weights(self, folder: Path) -> None:
         """Copy every tensor of the folder's safetensors (one file or an indexed set of shards) into the

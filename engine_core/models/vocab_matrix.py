@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from openinfer.kernels.cpu_matmul import pack_weight, packed_matmul
+
 
 class VocabMatrix(nn.Module):
     """The checkpoint's (vocab_size, hidden_size) matrix, held as ``weight_t`` (hidden_size, vocab_size).
@@ -15,12 +17,14 @@ class VocabMatrix(nn.Module):
     bandwidth, but by the (vocab, hidden) layout ``F.linear`` hands it 1.7x slower at 1 row and 2x at 8
     (issue 23's profile: the LM head is ~85 % of a 2-layer Qwen3-0.6B step's bytes). ``weight`` is the view
     in the checkpoint's shape (loading writes through it). As an embedding, a token's row is a column of
-    ``weight_t``: a strided read of hidden_size values, a few µs per token.
+    ``weight_t``: a strided read of hidden_size values, a few µs per token. On the CPU, `pack_for_cpu` may
+    give the head a oneDNN-packed copy (kernels/cpu_matmul.py) for 2+ rows: 2x faster at 8 rows.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
         self.weight_t = nn.Parameter(torch.empty(hidden_size, vocab_size))
+        self.packed: Tensor | None = None  # (vocab, hidden) packed by oneDNN for 2+ rows of `logits`, or None
 
     @property
     def weight(self) -> Tensor:
@@ -33,4 +37,10 @@ class VocabMatrix(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden_size) -> (n, vocab_size) in the matrix's dtype: hidden @ weight.T."""
+        if self.packed is not None and hidden.shape[0] > 1:
+            return packed_matmul(hidden, self.packed)
         return torch.mm(hidden, self.weight_t)
+
+    def pack_for_cpu(self) -> None:
+        """From now on compute `logits` of 2+ rows by a oneDNN-packed copy of the (loaded) matrix."""
+        self.packed = pack_weight(self.weight)

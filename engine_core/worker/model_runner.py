@@ -18,6 +18,7 @@ from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, BackendName, host_to_device_parts, select_backend
+from openinfer.kernels.cpu_matmul import cpu_packing_available
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class ModelRunner:
             model = Qwen3ForCausalLM(config, self.attn_backend)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
+        if self.device.type == "cpu" and cpu_packing_available(self.dtype):
+            self.model.pack_for_cpu()
         # (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer.
         # Block num_kv_blocks is the scratch block padded steps write into.
         cache_shape = (2, num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)

@@ -7,6 +7,7 @@ tests/conftest.py sets TRITON_INTERPRET for this one and the interpreter compile
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -55,3 +56,41 @@ def test_every_kernel_compiles_for_sm90_and_sm80() -> None:
             )
     assert all(row.endswith("| ok |") for row in rows)
     assert "48 launches compiled, 0 failing the check" in done.stdout  # 24 per target (the subset's)
+
+
+# Real launches of the engine's kernels compiled with bad options, each beside the backend's own: the varlen
+# paged attention (head_dim 128, float32, GQA group 8: the widest tile) with one warp instead of eight holds the
+# whole tile in one warp's registers and spills on sm_90; the DFlash block attention (bf16) with 6 pipeline
+# stages instead of 2 buffers past sm_80's 163 KiB of shared memory per block.
+BAD_LAUNCHES = """
+import dataclasses
+from openinfer.benchmarks.triton_compile import Row, Spec, launches
+from openinfer.kernels.triton_launch import compile_launch
+for kernel, spec, target, option, bad in (
+    ("paged_attention varlen", Spec(128, 8, "fp32", 16, 3), 90, "num_warps", 1),
+    ("dflash_block_attention", Spec(128, 8, "bf16", 16, 3), 80, "num_stages", 6),
+):
+    launch = dict(launches(spec))[kernel]
+    for value in (getattr(launch, option), bad):
+        compiled = compile_launch(dataclasses.replace(launch, **{option: value}), target)
+        print(f"{kernel}|{value}|{Row(kernel, spec, target, compiled, None).problem()}")
+"""
+
+
+@pytest.mark.skipif(ptxas_missing() is not None, reason=ptxas_missing() or "")
+def test_spills_and_shared_memory_past_the_limit_fail_the_check() -> None:
+    """The check fails what ptxas and Triton report: a spilling launch and one past the shared-memory limit,
+    while the same kernels with the backend's options pass."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", BAD_LAUNCHES], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.count("|") == 2]
+    assert [(kernel, problem) for kernel, _, problem in rows[::2]] == [
+        ("paged_attention varlen", "None"),
+        ("dflash_block_attention", "None"),
+    ]  # the backend's own launches
+    (_, warps, spilled), (_, stages, shared) = rows[1], rows[3]
+    assert warps == "1" and re.fullmatch(r"[1-9]\d* bytes spilled", spilled), spilled
+    assert stages == "6" and re.fullmatch(r"[1-9]\d* bytes of shared memory > 166912", shared), shared
