@@ -72,7 +72,8 @@ def test_first_blocks() -> None:
 
 
 def test_in_place_pays() -> None:
-    """A lone request reads in place; a batch does only once its padded gather passes the limit."""
+    """A lone request reads in place, and so does a batch of unequal query lengths; a batch of equal ones
+    does only once its padded gather passes the limit."""
     cache = torch.zeros(2, 1, 16, 8, 128)  # float32, 8 KV heads of 128: 8 KiB of keys+values per token
     small = AttentionMetadata.build([127, 127], [1, 1], [[0] * 8, [0] * 8], 16, torch.device("cpu"))
     large = AttentionMetadata.build([600, 600], [1, 1], [[0] * 38, [0] * 38], 16, torch.device("cpu"))
@@ -80,3 +81,5 @@ def test_in_place_pays() -> None:
     assert not in_place_pays(cache, small)  # 2 x 128 tokens x 8 KiB = 2 MiB <= 8 MiB
     assert in_place_pays(cache, large)  # 2 x 601 tokens x 8 KiB > 8 MiB
     assert in_place_pays(cache, lone)
+    mixed = AttentionMetadata.build([0, 127], [4, 1], [[0], [0] * 8], 16, torch.device("cpu"))
+    assert in_place_pays(cache, mixed)  # small, but padded would run the decode at 4 queries
