@@ -99,7 +99,10 @@ def launches(spec: Spec) -> Iterator[tuple[str, KernelLaunch]]:
     dtype, d, kv = DTYPES[spec.dtype], spec.head_dim, NUM_KV_HEADS
     heads = spec.group * kv
     cache = torch.empty(2, 4 * spec.table_width, spec.block_size, kv, d, dtype=dtype)
-    for name, requests in (("decode", [(5, 1), (9, 1)]), ("varlen", [(0, 3), (2, 8)])):
+    capacity = spec.table_width * spec.block_size  # token positions a request's table can hold
+    decodes = [(min(5, capacity - 1), 1), (min(9, capacity - 1), 1)]  # (context, query) per request
+    varlen = [(0, min(3, capacity)), (min(2, capacity - 1), min(8, capacity - min(2, capacity - 1)))]
+    for name, requests in (("decode", decodes), ("varlen", varlen)):
         step_tables = [[0] * spec.table_width for _ in requests]  # as wide as the step's longest table
         meta = AttentionMetadata.build(
             [c for c, _ in requests],

@@ -14,6 +14,8 @@ import sys
 import pytest
 from triton.backends.nvidia.compiler import get_ptxas
 
+from openinfer.benchmarks.triton_compile import Subset, launches, specialization, specs
+
 KERNELS = [
     "write_kv",
     "paged_attention decode",
@@ -94,3 +96,16 @@ def test_spills_and_shared_memory_past_the_limit_fail_the_check() -> None:
     (_, warps, spilled), (_, stages, shared) = rows[1], rows[3]
     assert warps == "1" and re.fullmatch(r"[1-9]\d* bytes spilled", spilled), spilled
     assert stages == "6" and re.fullmatch(r"[1-9]\d* bytes of shared memory > 166912", shared), shared
+
+
+def test_every_spec_of_the_full_matrix_builds_its_launches() -> None:
+    """The full matrix (the benchmark's default, too slow for the suite to compile) at least builds every
+    launch, each request's positions inside its block table: block size 1 with 3-column tables once failed
+    here, before anything compiled."""
+    keys = {
+        (kernel, target, specialization(launch))
+        for spec in specs(Subset.FULL)
+        for kernel, launch in launches(spec)
+        for target in (90, 80)
+    }
+    assert len(keys) == 392  # distinct compilations of the matrix, as the benchmark dedups them
