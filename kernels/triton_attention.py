@@ -35,6 +35,7 @@ from openinfer.kernels.triton_tiles import (
     KEYS_PER_TILE,
     LOG2_E,
     VARLEN_ROWS,
+    WIDE_MAX_REGISTERS,
     WIDE_STAGES,
     WIDE_WARPS,
     dot_dtype,
@@ -298,6 +299,7 @@ def attention_launches(
         },
         num_warps=num_warps,
         num_stages=num_stages,
+        max_registers=None if decode or float32 else WIDE_MAX_REGISTERS,
     )
     if splits == 1:
         return out, [paged]

@@ -38,6 +38,7 @@ class KernelLaunch:
     constexprs: dict[str, object]  # by name; never mutated after construction
     num_warps: int = 4  # Triton's default
     num_stages: int = 3  # Triton's default: loads in flight in a pipelined loop
+    max_registers: int | None = None  # per-thread cap for ptxas (Triton's maxnreg); None: ptxas chooses
 
     def run(self) -> None:
         self.kernel[self.grid](*self.args, **self.options)
@@ -45,7 +46,10 @@ class KernelLaunch:
     @property
     def options(self) -> dict[str, object]:
         """The keyword arguments of the launch: constexprs and launch options."""
-        return {**self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        options = {**self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 @dataclass(frozen=True)

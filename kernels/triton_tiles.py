@@ -17,6 +17,10 @@ KEYS_PER_TILE = {2: 64, 4: 32}
 # launches and float32 spill registers on sm_80 or sm_90. 8 warps spill nothing with 2 stages (16-bit) and
 # 16 rows (float32: 1 stage for the varlen launch, 3 for decode and DFlash, as measured).
 WIDE_WARPS, WIDE_STAGES = 8, 2
+# The 16-bit varlen launch still spilled 4-12 bytes on sm_80 at some block sizes and GQA groups (24, 32, 64 with
+# group 4-8: ptxas capped itself at 128 registers); letting it use up to 255 spills nothing (198-222 on sm_80,
+# 129-153 on sm_90, benchmarks/triton_compile.py's full matrix).
+WIDE_MAX_REGISTERS = 255
 
 
 @triton.jit
