@@ -101,7 +101,8 @@ def launches(spec: Spec) -> Iterator[tuple[str, KernelLaunch]]:
     cache = torch.empty(2, 4 * spec.table_width, spec.block_size, kv, d, dtype=dtype)
     capacity = spec.table_width * spec.block_size  # token positions a request's table can hold
     decodes = [(min(5, capacity - 1), 1), (min(9, capacity - 1), 1)]  # (context, query) per request
-    varlen = [(0, min(3, capacity)), (min(2, capacity - 1), min(8, capacity - min(2, capacity - 1)))]
+    context = min(2, capacity - 1)
+    varlen = [(0, min(3, capacity)), (context, min(8, capacity - context))]
     for name, requests in (("decode", decodes), ("varlen", varlen)):
         step_tables = [[0] * spec.table_width for _ in requests]  # as wide as the step's longest table
         meta = AttentionMetadata.build(

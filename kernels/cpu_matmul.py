@@ -3,8 +3,9 @@ layout (as vLLM's CPU build does for every dense projection and the LM head).
 
 Why: on a decode step's few rows MKL's sgemm by a plain (in, out) matrix runs far below the memory bandwidth
 once there is more than one row, and a prefill chunk's GEMM far below the core's FLOPs. Measured on one AVX-512
-core (float32, `benchmarks/cpu_matmul.py`): the 151,936 x 1024 LM head at 8 rows 45-53 ms packed against
-127-139 ms plain; a 6,144 x 1024 projection at 512 rows 61 ms against 97 ms; at one row the two are alike.
+core (float32, `benchmarks/cpu_matmul.py`): the 151,936 x 1024 LM head at 8 rows 47-53 ms packed against
+93-139 ms plain; a 6,144 x 1024 projection at 512 rows 61 ms against 97 ms. At one row the plain row-major
+matrix is as fast or faster (a layer's projections 3.2 ms against 4.1 packed), so `weight_matmul` keeps it.
 """
 
 from __future__ import annotations
@@ -35,3 +36,13 @@ def pack_weight(weight: Tensor) -> Tensor:
 def packed_matmul(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
     """(n, in_features) @ packed.T (+ bias) -> (n, out_features), x's dtype, a plain contiguous tensor."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
+def weight_matmul(x: Tensor, weight_t: Tensor, packed: Tensor | None, bias: Tensor | None = None) -> Tensor:
+    """(n, in_features) @ weight_t (in_features, out_features) (+ bias): by the oneDNN-packed copy of the
+    same weight when there is one and n > 1, else by weight_t itself (MKL's row-major path)."""
+    if packed is not None and x.shape[0] > 1:
+        return packed_matmul(x, packed, bias)
+    if bias is None:
+        return torch.mm(x, weight_t)
+    return torch.addmm(bias, x, weight_t)

@@ -17,7 +17,7 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
-from openinfer.kernels.cpu_matmul import pack_weight, packed_matmul
+from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
 
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
@@ -46,7 +46,7 @@ class PackedLinear(nn.Module):
     weight_t (in_features, out_features) is the transpose of the checkpoint's (out, in) layout: on the CPU
     MKL multiplies the few rows of a decode step by a row-major (in, out) matrix up to 2x faster than by
     the transposed one `F.linear` hands it. `checkpoint_views` maps the checkpoint's names to views of it.
-    After loading, `pack_for_cpu` may move the weight into oneDNN's blocked layout (kernels/cpu_matmul.py).
+    After loading, `pack_for_cpu` may add a copy in oneDNN's blocked layout for steps of 2+ rows (cpu_matmul.py).
     """
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
@@ -59,11 +59,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(n, in_features) -> (n, out_features)."""
-        if self.packed is not None and x.shape[0] > 1:
-            return packed_matmul(x, self.packed, self.bias)
-        if self.bias is None:
-            return torch.mm(x, self.weight_t)
-        return torch.addmm(self.bias, x, self.weight_t)
+        return weight_matmul(x, self.weight_t, self.packed, self.bias)
 
     def checkpoint_views(self) -> Iterator[tuple[str, Tensor]]:
         """(checkpoint name relative to the parent module, view in the checkpoint tensor's shape) per part."""

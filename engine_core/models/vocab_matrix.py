@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from openinfer.kernels.cpu_matmul import pack_weight, packed_matmul
+from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
 
 
 class VocabMatrix(nn.Module):
@@ -37,9 +37,7 @@ class VocabMatrix(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden_size) -> (n, vocab_size) in the matrix's dtype: hidden @ weight.T."""
-        if self.packed is not None and hidden.shape[0] > 1:
-            return packed_matmul(hidden, self.packed)
-        return torch.mm(hidden, self.weight_t)
+        return weight_matmul(hidden, self.weight_t, self.packed)
 
     def pack_for_cpu(self) -> None:
         """From now on compute `logits` of 2+ rows by a oneDNN-packed copy of the (loaded) matrix."""
