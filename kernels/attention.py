@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from torch import Tensor
 
 from openinfer.kernels.backend_name import BackendName as BackendName  # re-exported: backends name themselves
-from openinfer.kernels.cpu_attention import in_place_attention, in_place_pays
+from openinfer.kernels.cpu_attention import BlockRun, in_place_attention, in_place_pays
 
 
 def host_to_device(
@@ -62,9 +62,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
-    # per request, its first block id when the blocks holding its keys have consecutive ids (the CPU path
-    # then reads a view of the cache), else None (it gathers them; always correct). Found on the host.
-    first_blocks: list[int | None]
+    # per request, the runs of consecutive block ids holding its keys, in table order (the CPU path reads a
+    # long run as a view of the cache); found on the host for CPU steps, None on other devices
+    block_runs: list[list[BlockRun]] | None
 
     @classmethod
     def build(
@@ -128,7 +128,11 @@ class AttentionMetadata:
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             block_size=block_size,
-            first_blocks=consecutive_first_blocks(block_tables, context_lens + query_lens, block_size),
+            block_runs=(
+                find_block_runs(block_tables, context_lens + query_lens, block_size)
+                if slot_mapping.device.type == "cpu"
+                else None
+            ),
         )
 
     @property
@@ -188,14 +192,18 @@ class AttentionMetadata:
         return F.pad(self.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
 
 
-def consecutive_first_blocks(
+def find_block_runs(
     block_tables: NDArray[np.int64], seq_lens: NDArray[np.int64], block_size: int
-) -> list[int | None]:
-    """`AttentionMetadata.first_blocks` from the (B, W) host block tables and (B,) sequence lengths."""
+) -> list[list[BlockRun]]:
+    """`AttentionMetadata.block_runs` from the (B, W) host block tables and (B,) sequence lengths."""
     used = -(-seq_lens // block_size)  # (B,) blocks holding each request's keys
-    steps = np.diff(block_tables, axis=1) != 1  # (B, W - 1): block j + 1 does not follow block j
-    broken = (steps & (np.arange(steps.shape[1]) < used[:, None] - 1)).any(axis=1)  # (B,)
-    return [None if b else int(first) for b, first in zip(broken, block_tables[:, 0], strict=True)]
+    breaks = np.diff(block_tables, axis=1) != 1  # (B, W - 1): block j + 1 does not follow block j
+    runs = []
+    for table, n, row_breaks in zip(block_tables, used.tolist(), breaks, strict=True):
+        starts = [0, *(np.flatnonzero(row_breaks[: n - 1]) + 1).tolist()]
+        ends = [*starts[1:], n]
+        runs.append([BlockRun(s, int(table[s]), e - s) for s, e in zip(starts, ends, strict=True)])
+    return runs
 
 
 class AttentionBackend(Protocol):

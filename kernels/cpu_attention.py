@@ -2,19 +2,24 @@
 
 The padded reference (`padded_attention` in attention.py) gathers every request's whole context into a
 (B, max_seq_len) batch in every layer of every step, so a decode step copies the whole KV cache it reads.
-Here each request attends on its own: when its blocks have consecutive ids (a prompt's blocks are allocated
-together) its keys and values are a view of the cache, no copy at all; otherwise `index_select`s of its
-whole blocks (block-sized rows, no padding to the batch's longest context): a long decode takes them a
-cache-sized piece at a time under an online softmax, so nothing it copies leaves the cache. A decode folds the GQA group
-into the query axis and runs two batched matmuls over the KV heads, which read strided views without a
-copy; a prefill chunk or a verification (query length > 1) runs `scaled_dot_product_attention` with its
-causal mask. Small batches over short contexts still take the padded gather (`in_place_pays`), whose
-one call beats B small ones while its copy stays in cache. `benchmarks/cpu_attention.py` measures both.
+Here each request attends on its own, over its blocks as runs of consecutive ids (`BlockRun`: a prompt
+chunk's blocks are allocated together, a decode adds one block at a time): a long run is a view of the
+cache, no copy; short runs are gathered together with `index_select`, a cache-sized piece at a time.
+
+- A decode or a verification (at most FEW_QUERIES queries) folds its queries and the GQA group into the rows
+  of two batched matmuls per KV head, which read the strided views without a copy, piece by piece under an
+  online softmax (float32), the causal mask on the pieces past its context.
+- A prefill chunk runs `scaled_dot_product_attention` (torch's CPU flash kernel) over its whole context,
+  a view when the context is one run, else gathered.
+
+Small batches over short contexts still take the padded gather (`in_place_pays`), whose one call beats B
+small ones while its copy stays in cache. `benchmarks/cpu_attention.py` measures both.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +32,25 @@ if TYPE_CHECKING:
 # per-request calls (measured on a 2-core AVX-512 EPYC, float32: the padded copy stays in cache until
 # about 8 MiB, then costs 4-5x more per byte; docs/benchmarks.md "CPU attention in place").
 PADDED_GATHER_LIMIT = 8 << 20
-# A decode over scattered blocks gathers this many blocks at a time and folds each piece into an online
-# softmax, so what it copies is read back while still in cache (one whole-context copy at 4,096 tokens of
-# 8 float32 KV heads of 128 is 32 MiB: 4-8x slower than the pieces here; 16-64 blocks measured alike).
-DECODE_PIECE_BLOCKS = 32
+# Short runs are gathered this many blocks at a time and each piece folded into the online softmax, so what
+# is copied is read back while still in cache (one whole-context copy at 4,096 tokens of 8 float32 KV heads
+# of 128 is 32 MiB: 4-8x slower than the pieces here; 16-64 blocks measured alike).
+GATHER_PIECE_BLOCKS = 32
+# A run of at least this many blocks is read as a view; shorter ones are gathered (a 16-token view costs two
+# matmul calls for 16 keys, more than copying its 128 KiB of float32 keys and values with its neighbours').
+VIEW_MIN_BLOCKS = 4
+# Requests with at most this many queries (decodes, verifications of K + 1 tokens) take the piecewise path;
+# longer ones (prefill chunks) the flash kernel over their whole context.
+FEW_QUERIES = 16
+
+
+class BlockRun(NamedTuple):
+    """Blocks table[offset : offset + length] of a request's block table, whose ids are first .. first +
+    length - 1."""
+
+    offset: int
+    first: int
+    length: int
 
 
 def in_place_pays(kv_cache: Tensor, meta: AttentionMetadata) -> bool:
@@ -47,56 +67,94 @@ def in_place_pays(kv_cache: Tensor, meta: AttentionMetadata) -> bool:
     return gathered > PADDED_GATHER_LIMIT
 
 
-def request_kv(kv_cache: Tensor, meta: AttentionMetadata, b: int, start: int, stop: int) -> Tensor:
-    """(2, stop - start, num_kv_heads, head_dim): request b's keys and values at positions start..stop-1
-    (start a multiple of the block size), a view of the cache when its blocks are consecutive, else a copy
-    of those blocks only."""
+def key_pieces(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> Iterator[tuple[int, Tensor]]:
+    """Request b's keys and values in order, as (first position, (2, n, num_kv_heads, head_dim)) pieces: a
+    view of the cache for each run of VIEW_MIN_BLOCKS blocks or more, the short runs between them gathered
+    GATHER_PIECE_BLOCKS blocks at a time. The last piece ends at the request's last key."""
     two, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    first_block, end_block = start // block_size, -(-stop // block_size)
-    first = meta.first_blocks[b]
-    if first is not None:
-        blocks = kv_cache[:, first + first_block : first + end_block]  # (2, n, block_size, Hkv, D) view
-    else:
-        rows = kv_cache.view(two, num_blocks, block_size * num_kv_heads * head_dim)
-        blocks = rows.index_select(1, meta.block_tables[b, first_block:end_block].long())
-    n = end_block - first_block
-    return blocks.reshape(two, n * block_size, num_kv_heads, head_dim)[:, : stop - start]
+    rows = kv_cache.view(two, num_blocks, block_size * num_kv_heads * head_dim)
+    assert meta.block_runs is not None, "CPU attention metadata finds its block runs"
+    runs = meta.block_runs[b]
+    table = meta.block_tables[b]
+    seq_len = meta.context_lens[b] + meta.query_lens[b]
+
+    def piece(index: int, blocks: Tensor) -> tuple[int, Tensor]:  # blocks (2, n, block_size, ...)
+        start = index * block_size
+        n = blocks.shape[1] * block_size
+        return start, blocks.reshape(two, n, num_kv_heads, head_dim)[:, : seq_len - start]
+
+    def gathered(index: int, stop: int) -> tuple[int, Tensor]:  # table[index:stop], short runs
+        return piece(index, rows.index_select(1, table[index:stop].long()))
+
+    pending: int | None = None  # table index where the short runs not yet gathered begin
+    for run in runs:
+        if run.length >= VIEW_MIN_BLOCKS:
+            if pending is not None:
+                yield gathered(pending, run.offset)
+                pending = None
+            yield piece(run.offset, kv_cache[:, run.first : run.first + run.length])
+            continue
+        if pending is None:
+            pending = run.offset
+        if run.offset + run.length - pending >= GATHER_PIECE_BLOCKS:
+            yield gathered(pending, run.offset + run.length)
+            pending = None
+    if pending is not None:
+        yield gathered(pending, runs[-1].offset + runs[-1].length)
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
-    """One query token: q (num_heads, head_dim) over keys/values (S, num_kv_heads, head_dim) -> (num_heads,
-    head_dim). The G query heads sharing a KV head are its G query rows, so nothing is repeated."""
-    num_heads, head_dim = q.shape
-    num_kv_heads = keys.shape[1]
-    grouped = q.view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # (Hkv, G, D)
-    scores = torch.bmm(grouped, keys.permute(1, 2, 0)).mul_(scale)  # (Hkv, G, S): strided reads, no copy
-    probs = scores.float().softmax(-1).to(q.dtype)
-    return torch.bmm(probs, values.transpose(0, 1)).view(num_heads, head_dim)  # (Hkv, G, D) -> (H, D)
+def request_kv(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> Tensor:
+    """(2, seq_len, num_kv_heads, head_dim): request b's keys and values, a view of the cache when its
+    blocks are one run, else a copy of its blocks."""
+    pieces = [kv for _, kv in key_pieces(kv_cache, meta, b)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
-def pieced_decode_attention(
-    q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, b: int, scale: float
-) -> Tensor:
-    """`decode_attention` for request b over its scattered blocks, DECODE_PIECE_BLOCKS at a time: each
-    piece's scores fold into a running max, denominator and weighted sum (the online softmax), in float32."""
-    num_heads, head_dim = q.shape
-    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
-    grouped = q.view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # (Hkv, G, D)
-    seq_len = meta.context_lens[b] + 1
-    piece = DECODE_PIECE_BLOCKS * block_size
-    running_max = torch.full((*grouped.shape[:2], 1), float("-inf"))  # (Hkv, G, 1) float32
-    denominator = torch.zeros_like(running_max)  # (Hkv, G, 1)
-    acc = torch.zeros(grouped.shape, dtype=torch.float32)  # (Hkv, G, D)
-    for start in range(0, seq_len, piece):
-        keys, values = request_kv(kv_cache, meta, b, start, min(start + piece, seq_len)).unbind(0)
-        scores = torch.bmm(grouped, keys.permute(1, 2, 0)).float().mul_(scale)  # (Hkv, G, P)
+def few_query_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, b: int, scale: float) -> Tensor:
+    """Request b's Q queries at positions context_len.. (q (Q, num_heads, head_dim), causal) over its keys,
+    piece by piece (`key_pieces`) under an online softmax in float32 -> (Q, num_heads, head_dim). The G
+    query heads sharing a KV head and the Q queries are the rows of one matmul per KV head: nothing is
+    repeated, the strided views are read without a copy."""
+    num_queries, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    rows = group * num_queries
+    # (Q, H, D) -> (Hkv, G * Q, D): row g * Q + i is query i of head kv * G + g
+    grouped = (
+        q.view(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(-1, rows, head_dim)
+    )
+    context_len = meta.context_lens[b]
+    query_pos = torch.arange(context_len, context_len + num_queries)[:, None]  # (Q, 1)
+
+    def scores_of(start: int, keys: Tensor) -> Tensor:  # keys (n, Hkv, D) at positions start.. -> float32
+        n = keys.shape[0]
+        scores = torch.bmm(grouped, keys.permute(1, 2, 0)).float().mul_(scale)  # (Hkv, G * Q, n)
+        if start + n - 1 > context_len:  # keys past the first query's position: hide them from earlier ones
+            hidden = torch.arange(start, start + n)[None, :] > query_pos  # (Q, n)
+            scores.view(num_kv_heads, group, num_queries, n).masked_fill_(hidden, float("-inf"))
+        return scores
+
+    pieces = list(key_pieces(kv_cache, meta, b))
+    if len(pieces) == 1:  # one softmax, no running statistics
+        keys, values = pieces[0][1].unbind(0)  # (S, Hkv, D) each
+        probs = scores_of(0, keys).softmax(-1).to(q.dtype)  # (Hkv, G * Q, S)
+        out = torch.bmm(probs, values.transpose(0, 1))  # (Hkv, G * Q, D)
+        return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(q.shape)
+    running_max = torch.full((num_kv_heads, rows, 1), float("-inf"))  # (Hkv, G * Q, 1) float32
+    denominator = torch.zeros_like(running_max)  # (Hkv, G * Q, 1)
+    acc = torch.zeros(num_kv_heads, rows, head_dim)  # (Hkv, G * Q, D) float32
+    for start, kv in pieces:
+        keys, values = kv.unbind(0)  # (n, Hkv, D) each
+        scores = scores_of(start, keys)
+        # key 0 is in the first piece and visible to every query: the running max is finite from then on
         new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
-        probs = scores.sub_(new_max).exp_()  # (Hkv, G, P)
+        probs = scores.sub_(new_max).exp_()  # (Hkv, G * Q, n)
         rescale = (running_max - new_max).exp_()  # exp(-inf) = 0 on the first piece
         denominator.mul_(rescale).add_(probs.sum(-1, keepdim=True))
         acc.mul_(rescale).add_(torch.bmm(probs.to(q.dtype), values.transpose(0, 1)).float())
         running_max = new_max
-    return acc.div_(denominator).to(q.dtype).view(num_heads, head_dim)
+    out = acc.div_(denominator).to(q.dtype)  # (Hkv, G * Q, D)
+    return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(q.shape)
 
 
 def chunk_attention(q: Tensor, keys: Tensor, values: Tensor, context_len: int, scale: float) -> Tensor:
@@ -128,19 +186,12 @@ def in_place_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, sca
     `kv_cache` (its new keys already written) -> (num_tokens, num_heads, head_dim) in q's dtype."""
     out = torch.empty_like(q)
     start = 0
-    piece = DECODE_PIECE_BLOCKS * kv_cache.shape[2]
     for b, (context_len, query_len) in enumerate(zip(meta.context_lens, meta.query_lens, strict=True)):
-        seq_len = context_len + query_len
-        if query_len == 1 and meta.first_blocks[b] is None and seq_len > piece:
-            out[start] = pieced_decode_attention(q[start], kv_cache, meta, b, scale)
-            start += 1
-            continue
-        keys, values = request_kv(kv_cache, meta, b, 0, seq_len).unbind(0)  # (S, Hkv, D) each
-        if query_len == 1:
-            out[start] = decode_attention(q[start], keys, values, scale)
+        queries = q[start : start + query_len]
+        if query_len <= FEW_QUERIES:
+            out[start : start + query_len] = few_query_attention(queries, kv_cache, meta, b, scale)
         else:
-            out[start : start + query_len] = chunk_attention(
-                q[start : start + query_len], keys, values, context_len, scale
-            )
+            keys, values = request_kv(kv_cache, meta, b).unbind(0)  # (S, Hkv, D) each
+            out[start : start + query_len] = chunk_attention(queries, keys, values, context_len, scale)
         start += query_len
     return out

@@ -179,7 +179,7 @@ class StepGraphs:
             max_query_len=query_len,
             max_seq_len=self.width * self.block_size,
             block_size=self.block_size,
-            first_blocks=[None] * batch,  # the torch backend's CPU path gathers (correct for any table)
+            block_runs=None,  # the graphs run the Triton backend
         )
 
     def _forward(
