@@ -19,7 +19,8 @@ _PACKED_FOR_ROWS = 32
 
 def cpu_packing_available(dtype: torch.dtype) -> bool:
     """Whether this torch build and CPU run oneDNN matmuls in `dtype` (float32 always with oneDNN; bfloat16
-    where the CPU has native bf16 dot products, else oneDNN would emulate them slowly)."""
+    where oneDNN reports bf16 support: native with avx512_bf16 or AMX, emulated on plain AVX-512, where
+    every bfloat16 matmul is slow, packed or not: docs/benchmarks.md)."""
     if not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.float32:
