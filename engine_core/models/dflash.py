@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
 from openinfer.engine_core.models.qwen3 import (
     Qwen3MLP,
     RMSNorm,
@@ -91,6 +92,10 @@ class BlockContext:
         context = torch.arange(self.max_context_len, device=device)[None, :] < self.context_lens[:, None]
         block = torch.arange(self.block_width, device=device)[None, :] < self.block_lens[:, None]
         return torch.cat((context, block), dim=1)
+
+
+# A DeepSpec checkpoint's copies of the target's embedding and LM head: the target's own serve the drafter.
+_DEEPSPEC_TARGET_COPIES = frozenset({"embed_tokens.weight", "lm_head.weight"})
 
 
 class BlockAttention(Protocol):
@@ -181,6 +186,9 @@ class DFlashDecoderLayer(nn.Module):
 
 class DFlashDraftModel(nn.Module):
     """The draft layers, fc, hidden_norm and the final norm; parameter names equal z-lab's checkpoint names.
+    A DeepSpec checkpoint adds DSpark's `markov_head` and `confidence_head` (dspark_heads.py) when its config
+    has them, and its copies of the target's `embed_tokens` and `lm_head`, which are not loaded: the target's
+    serve (DeepSpec copies them from the target and freezes them).
 
     `context_caches` holds one tensor per draft layer, (2, num_pages, page_size, num_kv_heads, head_dim),
     filled by `write_context` and read by `forward` through `attention` (torch's SDPA by default).
@@ -206,6 +214,17 @@ class DFlashDraftModel(nn.Module):
         self.hidden_norm = RMSNorm(layers.hidden_size, layers.rms_norm_eps)
         self.norm = RMSNorm(layers.hidden_size, layers.rms_norm_eps)
         self.rotary = RotaryEmbedding(layers.head_dim, layers.rope_theta, max_positions)
+        heads = config.heads
+        self.markov_head: MarkovHead | None = None
+        self.confidence_head: ConfidenceHead | None = None
+        if heads is not None and heads.markov_rank > 0:
+            self.markov_head = MarkovHead(
+                layers.vocab_size, heads.markov_rank, layers.hidden_size, heads.markov_head_type
+            )
+        if heads is not None and heads.confidence_head:
+            self.confidence_head = ConfidenceHead(
+                layers.hidden_size, heads.markov_rank, heads.confidence_with_markov
+            )
 
     def write_context(
         self, aux_hidden: Tensor, positions: Tensor, slot_mapping: Tensor, context_caches: Sequence[Tensor]
@@ -233,11 +252,18 @@ class DFlashDraftModel(nn.Module):
     def load_weights(self, folder: Path | str) -> None:
         """Copy every tensor of the folder's safetensors into the parameter of the same name; a missing,
         unexpected or misshapen tensor is an error."""
+        deepspec = self.config.is_deepspec
         load_checkpoint(
             Path(folder),
             dict(self.named_parameters()),
-            unexpected_hint="; a z-lab DFlash checkpoint holds only layers.*, fc, hidden_norm and norm (it shares "
-            "the target's embedding and LM head)",
+            unexpected_hint=(
+                "; a DeepSpec checkpoint holds layers.*, fc, hidden_norm, norm, embed_tokens, lm_head and the "
+                "heads its config names (markov_rank, enable_confidence_head)"
+                if deepspec
+                else "; a z-lab DFlash checkpoint holds only layers.*, fc, hidden_norm and norm (it shares the "
+                "target's embedding and LM head)"
+            ),
+            skip=lambda name: deepspec and name in _DEEPSPEC_TARGET_COPIES,
             shape_problem=self._shape_problem,
         )
 

@@ -1,5 +1,6 @@
-"""A DFlash drafter's config.json in z-lab's layout, read and checked against its target (the layout: see
-:mod:`openinfer.engine_core.models.dflash`)."""
+"""A block drafter's config.json, read and checked against its target: z-lab's DFlash layout, and DeepSeek's
+DeepSpec layout (`Qwen3DSparkModel`: DSpark, and its DFlash drafters with `markov_rank` 0) whose heads
+`dspark_heads.py` holds (the layouts: see :mod:`openinfer.engine_core.models.dflash`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dspark_heads import DSparkHeadsConfig, MarkovHeadType
 
 _ZLAB_ARCHITECTURE = "DFlashDraftModel"
+DEEPSPEC_ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's save_pretrained: DSpark and its DFlash drafters
 _UNSUPPORTED_EXTRAS = ("conv_kernel_size", "selector_rank", "projector_type")  # DFlash2 / Domino drafters
 _ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
 
@@ -50,6 +53,9 @@ class DFlashConfig:
     input_embedding_scale: float  # multiplies the target's embeddings of the block tokens (1 in z-lab's)
     output_multiplier: float = 1.0  # multiplies the draft logits (z-lab's compute_logits; 1 when absent)
     final_logit_softcapping: float | None = None  # logits -> tanh(logits / c) * c when set and > 0
+    heads: DSparkHeadsConfig | None = (
+        None  # DeepSpec's layout: its Markov and confidence heads; None: z-lab's
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.anchor.max_drafts(self.block_size) < 1:
@@ -127,6 +133,7 @@ class DFlashConfig:
         if not isinstance(layer_ids, list) or not all(isinstance(i, int) for i in layer_ids):
             raise ValueError(f"target_layer_ids must be a list of integers, got {layer_ids!r}")
         softcap = value("final_logit_softcapping")
+        deepspec = DEEPSPEC_ARCHITECTURE in (config.get("architectures") or [])
         return cls(
             layers=layers,
             block_size=int(value("block_size") or _ZLAB_BLOCK_SIZE),
@@ -139,7 +146,14 @@ class DFlashConfig:
             output_multiplier=float(_number(value("output_multiplier"), 1.0)),
             # z-lab applies the soft-cap only when it is set and > 0
             final_logit_softcapping=float(softcap) if softcap is not None and float(softcap) > 0 else None,
+            heads=_deepspec_heads(config) if deepspec else None,
         )
+
+    @property
+    def is_deepspec(self) -> bool:
+        """Whether the checkpoint is in DeepSpec's layout (its own copies of the target's embedding and LM
+        head beside the draft layers, and the DSpark heads when its markov_rank or confidence head say)."""
+        return self.heads is not None
 
     def check_target(self, target: ModelConfig) -> None:
         """Refuse a target this drafter cannot serve, saying what does not fit."""
@@ -195,7 +209,27 @@ def _anchor_layout(config: dict[str, Any], stated: Any, chosen: AnchorLayout | N
         return from_config
     if _ZLAB_ARCHITECTURE in (config.get("architectures") or []):
         return AnchorLayout.MASK_SLOTS  # z-lab's format: its reference code always drafts from mask slots
+    if DEEPSPEC_ARCHITECTURE in (config.get("architectures") or []):
+        return AnchorLayout.ANCHOR_SLOT  # DeepSpec: the anchor is the first prediction, W slots W drafts
     raise ValueError(
         "the config does not say which block slots carry the drafts (no dflash_config.sample_from_anchor, "
-        f"and architectures does not name {_ZLAB_ARCHITECTURE}); choose the anchor layout explicitly"
+        f"and architectures names neither {_ZLAB_ARCHITECTURE} nor {DEEPSPEC_ARCHITECTURE}); choose the anchor "
+        "layout explicitly"
+    )
+
+
+def _deepspec_heads(config: dict[str, Any]) -> DSparkHeadsConfig:
+    """The heads of a DeepSpec config: `markov_rank` (0 or absent: none), `markov_head_type` (written only
+    with a Markov head; vanilla when absent), `enable_confidence_head`, `confidence_head_with_markov`."""
+    rank = int(_number(config.get("markov_rank"), 0))
+    head_type = config.get("markov_head_type") or MarkovHeadType.VANILLA.value
+    if head_type not in set(MarkovHeadType):
+        choices = ", ".join(MarkovHeadType)
+        raise ValueError(f"markov_head_type {head_type!r} is not one of {choices}")
+    confidence = bool(config.get("enable_confidence_head", False))
+    return DSparkHeadsConfig(
+        markov_rank=rank,
+        markov_head_type=MarkovHeadType(head_type),
+        confidence_head=confidence,
+        confidence_with_markov=confidence and bool(config.get("confidence_head_with_markov", False)),
     )

@@ -87,7 +87,7 @@ class DFlashDrafter:
             self.graphs = DraftGraphs(
                 lambda ids, positions, context: self._logits(ids, positions, context, num_spec_tokens),
                 mask_token_id=config.mask_token_id,
-                block_width=min(num_spec_tokens + 1, config.block_size),  # every block_length fits
+                block_width=self.block_width,  # every block_length fits
                 page_size=self.page_size,
                 width=step_graphs.width,
                 max_batch=step_graphs.max_batch,
@@ -96,7 +96,15 @@ class DFlashDrafter:
             )
 
     def describe(self) -> str:
-        return f"dflash K={self.num_spec_tokens} block={self.config.block_size} ({self.config.anchor.value})"
+        heads = self.config.heads
+        if heads is not None and (heads.markov_rank or heads.confidence_head):
+            markov = "no markov"
+            if heads.markov_rank:
+                markov = f"markov={heads.markov_head_type.value} r={heads.markov_rank}"
+            confidence = "confidence head" if heads.confidence_head else "no confidence head"
+            return f"dspark K={self.num_spec_tokens} block={self.config.block_size} ({markov}, {confidence})"
+        layout = "deepspec" if heads is not None else self.config.anchor.value
+        return f"dflash K={self.num_spec_tokens} block={self.config.block_size} ({layout})"
 
     @torch.inference_mode()
     def extend_context(self, updates: list[ContextUpdate]) -> None:
@@ -128,13 +136,24 @@ class DFlashDrafter:
             self.context_caches,
         )
 
+    @property
+    def block_width(self) -> int:
+        """The most slots a draft block has: K for the anchor-slot layout, else K + 1 within block_size."""
+        if self.config.anchor is AnchorLayout.ANCHOR_SLOT:
+            return self.num_spec_tokens
+        return min(self.num_spec_tokens + 1, self.config.block_size)
+
     def block_length(self, query: DraftQuery) -> int:
-        """Slots of the query's draft block: the current token, then a mask token per draft asked for and one
-        more (z-lab's `dflash_generate` verifies a block of K + 1 tokens, cut at the end of the request to
-        the tokens left to generate, the last of which needs no draft); never more than the checkpoint's
-        block_size. So K < block_size - 1 drafts from a block of K + 1 slots, as the reference does when it
-        is given block_size K + 1."""
-        return min(self.num_spec_tokens + 1, query.max_drafts + 2, self.config.block_size)
+        """Slots of the query's draft block. Mask slots (z-lab): the current token, then a mask token per
+        draft asked for and one more (z-lab's `dflash_generate` verifies a block of K + 1 tokens, cut at the
+        end of the request to the tokens left to generate, the last of which needs no draft); never more
+        than the checkpoint's block_size, so K < block_size - 1 drafts from a block of K + 1 slots, as the
+        reference does when it is given block_size K + 1. Anchor slot (DeepSpec, vLLM): always K slots, the
+        current token and K - 1 masks, whatever the request has left (DeepSpec's loop runs every block
+        whole and cuts the drafts; attention inside a block is non-causal, so its length changes them)."""
+        if self.config.anchor is AnchorLayout.ANCHOR_SLOT:
+            return self.block_width
+        return min(self.block_width, query.max_drafts + 2)
 
     @torch.inference_mode()
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
@@ -152,9 +171,12 @@ class DFlashDrafter:
         """(B, K) greedy draft ids on the device from ONE batched forward of blocks padded to the drafter's
         width (``DraftGraphs`` when a bucket holds them, else eagerly), nothing read back: each block's length
         (``block_length``) comes from its device max_drafts."""
-        block_width = min(self.num_spec_tokens + 1, self.config.block_size)
-        # block_length on the device: min(K + 1, max_drafts + 2, block_size)
-        block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
+        block_width = self.block_width
+        # block_length on the device: min(K + 1, max_drafts + 2, block_size), or K for the anchor slot
+        if self.config.anchor is AnchorLayout.ANCHOR_SLOT:
+            block_lens = torch.full_like(queries.max_drafts, block_width)  # (B,)
+        else:
+            block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
         if self.graphs is not None:
             bucket = self.graphs.fits_tables(queries.block_ids)
             if bucket is not None:
@@ -227,7 +249,23 @@ class DFlashDrafter:
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
-        return logits.view(ids.shape[0], num_drafts, -1)
+        logits = logits.view(ids.shape[0], num_drafts, -1)
+        if self.model.markov_head is not None:
+            self._add_markov_bias(logits, draft_hidden, ids[:, 0])
+        return logits
+
+    def _add_markov_bias(self, logits: Tensor, hidden: Tensor, anchor: Tensor) -> None:
+        """DSpark's sequential stage at temperature 0, in place: slot k's logits (B, n, vocab) float32 gain
+        the Markov head's bias from the token before it, the anchor (B,) for slot 0 and slot k - 1's greedy
+        draft after that, so the argmax of the result is the drafts. hidden (B, n, hidden): the slots' final
+        hidden states. A fixed loop of device ops: it runs inside the draft CUDA graphs too."""
+        head = self.model.markov_head
+        assert head is not None
+        previous, state = anchor, head.initial_state(anchor.shape[0], hidden)
+        for k in range(logits.shape[1]):
+            bias, state = head.step(head.embed(previous), hidden[:, k], state)  # (B, vocab)
+            logits[:, k] += bias.float()
+            previous = logits[:, k].argmax(dim=-1)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden) final draft hidden states -> (n, vocab) float32 logits: the target's LM head, then the

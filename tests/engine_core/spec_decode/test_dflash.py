@@ -81,6 +81,16 @@ def reference_drafts(
 ) -> list[int]:
     """z-lab's draft step for one request: context (p, WIDTH) aux hidden at positions 0..p-1, the current
     token at p, a non-causal block of `block` slots, greedy drafts from the layout's slots."""
+    hidden = reference_block_hidden(w, embed, context, token, block)
+    first = 1 if anchor is AnchorLayout.MASK_SLOTS else 0
+    return (hidden[first : first + k] @ head.T).argmax(-1).tolist()
+
+
+def reference_block_hidden(
+    w: dict[str, Tensor], embed: Tensor, context: Tensor, token: int, block: int = BLOCK
+) -> Tensor:
+    """(block, 64) final hidden states (after the last norm) of a block of the current token and mask tokens
+    over context (p, WIDTH), the 2-layer drafter of `w` in plain torch."""
     p, heads, kv_heads, dim = context.shape[0], 4, 2, 16
     features = rms(context @ w["fc.weight"].T, w["hidden_norm.weight"])  # (p, 64)
     x = embed[torch.tensor([token] + [SMALL["vocab_size"] - 1] * (block - 1))]  # (block, 64); mask = last id
@@ -103,9 +113,7 @@ def reference_drafts(
         h = rms(x, w[pre + "post_attention_layernorm.weight"])
         mlp = F.silu(h @ w[pre + "mlp.gate_proj.weight"].T) * (h @ w[pre + "mlp.up_proj.weight"].T)
         x = x + mlp @ w[pre + "mlp.down_proj.weight"].T
-    logits = rms(x, w["norm.weight"]) @ head.T  # (block, vocab)
-    first = 1 if anchor is AnchorLayout.MASK_SLOTS else 0
-    return logits[first : first + k].argmax(-1).tolist()
+    return rms(x, w["norm.weight"])
 
 
 @dataclass
@@ -135,8 +143,9 @@ def test_matches_reference_over_steps(
 ) -> None:
     """Three requests (contexts of 5, 1 and 11 positions, scattered pages over a cache full of noise) extended
     by different accepted counts over four steps: every batched proposal equals the whole-context reference
-    run on that request's own block (K + 1 slots, or max_drafts + 2 where fewer drafts are asked for, as
-    z-lab's dflash_generate cuts its last block; never more than BLOCK), batched with blocks of other lengths."""
+    run on that request's own block (mask slots: K + 1 slots, or max_drafts + 2 where fewer drafts are asked
+    for, as z-lab's dflash_generate cuts its last block, never more than BLOCK, batched with blocks of other
+    lengths; anchor slot: always K slots, as DeepSpec and vLLM run it)."""
     k = 4
     drafter = DFlashDrafter(draft_checkpoint(tmp_path, target, anchor), runner, num_spec_tokens=k)
     assert drafter.aux_layer_ids == LAYER_IDS and drafter.config.anchor is anchor
@@ -170,7 +179,7 @@ def test_matches_reference_over_steps(
         ]
         got = drafter.propose(queries)
         for req, tok, m, drafts in zip(reqs, tokens, wanted, got, strict=True):
-            block = min(k + 1, m + 2, BLOCK)
+            block = k if anchor is AnchorLayout.ANCHOR_SLOT else min(k + 1, m + 2, BLOCK)
             full = reference_drafts(weights, embed, head, req.hidden[: req.position], tok, anchor, k, block)
             assert drafts == full[:m], f"step {step}, context {req.position}"
     assert len({tuple(d) for d in got}) > 1  # the requests really draft differently

@@ -1,0 +1,100 @@
+"""Tiny random drafters in DeepSeek's DeepSpec checkpoint layout (`Qwen3DSparkModel`: DSpark, or DeepSpec's
+DFlash with markov_rank 0), sized for a given target (tests, demos)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import DEEPSPEC_ARCHITECTURE, DFlashConfig
+from openinfer.engine_core.models.dspark_heads import MarkovHeadType
+from openinfer.engine_core.models.weights import iter_safetensors
+from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
+
+
+def make_tiny_dspark_checkpoint(
+    folder: Path | str,
+    target_folder: Path | str,
+    *,
+    seed: int = 0,
+    num_layers: int = 1,
+    block_size: int = 7,
+    target_layer_ids: tuple[int, ...] | None = None,
+    markov_rank: int = 16,
+    markov_head_type: MarkovHeadType = MarkovHeadType.VANILLA,
+    confidence_head: bool = True,
+    confidence_with_markov: bool = True,
+    init_std: float = 0.2,
+) -> Path:
+    """Write config.json and model.safetensors of a random drafter in DeepSpec's layout for the Qwen3
+    checkpoint in `target_folder`: the target's config with DeepSpec's top-level fields, num_layers draft
+    layers of its sizes, its embedding and LM head copied in (as DeepSpec's save_pretrained writes them),
+    and the heads asked for (markov_rank 0 and no confidence head: DeepSpec's DFlash drafters).
+
+    The same arguments always give the same bytes: every drafted matrix is drawn from N(0, init_std) by a
+    generator seeded with `seed`, in parameter order; every norm weight is 1; the mask token is the last
+    vocabulary id."""
+    target = ModelConfig.from_folder(target_folder)
+    config = dspark_checkpoint_config(
+        target,
+        num_layers=num_layers,
+        block_size=block_size,
+        target_layer_ids=target_layer_ids,
+        markov_rank=markov_rank,
+        markov_head_type=markov_head_type,
+        confidence_head=confidence_head,
+        confidence_with_markov=confidence_with_markov,
+    )
+    with torch.device("meta"):  # names and shapes only
+        model = DFlashDraftModel(DFlashConfig.from_dict(config))
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(param.shape)
+        else:
+            tensors[name] = torch.randn(param.shape, generator=generator) * init_std
+    target_tensors = dict(iter_safetensors(Path(target_folder)))
+    embedding = target_tensors["model.embed_tokens.weight"]
+    tensors["embed_tokens.weight"] = embedding
+    head = target_tensors.get("lm_head.weight")  # absent when the target ties it to the embedding
+    tensors["lm_head.weight"] = (embedding if head is None else head).clone()  # its own copy, as DeepSpec's
+    return write_dflash_checkpoint(folder, config, tensors)
+
+
+def dspark_checkpoint_config(
+    target: ModelConfig,
+    *,
+    num_layers: int,
+    block_size: int,
+    target_layer_ids: tuple[int, ...] | None = None,
+    markov_rank: int,
+    markov_head_type: MarkovHeadType,
+    confidence_head: bool,
+    confidence_with_markov: bool,
+) -> dict[str, Any]:
+    """The config.json DeepSpec writes for a drafter of `target` (the defaults are
+    `make_tiny_dspark_checkpoint`'s): the target's Qwen3 fields, num_hidden_layers the draft's, DeepSpec's
+    fields at the top level, `markov_head_type` only with a Markov head and `confidence_head_with_markov`
+    only with a confidence head, as DeepSpec's config builder writes them."""
+    config = dflash_checkpoint_config(
+        target, num_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids
+    )
+    dflash = config.pop("dflash_config")
+    config.update(
+        architectures=[DEEPSPEC_ARCHITECTURE],
+        mask_token_id=dflash["mask_token_id"],
+        target_layer_ids=dflash["target_layer_ids"],
+        layer_types=["full_attention"] * num_layers,
+        markov_rank=markov_rank,
+        enable_confidence_head=confidence_head,
+    )
+    if markov_rank > 0:
+        config["markov_head_type"] = markov_head_type.value
+    if confidence_head:
+        config["confidence_head_with_markov"] = confidence_with_markov
+    return config

@@ -1,0 +1,214 @@
+"""DSpark (DeepSpec's layout): its heads equal PyPI speculators' on the same weights, its greedy drafts equal a
+plain-torch block with speculators' Markov bias applied slot by slot, and it serves losslessly."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from openinfer.engine_core.config import DrafterSpec
+from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead, MarkovHeadType
+from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
+from openinfer.engine_core.testing.engine_cores import make_core
+from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
+from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.protocol import EngineCoreRequest, SamplingParams
+from tests.engine_core.spec_decode.test_dflash import LAYER_IDS, WIDTH, reference_block_hidden
+
+SMALL = {**SMALL_QWEN3, "num_hidden_layers": 3}  # layers 0 and 1 feed the drafter, as in test_dflash
+PAGE, NUM_PAGES = 4, 48
+HEAD_TYPES = list(MarkovHeadType)
+
+
+def speculators_heads() -> ModuleType:
+    """speculators' `models/dspark/model_definitions.py` (MarkovHead, ConfidenceHead), loaded from its file:
+    it imports only torch, where the package's own __init__ pulls in its whole training stack."""
+    spec = importlib.util.find_spec("speculators")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(
+            "PyPI speculators is not installed: `pip install --no-deps speculators==0.9.0` (its declared "
+            "dependencies pin an older transformers; the heads need only torch)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / "models" / "dspark" / "model_definitions.py"
+    module_spec = importlib.util.spec_from_file_location("speculators_dspark_heads", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def stepped_bias(head: MarkovHead, prev: Tensor, hidden: Tensor) -> Tensor:
+    """(N, W, vocab): our head's bias slot by slot from prev (N, W) and hidden (N, W, d)."""
+    state = head.initial_state(prev.shape[0], hidden)
+    biases = []
+    for k in range(prev.shape[1]):
+        bias, state = head.step(head.embed(prev[:, k]), hidden[:, k], state)
+        biases.append(bias)
+    return torch.stack(biases, dim=1)
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)
+def test_markov_head_matches_speculators(head_type: MarkovHeadType) -> None:
+    """The same weights (speculators' random init) give speculators' `block_bias` when our head steps slot
+    by slot through the block (the rnn head carrying its state from zero)."""
+    theirs_module = speculators_heads()
+    torch.manual_seed(0)
+    vocab, rank, hidden_size = 50, 8, 16
+    theirs = theirs_module.MarkovHead(
+        verifier_vocab_size=vocab,
+        draft_vocab_size=vocab,
+        markov_rank=rank,
+        hidden_size=hidden_size,
+        head_type=head_type.value,
+    )
+    for param in theirs.parameters():  # speculators' init leaves markov_w2 tiny; spread every weight out
+        nn.init.normal_(param, std=0.5)
+    ours = MarkovHead(vocab, rank, hidden_size, head_type)
+    ours.load_state_dict(theirs.state_dict())  # same names: markov_w1, markov_w2, gate_proj / joint_proj
+    prev = torch.randint(0, vocab, (3, 5))  # (N blocks, W slots)
+    hidden = torch.randn(3, 5, hidden_size)
+    with torch.no_grad():
+        expected = theirs.block_bias(prev_token_ids=prev, hidden_states=hidden)
+        got = stepped_bias(ours, prev, hidden)
+    assert got.shape == (3, 5, vocab)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("with_markov", [True, False], ids=["with-markov", "hidden-only"])
+def test_confidence_head_matches_speculators(with_markov: bool) -> None:
+    """Our confidence is the sigmoid of speculators' ConfidenceHead logit on [h; markov_w1[prev]] (or h)."""
+    theirs_module = speculators_heads()
+    torch.manual_seed(1)
+    rank, hidden_size = 8, 16
+    theirs = theirs_module.ConfidenceHead(hidden_size + (rank if with_markov else 0))
+    ours = ConfidenceHead(hidden_size, rank, with_markov)
+    ours.load_state_dict(theirs.state_dict())
+    hidden, prev_embed = torch.randn(6, hidden_size), torch.randn(6, rank)
+    features = torch.cat((hidden, prev_embed), dim=-1) if with_markov else hidden
+    with torch.no_grad():
+        expected = torch.sigmoid(theirs(features))
+        got = ours(hidden, prev_embed if with_markov else None)
+    assert got.dtype == torch.float32 and got.shape == (6,)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("target"), seed=1, overrides=SMALL)
+
+
+@pytest.fixture(scope="module")
+def runner(target: Path) -> ModelRunner:
+    return ModelRunner(target, torch.device("cpu"), NUM_PAGES, PAGE)
+
+
+def dspark_checkpoint(folder: Path, target: Path, head_type: MarkovHeadType, block_size: int = 6) -> Path:
+    return make_tiny_dspark_checkpoint(
+        folder,
+        target,
+        seed=2,
+        num_layers=2,
+        block_size=block_size,
+        target_layer_ids=LAYER_IDS,
+        markov_rank=8,
+        markov_head_type=head_type,
+        init_std=0.3,
+    )
+
+
+def test_deepspec_config_is_read(target: Path, tmp_path: Path) -> None:
+    """A Qwen3DSparkModel config: the anchor is the first prediction (block_size drafts), the heads are
+    those its fields name; DeepSpec's DFlash (markov_rank 0, no confidence head) has none."""
+    config = DFlashConfig.from_folder(dspark_checkpoint(tmp_path / "s", target, MarkovHeadType.RNN))
+    assert config.anchor is AnchorLayout.ANCHOR_SLOT and config.max_drafts == 6
+    assert config.heads is not None and config.heads.markov_rank == 8
+    assert config.heads.markov_head_type is MarkovHeadType.RNN and config.heads.confidence_with_markov
+    plain = make_tiny_dspark_checkpoint(
+        tmp_path / "d", target, num_layers=1, markov_rank=0, confidence_head=False
+    )
+    config = DFlashConfig.from_folder(plain)
+    assert config.is_deepspec and config.heads is not None
+    assert config.heads.markov_rank == 0 and not config.heads.confidence_head
+    assert config.anchor is AnchorLayout.ANCHOR_SLOT
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)
+def test_drafts_match_reference(
+    head_type: MarkovHeadType, target: Path, runner: ModelRunner, tmp_path: Path
+) -> None:
+    """Two requests (contexts of 7 and 3 positions on scattered pages): every greedy draft is the argmax of
+    the plain-torch block's logits (K slots: the current token, then masks) plus speculators' Markov bias
+    given the current token and the drafts before it."""
+    theirs_module = speculators_heads()
+    k = 5
+    folder = dspark_checkpoint(tmp_path, target, head_type)
+    drafter = DFlashDrafter(folder, runner, num_spec_tokens=k)
+    weights = load_file(folder / "model.safetensors")
+    theirs = theirs_module.MarkovHead(
+        verifier_vocab_size=SMALL["vocab_size"],
+        draft_vocab_size=SMALL["vocab_size"],
+        markov_rank=8,
+        hidden_size=64,
+        head_type=head_type.value,
+    )
+    theirs.load_state_dict(
+        {
+            name.removeprefix("markov_head."): t
+            for name, t in weights.items()
+            if name.startswith("markov_head.")
+        }
+    )
+    embed, head = weights["embed_tokens.weight"], weights["lm_head.weight"]
+    gen = torch.Generator().manual_seed(0)
+    contexts = [torch.randn(7, WIDTH, generator=gen) * 2, torch.randn(3, WIDTH, generator=gen) * 2]
+    tables = [[11, 3], [40]]  # pages of 4: 7 positions over pages 11 and 3, 3 positions in page 40
+    drafter.extend_context([ContextUpdate(t, 0, c) for t, c in zip(tables, contexts, strict=True)])
+    tokens = [17, 230]
+    queries = [DraftQuery(tok, c.shape[0], t, k) for tok, c, t in zip(tokens, contexts, tables, strict=True)]
+    got = drafter.propose(queries)
+    for drafts, token, context in zip(got, tokens, contexts, strict=True):
+        hidden = reference_block_hidden(weights, embed, context, token, block=k)  # (k, 64)
+        expected: list[int] = []
+        with torch.no_grad():
+            for slot in range(k):
+                prev = torch.tensor([[token, *expected]])  # (1, slot + 1): the anchor, then the drafts
+                bias = theirs.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : slot + 1])
+                expected.append(int((hidden[slot] @ head.T + bias[0, slot]).argmax()))
+        assert drafts == expected
+    assert got[0] != got[1]
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)
+def test_serving_is_lossless(head_type: MarkovHeadType, target: Path, tmp_path: Path) -> None:
+    """Greedy requests served with the DSpark drafter (K = 6 = block_size) produce the tokens of the same
+    requests served without one, and the drafter's rounds are counted."""
+    folder = dspark_checkpoint(tmp_path, target, head_type)
+    prompts = [[5, 9, 200, 31, 7], [100, 101, 102, 103], list(range(40, 70))]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def serve(spec: DrafterSpec | None) -> tuple[list[list[int]], int]:
+        core = make_core(target)
+        if spec is not None:
+            core.load_drafter(spec)
+        for i, prompt in enumerate(prompts):
+            core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
+        out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+        while core.has_work:
+            for output in core.step():
+                out[output.request_id].extend(output.new_token_ids)
+        drafts = core.spec.counters.num_drafts if core.spec is not None else 0
+        return list(out.values()), drafts
+
+    plain, _ = serve(None)
+    speculated, num_drafts = serve(DrafterSpec("dflash", 6, draft_model=folder))
+    assert speculated == plain
+    assert num_drafts > 0
