@@ -138,20 +138,20 @@ class DFlashDrafter:
 
     @property
     def block_width(self) -> int:
-        """The most slots a draft block has: K for the anchor-slot layout, else K + 1 within block_size."""
-        if self.config.anchor is AnchorLayout.ANCHOR_SLOT:
-            return self.num_spec_tokens
+        """The most slots a draft block has: block_size for a DeepSpec checkpoint, else K + 1 within it."""
+        if self.config.is_deepspec:
+            return self.config.block_size
         return min(self.num_spec_tokens + 1, self.config.block_size)
 
     def block_length(self, query: DraftQuery) -> int:
-        """Slots of the query's draft block. Mask slots (z-lab): the current token, then a mask token per
-        draft asked for and one more (z-lab's `dflash_generate` verifies a block of K + 1 tokens, cut at the
-        end of the request to the tokens left to generate, the last of which needs no draft); never more
-        than the checkpoint's block_size, so K < block_size - 1 drafts from a block of K + 1 slots, as the
-        reference does when it is given block_size K + 1. Anchor slot (DeepSpec, vLLM): always K slots, the
-        current token and K - 1 masks, whatever the request has left (DeepSpec's loop runs every block
+        """Slots of the query's draft block. z-lab's layout: the current token, then a mask token per draft
+        asked for and one more (z-lab's `dflash_generate` verifies a block of K + 1 tokens, cut at the end of
+        the request to the tokens left to generate, the last of which needs no draft); never more than the
+        checkpoint's block_size, so K < block_size - 1 drafts from a block of K + 1 slots, as the reference
+        does when it is given block_size K + 1. DeepSpec's layout: always block_size slots, the current
+        token and block_size - 1 masks, whatever K or the request has left (DeepSpec's loop runs every block
         whole and cuts the drafts; attention inside a block is non-causal, so its length changes them)."""
-        if self.config.anchor is AnchorLayout.ANCHOR_SLOT:
+        if self.config.is_deepspec:
             return self.block_width
         return min(self.block_width, query.max_drafts + 2)
 
@@ -172,8 +172,8 @@ class DFlashDrafter:
         width (``DraftGraphs`` when a bucket holds them, else eagerly), nothing read back: each block's length
         (``block_length``) comes from its device max_drafts."""
         block_width = self.block_width
-        # block_length on the device: min(K + 1, max_drafts + 2, block_size), or K for the anchor slot
-        if self.config.anchor is AnchorLayout.ANCHOR_SLOT:
+        # block_length on the device: min(K + 1, max_drafts + 2, block_size), or block_size for DeepSpec's
+        if self.config.is_deepspec:
             block_lens = torch.full_like(queries.max_drafts, block_width)  # (B,)
         else:
             block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)

@@ -143,9 +143,8 @@ def test_matches_reference_over_steps(
 ) -> None:
     """Three requests (contexts of 5, 1 and 11 positions, scattered pages over a cache full of noise) extended
     by different accepted counts over four steps: every batched proposal equals the whole-context reference
-    run on that request's own block (mask slots: K + 1 slots, or max_drafts + 2 where fewer drafts are asked
-    for, as z-lab's dflash_generate cuts its last block, never more than BLOCK, batched with blocks of other
-    lengths; anchor slot: always K slots, as DeepSpec and vLLM run it)."""
+    run on that request's own block (K + 1 slots, or max_drafts + 2 where fewer drafts are asked for, as
+    z-lab's dflash_generate cuts its last block; never more than BLOCK), batched with blocks of other lengths."""
     k = 4
     drafter = DFlashDrafter(draft_checkpoint(tmp_path, target, anchor), runner, num_spec_tokens=k)
     assert drafter.aux_layer_ids == LAYER_IDS and drafter.config.anchor is anchor
@@ -179,7 +178,7 @@ def test_matches_reference_over_steps(
         ]
         got = drafter.propose(queries)
         for req, tok, m, drafts in zip(reqs, tokens, wanted, got, strict=True):
-            block = k if anchor is AnchorLayout.ANCHOR_SLOT else min(k + 1, m + 2, BLOCK)
+            block = min(k + 1, m + 2, BLOCK)
             full = reference_drafts(weights, embed, head, req.hidden[: req.position], tok, anchor, k, block)
             assert drafts == full[:m], f"step {step}, context {req.position}"
     assert len({tuple(d) for d in got}) > 1  # the requests really draft differently

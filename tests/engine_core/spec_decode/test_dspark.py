@@ -145,9 +145,10 @@ def test_deepspec_config_is_read(target: Path, tmp_path: Path) -> None:
 def test_drafts_match_reference(
     head_type: MarkovHeadType, target: Path, runner: ModelRunner, tmp_path: Path
 ) -> None:
-    """Two requests (contexts of 7 and 3 positions on scattered pages): every greedy draft is the argmax of
-    the plain-torch block's logits (K slots: the current token, then masks) plus speculators' Markov bias
-    given the current token and the drafts before it."""
+    """Two requests (contexts of 7 and 3 positions on scattered pages), K = 5 of a 6-slot block: every greedy
+    draft is the argmax of the plain-torch block's logits (all block_size slots, the current token then
+    masks, as DeepSpec runs them whatever K) plus speculators' Markov bias given the current token and the
+    drafts before it."""
     theirs_module = speculators_heads()
     k = 5
     folder = dspark_checkpoint(tmp_path, target, head_type)
@@ -176,7 +177,7 @@ def test_drafts_match_reference(
     queries = [DraftQuery(tok, c.shape[0], t, k) for tok, c, t in zip(tokens, contexts, tables, strict=True)]
     got = drafter.propose(queries)
     for drafts, token, context in zip(got, tokens, contexts, strict=True):
-        hidden = reference_block_hidden(weights, embed, context, token, block=k)  # (k, 64)
+        hidden = reference_block_hidden(weights, embed, context, token, block=6)  # (block_size, 64)
         expected: list[int] = []
         with torch.no_grad():
             for slot in range(k):
