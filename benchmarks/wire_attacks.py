@@ -72,7 +72,9 @@ async def forged_hellos(target: Target) -> str:
         long_request = target.body(max_tokens=2000, ignore_eos=True)
         busy = [asyncio.create_task(post(target, long_request, target.seconds / 2)) for _ in range(2)]
         drafted = 10**15  # drafts of one token, none accepted
-        inflated = SpecDecodeCounters(7, drafted, drafted, 0, [0] * 7, [drafted] + [0] * 7)
+        inflated = SpecDecodeCounters(
+            7, drafted, drafted, 0, [0] * 7, [drafted] + [0] * 7, [drafted] + [0] * 6
+        )
         received = 0
         for seq in range(1, int(target.seconds) + 1):  # a heartbeat every half second, for half the time
             await ports.send(outputs(FORGED_INDEX, engine.incarnation, seq, [], inflated))

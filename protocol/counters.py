@@ -1,4 +1,4 @@
-"""Speculative-decoding acceptance counters: cumulative per incarnation, moved only by observe_draft."""
+"""Speculative-decoding acceptance counters: cumulative per incarnation, moved only by the observe_* calls."""
 
 from __future__ import annotations
 
@@ -11,19 +11,28 @@ MAX_SPEC_TOKENS = 32
 class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
     """Cumulative acceptance counters for one engine incarnation and one K (DESIGN.md, counter semantics).
 
-    A draft is one request's proposal of at least one token checked in one verify step. ``accepted`` counts
-    draft tokens that reach the output, never the bonus/correction token the target adds.
-    Invariants (see :meth:`violation`): ``per_pos`` is non-increasing; ``sum(per_pos) == num_accepted_tokens
-    == sum(n * hist[n])``; ``sum(hist) == num_drafts``; ``num_accepted_tokens <= num_draft_tokens <= K *
-    num_drafts``.
+    A round is one request's proposal of P <= K tokens, of which the scheduler sends V <= P to the target in
+    one verify step. A round with V >= 1 is a draft of V tokens (:meth:`observe_draft`); one with V = 0 is
+    no draft (:meth:`observe_unverified`). ``accepted`` counts draft tokens that reach the output, never the
+    bonus/correction token the target adds. The P - V tokens never verified count in
+    ``num_unverified_draft_tokens`` and nowhere else: they were not rejected, nobody checked them.
+
+    Invariants (see :meth:`violation`): both per-position tallies are non-increasing;
+    ``sum(num_accepted_tokens_per_pos) == num_accepted_tokens == sum(n * hist[n])``; ``sum(hist) ==
+    num_drafts``; ``sum(num_draft_tokens_per_pos) == num_draft_tokens``; ``num_draft_tokens_per_pos[0] ==
+    num_drafts``; ``num_accepted_tokens_per_pos[i] <= num_draft_tokens_per_pos[i]``; ``num_accepted_tokens
+    <= num_draft_tokens <= K * num_drafts``. The fields are positional on the wire: the last two came with
+    protocol version 3.
     """
 
     num_spec_tokens: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = []
-    accepted_length_hist: list[int] = []
+    num_accepted_tokens_per_pos: list[int] = []  # [i]: drafts whose token i was accepted (a prefix tally)
+    accepted_length_hist: list[int] = []  # [n]: drafts with n tokens accepted, n in 0..K
+    num_draft_tokens_per_pos: list[int] = []  # [i]: drafts whose token i was verified (V > i)
+    num_unverified_draft_tokens: int = 0  # proposed, never sent to the target (P - V summed over rounds)
 
     @classmethod
     def zero(cls, num_spec_tokens: int) -> SpecDecodeCounters:
@@ -33,13 +42,21 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
                 f"num_spec_tokens (K) must be in [1, MAX_SPEC_TOKENS={MAX_SPEC_TOKENS}], "
                 f"got {num_spec_tokens}; K is never clamped"
             )
-        return cls(num_spec_tokens, 0, 0, 0, [0] * num_spec_tokens, [0] * (num_spec_tokens + 1))
+        k = num_spec_tokens
+        return cls(k, 0, 0, 0, [0] * k, [0] * (k + 1), [0] * k, 0)
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Count one draft of ``num_draft_tokens`` tokens whose first ``num_accepted`` were accepted."""
-        if not 0 <= num_accepted <= num_draft_tokens <= self.num_spec_tokens or num_draft_tokens < 1:
+    def observe_draft(self, num_draft_tokens: int, num_accepted: int, num_unverified: int = 0) -> None:
+        """Count one draft: ``num_draft_tokens`` (V >= 1) tokens verified, the first ``num_accepted`` of them
+        accepted, and ``num_unverified`` more proposed but left out by the scheduler (P = V + that <= K).
+
+        ``ValueError`` (and nothing moves) for a draft that cannot be.
+        """
+        k = self.num_spec_tokens
+        if not 0 <= num_accepted <= num_draft_tokens or num_draft_tokens < 1 or num_unverified < 0:
+            raise ValueError(f"impossible draft: {num_accepted} accepted of {num_draft_tokens} (K={k})")
+        if num_draft_tokens + num_unverified > k:
             raise ValueError(
-                f"impossible draft: {num_accepted} accepted of {num_draft_tokens} (K={self.num_spec_tokens})"
+                f"impossible draft: {num_draft_tokens} verified + {num_unverified} unverified tokens > K={k}"
             )
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
@@ -47,6 +64,18 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
         for i in range(num_accepted):  # prefix tally: accepted=2 of K=3 adds [1, 1, 0]
             self.num_accepted_tokens_per_pos[i] += 1
         self.accepted_length_hist[num_accepted] += 1
+        for i in range(num_draft_tokens):  # verified=2 of K=4 adds [1, 1, 0, 0]
+            self.num_draft_tokens_per_pos[i] += 1
+        self.num_unverified_draft_tokens += num_unverified
+
+    def observe_unverified(self, num_unverified: int) -> None:
+        """Count a round that verified none of its ``num_unverified`` proposed tokens (V = 0: no draft, only
+        the unverified count moves). ``ValueError`` unless 1 <= ``num_unverified`` <= K."""
+        if not 1 <= num_unverified <= self.num_spec_tokens:
+            raise ValueError(
+                f"impossible round: {num_unverified} unverified tokens (K={self.num_spec_tokens})"
+            )
+        self.num_unverified_draft_tokens += num_unverified
 
     def copy(self) -> SpecDecodeCounters:
         return SpecDecodeCounters(
@@ -56,6 +85,8 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
             self.num_accepted_tokens,
             list(self.num_accepted_tokens_per_pos),
             list(self.accepted_length_hist),
+            list(self.num_draft_tokens_per_pos),
+            self.num_unverified_draft_tokens,
         )
 
     def minus(self, base: SpecDecodeCounters) -> SpecDecodeCounters:
@@ -66,13 +97,10 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
             self.num_drafts - base.num_drafts,
             self.num_draft_tokens - base.num_draft_tokens,
             self.num_accepted_tokens - base.num_accepted_tokens,
-            [
-                a - b
-                for a, b in zip(
-                    self.num_accepted_tokens_per_pos, base.num_accepted_tokens_per_pos, strict=True
-                )
-            ],
-            [a - b for a, b in zip(self.accepted_length_hist, base.accepted_length_hist, strict=True)],
+            _bin_minus(self.num_accepted_tokens_per_pos, base.num_accepted_tokens_per_pos),
+            _bin_minus(self.accepted_length_hist, base.accepted_length_hist),
+            _bin_minus(self.num_draft_tokens_per_pos, base.num_draft_tokens_per_pos),
+            self.num_unverified_draft_tokens - base.num_unverified_draft_tokens,
         )
 
     def is_nonnegative(self) -> bool:
@@ -81,31 +109,53 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
                 self.num_drafts,
                 self.num_draft_tokens,
                 self.num_accepted_tokens,
+                self.num_unverified_draft_tokens,
                 *self.num_accepted_tokens_per_pos,
                 *self.accepted_length_hist,
+                *self.num_draft_tokens_per_pos,
             )
             >= 0
         )
+
+    def is_zero(self) -> bool:
+        """Whether nothing was counted (a delta of an interval without rounds)."""
+        return self == self.minus(self)
 
     def violation(self) -> str | None:
         """Which invariant of DESIGN.md these counters break, or None when they hold."""
         k = self.num_spec_tokens
         per_pos, hist = self.num_accepted_tokens_per_pos, self.accepted_length_hist
+        verified = self.num_draft_tokens_per_pos
         if not 1 <= k <= MAX_SPEC_TOKENS:
             return f"K={k} outside [1, {MAX_SPEC_TOKENS}]"
-        if len(per_pos) != k or len(hist) != k + 1:
-            return f"per_pos has {len(per_pos)} entries and hist {len(hist)}; K={k} needs {k} and {k + 1}"
+        if len(per_pos) != k or len(hist) != k + 1 or len(verified) != k:
+            return (
+                f"per_pos has {len(per_pos)} entries, hist {len(hist)} and draft_tokens_per_pos "
+                f"{len(verified)}; K={k} needs {k}, {k + 1} and {k}"
+            )
         if not self.is_nonnegative():
             return "a negative counter"
         if any(per_pos[i] < per_pos[i + 1] for i in range(k - 1)):
             return "per_pos increases with position"
+        if any(verified[i] < verified[i + 1] for i in range(k - 1)):
+            return "draft_tokens_per_pos increases with position"
         if not sum(per_pos) == self.num_accepted_tokens == sum(n * h for n, h in enumerate(hist)):
             return "sum(per_pos), num_accepted_tokens and sum(n * hist[n]) differ"
         if sum(hist) != self.num_drafts:
             return "sum(hist) != num_drafts"
+        if sum(verified) != self.num_draft_tokens:
+            return "sum(draft_tokens_per_pos) != num_draft_tokens"
+        if verified[0] != self.num_drafts:
+            return "draft_tokens_per_pos[0] != num_drafts"
+        if any(a > v for a, v in zip(per_pos, verified, strict=True)):
+            return "a position with more tokens accepted than verified"
         if not self.num_accepted_tokens <= self.num_draft_tokens <= k * self.num_drafts:
             return "not accepted <= draft tokens <= K * drafts"
         return None
+
+
+def _bin_minus(counts: list[int], base: list[int]) -> list[int]:
+    return [a - b for a, b in zip(counts, base, strict=True)]
 
 
 class PrefixCacheCounters(msgspec.Struct, array_like=True, gc=False):

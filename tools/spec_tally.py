@@ -29,6 +29,17 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 ACCEPTED_LENGTH = "openinfer:spec_decode_accepted_length_total"
+DRAFT_TOKENS_PER_POS = "openinfer:spec_decode_num_draft_tokens_per_pos_total"
+UNVERIFIED_TOKENS = "openinfer:spec_decode_num_unverified_draft_tokens_total"
+SPEC_DECODE_SAMPLES = (
+    DRAFTS,
+    DRAFT_TOKENS,
+    ACCEPTED_TOKENS,
+    ACCEPTED_PER_POS,
+    ACCEPTED_LENGTH,
+    DRAFT_TOKENS_PER_POS,
+    UNVERIFIED_TOKENS,
+)
 
 
 # ---- the engines' spec logs ----
@@ -36,7 +47,8 @@ ACCEPTED_LENGTH = "openinfer:spec_decode_accepted_length_total"
 
 @dataclass
 class SpecLogTally:
-    """Spec-log lines tallied per engine index, and the lines that could not be read.
+    """Spec-log lines tallied per engine index, and the lines that could not be read. A line is a round: a
+    draft, or a proposal the scheduler verified none of (only its unverified tokens count).
 
     With what a frontend counted (:class:`~openinfer.tools.delivered.Delivered`), ``engines`` tallies only the
     lines it counted; an unsent tail (lines whose snapshot never reached it) and the lines before what it
@@ -61,10 +73,10 @@ class SpecLogTally:
         until: float | None = None,
         delivered: Delivered | None = None,
     ) -> SpecLogLine | None:
-        """Count one line (blank lines are skipped, and drafts outside unix times [since, until] when given);
-        the draft read, None when there is none.
+        """Count one line (blank lines are skipped, and rounds outside unix times [since, until] when given);
+        the round read, None when there is none.
 
-        A line that is not a possible draft is recorded in ``malformed``, with ``where`` it was.
+        A line that is not a possible round is recorded in ``malformed``, with ``where`` it was.
         """
         if not line.strip():
             return None
@@ -78,7 +90,7 @@ class SpecLogTally:
         fate = Fate.COUNTED if delivered is None else delivered.fate(draft)
         tallies = {Fate.COUNTED: self.engines, Fate.UNSENT: self.unsent, Fate.EARLIER: self.earlier}[fate]
         tally = tallies.setdefault(draft.engine_index, AcceptanceTally())
-        tally.add_draft(draft.num_spec_tokens, draft.num_draft_tokens, draft.num_accepted)
+        tally.add_round(draft)
         return draft
 
 
@@ -139,7 +151,7 @@ def tally_metrics(text: str) -> dict[int, AcceptanceTally]:
     engines: dict[int, AcceptanceTally] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name not in (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, ACCEPTED_PER_POS, ACCEPTED_LENGTH):
+            if sample.name not in SPEC_DECODE_SAMPLES:
                 continue
             engine_label = sample.labels.get("engine", "")
             if not engine_label.isdigit():
@@ -157,6 +169,12 @@ def tally_metrics(text: str) -> dict[int, AcceptanceTally]:
                 tally.grow(num_pos=position + 1)
                 tally.per_pos[position] += value
                 tally.num_spec_tokens = max(tally.num_spec_tokens, position + 1)
+            elif sample.name == DRAFT_TOKENS_PER_POS:
+                position = _index_label(sample.name, sample.labels, "position")
+                tally.grow(num_draft_pos=position + 1)
+                tally.draft_per_pos[position] += value
+            elif sample.name == UNVERIFIED_TOKENS:
+                tally.num_unverified_tokens += value
             else:
                 accepted = _index_label(sample.name, sample.labels, "accepted")
                 tally.grow(num_hist=accepted + 1)

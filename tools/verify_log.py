@@ -6,15 +6,17 @@
         [--engines-url http://HOST:PORT/admin/engines] [--since UNIX_TIME] [--json OUT]
 
 Per engine and summed over engines it compares drafts, draft tokens, accepted tokens, the per-position
-counts and the accepted-length histogram, and prints the acceptance table (a "metrics = logs" column where
-they agree, a column each and the differing rows marked where not). On the same server lifetime the two are
-equal (DESIGN.md, verification log). With ``--engines-url`` (the admin key from
+accepted counts, the accepted-length histogram, the per-position verified counts and the unverified draft
+tokens (rounds whose verify length the scheduler cut: a log line names the tokens proposed and verified),
+and prints the acceptance table (a "metrics = logs" column where they agree, a column each and the
+differing rows marked where not), with each position's conditional acceptance (accepted / verified). On
+the same server lifetime the two are equal (DESIGN.md, verification log). With ``--engines-url`` (the admin key from
 ``$OPENINFER_ADMIN_API_KEY``, else ``$OPENINFER_API_KEY``) only the lines the frontend counted are compared,
 exactly, whenever engines were killed: each line names the seq of the snapshot that carries it, the frontend
 says which seqs of each incarnation it counted, and the lines it never received (an unsent tail: the engine
 died between writing them and sending their snapshot) or that came before what it counted are reported
 apart, not as differences; so is a line cut short by a kill.
-Exit 0: equal; 1: a bin differs or a log line is not a draft; 2: usage, I/O or an unreadable /metrics or
+Exit 0: equal; 1: a bin differs or a log line is not a round; 2: usage, I/O or an unreadable /metrics or
 /admin/engines.
 """
 
@@ -70,7 +72,7 @@ def compare(metrics: dict[int, AcceptanceTally], logs: dict[int, AcceptanceTally
     """Every bin, per engine and summed, where the two tallies differ."""
     differences = []
     for name, from_metrics, from_logs in sections(metrics, logs):
-        num_pos = max(len(from_metrics.per_pos), len(from_logs.per_pos))
+        num_pos = max(_num_pos(from_metrics), _num_pos(from_logs))
         num_hist = max(len(from_metrics.hist), len(from_logs.hist))
         ours, theirs = from_metrics.bins(num_pos, num_hist), from_logs.bins(num_pos, num_hist)
         differences += [Difference(name, b, ours[b], theirs[b]) for b in ours if ours[b] != theirs[b]]
@@ -116,19 +118,28 @@ def _rows(tally: AcceptanceTally, other: AcceptanceTally) -> list[tuple[str, str
         k=max(tally.num_spec_tokens, other.num_spec_tokens),
         num_pos=max(len(tally.per_pos), len(other.per_pos)),
         num_hist=max(len(tally.hist), len(other.hist)),
+        num_draft_pos=max(_num_pos(tally), _num_pos(other)),
     )
 
 
-def acceptance_rows(
-    tally: AcceptanceTally, *, k: int, num_pos: int, num_hist: int | None
-) -> list[tuple[str, str]]:
-    """(label, value) rows of the seed's acceptance table: counts, rates, ``hist[0..]`` and per-position rates.
+def _num_pos(tally: AcceptanceTally) -> int:
+    """The positions either per-position tally has."""
+    return max(len(tally.per_pos), len(tally.draft_per_pos))
 
-    ``k`` is the full-K bin; ``num_pos`` and ``num_hist`` the bins shown (padded with zeros). ``num_hist``
-    None: the source has no accepted-length histogram (vLLM exports none), so zero-accept, full-K and the
-    ``hist[0..k]`` rows say "n/a".
+
+def acceptance_rows(
+    tally: AcceptanceTally, *, k: int, num_pos: int, num_hist: int | None, num_draft_pos: int = 0
+) -> list[tuple[str, str]]:
+    """(label, value) rows of the seed's acceptance table: counts, rates, ``hist[0..]`` and per-position rates;
+    with ``num_draft_pos`` > 0, also the unverified draft tokens and that many positions' conditional rates
+    (accepted / verified at the position: what the drafter's token there is worth when it is checked).
+
+    ``k`` is the full-K bin; ``num_pos``, ``num_hist`` and ``num_draft_pos`` the bins shown (padded with
+    zeros). ``num_hist`` None: the source has no accepted-length histogram (vLLM exports none), so
+    zero-accept, full-K and the ``hist[0..k]`` rows say "n/a". ``num_draft_pos`` 0: it has no per-position
+    verified counts (vLLM), so no such rows.
     """
-    bins = tally.bins(num_pos, num_hist or 0)
+    bins = tally.bins(max(num_pos, num_draft_pos), num_hist or 0)
     drafts = tally.num_drafts
     rows = [
         ("rounds (drafts)", str(drafts)),
@@ -150,6 +161,12 @@ def acceptance_rows(
         rows.append(
             (f"per-position rate[{i}]", f"{_number(count / drafts if drafts else math.nan)} ({count})")
         )
+    if num_draft_pos:
+        rows.append(("unverified draft tokens", str(tally.num_unverified_tokens)))
+    for i in range(num_draft_pos):
+        accepted, verified = bins[f"per_pos[{i}]"], bins[f"draft_per_pos[{i}]"]
+        rate = _number(accepted / verified if verified else math.nan)
+        rows.append((f"conditional rate[{i}]", f"{rate} ({accepted}/{verified})"))
     return rows
 
 

@@ -205,11 +205,32 @@ class SpecDecoder:
             tokens[-1], len(tokens) - 1, request.block_ids, max(0, min(self.num_spec_tokens, room)), tokens
         )
 
-    def observe(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
-        """Count one verified draft in the engine counters, the request's stats and the spec log."""
-        self.counters.observe_draft(num_draft_tokens, num_accepted)
+    def observe(
+        self, request: Request, num_draft_tokens: int, num_accepted: int, num_proposed: int | None = None
+    ) -> None:
+        """Count one verified draft in the engine counters, the request's stats and the spec log:
+        ``num_draft_tokens`` (V >= 1) verified, ``num_accepted`` of them accepted, of ``num_proposed`` (P)
+        the drafter proposed; None: all of them were verified (P = V, every drafter today). The P - V tokens
+        left out count as unverified, never as rejected."""
+        proposed = num_draft_tokens if num_proposed is None else num_proposed
+        num_unverified = proposed - num_draft_tokens
+        self.counters.observe_draft(num_draft_tokens, num_accepted, num_unverified)
+        self._request_counters(request).observe_draft(num_draft_tokens, num_accepted, num_unverified)
+        if self._log is not None:
+            self._log.write(
+                request.request_id, self.num_spec_tokens, num_draft_tokens, num_accepted, proposed
+            )
+
+    def observe_unverified(self, request: Request, num_proposed: int) -> None:
+        """Count a round whose ``num_proposed`` tokens (>= 1) the scheduler verified none of (V = 0): no draft;
+        the tokens count as unverified, and the spec log gets a line with ``num_draft_tokens`` 0."""
+        self.counters.observe_unverified(num_proposed)
+        self._request_counters(request).observe_unverified(num_proposed)
+        if self._log is not None:
+            self._log.write(request.request_id, self.num_spec_tokens, 0, 0, num_proposed)
+
+    def _request_counters(self, request: Request) -> SpecDecodeCounters:
+        """The request's own tally of the same rounds (made at its first round)."""
         if request.spec_counters is None:
             request.spec_counters = SpecDecodeCounters.zero(self.num_spec_tokens)
-        request.spec_counters.observe_draft(num_draft_tokens, num_accepted)  # the same tally, per request
-        if self._log is not None:
-            self._log.write(request.request_id, self.num_spec_tokens, num_draft_tokens, num_accepted)
+        return request.spec_counters

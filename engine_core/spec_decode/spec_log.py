@@ -1,4 +1,8 @@
-"""``--spec-log``: one JSON line per draft, the ground truth that /metrics is checked against.
+"""``--spec-log``: one JSON line per round, the ground truth that /metrics is checked against.
+
+A line holds a round's verified count (``num_draft_tokens``, V) and proposed count (``num_proposed_tokens``,
+P >= V); a round the scheduler verified none of (V = 0, P >= 1) has its line too, so that the unverified
+tokens reconcile with ``openinfer:spec_decode_num_unverified_draft_tokens_total``.
 
 Each line names ``seq``: the seq of the first message the engine sends after writing it, which is the first
 load snapshot whose counters hold that draft (every message carries the cumulative counters). A reader that
@@ -49,7 +53,16 @@ class SpecLog:
         self.flush()
         self.next_seq = seq + 1
 
-    def write(self, request_id: str, num_spec_tokens: int, num_draft_tokens: int, num_accepted: int) -> None:
+    def write(
+        self,
+        request_id: str,
+        num_spec_tokens: int,
+        num_draft_tokens: int,
+        num_accepted: int,
+        num_proposed_tokens: int | None = None,
+    ) -> None:
+        """One round: ``num_draft_tokens`` verified (0: none), ``num_accepted`` of them accepted, of
+        ``num_proposed_tokens`` proposed (None: all of them were verified)."""
         line = SpecLogLine(
             time.time(),
             self._engine_index,
@@ -59,6 +72,7 @@ class SpecLog:
             num_draft_tokens,
             num_accepted,
             self.next_seq,
+            num_draft_tokens if num_proposed_tokens is None else num_proposed_tokens,
         )
         self._pending.append(self._encoder.encode(line) + b"\n")
 

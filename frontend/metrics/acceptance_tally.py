@@ -2,7 +2,8 @@
 
 One tally for every reader of acceptance: the SpecDecoding log line, per-request metrics, the verify-log
 checker and the benchmark (:mod:`openinfer.tools.spec_tally` reads spec logs and ``/metrics`` into it). A
-draft is only ever counted by :meth:`SpecDecodeCounters.observe_draft`; this adds such counters up.
+round is only ever counted by the ``observe_*`` calls of :class:`SpecDecodeCounters`; this adds such
+counters up.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from openinfer.protocol import SpecDecodeCounters
+from openinfer.protocol.spec_log import SpecLogLine
 
 
 @dataclass
@@ -19,7 +21,9 @@ class AcceptanceTally:
     """Drafts counted bin by bin, as the engine counters count them (DESIGN.md, counter semantics).
 
     ``per_pos[i]``: drafts whose token at position i was accepted (a prefix tally); ``hist[n]``: drafts with
-    n tokens accepted. Both grow as needed; missing bins are 0. ``num_spec_tokens`` is the largest K seen.
+    n tokens accepted; ``draft_per_pos[i]``: drafts whose token at position i was verified. They grow as
+    needed; missing bins are 0 (a source without per-position verified counts, vLLM's /metrics, leaves
+    ``draft_per_pos`` empty). ``num_spec_tokens`` is the largest K seen.
     """
 
     num_drafts: int = 0
@@ -28,14 +32,16 @@ class AcceptanceTally:
     per_pos: list[int] = field(default_factory=list)
     hist: list[int] = field(default_factory=list)
     num_spec_tokens: int = 0
+    draft_per_pos: list[int] = field(default_factory=list)
+    num_unverified_tokens: int = 0  # proposed, never verified
 
-    def add_draft(self, num_spec_tokens: int, num_draft_tokens: int, num_accepted: int) -> None:
-        """Count one draft of ``num_draft_tokens`` tokens, ``num_accepted`` of them accepted: through
-        :meth:`SpecDecodeCounters.observe_draft`, the one place a draft is tallied (``ValueError`` if
-        impossible)."""
-        draft = SpecDecodeCounters.zero(num_spec_tokens)
-        draft.observe_draft(num_draft_tokens, num_accepted)
-        self.add_counters(draft)
+    def add_round(self, line: SpecLogLine) -> None:
+        """Count one spec-log round (a draft, or a proposal verified not at all): through the
+        :class:`SpecDecodeCounters` ``observe_*`` call the engine made, the one place a round is tallied
+        (``ValueError`` if impossible)."""
+        counters = SpecDecodeCounters.zero(line.num_spec_tokens)
+        line.observe_into(counters)
+        self.add_counters(counters)
 
     def add_counters(self, counters: SpecDecodeCounters) -> None:
         """Add counters of one K (an engine's delta over an interval, or one draft)."""
@@ -47,13 +53,17 @@ class AcceptanceTally:
                 counters.num_accepted_tokens_per_pos,
                 counters.accepted_length_hist,
                 counters.num_spec_tokens,
+                counters.num_draft_tokens_per_pos,
+                counters.num_unverified_draft_tokens,
             )
         )
 
-    def grow(self, num_pos: int = 0, num_hist: int = 0) -> None:
-        """At least ``num_pos`` position bins and ``num_hist`` histogram bins (new ones 0)."""
+    def grow(self, num_pos: int = 0, num_hist: int = 0, num_draft_pos: int = 0) -> None:
+        """At least ``num_pos`` accepted and ``num_draft_pos`` verified position bins, and ``num_hist``
+        histogram bins (new ones 0)."""
         _grow(self.per_pos, num_pos)
         _grow(self.hist, num_hist)
+        _grow(self.draft_per_pos, num_draft_pos)
 
     def add(self, other: AcceptanceTally) -> None:
         """Add another tally (another engine) to this one."""
@@ -63,6 +73,8 @@ class AcceptanceTally:
         self.num_accepted_tokens += other.num_accepted_tokens
         _add_bins(self.per_pos, other.per_pos)
         _add_bins(self.hist, other.hist)
+        _add_bins(self.draft_per_pos, other.draft_per_pos)
+        self.num_unverified_tokens += other.num_unverified_tokens
 
     def minus(self, base: AcceptanceTally) -> AcceptanceTally:
         """Bin-wise ``self - base`` (two scrapes of one server: the counts in between)."""
@@ -73,19 +85,25 @@ class AcceptanceTally:
             _bin_minus(self.per_pos, base.per_pos),
             _bin_minus(self.hist, base.hist),
             max(self.num_spec_tokens, base.num_spec_tokens),
+            _bin_minus(self.draft_per_pos, base.draft_per_pos),
+            self.num_unverified_tokens - base.num_unverified_tokens,
         )
 
     def bins(self, num_pos: int = 0, num_hist: int = 0) -> dict[str, int]:
-        """Every count by name, with at least ``num_pos`` position and ``num_hist`` histogram bins."""
+        """Every count by name, with at least ``num_pos`` bins of each per-position tally and ``num_hist``
+        histogram bins."""
         bins = {
             "drafts": self.num_drafts,
             "draft_tokens": self.num_draft_tokens,
             "accepted_tokens": self.num_accepted_tokens,
+            "unverified_tokens": self.num_unverified_tokens,
         }
         for i, count in enumerate(_padded(self.per_pos, max(num_pos, len(self.per_pos)))):
             bins[f"per_pos[{i}]"] = count
         for n, count in enumerate(_padded(self.hist, max(num_hist, len(self.hist)))):
             bins[f"hist[{n}]"] = count
+        for i, count in enumerate(_padded(self.draft_per_pos, max(num_pos, len(self.draft_per_pos)))):
+            bins[f"draft_per_pos[{i}]"] = count
         return bins
 
     # Derived values (NaN without drafts).
@@ -116,8 +134,16 @@ class AcceptanceTally:
         return _at(self.hist, self.num_spec_tokens) / self.num_drafts if self.num_drafts else math.nan
 
     def per_pos_rates(self) -> list[float]:
-        """Per position: drafts with it accepted / drafts."""
+        """Per position: drafts with it accepted / drafts (unconditional, vLLM's)."""
         return [count / self.num_drafts if self.num_drafts else math.nan for count in self.per_pos]
+
+    def conditional_rates(self) -> list[float]:
+        """Per position: drafts with it accepted / drafts with it verified (NaN where none was verified).
+        With every draft verified whole at one K, the same as :meth:`per_pos_rates`; with variable verify
+        lengths, what the drafter's token at that position is worth when it is checked."""
+        accepted = _padded(self.per_pos, max(len(self.per_pos), len(self.draft_per_pos)))
+        verified = _padded(self.draft_per_pos, len(accepted))
+        return [a / v if v else math.nan for a, v in zip(accepted, verified, strict=True)]
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -127,6 +153,8 @@ class AcceptanceTally:
             "num_accepted_tokens": self.num_accepted_tokens,
             "accepted_per_pos": list(self.per_pos),
             "accepted_length_hist": list(self.hist),
+            "draft_tokens_per_pos": list(self.draft_per_pos),
+            "num_unverified_draft_tokens": self.num_unverified_tokens,
         }
 
 

@@ -13,8 +13,8 @@ class PerRequestSpecMetrics(enum.Enum):
     """How much of a request's spec-decode stats its final response carries under ``"metrics"``."""
 
     OFF = "off"
-    SUMMARY = "summary"  # counts, mean acceptance length, acceptance rate, histogram
-    DETAILED = "detailed"  # the summary plus per-position acceptance counts
+    SUMMARY = "summary"  # counts (unverified tokens too), mean acceptance length, acceptance rate, histogram
+    DETAILED = "detailed"  # the summary plus per-position counts: accepted, and verified
 
     def response_metrics(self, stats: SpecDecodeCounters | None) -> dict[str, Any] | None:
         """The top-level ``"metrics"`` object of a final response, or None when there is none to add."""
@@ -33,7 +33,10 @@ class PerRequestSpecMetrics(enum.Enum):
             else 1.0,  # counts the bonus token
             "draft_acceptance_rate": tally.acceptance_rate if drafted else 0.0,
             "acceptance_histogram": list(tally.hist),
+            "num_unverified_draft_tokens": tally.num_unverified_tokens,
         }
         if self is PerRequestSpecMetrics.DETAILED:
             speculative["acceptance_per_position"] = list(tally.per_pos)
+            # drafts whose token at each position was verified: the conditional rate's denominator
+            speculative["draft_tokens_per_position"] = list(tally.draft_per_pos)
         return {"speculative_decoding": speculative}

@@ -12,7 +12,8 @@ baseline per engine index and publishes ``current - baseline`` by the rules of
   as ``openinfer:protocol_errors_total{kind="counter_decrease"}``; baseline = snapshot, nothing published;
   a delta no sequence of drafts makes: ``kind="counter_delta"``, nothing published;
 - ``spec_decode`` None (no drafter): the baseline is forgotten, nothing published;
-- an interval without drafts publishes nothing.
+- an interval in which nothing was counted publishes nothing (one whose rounds were all left unverified
+  publishes its unverified tokens: they would be lost otherwise, the baseline moves on).
 
 Snapshots that break a counter invariant never get here: the codec drops them (kind "counters").
 
@@ -27,6 +28,10 @@ Exported series, one per (model_name, engine[, position | accepted]), never an "
 - ``vllm:spec_decode_num_accepted_tokens_total``
 - ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0".."K-1"}``
 - ``openinfer:spec_decode_accepted_length_total{accepted="0".."K"}`` (drafts by accepted count)
+- ``openinfer:spec_decode_num_draft_tokens_per_pos_total{position="0".."K-1"}`` (drafts whose token at the
+  position was verified: with variable verify lengths, the per-position denominator)
+- ``openinfer:spec_decode_num_unverified_draft_tokens_total`` (proposed, left out by the scheduler; never
+  counted as draft tokens, so never as rejected)
 - ``openinfer:spec_decode_counter_resets_total{engine,reason="restart"|"new_k"|"drafter_loaded"}``
 
 Derived rates, for dashboards (sum over engines first; drop the ``sum`` for one engine):
@@ -47,6 +52,18 @@ Derived rates, for dashboards (sum over engines first; drop the ``sum`` for one 
       / scalar(sum(rate(vllm:spec_decode_num_drafts_total[5m])))
 
   (with engines of different K, divide position i by the drafts of engines whose K > i only)
+
+- conditional per-position acceptance rate (accepted when verified; equal to the above while every draft is
+  verified whole, higher where the scheduler verifies fewer tokens; no K caveat)::
+
+    sum by (position) (rate(vllm:spec_decode_num_accepted_tokens_per_pos_total[5m]))
+      / sum by (position) (rate(openinfer:spec_decode_num_draft_tokens_per_pos_total[5m]))
+
+- share of proposed draft tokens left unverified::
+
+    sum(rate(openinfer:spec_decode_num_unverified_draft_tokens_total[5m]))
+      / (sum(rate(openinfer:spec_decode_num_unverified_draft_tokens_total[5m]))
+         + sum(rate(vllm:spec_decode_num_draft_tokens_total[5m])))
 
 - share of drafts with ``n`` tokens accepted::
 
@@ -78,7 +95,9 @@ class SpecDecodeMetrics:
             _MODEL_ENGINE,
         )
         self.num_draft_tokens = totals.counter(
-            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", _MODEL_ENGINE
+            "vllm:spec_decode_num_draft_tokens",
+            "Draft tokens verified (proposed and sent to the target).",
+            _MODEL_ENGINE,
         )
         self.num_accepted_tokens = totals.counter(
             "vllm:spec_decode_num_accepted_tokens",
@@ -95,6 +114,16 @@ class SpecDecodeMetrics:
             "Drafts by how many of their tokens were accepted (0..K).",
             (*_MODEL_ENGINE, "accepted"),
         )
+        self.num_draft_tokens_per_pos = totals.counter(
+            "openinfer:spec_decode_num_draft_tokens_per_pos",
+            "Drafts whose token at this position (0..K-1) was verified.",
+            (*_MODEL_ENGINE, "position"),
+        )
+        self.num_unverified_draft_tokens = totals.counter(
+            "openinfer:spec_decode_num_unverified_draft_tokens",
+            "Draft tokens proposed but never verified (the scheduler verified fewer); never counted as rejected.",
+            _MODEL_ENGINE,
+        )
         self.counter_resets = totals.counter(
             "openinfer:spec_decode_counter_resets",
             "Times an engine's spec-decode counters began again at zero: restart, new K, drafter loaded.",
@@ -107,8 +136,13 @@ class SpecDecodeMetrics:
 
     def restore_baselines(self, saved: dict[int, SavedBaseline[SpecDecodeCounters]]) -> None:
         """Take baselines saved with the totals they were published into: a known incarnation goes on from
-        its saved counters (nothing lost, nothing counted twice); a new one counts from zero."""
-        self._baselines.restore(saved)
+        its saved counters (nothing lost, nothing counted twice); a new one counts from zero.
+
+        A baseline saved by a release before the per-position verified counts (its counters lack them) is
+        of an engine incarnation of that release, which this one refuses (protocol version): only its
+        incarnation is kept, so that the index's next incarnation counts from zero as a restart.
+        """
+        self._baselines.restore({index: _without_old_counters(baseline) for index, baseline in saved.items()})
 
     def knows(self, engine_index: int) -> bool:
         """Whether this process holds a baseline for ``engine_index``."""
@@ -133,7 +167,7 @@ class SpecDecodeMetrics:
             assert counters is not None
             self._create_series(model_name, engine_index, counters.num_spec_tokens)
         delta = seen.delta
-        if delta is None or delta.num_drafts == 0:
+        if delta is None or delta.is_zero():
             return None
         self._publish(model_name, engine_index, delta)
         return delta
@@ -147,7 +181,18 @@ class SpecDecodeMetrics:
             self.num_accepted_tokens_per_pos.inc((model_name, engine, str(position)), count)
         for accepted, count in enumerate(delta.accepted_length_hist):
             self.accepted_length.inc((model_name, engine, str(accepted)), count)
+        for position, count in enumerate(delta.num_draft_tokens_per_pos):
+            self.num_draft_tokens_per_pos.inc((model_name, engine, str(position)), count)
+        self.num_unverified_draft_tokens.inc((model_name, engine), delta.num_unverified_draft_tokens)
 
     def _create_series(self, model_name: str, engine_index: int, num_spec_tokens: int) -> None:
         """Export an engine's series at 0 from the moment they exist, so rate() sees their first increase."""
         self._publish(model_name, engine_index, SpecDecodeCounters.zero(num_spec_tokens))
+
+
+def _without_old_counters(baseline: SavedBaseline[SpecDecodeCounters]) -> SavedBaseline[SpecDecodeCounters]:
+    """The baseline, or only its incarnation when its counters predate ``num_draft_tokens_per_pos``."""
+    counters = baseline.counters
+    if counters is not None and not counters.num_draft_tokens_per_pos:
+        return SavedBaseline(baseline.incarnation, None)
+    return baseline

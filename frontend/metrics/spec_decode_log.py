@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
@@ -17,7 +18,11 @@ class SpecDecodeLogger:
     """Sums the published spec-decode deltas of all engines and logs them once per interval.
 
     Per-position rates divide by the drafts that had the position: with engines of different K, position i
-    counts only the drafts of engines whose K > i. Nothing is logged for an interval without drafts.
+    counts only the drafts of engines whose K > i. When verify lengths vary (some draft verified fewer
+    tokens than its K: cut short, or trimmed by the scheduler), the line goes on past vLLM's form with each
+    position's conditional acceptance (accepted / verified at that position) and the unverified draft tokens.
+    Nothing is logged for an interval in which nothing was counted; one whose rounds were all left unverified
+    logs only those.
     """
 
     def __init__(self) -> None:
@@ -41,6 +46,11 @@ class SpecDecodeLogger:
         elapsed, self._last_log = now - self._last_log, now
         if self.tally.num_drafts > 0:
             self._log_line(elapsed)
+        elif self.tally.num_unverified_tokens > 0:
+            logger.info(
+                "SpecDecoding metrics: no draft verified, Unverified: %d tokens",
+                self.tally.num_unverified_tokens,
+            )
         self._reset()
 
     async def run(self, interval_s: float) -> None:
@@ -53,6 +63,13 @@ class SpecDecodeLogger:
         tally = self.tally
         accepted, drafted = tally.num_accepted_tokens, tally.num_draft_tokens
         rates = ", ".join(f"{a / d:.3f}" for a, d in zip(tally.per_pos, self.drafts_per_pos, strict=True))
+        varied = ""  # vLLM's form ends before it
+        if tally.draft_per_pos != self.drafts_per_pos or tally.num_unverified_tokens:
+            conditional = ", ".join("-" if math.isnan(r) else f"{r:.3f}" for r in tally.conditional_rates())
+            varied = (
+                f", Per-position conditional acceptance rate: {conditional}, "
+                f"Unverified: {tally.num_unverified_tokens} tokens"
+            )
         logger.info(
             "SpecDecoding metrics: "
             "Mean acceptance length: %.2f, "
@@ -61,7 +78,7 @@ class SpecDecodeLogger:
             "Accepted: %d tokens, "
             "Drafted: %d tokens, "
             "Per-position acceptance rate: %s, "
-            "Avg Draft acceptance rate: %.1f%%",
+            "Avg Draft acceptance rate: %.1f%%%s",
             tally.mean_acceptance_length,  # counts the bonus token
             accepted / elapsed if elapsed > 0 else 0.0,
             drafted / elapsed if elapsed > 0 else 0.0,
@@ -69,4 +86,5 @@ class SpecDecodeLogger:
             drafted,
             rates,
             100 * tally.acceptance_rate,  # every draft has at least one token, so drafted > 0
+            varied,
         )

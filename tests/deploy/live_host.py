@@ -58,7 +58,9 @@ async def run_load(frontends: list[tuple[LiveFrontend, int]]) -> None:
 
 def spec_series(prometheus: Prometheus, at: float | None = None) -> list[dict]:
     return prometheus.query(
-        '{__name__=~"vllm:spec_decode_.+_total|openinfer:spec_decode_accepted_length_total"}[5m]', at
+        '{__name__=~"vllm:spec_decode_.+_total|openinfer:spec_decode_(accepted_length|num_draft_tokens_per_pos|'
+        'num_unverified_draft_tokens)_total"}[5m]',
+        at,
     )
 
 
@@ -136,6 +138,8 @@ RATED_BINS = {
     "num_accepted_tokens": "accepted_tokens",
     "num_accepted_tokens_per_pos": "per_pos[{position}]",
     "accepted_length": "hist[{accepted}]",
+    "num_draft_tokens_per_pos": "draft_per_pos[{position}]",
+    "num_unverified_draft_tokens": "unverified_tokens",
 }
 
 

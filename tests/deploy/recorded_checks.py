@@ -35,6 +35,35 @@ def check_host_ratios(prometheus: Prometheus, at: float, logs: dict[int, Accepta
     for key, value in expected_pos.items():
         assert per_pos[key] == pytest.approx(value, rel=REL, abs=1e-15), key
 
+    # Conditional: position i over the drafts that verified it (those of engines with K <= i verify none).
+    conditional = prometheus.vector(
+        "model_name:spec_decode_per_pos_conditional_acceptance_rate:ratio_rate1m", at, "position"
+    )
+    expected_conditional = {
+        (str(i),): rate
+        for i, rate in enumerate(everything.conditional_rates())
+        if everything.draft_per_pos[i]
+    }
+    assert conditional.keys() == expected_conditional.keys()
+    for key, value in expected_conditional.items():
+        assert conditional[key] == pytest.approx(value, rel=REL, abs=1e-15), key
+    per_engine_conditional = prometheus.vector(
+        "engine:spec_decode_per_pos_conditional_acceptance_rate:ratio_rate1m", at, "engine", "position"
+    )
+    assert per_engine_conditional == pytest.approx(
+        {
+            (str(e), str(i)): rate
+            for e, tally in logs.items()
+            for i, rate in enumerate(tally.conditional_rates())
+            if tally.draft_per_pos[i]
+        },
+        rel=REL,
+        abs=1e-15,
+    )
+    (unverified,) = prometheus.vector("model_name:spec_decode_unverified_share:ratio_rate1m", at).values()
+    proposed = everything.num_unverified_tokens + everything.num_draft_tokens
+    assert unverified == pytest.approx(everything.num_unverified_tokens / proposed, rel=REL, abs=0)
+
     shares = prometheus.vector("model_name:spec_decode_accepted_length_share:ratio_rate1m", at, "accepted")
     hist = everything.hist + [0] * (max(ks) + 1 - len(everything.hist))
     assert shares.keys() == {(str(n),) for n in range(max(ks) + 1)}
@@ -66,3 +95,8 @@ def check_totals(prometheus: Prometheus, at: float | None, tally: AcceptanceTall
     assert per_pos == {(str(i),): tally.bins(k_max)[f"per_pos[{i}]"] for i in range(k_max)}
     hist = prometheus.vector("sum by (accepted) (model_name:spec_decode_accepted_length:sum)", at, "accepted")
     assert hist == {(str(n),): tally.bins(0, k_max + 1)[f"hist[{n}]"] for n in range(k_max + 1)}
+    verified = prometheus.vector(
+        "sum by (position) (model_name:spec_decode_num_draft_tokens_per_pos:sum)", at, "position"
+    )
+    assert verified == {(str(i),): tally.bins(k_max)[f"draft_per_pos[{i}]"] for i in range(k_max)}
+    assert one("model_name:spec_decode_num_unverified_draft_tokens:sum") == tally.num_unverified_tokens

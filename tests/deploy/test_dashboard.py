@@ -68,6 +68,8 @@ def test_dashboard_shape() -> None:
     titles = " ".join(p["title"] for p in panels).lower()
     for topic in ("acceptance rate", "mean acceptance length", "per-position", "accepted-length", "drafts"):
         assert topic in titles, topic
+    for topic in ("conditional acceptance rate", "unverified"):
+        assert topic in titles, topic
     for topic in ("time to first token", "inter-token", "running and waiting", "kv cache"):
         assert topic in titles, topic
     for topic in ("prefix-cache hit rate", "prefix-cache hit rate per engine", "prefix-cache lookups"):

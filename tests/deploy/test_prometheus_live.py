@@ -64,6 +64,10 @@ FLEET_PER_POSITION = (
     "sum by (model_name, position) (model_name:spec_decode_num_accepted_tokens_per_pos:rate1m)\n"
     "  / sum by (model_name, position) (model_name:spec_decode_num_drafts_per_pos:rate1m)"
 )
+FLEET_CONDITIONAL_PER_POSITION = (
+    "sum by (model_name, position) (model_name:spec_decode_num_accepted_tokens_per_pos:rate1m)\n"
+    "  / sum by (model_name, position) (model_name:spec_decode_num_draft_tokens_per_pos:rate1m)"
+)
 FLEET_ACCEPTED_TOKENS = "sum by (model_name) (model_name:spec_decode_num_accepted_tokens:sum)"
 
 
@@ -121,9 +125,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def test_recorded_acceptance_equals_spec_logs(stack: Stack) -> None:
-    """On each host, the recording rules' acceptance rate, mean acceptance length, per-position curve and
-    accepted-length distribution (cluster-wide and per engine) equal the engines' spec logs, and the
-    recorded totals equal them exactly."""
+    """On each host, the recording rules' acceptance rate, mean acceptance length, per-position curves (of all
+    drafts, and conditional on the position being verified), unverified share and accepted-length
+    distribution (cluster-wide and per engine) equal the engines' spec logs, and the recorded totals equal
+    them exactly."""
     for host in stack.hosts.values():
         ks = HOSTS[host.name]
         check_host_ratios(host.prometheus, host.t_eval, host.logs, ks)
@@ -178,12 +183,21 @@ def test_federation_equals_both_hosts_spec_logs(stack: Stack) -> None:
     assert set(curve) == {(str(i),) for i in range(k_max)}
     assert all(0 <= v <= 1 for v in curve.values())
     assert curve[("0",)] >= curve[("1",)] >= curve[("2",)]
+    # The conditional curve: at each position, at least the unconditional rate (fewer drafts verify it).
+    conditional = fleet.vector(FLEET_CONDITIONAL_PER_POSITION, at, "position")
+    assert conditional.keys() <= curve.keys()
+    assert all(curve[key] <= value * (1 + 1e-9) and value <= 1 for key, value in conditional.items())
 
 
 def test_readme_has_the_fleet_queries() -> None:
     """deploy/README.md shows the fleet-wide queries these tests run."""
     readme = re.sub(r"\s+", " ", (DEPLOY / "README.md").read_text())
-    for query in (FLEET_ACCEPTANCE_RATE, FLEET_MEAN_ACCEPTANCE_LENGTH, FLEET_PER_POSITION):
+    for query in (
+        FLEET_ACCEPTANCE_RATE,
+        FLEET_MEAN_ACCEPTANCE_LENGTH,
+        FLEET_PER_POSITION,
+        FLEET_CONDITIONAL_PER_POSITION,
+    ):
         assert re.sub(r"\s+", " ", query) in readme
 
 

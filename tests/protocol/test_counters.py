@@ -1,5 +1,5 @@
-"""SpecDecodeCounters: the prefix tally, the histogram and DESIGN.md's invariants on any observations; and
-PrefixCacheCounters."""
+"""SpecDecodeCounters: the prefix tally, the histogram, the verified and unverified counts of variable verify
+lengths and DESIGN.md's invariants on any observations; and PrefixCacheCounters."""
 
 from __future__ import annotations
 
@@ -18,27 +18,87 @@ def test_prefix_tally_example() -> None:
     assert c.num_accepted_tokens_per_pos == [2, 1, 0]
     assert c.accepted_length_hist == [1, 1, 1, 0]
     assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (3, 9, 3)
+    assert c.num_draft_tokens_per_pos == [3, 3, 3]  # every draft verified whole
+    assert c.num_unverified_draft_tokens == 0
+
+
+def test_trimmed_draft_counts_verified_tokens_only() -> None:
+    """K=4, P=4 proposed, V=2 verified, 1 accepted: a draft of 2 tokens (verified per position [1, 1, 0, 0]),
+    the 2 left out unverified and nowhere else (not rejected: draft tokens 2, not 4)."""
+    c = SpecDecodeCounters.zero(4)
+    c.observe_draft(2, 1, num_unverified=2)
+    assert c == SpecDecodeCounters(
+        4,
+        num_drafts=1,
+        num_draft_tokens=2,
+        num_accepted_tokens=1,
+        num_accepted_tokens_per_pos=[1, 0, 0, 0],
+        accepted_length_hist=[0, 1, 0, 0, 0],
+        num_draft_tokens_per_pos=[1, 1, 0, 0],
+        num_unverified_draft_tokens=2,
+    )
+    assert c.violation() is None
+
+
+def test_rounds_of_varying_verify_lengths() -> None:
+    """K=4: rounds (P, V, accepted) = (4, 4, 4), (4, 3, 1), (3, 1, 0) and (4, 0, -): three drafts of 4, 3
+    and 1 tokens (verified per position [3, 2, 2, 1]) and 1 + 2 + 4 = 7 unverified tokens; the V = 0 round
+    is no draft. Position 1's conditional acceptance is 1/2, its unconditional 1/3."""
+    c = SpecDecodeCounters.zero(4)
+    c.observe_draft(4, 4)
+    c.observe_draft(3, 1, num_unverified=1)
+    c.observe_draft(1, 0, num_unverified=2)
+    c.observe_unverified(4)
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (3, 8, 5)
+    assert c.num_draft_tokens_per_pos == [3, 2, 2, 1]
+    assert c.num_accepted_tokens_per_pos == [2, 1, 1, 1]
+    assert c.accepted_length_hist == [1, 1, 0, 0, 1]
+    assert c.num_unverified_draft_tokens == 7
+    assert c.violation() is None
+
+
+def test_a_round_verifying_nothing_is_no_draft() -> None:
+    """observe_unverified(3) at K=4 moves only the unverified count; the delta it makes is not zero."""
+    c = SpecDecodeCounters.zero(4)
+    c.observe_unverified(3)
+    assert c == SpecDecodeCounters(4, 0, 0, 0, [0] * 4, [0] * 5, [0] * 4, num_unverified_draft_tokens=3)
+    assert c.violation() is None
+    assert not c.minus(SpecDecodeCounters.zero(4)).is_zero() and c.minus(c).is_zero()
 
 
 @st.composite
-def observations(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]]]:
+def observations(draw: st.DrawFn) -> tuple[int, list[tuple[int, int, int]]]:
+    """K and rounds (P proposed, V verified, accepted): V = 0 rounds and V < P trims included."""
     k = draw(st.integers(1, MAX_SPEC_TOKENS))
-    drafts = draw(st.lists(st.integers(1, k), max_size=40))
-    return k, [(n, draw(st.integers(0, n))) for n in drafts]
+    proposed = draw(st.lists(st.integers(1, k), max_size=40))
+    rounds = []
+    for p in proposed:
+        v = draw(st.integers(0, p))
+        rounds.append((p, v, draw(st.integers(0, v))))
+    return k, rounds
 
 
 @given(observations())
-def test_invariants_hold_on_any_observations(case: tuple[int, list[tuple[int, int]]]) -> None:
-    """After every observe_draft, per_pos is non-increasing and the sums agree (DESIGN.md, invariants)."""
-    k, drafts = case
+def test_invariants_hold_on_any_observations(case: tuple[int, list[tuple[int, int, int]]]) -> None:
+    """After every round (observe_draft, or observe_unverified when V = 0) the counters hold DESIGN.md's
+    invariants and only went up; at the end each count is the plain sum over the rounds."""
+    k, rounds = case
     c = SpecDecodeCounters.zero(k)
-    for num_draft_tokens, accepted in drafts:
+    for proposed, verified, accepted in rounds:
         before = c.copy()
-        c.observe_draft(num_draft_tokens, accepted)
+        if verified:
+            c.observe_draft(verified, accepted, num_unverified=proposed - verified)
+        else:
+            c.observe_unverified(proposed)
         assert c.violation() is None
         assert c.minus(before).is_nonnegative()  # monotonic
+        assert c.minus(before).violation() is None  # a delta holds them too
+    drafts = [(v, a) for _, v, a in rounds if v]
     assert c.num_drafts == len(drafts)
+    assert c.num_draft_tokens == sum(v for v, _ in drafts)
     assert c.num_accepted_tokens == sum(a for _, a in drafts)
+    assert c.num_draft_tokens_per_pos == [sum(v > i for v, _ in drafts) for i in range(k)]
+    assert c.num_unverified_draft_tokens == sum(p - v for p, v, _ in rounds)
 
 
 @pytest.mark.parametrize(("k", "drafted", "accepted"), [(3, 4, 0), (3, 2, 3), (3, 0, 0), (3, 2, -1)])
@@ -48,6 +108,24 @@ def test_impossible_observation_is_refused(k: int, drafted: int, accepted: int) 
     with pytest.raises(ValueError):
         c.observe_draft(drafted, accepted)
     assert c == SpecDecodeCounters.zero(k)
+
+
+@pytest.mark.parametrize(("k", "verified", "unverified"), [(3, 2, 2), (3, 1, -1), (3, 3, 1)])
+def test_impossible_trimmed_draft_is_refused(k: int, verified: int, unverified: int) -> None:
+    """More than K proposed (verified + unverified) or a negative unverified count: refused, nothing moves."""
+    c = SpecDecodeCounters.zero(k)
+    with pytest.raises(ValueError):
+        c.observe_draft(verified, 0, num_unverified=unverified)
+    assert c == SpecDecodeCounters.zero(k)
+
+
+@pytest.mark.parametrize("unverified", [0, -1, 4])
+def test_impossible_unverified_round_is_refused(unverified: int) -> None:
+    """A round verifying nothing proposed 1..K tokens: 0, negative or more than K=3 is refused."""
+    c = SpecDecodeCounters.zero(3)
+    with pytest.raises(ValueError, match="impossible round"):
+        c.observe_unverified(unverified)
+    assert c == SpecDecodeCounters.zero(3)
 
 
 @pytest.mark.parametrize("k", [0, 33, 100])

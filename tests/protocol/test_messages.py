@@ -83,7 +83,7 @@ OUTPUTS = [
             EngineCoreOutput("r2", [6], FinishReason("stop", stop_token_id=6)),
             EngineCoreOutput("r3", [], FinishReason("error", message="the prompt is empty")),
         ],
-        make_load(SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0])),
+        make_load(SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 2], 1)),
     ),
     EngineCoreOutputs(
         0,
@@ -95,7 +95,7 @@ OUTPUTS = [
                 "r4",
                 [1, 2, 3],
                 FinishReason("length"),
-                spec_stats=SpecDecodeCounters(3, 2, 5, 3, [2, 1, 0], [0, 1, 1, 0]),
+                spec_stats=SpecDecodeCounters(3, 2, 5, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 1], 1),
             ),
         ],
         make_load(),
@@ -210,11 +210,19 @@ def test_engine_identity_is_unique_per_incarnation() -> None:
 @pytest.mark.parametrize(
     "counters",
     [
-        SpecDecodeCounters(3, 1, 3, 2, [1, 2, 0], [0, 0, 1, 0]),  # per_pos increases
-        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 1, 0, 0]),  # hist says 1 accepted, per_pos 2
-        SpecDecodeCounters(3, 1, 4, 0, [0, 0, 0], [1, 0, 0, 0]),  # 4 draft tokens > K * drafts
-        SpecDecodeCounters(33, 0, 0, 0, [0] * 33, [0] * 34),  # K past MAX_SPEC_TOKENS
-        SpecDecodeCounters(3, 0, 0, 0, [0, 0], [0, 0, 0, 0]),  # per_pos too short
+        SpecDecodeCounters(3, 1, 3, 2, [1, 2, 0], [0, 0, 1, 0], [1, 1, 1]),  # per_pos increases
+        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 1, 0, 0], [1, 1, 1]),  # hist says 1 accepted, per_pos 2
+        SpecDecodeCounters(3, 1, 4, 0, [0, 0, 0], [1, 0, 0, 0], [1, 1, 1]),  # 4 draft tokens > K * drafts
+        SpecDecodeCounters(33, 0, 0, 0, [0] * 33, [0] * 34, [0] * 33),  # K past MAX_SPEC_TOKENS
+        SpecDecodeCounters(3, 0, 0, 0, [0, 0], [0, 0, 0, 0], [0, 0, 0]),  # per_pos too short
+        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 0, 1, 0]),  # an older release's: no verified per pos
+        SpecDecodeCounters(3, 1, 2, 0, [0, 0, 0], [1, 0, 0, 0], [1, 0, 1]),  # verified per pos increases
+        SpecDecodeCounters(3, 2, 3, 0, [0, 0, 0], [2, 0, 0, 0], [1, 1, 1]),  # verified[0] != drafts
+        SpecDecodeCounters(3, 1, 2, 0, [0, 0, 0], [1, 0, 0, 0], [1, 0, 0]),  # sum(verified) != draft tokens
+        SpecDecodeCounters(
+            3, 2, 3, 3, [1, 1, 1], [1, 0, 0, 1], [2, 1, 0]
+        ),  # position 2 accepted, not verified
+        SpecDecodeCounters(3, 0, 0, 0, [0, 0, 0], [0, 0, 0, 0], [0, 0, 0], -1),  # negative unverified
     ],
 )
 def test_impossible_counters_are_protocol_errors(counters: SpecDecodeCounters) -> None:
@@ -230,7 +238,10 @@ def test_impossible_request_stats_are_protocol_errors() -> None:
     """Per-request spec stats that do not add up are rejected."""
     codec = EngineOutputCodec()
     bad = EngineCoreOutput(
-        "r", [1], FinishReason("length"), spec_stats=SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [1, 0, 0, 0])
+        "r",
+        [1],
+        FinishReason("length"),
+        spec_stats=SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [1, 0, 0, 0], [1, 1, 1]),
     )
     with pytest.raises(ProtocolError):
         codec.decode(codec.encode(EngineCoreOutputs(0, 1, 1, 1.0, [bad], make_load())))

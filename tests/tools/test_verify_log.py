@@ -1,4 +1,5 @@
-"""openinfer-verify-log: /metrics against spec logs, bin by bin, per engine and summed."""
+"""openinfer-verify-log: /metrics against spec logs, bin by bin, per engine and summed (variable verify lengths
+and rounds verifying nothing included)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from openinfer.tools.verify_log import main
 
 ADMIN_KEY = "verify-log-admin-key"
 
-# (engine, K, num_draft_tokens, num_accepted) per draft: engine 0 with K=3, engine 1 with K=2.
-DRAFTS = [(0, 3, 3, 3), (0, 3, 3, 0), (0, 3, 2, 1), (0, 3, 3, 1), (1, 2, 2, 2), (1, 2, 1, 0)]
+# (engine, K, num_draft_tokens V, num_accepted, num_proposed_tokens P) per round: engine 0 with K=3 (a draft
+# trimmed from 3 to 2 tokens, and a round of 2 proposed that verified none: no draft), engine 1 with K=2.
+DRAFTS = [
+    (0, 3, 3, 3, 3), (0, 3, 3, 0, 3), (0, 3, 2, 1, 3), (0, 3, 3, 1, 3), (0, 3, 0, 0, 2),
+    (1, 2, 2, 2, 2), (1, 2, 1, 0, 1),
+]  # fmt: skip
 
 
 def metrics_text() -> str:
@@ -27,23 +32,37 @@ def metrics_text() -> str:
     for engine, k in ((0, 3), (1, 2)):
         counters = SpecDecodeCounters.zero(k)
         metrics.observe_load(engine, 1, "tiny", LoadSnapshot(0, 8, 0, 0, counters.copy()))
-        for e, _, num_draft_tokens, num_accepted in DRAFTS:
-            if e == engine:
-                counters.observe_draft(num_draft_tokens, num_accepted)
+        for e, _, verified, accepted, proposed in DRAFTS:
+            if e == engine and verified:
+                counters.observe_draft(verified, accepted, num_unverified=proposed - verified)
+            elif e == engine:
+                counters.observe_unverified(proposed)
         metrics.observe_load(engine, 1, "tiny", LoadSnapshot(0, 8, 0, 0, counters))
     return metrics.render().decode()
 
 
-def log_line(i: int, engine: int, k: int, num_draft_tokens: int, num_accepted: int, seq: int = 0) -> str:
-    """One engine spec-log line, as ``openinfer-engine --spec-log`` writes it (carried by message ``seq``)."""
-    return json.dumps({
+def log_line(
+    i: int,
+    engine: int,
+    k: int,
+    num_draft_tokens: int,
+    num_accepted: int,
+    num_proposed_tokens: int | None = None,
+    seq: int = 0,
+) -> str:
+    """One engine spec-log line, as ``openinfer-engine --spec-log`` writes it (carried by message ``seq``);
+    without ``num_proposed_tokens`` as a release before it wrote one."""
+    line = {
         "time": 1.0 + i, "engine_index": engine, "incarnation": "00000000000000ab", "request_id": f"r{i}",
         "num_spec_tokens": k, "num_draft_tokens": num_draft_tokens, "num_accepted": num_accepted, "seq": seq,
-    })  # fmt: skip
+    }  # fmt: skip
+    if num_proposed_tokens is not None:
+        line["num_proposed_tokens"] = num_proposed_tokens
+    return json.dumps(line)
 
 
 def spec_log(path: Path, extra: str = "") -> Path:
-    lines = [log_line(i, *draft, seq=i + 1) for i, draft in enumerate(DRAFTS)]  # seqs 1..6, after the hello
+    lines = [log_line(i, *draft, seq=i + 1) for i, draft in enumerate(DRAFTS)]  # seqs 1..7, after the hello
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
 
@@ -106,29 +125,37 @@ def test_equal_exits_0_and_prints_the_table(
     out = capsys.readouterr().out
     table = out.split("\n\n")[0].splitlines()  # engine 0: 4 drafts, 11 draft tokens, 5 accepted
     assert table[:9] == [
-        "engine 0                metrics = logs",
-        "rounds (drafts)         4",
-        "draft tokens            11",
-        "accepted tokens         5",
-        "mean accepted draft     1.250",
-        "mean acceptance length  2.250",
-        "acceptance rate         45.5%",
-        "zero-accept             25.0%",
-        "full-K (K=3)            25.0%",
+        "engine 0                 metrics = logs",
+        "rounds (drafts)          4",
+        "draft tokens             11",
+        "accepted tokens          5",
+        "mean accepted draft      1.250",
+        "mean acceptance length   2.250",
+        "acceptance rate          45.5%",
+        "zero-accept              25.0%",
+        "full-K (K=3)             25.0%",
     ]
+    # Verified per position: drafts of 3, 3, 2 and 3 tokens -> [4, 4, 3]; unverified: 1 trimmed + 2 of the
+    # round that verified none.
     assert table[9:] == [
-        "hist[0]                 1",
-        "hist[1]                 2",
-        "hist[2]                 0",
-        "hist[3]                 1",
-        "per-position rate[0]    0.750 (3)",
-        "per-position rate[1]    0.250 (1)",
-        "per-position rate[2]    0.250 (1)",
+        "hist[0]                  1",
+        "hist[1]                  2",
+        "hist[2]                  0",
+        "hist[3]                  1",
+        "per-position rate[0]     0.750 (3)",
+        "per-position rate[1]     0.250 (1)",
+        "per-position rate[2]     0.250 (1)",
+        "unverified draft tokens  3",
+        "conditional rate[0]      0.750 (3/4)",
+        "conditional rate[1]      0.250 (1/4)",
+        "conditional rate[2]      0.333 (1/3)",
     ]
     assert "engine 1" in out and "all engines" in out
     assert "OK: /metrics equals the spec logs bin by bin (6 drafts, 2 engine(s))" in out
     written = json.loads(report.read_text())
     assert written["equal"] is True and written["sections"]["all"]["logs"]["num_drafts"] == 6
+    assert written["sections"]["all"]["logs"]["draft_tokens_per_pos"] == [6, 5, 3]
+    assert written["sections"]["all"]["logs"]["num_unverified_draft_tokens"] == 3
 
 
 def test_one_bin_difference_exits_1_naming_it(
@@ -146,22 +173,53 @@ def test_one_bin_difference_exits_1_naming_it(
         "differs: engine 0: hist[1]: metrics 3, logs 2",
         "differs: all engines: hist[1]: metrics 3, logs 2",
     ]
-    assert "engine 0                metrics         logs" in out
-    assert "hist[1]                 3               2   <-- differs" in out
+    assert "engine 0                 metrics         logs" in out
+    assert "hist[1]                  3               2   <-- differs" in out
+
+
+@pytest.mark.parametrize(
+    ("sample", "bin_name"),
+    [
+        ('openinfer:spec_decode_num_draft_tokens_per_pos_total{engine="0",model_name="tiny",position="2"} 3.0',
+         "draft_per_pos[2]"),
+        ('openinfer:spec_decode_num_unverified_draft_tokens_total{engine="0",model_name="tiny"} 3.0',
+         "unverified_tokens"),
+    ],
+)  # fmt: skip
+def test_a_verify_length_bin_difference_exits_1(
+    served: tuple[_Served, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sample: str,
+    bin_name: str,
+) -> None:
+    """A verified per-position count or the unverified count off by one in /metrics: exit 1, that bin named."""
+    server, url = served
+    assert sample in metrics_text()
+    server.text = metrics_text().replace(sample, sample.replace("3.0", "4.0"))
+    assert run("--metrics-url", url, "--spec-log", str(spec_log(tmp_path / "e.jsonl"))) == 1
+    differs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("differs:")]
+    assert differs == [
+        f"differs: engine 0: {bin_name}: metrics 4, logs 3",
+        f"differs: all engines: {bin_name}: metrics 4, logs 3",
+    ]
 
 
 def test_malformed_log_lines_fail(
     served: tuple[_Served, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Lines that are not JSON, miss a field or describe an impossible draft are reported; exit 1."""
+    """Lines that are not JSON, miss a field or describe an impossible round (more accepted than verified,
+    more verified than proposed, a round proposing nothing) are reported; exit 1."""
     server, url = served
     server.text = metrics_text()
     bad = 'not json\n{"engine_index": 0}\n[1, 2]\n' + log_line(9, 0, 3, 2, 3) + "\n"  # 3 accepted of 2
+    bad += log_line(10, 0, 3, 2, 1, 1) + "\n" + log_line(11, 0, 3, 0, 0, 0) + "\n"
     log = spec_log(tmp_path / "e.jsonl", extra=bad)
     assert run("--metrics-url", url, "--spec-log", str(log)) == 1
     reported = [line for line in capsys.readouterr().out.splitlines() if line.startswith("not a draft:")]
-    assert [line.split(": ")[1] for line in reported] == [f"{log}:{n}" for n in (7, 8, 9, 10)]
+    assert [line.split(": ")[1] for line in reported] == [f"{log}:{n}" for n in (8, 9, 10, 11, 12, 13)]
     assert "missing required field `time`" in reported[1] and "3 accepted of 2" in reported[3]
+    assert "2 tokens verified of 1 proposed" in reported[4] and "0 tokens verified of 0" in reported[5]
 
 
 def test_io_and_usage_errors_exit_2(served: tuple[_Served, str], tmp_path: Path) -> None:
@@ -179,9 +237,10 @@ def test_tallies_add_and_subtract_bin_by_bin() -> None:
     logs = SpecLogTally()
     for i, draft in enumerate(DRAFTS):
         logs.add_line(log_line(i, *draft), f"line {i + 1}")
-    assert logs.engines[1] == AcceptanceTally(2, 3, 2, [1, 1], [1, 0, 1], 2)
-    later = AcceptanceTally(5, 14, 8, [4, 2, 2], [1, 2, 0, 2], 3)
-    assert later.minus(logs.engines[0]) == AcceptanceTally(1, 3, 3, [1, 1, 1], [0, 0, 0, 1], 3)
+    assert logs.engines[1] == AcceptanceTally(2, 3, 2, [1, 1], [1, 0, 1], 2, [2, 1], 0)
+    assert logs.engines[0] == AcceptanceTally(4, 11, 5, [3, 1, 1], [1, 2, 0, 1], 3, [4, 4, 3], 3)
+    later = AcceptanceTally(5, 14, 8, [4, 2, 2], [1, 2, 0, 2], 3, [5, 5, 4], 5)
+    assert later.minus(logs.engines[0]) == AcceptanceTally(1, 3, 3, [1, 1, 1], [0, 0, 0, 1], 3, [1, 1, 1], 2)
 
 
 def test_unsent_tail_and_earlier_drafts_are_reported_apart(
@@ -194,10 +253,10 @@ def test_unsent_tail_and_earlier_drafts_are_reported_apart(
     them) and lines in its first snapshot are tallied apart: /metrics equals the counted lines, exit 0."""
     server, url = served
     server.text = metrics_text()
-    engine_0 = {"incarnation": "00000000000000ab", "after_seq": None, "through_seq": 6}
+    engine_0 = {"incarnation": "00000000000000ab", "after_seq": None, "through_seq": 7}
     engine_1 = {"incarnation": "00000000000000ab", "after_seq": 0, "through_seq": 9}
     server.admin = {"engines": [], "counted_seqs": {"0": [engine_0], "1": [engine_1]}}
-    tail = "".join(log_line(10 + i, 0, 3, 3, 3, seq=7) + "\n" for i in range(2))  # never sent
+    tail = "".join(log_line(10 + i, 0, 3, 3, 3, seq=8) + "\n" for i in range(2))  # never sent
     earlier = log_line(12, 1, 2, 2, 1, seq=0) + "\n"  # in the hello this frontend took for a baseline
     log = str(spec_log(tmp_path / "e.jsonl", extra=tail + earlier))
     engines_url = url.replace("/metrics", "/admin/engines")

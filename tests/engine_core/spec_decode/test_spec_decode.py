@@ -16,6 +16,7 @@ from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.spec_logs import read_spec_log as read_log
+from openinfer.engine_core.testing.spec_logs import spec_log_counters
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.verification import accepted_prefix_length
@@ -62,12 +63,12 @@ def baseline(target: Path) -> list[list[int]]:
 
 
 def assert_counts_agree(core: EngineCore, log: list[dict], stats: dict) -> None:
-    """Engine counters == the spec log, line by line == the sum of per-request stats."""
+    """Engine counters == the spec log, line by line (every field, the verified per-position and unverified
+    counts too) == the sum of per-request stats."""
     assert core.spec is not None
-    from_log = SpecDecodeCounters.zero(K)
-    for line in log:
-        from_log.observe_draft(line["num_draft_tokens"], line["num_accepted"])
+    from_log = spec_log_counters(log, K)
     assert core.spec.counters == from_log
+    assert all(line["num_proposed_tokens"] == line["num_draft_tokens"] for line in log)  # nothing trimmed
     per_request = [s for s in stats.values() if s is not None]
     assert sum(s.num_drafts for s in per_request) == from_log.num_drafts
     assert sum(s.num_draft_tokens for s in per_request) == from_log.num_draft_tokens
@@ -75,6 +76,10 @@ def assert_counts_agree(core: EngineCore, log: list[dict], stats: dict) -> None:
     assert [sum(s.accepted_length_hist[n] for s in per_request) for n in range(K + 1)] == (
         from_log.accepted_length_hist
     )
+    assert [sum(s.num_draft_tokens_per_pos[i] for s in per_request) for i in range(K)] == (
+        from_log.num_draft_tokens_per_pos
+    )
+    assert sum(s.num_unverified_draft_tokens for s in per_request) == from_log.num_unverified_draft_tokens
 
 
 def simulate_ngram(prompt: list[int], expected: list[int], max_tokens: int, stops: list[int]) -> list[tuple]:
@@ -204,6 +209,29 @@ def test_first_decode_step_drafts(target: Path, tmp_path: Path, method: str) -> 
     assert len(out.new_token_ids) == 1 and len(core.requests["a"].spec_token_ids) == K
     core.step()  # the first decode step verifies them
     assert core.spec.counters.num_drafts == 1 and core.spec.counters.num_draft_tokens == K
+
+
+def test_trimmed_and_unverified_rounds_are_counted_and_logged(target: Path, tmp_path: Path) -> None:
+    """The plumbing for a scheduler that verifies fewer drafts than proposed: K=4, a round of 4 proposed with
+    2 verified and 1 accepted, then a round of 3 proposed with none verified. The engine counters and the
+    request's stats count a draft of 2 tokens and 2 + 3 unverified tokens; the spec log has a line per round
+    (verified and proposed counts) that makes the same counters."""
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, fake_model=True, speculative=DrafterSpec("ngram", 4), spec_log=log)
+    core.add_request(EngineCoreRequest("a", [5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0)))
+    request, spec = core.requests["a"], core.spec
+    assert spec is not None and core.spec_log is not None
+    spec.observe(request, 2, 1, num_proposed=4)
+    spec.observe_unverified(request, 3)
+    core.spec_log.flush()
+    expected = SpecDecodeCounters(4, 1, 2, 1, [1, 0, 0, 0], [0, 1, 0, 0, 0], [1, 1, 0, 0], 5)
+    assert spec.counters == expected and request.spec_stats == expected
+    lines = read_log(log)
+    assert [(x["num_draft_tokens"], x["num_accepted"], x["num_proposed_tokens"]) for x in lines] == [
+        (2, 1, 4),
+        (0, 0, 3),
+    ]
+    assert spec_log_counters(lines, 4) == expected
 
 
 def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[list[int]]) -> None:

@@ -1,13 +1,15 @@
-"""--spec-log files are private: the incarnation each line names is what a stranger needs to pose as the
-engine."""
+"""--spec-log: files are private (the incarnation each line names is what a stranger needs to pose as the
+engine); a line per round with its verified and proposed counts, read back into the engine's counters."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
+from openinfer.protocol import SpecDecodeCounters
 from openinfer.protocol.spec_log import parse_spec_log_line
 
 
@@ -75,3 +77,59 @@ def test_a_line_cut_by_a_kill_is_ended_before_the_next_incarnation_writes(tmp_pa
     cut, whole = path.read_bytes().splitlines()
     assert cut == b'{"time": 1.0, "engine_ind'
     assert parse_spec_log_line(whole).incarnation == "0000000000000def"
+
+
+def test_lines_name_verified_and_proposed_counts(tmp_path: Path) -> None:
+    """A draft verified whole names P = V; a trimmed one V < P; a round verifying nothing is a line with V = 0
+    (only its unverified tokens count). Replayed, they make the counters the engine's observe_* calls make."""
+    path = tmp_path / "spec.jsonl"
+    log = SpecLog(path, 0, 0xABC)
+    log.write("r1", 4, 4, 2)
+    log.write("r2", 4, 2, 1, num_proposed_tokens=4)
+    log.write("r3", 4, 0, 0, num_proposed_tokens=3)
+    log.close()
+    lines = [parse_spec_log_line(line) for line in path.read_bytes().splitlines()]
+    assert [(x.num_draft_tokens, x.num_accepted, x.num_proposed_tokens) for x in lines] == [
+        (4, 2, 4),
+        (2, 1, 4),
+        (0, 0, 3),
+    ]
+    replayed = SpecDecodeCounters.zero(4)
+    for line in lines:
+        line.observe_into(replayed)
+    engine = SpecDecodeCounters.zero(4)
+    engine.observe_draft(4, 2)
+    engine.observe_draft(2, 1, num_unverified=2)
+    engine.observe_unverified(3)
+    assert replayed == engine
+    assert (replayed.num_draft_tokens_per_pos, replayed.num_unverified_draft_tokens) == ([2, 2, 1, 1], 5)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"num_draft_tokens": 0, "num_accepted": 0},
+            "0 tokens verified of 0 proposed",
+        ),  # an older empty draft
+        ({"num_draft_tokens": 3, "num_accepted": 1, "num_proposed_tokens": 2}, "3 tokens verified of 2"),
+        ({"num_draft_tokens": 2, "num_accepted": 1, "num_proposed_tokens": 5}, "of 5 proposed with K=4"),
+        ({"num_draft_tokens": 0, "num_accepted": 1, "num_proposed_tokens": 2}, "1 accepted of 0 tokens"),
+    ],
+)
+def test_impossible_rounds_are_refused(fields: dict[str, int], message: str) -> None:
+    """A line proposing nothing, verifying more than it proposed, proposing more than K, or accepting
+    unverified tokens is no possible round: ValueError saying so."""
+    line = {"time": 1.0, "engine_index": 0, "incarnation": "0000000000000abc", "request_id": "r",
+            "num_spec_tokens": 4, **fields}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        parse_spec_log_line(json.dumps(line))
+
+
+def test_lines_of_a_release_without_proposed_counts_read_as_whole_drafts() -> None:
+    """A line without ``num_proposed_tokens`` (an older release) is a draft verified whole: P = V."""
+    line = parse_spec_log_line(
+        '{"time": 1.0, "engine_index": 0, "incarnation": "0000000000000abc", "request_id": "r", '
+        '"num_spec_tokens": 4, "num_draft_tokens": 3, "num_accepted": 1, "seq": 2}'
+    )
+    assert (line.num_proposed_tokens, line.num_proposed) == (None, 3)

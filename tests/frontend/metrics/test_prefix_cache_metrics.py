@@ -161,13 +161,14 @@ def test_state_file_of_an_older_frontend_still_loads(tmp_path: Path) -> None:
         '"incarnations": {"0": 111}}'
     )  # K=2 after drafts (2 tokens, 1 accepted) and (1, 0)
     metrics = FrontendMetrics(StateDir(tmp_path))
-    spec = SpecDecodeCounters(2, 2, 3, 1, [1, 0], [1, 1, 0])
+    # That release's engines speak an older protocol: engine 0 is back as a new incarnation, from zero.
+    spec = SpecDecodeCounters.zero(2)
     spec.observe_draft(2, 2)
-    metrics.observe_load(0, 111, "m", load(PrefixCacheCounters(50, 20), spec))
+    metrics.observe_load(0, 222, "m", load(PrefixCacheCounters(50, 20), spec))
     value = metrics.registry.get_sample_value
     assert value("vllm:spec_decode_num_drafts_total", {"model_name": "m", "engine": "0"}) == 3.0
     assert lookups(metrics, "0") == (0.0, 0.0)
-    metrics.observe_load(0, 111, "m", load(PrefixCacheCounters(66, 36), spec))
+    metrics.observe_load(0, 222, "m", load(PrefixCacheCounters(66, 36), spec))
     assert lookups(metrics, "0") == (16.0, 16.0)
     metrics.save()
-    assert b'"prefix_cache_baselines":{"0":[111,[66,36]]}' in (tmp_path / STATE_FILE).read_bytes()
+    assert b'"prefix_cache_baselines":{"0":[222,[66,36]]}' in (tmp_path / STATE_FILE).read_bytes()

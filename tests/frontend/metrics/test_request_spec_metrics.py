@@ -8,9 +8,11 @@ from tests.frontend.engine_peer import PeerConfig
 from tests.frontend.frontends import FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import post, stream
 
-# K=3, 4 drafts with 0, 1, 2 and 3 accepted: 6 of 11 draft tokens accepted.
+# K=3, 4 drafts verifying 2, 3, 3 and 3 tokens with 0, 1, 2 and 3 accepted: 6 of 11 draft tokens accepted;
+# the first was trimmed from 3 proposed, so 1 token went unverified.
 STATS = SpecDecodeCounters(3, num_drafts=4, num_draft_tokens=11, num_accepted_tokens=6,
-                           num_accepted_tokens_per_pos=[3, 2, 1], accepted_length_hist=[1, 1, 1, 1])  # fmt: skip
+                           num_accepted_tokens_per_pos=[3, 2, 1], accepted_length_hist=[1, 1, 1, 1],
+                           num_draft_tokens_per_pos=[4, 4, 3], num_unverified_draft_tokens=1)  # fmt: skip
 SUMMARY = {
     "num_spec_tokens": 3,
     "num_spec_steps": 4,
@@ -19,6 +21,7 @@ SUMMARY = {
     "mean_acceptance_length": 2.5,  # 1 + 6 / 4
     "draft_acceptance_rate": 6 / 11,
     "acceptance_histogram": [1, 1, 1, 1],
+    "num_unverified_draft_tokens": 1,
 }
 
 
@@ -36,7 +39,8 @@ async def test_summary_on_a_non_streaming_response(
 async def test_detailed_on_the_last_stream_chunk(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
-    """detailed, streaming: only the chunk with finish_reason has "metrics", with per-position counts."""
+    """detailed, streaming: only the chunk with finish_reason has "metrics", with per-position counts of
+    accepted and of verified draft tokens."""
     frontend = await start_frontend(per_request_spec_metrics=PerRequestSpecMetrics.DETAILED)
     await start_peer(frontend, PeerConfig(spec_stats=STATS))
     body = {"prompt": [50, 60, 70], "max_tokens": 3, "stream_options": {"include_usage": True}}
@@ -45,9 +49,14 @@ async def test_detailed_on_the_last_stream_chunk(
     assert [("metrics" in c, c["choices"][0]["finish_reason"]) for c in chunks] == [
         (False, None), (False, None), (True, "length"),
     ]  # fmt: skip
-    # Drafts with 1, 2, 3 accepted reach position 0; with 2, 3 position 1; with 3 position 2.
+    # Drafts with 1, 2, 3 accepted reach position 0; with 2, 3 position 1; with 3 position 2. Every draft
+    # verified positions 0 and 1, the three of 3 tokens position 2.
     assert chunks[-1]["metrics"] == {
-        "speculative_decoding": {**SUMMARY, "acceptance_per_position": [3, 2, 1]}
+        "speculative_decoding": {
+            **SUMMARY,
+            "acceptance_per_position": [3, 2, 1],
+            "draft_tokens_per_position": [4, 4, 3],
+        }
     }
 
     _, body = await post(frontend, {"prompt": [50, 60, 70], "max_tokens": 2})
@@ -75,5 +84,5 @@ def test_no_drafts_mean_length_one_and_rate_zero() -> None:
     assert got == {"speculative_decoding": {
         "num_spec_tokens": 2, "num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0,
         "mean_acceptance_length": 1.0, "draft_acceptance_rate": 0.0, "acceptance_histogram": [0, 0, 0],
-        "acceptance_per_position": [0, 0],
+        "num_unverified_draft_tokens": 0, "acceptance_per_position": [0, 0], "draft_tokens_per_position": [0, 0],
     }}  # fmt: skip

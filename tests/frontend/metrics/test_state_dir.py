@@ -129,6 +129,58 @@ def test_restarted_frontend_continues_every_series(tmp_path: Path) -> None:
     assert b"vllm:time_to_first_token_seconds_bucket" in generate_latest(second.registry)
 
 
+def test_verify_length_counters_continue_through_a_restart(tmp_path: Path) -> None:
+    """The verified per-position and unverified counts are saved with their baselines: after a SIGKILL the
+    same incarnation goes on from the saved baseline, nothing lost (the unsaved rounds) or counted twice."""
+    spec = counters(3, (3, 1))
+    first_dir = StateDir(tmp_path)
+    first = FrontendMetrics(first_dir)
+    first.engine_joined(0, 111)
+    first.observe_load(0, 111, "m", load(spec.copy()))  # first seen: the baseline
+    spec.observe_draft(2, 1, num_unverified=1)  # P=3, V=2
+    spec.observe_unverified(2)  # P=2, V=0: no draft
+    first.observe_load(0, 111, "m", load(spec.copy()))
+    first.render()  # saved
+    spec.observe_draft(1, 0, num_unverified=2)  # P=3, V=1: published, never saved
+    first.observe_load(0, 111, "m", load(spec.copy()))
+    first_dir.close()
+
+    second = FrontendMetrics(StateDir(tmp_path))
+    second.engine_joined(0, 111)
+    second.observe_load(0, 111, "m", load(spec.copy()))
+    verified = [
+        value(second, "openinfer:spec_decode_num_draft_tokens_per_pos_total", model_name="m", engine="0",
+              position=str(i))
+        for i in range(3)
+    ]  # fmt: skip
+    assert verified == [2, 1, 0]  # the drafts of 2 and 1 tokens since the baseline
+    unverified = value(
+        second, "openinfer:spec_decode_num_unverified_draft_tokens_total", model_name="m", engine="0"
+    )
+    assert unverified == 5  # 1 + 2 + 2
+    assert drafts(second, "0") == 2
+
+
+def test_baselines_of_a_release_without_verified_counts(tmp_path: Path) -> None:
+    """A state file whose spec baselines lack the per-position verified counts (an older release) loads: the
+    totals go on, and the index's next incarnation (that release's engines speak another protocol, so every
+    engine is one) counts from zero as a restart, its new series included."""
+    (tmp_path / STATE_FILE).write_text(
+        '{"version": 1, "totals": {"counters": {"vllm:spec_decode_num_drafts": [[["m", "0"], 2.0]]}, '
+        '"histograms": {}}, "spec_baselines": {"0": [111, [2, 2, 3, 1, [1, 0], [1, 1, 0]]]}, '
+        '"incarnations": {"0": 111}}'
+    )  # K=2 after drafts (2 tokens, 1 accepted) and (1, 0)
+    metrics = FrontendMetrics(StateDir(tmp_path))
+    assert metrics.state().spec_baselines[0].counters is None  # the incarnation alone is kept
+    metrics.engine_joined(0, 222)
+    metrics.observe_load(0, 222, "m", load(counters(2, (2, 2))))
+    assert drafts(metrics, "0") == 3
+    assert value(metrics, "openinfer:engine_restarts_total", engine="0") == 1
+    assert value(metrics, "openinfer:spec_decode_counter_resets_total", engine="0", reason="restart") == 1
+    per_pos = "openinfer:spec_decode_num_draft_tokens_per_pos_total"
+    assert value(metrics, per_pos, model_name="m", engine="0", position="1") == 1
+
+
 async def test_frontend_restart_over_real_sockets(
     tmp_path: Path, start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
