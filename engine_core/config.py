@@ -26,6 +26,11 @@ class SpecMethod(enum.StrEnum):
 
     NGRAM = "ngram"
     DFLASH = "dflash"
+    DSPARK = "dspark"
+
+
+# The block drafters: a checkpoint folder (--draft-model) that reads the target's hidden states.
+CHECKPOINT_METHODS = frozenset({SpecMethod.DFLASH, SpecMethod.DSPARK})
 
 
 class ModelDtype(enum.StrEnum):
@@ -73,10 +78,22 @@ class DrafterSpec:
 
     method: DrafterMethod
     num_spec_tokens: int  # K, in [1, MAX_SPEC_TOKENS]; refused (never clamped) outside
-    draft_model: Path | None = None  # DFlash checkpoint folder
+    draft_model: Path | None = None  # DFlash or DSpark checkpoint folder
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     dflash_anchor: DFlashAnchor | None = None  # None: read from the checkpoint's config
+    # dspark (--confidence-threshold): verify a round's drafts up to the first whose confidence is below it
+    # (DeepSpec's rule, per position); 0 verifies every draft proposed
+    confidence_threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.confidence_threshold <= 1.0:
+            raise ValueError(f"--confidence-threshold must be in [0, 1], got {self.confidence_threshold}")
+        if self.confidence_threshold and self.method != SpecMethod.DSPARK:
+            raise ValueError(
+                "--confidence-threshold needs --spec-method dspark: only DSpark's confidence head sets how "
+                "many drafts are verified"
+            )
 
 
 @dataclass(frozen=True)
@@ -139,8 +156,9 @@ class EngineConfig:
         object.__setattr__(self, "attention_backend", BackendName(self.attention_backend))
         if not self.step_sleep >= 0:
             raise ValueError(f"--step-sleep must be >= 0 seconds, got {self.step_sleep}")
-        if self.fake_model and self.speculative is not None and self.speculative.method == SpecMethod.DFLASH:
-            raise ValueError("--fake-model has no hidden states for DFlash; use --spec-method ngram")
+        spec = self.speculative
+        if self.fake_model and spec is not None and spec.method in CHECKPOINT_METHODS:
+            raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
         if not self.frontend_address.startswith("tcp://") or ":" not in self.frontend_address[6:]:
             raise ValueError(f"--frontend must look like tcp://HOST:PORT, got {self.frontend_address!r}")
 

@@ -96,6 +96,7 @@ class LoadDrafter(msgspec.Struct, tag="load_drafter", array_like=True):
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     dflash_anchor: DFlashAnchor | None = None  # None: read from the checkpoint's config
+    confidence_threshold: float = 0.0  # dspark: verify drafts up to the first below it; 0: all of them
 
 
 class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):
@@ -130,7 +131,7 @@ class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
     prefix_cache: PrefixCacheCounters | None = None  # None: prefix caching is off
 
 
-DrafterMethod = Literal["ngram", "dflash"]  # the drafters an engine can load (DESIGN.md)
+DrafterMethod = Literal["ngram", "dflash", "dspark"]  # the drafters an engine can load (DESIGN.md)
 DFlashAnchor = Literal["mask_slots", "anchor_slot"]  # where a DFlash block's position 0 is
 FinishKind = Literal["stop", "length", "abort", "error"]
 

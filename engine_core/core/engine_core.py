@@ -177,8 +177,8 @@ class EngineCore:
                 spec.after_step(decided, updates)
             outputs = self._outputs(updates)
             if spec is not None:
-                for request, drafts in spec.propose(output.draft_ids):
-                    self.scheduler.set_drafts(request, drafts)
+                for request, drafts, num_proposed in spec.propose(output.draft_ids, output.draft_confidence):
+                    self.scheduler.set_drafts(request, drafts, num_proposed)
         if self.spec_log is not None:
             self.spec_log.flush()
         ended, self._ended = self._ended, []
@@ -196,7 +196,9 @@ class EngineCore:
                 continue
             request = s.request
             if s.spec_token_ids and spec is not None:
-                spec.observe(request, len(s.spec_token_ids), update.num_accepted)
+                spec.observe(request, len(s.spec_token_ids), update.num_accepted, s.num_proposed)
+            elif s.num_proposed and spec is not None:  # the token budget left none of its drafts
+                spec.observe_unverified(request, s.num_proposed)
             outputs.append(request.take_output())
             if request.status.is_finished:
                 del self.requests[request.request_id]

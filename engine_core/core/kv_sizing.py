@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from openinfer.engine_core.config import DEFAULT_CPU_KV_CACHE_GB, EngineConfig, SpecMethod
+from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
 from openinfer.engine_core.models.config import ModelConfig
 
 logger = logging.getLogger("openinfer.engine")
@@ -119,7 +119,7 @@ def num_kv_blocks(
         return int(gib * GIB // block_bytes)
     spec = config.speculative
     weights = checkpoint_bytes(config.model_path, dtype)
-    if spec is not None and spec.method == SpecMethod.DFLASH and spec.draft_model is not None:
+    if spec is not None and spec.method in CHECKPOINT_METHODS and spec.draft_model is not None:
         weights += checkpoint_bytes(spec.draft_model, dtype)
     k = spec.num_spec_tokens if spec is not None else 0
     activations = activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs, k, dtype)

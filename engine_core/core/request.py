@@ -74,6 +74,9 @@ class Request:
     num_sent_tokens: int = 0
     # draft tokens proposed after the last token, verified in the next step (never part of all_token_ids)
     spec_token_ids: tuple[int, ...] = ()
+    # the drafts its drafter proposed for that round (>= len(spec_token_ids): a confidence rule or the token
+    # budget may verify fewer; the rest count as unverified); 0 when no round is pending
+    num_proposed_drafts: int = 0
     # this request's speculative counts, from its first draft on (moved only by observe_draft)
     spec_counters: SpecDecodeCounters | None = None
     # logprobs of the output tokens not yet sent, one per token (None: the request did not ask for them)

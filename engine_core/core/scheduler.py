@@ -72,8 +72,9 @@ class Scheduler:
                 num_new = budget
                 drafts = self.set_drafts(request, ())
             elif len(drafts) > budget - num_new:
-                # A draft that does not fit the budget is cut short: it is a draft with fewer tokens.
-                drafts = self.set_drafts(request, drafts[: budget - num_new])
+                # A draft that does not fit the budget is cut short: it is a draft with fewer tokens, the
+                # rest of what was proposed goes unverified.
+                drafts = self.set_drafts(request, drafts[: budget - num_new], request.num_proposed_drafts)
             if self._allocate_or_preempt(request, start + num_new + len(drafts), preempted):
                 scheduled.append(self._scheduled(request, num_new))
                 budget -= num_new + len(drafts)
@@ -126,9 +127,13 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
-    def set_drafts(self, request: Request, drafts: tuple[int, ...]) -> tuple[int, ...]:
-        """Give ``request`` the drafts its next step verifies (() for none); the one writer of them."""
+    def set_drafts(
+        self, request: Request, drafts: tuple[int, ...], num_proposed: int | None = None
+    ) -> tuple[int, ...]:
+        """Give ``request`` the drafts its next step verifies (() for none), the first of the ``num_proposed``
+        its drafter proposed for the round (None: those given, all verified); the one writer of them."""
         request.spec_token_ids = drafts
+        request.num_proposed_drafts = len(drafts) if num_proposed is None else num_proposed
         return drafts
 
     def drop_drafts(self) -> None:

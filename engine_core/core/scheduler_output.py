@@ -22,13 +22,16 @@ class ScheduledRequest(NamedTuple):
     spec_token_ids: tuple[int, ...]  # draft tokens verified after the new tokens (only when `samples`)
     samples: bool  # the new tokens reach the end of the request's tokens: the next token is sampled
     admitted: bool  # its first step since it left the queue: its context from `start` on is computed anew
+    # the drafts proposed for the round spec_token_ids verify (>= their number; the rest go unverified)
+    num_proposed: int = 0
 
     @classmethod
     def of(cls, request: Request, num_new_tokens: int, admitted: bool = False) -> ScheduledRequest:
         """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
         samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
         drafts = request.spec_token_ids if samples else ()
-        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples, admitted)
+        proposed = request.num_proposed_drafts if samples else 0
+        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples, admitted, proposed)
 
     @property
     def num_tokens(self) -> int:

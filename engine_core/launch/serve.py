@@ -26,6 +26,7 @@ from openinfer.engine_core.launch.serve_args import parse_args
 from openinfer.engine_core.launch.supervisor import Readiness, Supervisor
 from openinfer.engine_core.process.engine_args import FAKE_MODEL_NAME, config_from_args
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
+from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
 from openinfer.frontend.ready_pipe import ReadyPipe
 from openinfer.tools.curve_keys import make_keys
 
@@ -45,14 +46,18 @@ DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on an
 
 def resolve_builtin(args: argparse.Namespace) -> None:
     """Fill in what the built-in model implies: its folder and name, and, unless --no-spec or another
-    method, its DFlash drafter with K = 7. With a model (or --fake-model) nothing is assumed."""
+    drafter, its DFlash drafter with K = 7. With a model (or --fake-model) nothing is assumed but what a
+    --draft-model folder given without --spec-method says: its method (dspark or dflash) and its K."""
     if args.model is None and not args.fake_model:
         args.model = str(builtin_target_folder())
         args.served_model_name = args.served_model_name or BUILTIN_MODEL_NAME
-        if not args.no_spec and args.spec_method is None:
+        if not args.no_spec and args.spec_method is None and args.draft_model is None:
             args.spec_method = "dflash"
         if args.spec_method == "dflash" and args.draft_model is None:
             args.draft_model = str(builtin_drafter_folder())
+    if args.draft_model is not None and args.spec_method is None:
+        args.spec_method, folder_k = folder_drafter(Path(args.draft_model))
+        args.num_spec_tokens = folder_k if args.num_spec_tokens is None else args.num_spec_tokens
     if args.spec_method is not None and args.num_spec_tokens is None:
         args.num_spec_tokens = DEFAULT_K
 

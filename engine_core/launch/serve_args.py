@@ -144,9 +144,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(
             "--no-spec turns speculation off: drop --spec-method, --num-spec-tokens and --draft-model"
         )
-    drafter_options = args.num_spec_tokens is not None or args.draft_model
-    if args.model is not None and args.spec_method is None and drafter_options:
-        parser.error("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
+    if args.model is not None and args.spec_method is None and args.num_spec_tokens is not None:
+        if not args.draft_model:
+            parser.error("--num-spec-tokens needs --spec-method ngram|dflash|dspark or --draft-model")
     if args.spec_log is not None and (args.engines > 1 or args.spec_log_dir):
         parser.error("--spec-log is one engine's file: give it with one engine, or --spec-log-dir DIR")
     try:

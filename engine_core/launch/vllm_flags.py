@@ -49,8 +49,8 @@ UNSUPPORTED: tuple[UnsupportedFlag, ...] = (
     UnsupportedFlag(("--lora-modules",), (None,), "openinfer serves no LoRA adapters", str, "+"),
     UnsupportedFlag(
         ("--speculative-config",), (None,),
-        "openinfer's speculative decoding is --spec-method ngram|dflash --num-spec-tokens K "
-        "[--draft-model PATH] [--prompt-lookup-min N] [--prompt-lookup-max N]",
+        "openinfer's speculative decoding is --spec-method ngram|dflash|dspark --num-spec-tokens K "
+        "[--draft-model PATH] [--prompt-lookup-min N] [--prompt-lookup-max N] [--confidence-threshold C]",
     ),
     UnsupportedFlag(("--cpu-offload-gb",), (0.0,), "openinfer keeps every weight on the engine's device", float),
     UnsupportedFlag(

@@ -12,11 +12,10 @@ from typing import Any
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dspark_heads import DSparkHeadsConfig, MarkovHeadType
+from openinfer.engine_core.spec_decode.drafter_folders import DEEPSPEC_ARCHITECTURE, ZLAB_BLOCK_SIZE
 
 _ZLAB_ARCHITECTURE = "DFlashDraftModel"
-DEEPSPEC_ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's save_pretrained: DSpark and its DFlash drafters
 _UNSUPPORTED_EXTRAS = ("conv_kernel_size", "selector_rank", "projector_type")  # DFlash2 / Domino drafters
-_ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
 
 
 class AnchorLayout(enum.Enum):
@@ -136,7 +135,7 @@ class DFlashConfig:
         deepspec = DEEPSPEC_ARCHITECTURE in (config.get("architectures") or [])
         return cls(
             layers=layers,
-            block_size=int(value("block_size") or _ZLAB_BLOCK_SIZE),
+            block_size=int(value("block_size") or ZLAB_BLOCK_SIZE),
             mask_token_id=int(value("mask_token_id")),
             target_layer_ids=tuple(layer_ids),
             target_hidden_size=int(value("target_hidden_size") or layers.hidden_size),
@@ -154,6 +153,13 @@ class DFlashConfig:
         """Whether the checkpoint is in DeepSpec's layout (its own copies of the target's embedding and LM
         head beside the draft layers, and the DSpark heads when its markov_rank or confidence head say)."""
         return self.heads is not None
+
+    @property
+    def is_dspark(self) -> bool:
+        """Whether it is a DSpark drafter (DeepSpec's layout with a Markov or a confidence head), served with
+        ``--spec-method dspark``; DeepSpec's DFlash drafters and z-lab's are served as ``dflash``."""
+        heads = self.heads
+        return heads is not None and (heads.markov_rank > 0 or heads.confidence_head)
 
     def check_target(self, target: ModelConfig) -> None:
         """Refuse a target this drafter cannot serve, saying what does not fit."""

@@ -27,7 +27,7 @@ from openinfer.engine_core.config import (
     ModelDtype,
     from_flags,
 )
-from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders
+from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders, folder_drafter
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
 
@@ -114,11 +114,29 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
         default=1,
         help="torch CPU threads (1: best decode latency when engines share the cores)",
     )
-    parser.add_argument("--spec-method", choices=get_args(DrafterMethod), help="drafter (default: none)")
-    parser.add_argument("--num-spec-tokens", type=int, help="K, draft tokens per round (at most 32)")
+    parser.add_argument(
+        "--spec-method",
+        choices=get_args(DrafterMethod),
+        help="drafter (default: none; with --draft-model, the folder's: dspark for a DSpark checkpoint, else "
+        "dflash)",
+    )
+    parser.add_argument(
+        "--num-spec-tokens",
+        type=int,
+        help="K, draft tokens per round (at most 32; a --draft-model given without --spec-method: its block's "
+        "drafts)",
+    )
     parser.add_argument(
         "--draft-model",
-        help="DFlash checkpoint folder (z-lab layout; default without --model: the built-in drafter)",
+        help="DFlash (z-lab's or DeepSpec's layout) or DSpark checkpoint folder (default without --model: the "
+        "built-in drafter)",
+    )
+    parser.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=0.0,
+        help="dspark: verify each round's drafts up to the first whose confidence is below this (DeepSpec's "
+        "rule); 0 (the default) verifies them all",
     )
     parser.add_argument(
         "--dflash-anchor",
@@ -175,19 +193,27 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     default_draft = builtin_drafter_folder() if args.model is None and not args.fake_model else None
     draft_model = Path(args.draft_model) if args.draft_model else default_draft
     speculative = None
-    if args.spec_method is not None:
-        if args.num_spec_tokens is None:
+    method, k = args.spec_method, args.num_spec_tokens
+    if args.draft_model is not None and method is None:
+        # The folder says which drafter it is and how many drafts its block yields.
+        method, folder_k = folder_drafter(Path(args.draft_model))
+        k = folder_k if k is None else k
+    if method is not None:
+        if k is None:
             raise ValueError("--spec-method needs --num-spec-tokens K")
         speculative = DrafterSpec(
-            args.spec_method,
-            args.num_spec_tokens,
+            method,
+            k,
             draft_model,
             args.prompt_lookup_min,
             args.prompt_lookup_max,
             args.dflash_anchor,
+            args.confidence_threshold,
         )
-    elif args.num_spec_tokens is not None or args.draft_model is not None:
-        raise ValueError("--num-spec-tokens and --draft-model need --spec-method ngram|dflash")
+    elif args.num_spec_tokens is not None:
+        raise ValueError("--num-spec-tokens needs --spec-method ngram|dflash|dspark or --draft-model")
+    elif args.confidence_threshold:
+        raise ValueError("--confidence-threshold needs a DSpark drafter (--spec-method dspark)")
     if args.gpu is not None:
         device = Device(DeviceKind.CUDA, args.gpu)
     else:

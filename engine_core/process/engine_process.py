@@ -11,7 +11,7 @@ from typing import NamedTuple
 import zmq
 
 from openinfer import protocol
-from openinfer.engine_core.config import DrafterSpec, EngineConfig, SpecMethod
+from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
@@ -153,14 +153,19 @@ class EngineProcess:
             logger.warning("drafter load refused: %r is outside --allowed-drafter-dir", command.draft_model)
             self._reply(command, False, NOT_ALLOWED.format(path=command.draft_model))
         else:
-            spec = DrafterSpec(
-                command.method,
-                command.num_spec_tokens,
-                Path(command.draft_model) if command.draft_model else self.config.default_draft_model,
-                command.prompt_lookup_min,
-                command.prompt_lookup_max,
-                command.dflash_anchor or self._start_anchor,
-            )
+            try:
+                spec = DrafterSpec(
+                    command.method,
+                    command.num_spec_tokens,
+                    Path(command.draft_model) if command.draft_model else self.config.default_draft_model,
+                    command.prompt_lookup_min,
+                    command.prompt_lookup_max,
+                    command.dflash_anchor or self._start_anchor,
+                    command.confidence_threshold,
+                )
+            except ValueError as e:  # options that cannot go together: the caller's answer, never a crash
+                self._reply(command, False, str(e))
+                return
             self._pending_load = (command, self._loader.submit(self.core.build_drafter, spec))
 
     def _finish_drafter_load(self) -> None:
@@ -233,8 +238,8 @@ class EngineProcess:
 def _load_failure(command: protocol.LoadDrafter, error: Exception) -> str:
     """What a client is told of a failed load: a checkpoint read from a path says nothing of the files
     (that they exist, what they hold); a load that read no files (n-gram) says what was wrong."""
-    if command.method == SpecMethod.DFLASH and command.draft_model:
+    if command.method in CHECKPOINT_METHODS and command.draft_model:
         return CANNOT_LOAD.format(path=command.draft_model)
-    if command.method == SpecMethod.DFLASH:
+    if command.method in CHECKPOINT_METHODS:
         return "cannot load the engine's default drafter; the engine's log says why"
     return f"{type(error).__name__}: {error}"

@@ -17,7 +17,13 @@ from openinfer.engine_core.models.dflash import (
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery, DraftTarget
+from openinfer.engine_core.spec_decode.drafter import (
+    ContextUpdate,
+    DeviceDrafts,
+    DeviceQueries,
+    DraftQuery,
+    DraftTarget,
+)
 from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
 
@@ -85,7 +91,7 @@ class DFlashDrafter:
         self.graphs: DraftGraphs | None = None
         if step_graphs is not None:
             self.graphs = DraftGraphs(
-                lambda ids, positions, context: self._logits(ids, positions, context, num_spec_tokens),
+                lambda ids, positions, context: self._drafts(ids, positions, context, num_spec_tokens),
                 mask_token_id=config.mask_token_id,
                 block_width=self.block_width,  # every block_length fits
                 page_size=self.page_size,
@@ -94,6 +100,11 @@ class DFlashDrafter:
                 device=self.device,
                 capture=step_graphs.capture,
             )
+
+    @property
+    def estimates_confidence(self) -> bool:
+        """Whether it rates its drafts (DSpark's confidence head): ``DeviceDrafts.confidence``."""
+        return self.model.confidence_head is not None
 
     def describe(self) -> str:
         heads = self.config.heads
@@ -167,10 +178,11 @@ class DFlashDrafter:
         return drafts
 
     @torch.inference_mode()
-    def propose_on_device(self, queries: DeviceQueries) -> Tensor:
-        """(B, K) greedy draft ids on the device from ONE batched forward of blocks padded to the drafter's
-        width (``DraftGraphs`` when a bucket holds them, else eagerly), nothing read back: each block's length
-        (``block_length``) comes from its device max_drafts."""
+    def propose_on_device(self, queries: DeviceQueries) -> DeviceDrafts:
+        """(B, K) greedy draft ids (and, with a confidence head, their confidences) on the device from ONE
+        batched forward of blocks padded to the drafter's width (``DraftGraphs`` when a bucket holds them,
+        else eagerly), nothing read back: each block's length (``block_length``) comes from its device
+        max_drafts."""
         block_width = self.block_width
         # block_length on the device: min(K + 1, max_drafts + 2, block_size), or block_size for DeepSpec's
         if self.config.is_deepspec:
@@ -188,7 +200,7 @@ class DFlashDrafter:
             [t for b in queries.block_ids for t in (*b, *[0] * (columns - len(b)))], torch.int64, self.device
         ).view(len(queries.block_ids), columns)  # (B, columns)
         return padded_drafts(
-            lambda ids, positions, context: self._logits(ids, positions, context, self.num_spec_tokens),
+            lambda ids, positions, context: self._drafts(ids, positions, context, self.num_spec_tokens),
             queries.current_tokens,
             queries.positions,
             block_lens,
@@ -244,28 +256,52 @@ class DFlashDrafter:
     def _logits(self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int) -> Tensor:
         """ids (B, T) block tokens at positions (B * T,) -> (B, num_drafts, vocab) float32 logits of the draft
         slots (the first `num_drafts` from the layout's first draft slot), through :meth:`compute_logits`."""
+        return self._block(ids, positions, context, num_drafts)[0]
+
+    def _drafts(self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int) -> DeviceDrafts:
+        """The greedy drafts of the blocks (argmax of :meth:`_logits`) and, with a confidence head, each
+        slot's confidence from its hidden state and (``confidence_head_with_markov``) the Markov embedding of
+        the token before it (DeepSpec's ``compute_confidence_logits``, at temperature 0)."""
+        logits, hidden, prev_embeds = self._block(ids, positions, context, num_drafts)
+        draft_ids = logits.argmax(dim=-1)  # (B, num_drafts)
+        head = self.model.confidence_head
+        if head is None:
+            return DeviceDrafts(draft_ids)
+        return DeviceDrafts(draft_ids, head(hidden, prev_embeds))  # (B, num_drafts) float32
+
+    def _block(
+        self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The block forward: the draft slots' logits (B, num_drafts, vocab) float32, their final hidden
+        states (B, num_drafts, hidden), and with a Markov head the embeddings of the tokens before them
+        (B, num_drafts, r), else None."""
         embeds = self._target.embed(ids) * self.config.input_embedding_scale  # (B, T, hidden)
         hidden = self.model(embeds, positions, self.context_caches, context)  # (B, T, hidden)
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
         logits = logits.view(ids.shape[0], num_drafts, -1)
+        prev_embeds = None
         if self.model.markov_head is not None:
-            self._add_markov_bias(logits, draft_hidden, ids[:, 0])
-        return logits
+            prev_embeds = self._add_markov_bias(logits, draft_hidden, ids[:, 0])
+        return logits, draft_hidden, prev_embeds
 
-    def _add_markov_bias(self, logits: Tensor, hidden: Tensor, anchor: Tensor) -> None:
+    def _add_markov_bias(self, logits: Tensor, hidden: Tensor, anchor: Tensor) -> Tensor:
         """DSpark's sequential stage at temperature 0, in place: slot k's logits (B, n, vocab) float32 gain
         the Markov head's bias from the token before it, the anchor (B,) for slot 0 and slot k - 1's greedy
         draft after that, so the argmax of the result is the drafts. hidden (B, n, hidden): the slots' final
-        hidden states. A fixed loop of device ops: it runs inside the draft CUDA graphs too."""
+        hidden states. Returns the embeddings of the tokens before the slots, (B, n, r). A fixed loop of
+        device ops: it runs inside the draft CUDA graphs too."""
         head = self.model.markov_head
         assert head is not None
         previous, state = anchor, head.initial_state(anchor.shape[0], hidden)
+        embeds = []
         for k in range(logits.shape[1]):
-            bias, state = head.step(head.embed(previous), hidden[:, k], state)  # (B, vocab)
+            embeds.append(head.embed(previous))  # (B, r)
+            bias, state = head.step(embeds[-1], hidden[:, k], state)  # (B, vocab)
             logits[:, k] += bias.float()
             previous = logits[:, k].argmax(dim=-1)
+        return torch.stack(embeds, dim=1)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden) final draft hidden states -> (n, vocab) float32 logits: the target's LM head, then the

@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.models.dflash import BlockContext
-from openinfer.engine_core.spec_decode.drafter import DraftQuery
+from openinfer.engine_core.spec_decode.drafter import DeviceDrafts, DraftQuery
 from openinfer.engine_core.worker.step_graphs import BATCH_BUCKETS, bucket_for
 
-# (ids (B, T) int64, positions (B * T,) int64, context) -> (B, K, vocab) draft logits
-DraftForward = Callable[[Tensor, Tensor, BlockContext], Tensor]
+# (ids (B, T) int64, positions (B * T,) int64, context) -> the B blocks' K greedy drafts (and confidences)
+DraftForward = Callable[[Tensor, Tensor, BlockContext], DeviceDrafts]
 
 
 def padded_drafts(
@@ -41,11 +41,11 @@ def padded_drafts(
     mask_token_id: int,
     page_size: int,
     block_width: int,
-) -> Tensor:
-    """(B, K) int64 greedy draft ids of B padded blocks given on the device: tokens, positions (== context
-    lengths) and block_lens (B,) int64, block_tables (B, columns). Every block is ``block_width`` slots (the
-    current token, then mask tokens; slots past block_lens[b] are masked as keys); the torch path gathers
-    the context up to the tables' columns."""
+) -> DeviceDrafts:
+    """The drafts of B padded blocks given on the device: tokens, positions (== context lengths) and
+    block_lens (B,) int64, block_tables (B, columns). Every block is ``block_width`` slots (the current token,
+    then mask tokens; slots past block_lens[b] are masked as keys); the torch path gathers the context up to
+    the tables' columns."""
     slots = torch.arange(block_width, device=tokens.device)  # (T,) slot offsets within a block
     ids = torch.where(slots == 0, tokens[:, None], mask_token_id)  # (B, T)
     context = BlockContext(
@@ -56,8 +56,7 @@ def padded_drafts(
         page_size=page_size,
         block_width=block_width,
     )
-    logits = forward(ids, (positions[:, None] + slots).flatten(), context)  # (B, K, vocab)
-    return logits.argmax(dim=-1)
+    return forward(ids, (positions[:, None] + slots).flatten(), context)
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class DraftGraphs:
     def run(self, queries: Sequence[DraftQuery], block_lens: Sequence[int], batch: int) -> list[list[int]]:
         """K greedy draft ids per query (query order), from the padded forward: one read-back."""
         self._load(pad_blocks(queries, block_lens, batch, self.block_width, self.page_size))
-        return self._run(batch)[: len(queries)].tolist()
+        return self._run(batch).draft_ids[: len(queries)].tolist()
 
     def fits_tables(self, block_ids: Sequence[list[int]]) -> int | None:
         """The batch bucket of requests with these block tables (whole), or None (run them eagerly)."""
@@ -135,11 +134,11 @@ class DraftGraphs:
         block_lens: Tensor,
         block_ids: Sequence[list[int]],
         batch: int,
-    ) -> Tensor:
-        """(B, K) greedy draft ids on the device for B blocks given on the device (tokens, positions, block
-        lengths: (B,) int64 each) with host block tables, padded to ``batch``: the inputs reach the static
-        buffers by device-to-device copies, nothing is read back. The result is a view of the static output:
-        read it before the next run."""
+    ) -> DeviceDrafts:
+        """The drafts on the device of B blocks given on the device (tokens, positions, block lengths: (B,)
+        int64 each) with host block tables, padded to ``batch``: the inputs reach the static buffers by
+        device-to-device copies, nothing is read back. The result views the static outputs: read it before
+        the next run."""
         n = tokens.shape[0]
         rows = self._rows
         for i, values in enumerate((tokens, positions, block_lens)):
@@ -153,9 +152,11 @@ class DraftGraphs:
                 tables.pin_memory() if self.capture else tables, non_blocking=True
             )
             self._tables[n:batch, :columns].zero_()
-        return self._run(batch)[:n]
+        drafts = self._run(batch)
+        confidence = drafts.confidence
+        return DeviceDrafts(drafts.draft_ids[:n], None if confidence is None else confidence[:n])
 
-    def _run(self, batch: int) -> Tensor:
+    def _run(self, batch: int) -> DeviceDrafts:
         """The padded forward of the loaded buffers: a graph replay when capturing, else eagerly."""
         self.num_runs += 1
         if not self.capture:
@@ -164,7 +165,7 @@ class DraftGraphs:
         if graph is None:
             graph = self._graphs[batch] = self._capture(batch)
         graph.graph.replay()
-        return graph.draft_ids
+        return graph.drafts
 
     def _load(self, blocks: PaddedBlocks) -> None:
         """Copy the blocks' inputs into the static buffers (one pinned host tensor per buffer on CUDA)."""
@@ -176,8 +177,8 @@ class DraftGraphs:
         for target, values in copies:
             target.copy_(values.pin_memory() if self.capture else values, non_blocking=True)
 
-    def _forward(self, batch: int) -> Tensor:
-        """The padded forward over the static buffers: (batch, K) int64 greedy draft ids."""
+    def _forward(self, batch: int) -> DeviceDrafts:
+        """The padded forward over the static buffers: the batch's drafts."""
         tokens, positions, block_lens = self._rows[:, :batch]  # (batch,) each
         return padded_drafts(
             self.forward,
@@ -204,11 +205,11 @@ class DraftGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: a drafter loading in a background thread may allocate while this captures.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            draft_ids = self._forward(batch)
-        return _Graph(graph, draft_ids)
+            drafts = self._forward(batch)
+        return _Graph(graph, drafts)
 
 
 @dataclass(frozen=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    draft_ids: Tensor  # static output: (batch, K) int64
+    drafts: DeviceDrafts  # static outputs: (batch, K) int64 ids, (batch, K) float32 confidences or None

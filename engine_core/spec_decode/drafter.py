@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -42,6 +42,7 @@ class Drafter(Protocol):
 
     num_spec_tokens: int
     aux_layer_ids: tuple[int, ...]  # target layers whose hidden states it reads; () when none
+    estimates_confidence: bool  # it rates each draft's acceptance (DSpark's confidence head): DeviceDrafts
 
     def extend_context(self, updates: list[ContextUpdate]) -> None:
         """Take the target's hidden states at newly verified positions (in order, per request)."""
@@ -66,14 +67,23 @@ class DeviceQueries:
     block_ids: list[list[int]]  # per request, its block table; covers positions [0, positions[b])
 
 
+class DeviceDrafts(NamedTuple):
+    """B requests' drafts proposed on the device, read back with the step."""
+
+    draft_ids: Tensor  # (B, num_spec_tokens) int64 greedy draft ids
+    # (B, num_spec_tokens) float32 in (0, 1): each draft's estimated acceptance given the ones before it were
+    # accepted (DSpark's confidence head); None for a drafter without one
+    confidence: Tensor | None = None
+
+
 @runtime_checkable
 class DeviceDrafter(Drafter, Protocol):
     """A drafter that proposes on the device from the step's device output, before the step's one read-back
     (DFlash); the others propose on the host after it (n-gram)."""
 
-    def propose_on_device(self, queries: DeviceQueries) -> Tensor:
-        """(B, num_spec_tokens) int64 greedy draft ids on the device; the host keeps each row's first
-        max_drafts once it has read them."""
+    def propose_on_device(self, queries: DeviceQueries) -> DeviceDrafts:
+        """The queries' drafts on the device; the host keeps each row's first max_drafts once it has read
+        them."""
         ...
 
 

@@ -1,4 +1,5 @@
-"""Where drafters loaded at run time may come from (``--allowed-drafter-dir``).
+"""Where drafters loaded at run time may come from (``--allowed-drafter-dir``), and what a drafter folder
+asks for when the command line does not say (without torch: the launcher reads it).
 
 The admin API's load-drafter command names a folder on the engine's host. The engine loads it only if it
 lies under an allowed folder once symlinks and ``..`` are resolved, and its answers never tell the client
@@ -8,11 +9,17 @@ engine's log says which).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+from openinfer.protocol import DrafterMethod
 
 NOT_ALLOWED = (
     "draft_model {path!r} is not under a folder this engine loads drafters from (--allowed-drafter-dir)"
 )
+DEEPSPEC_ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's save_pretrained: DSpark and its DFlash drafters
+ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
 CANNOT_LOAD = "cannot load a drafter from the path given ({path!r}); the engine's log says why"
 
 
@@ -37,3 +44,25 @@ def is_allowed(draft_model: str, allowed: tuple[Path, ...]) -> bool:
     except (OSError, ValueError):  # a NUL byte, a loop of links: no folder holds it
         return False
     return any(path.is_relative_to(folder.resolve()) for folder in allowed)
+
+
+def folder_drafter(folder: Path) -> tuple[DrafterMethod, int]:
+    """The ``--spec-method`` a block-drafter folder is served with when none is given (dspark for DeepSpec's
+    ``Qwen3DSparkModel`` with a Markov or a confidence head, else dflash), and its K when none is given: a
+    DeepSpec block's ``block_size`` drafts (DeepSpec verifies them all), z-lab's ``block_size - 1`` (its
+    ``dflash_generate`` verifies the current token and block_size - 1 drafts). ValueError when the folder
+    has no readable config.json."""
+    path = folder / "config.json"
+    try:
+        config: Any = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--draft-model {folder}: cannot read its config.json ({e})") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"--draft-model {folder}: config.json is not a JSON object")
+    dflash = config.get("dflash_config")
+    dflash = dflash if isinstance(dflash, dict) else {}
+    block_size = int(dflash.get("block_size", config.get("block_size")) or ZLAB_BLOCK_SIZE)
+    if DEEPSPEC_ARCHITECTURE not in (config.get("architectures") or []):
+        return "dflash", max(block_size - 1, 1)
+    dspark = bool(config.get("markov_rank")) or bool(config.get("enable_confidence_head"))
+    return ("dspark" if dspark else "dflash"), block_size

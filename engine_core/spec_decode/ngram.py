@@ -34,6 +34,7 @@ class NgramDrafter:
     """Prompt-lookup drafter: no model, no context; proposes from each request's own tokens."""
 
     aux_layer_ids: tuple[int, ...] = ()
+    estimates_confidence = False
 
     def __init__(self, num_spec_tokens: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4) -> None:
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:

@@ -16,6 +16,7 @@ from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
     DeviceDrafter,
+    DeviceDrafts,
     DeviceQueries,
     Drafter,
     DraftQuery,
@@ -33,19 +34,46 @@ def _load_ngram(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
 
 
 def _load_dflash(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
-    from openinfer.engine_core.models.dflash_config import AnchorLayout
+    return _load_block_drafter(spec, runner, dspark=False)
+
+
+def _load_dspark(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
+    return _load_block_drafter(spec, runner, dspark=True)
+
+
+def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor, *, dspark: bool) -> Drafter:
+    """A DFlash or DSpark checkpoint beside the target; the folder's config must be the method's."""
+    from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
     from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
     from openinfer.engine_core.worker.model_runner import ModelRunner
 
+    method = spec.method
     if spec.draft_model is None:
-        raise ValueError("--spec-method dflash needs --draft-model PATH (a DFlash checkpoint folder)")
-    if not isinstance(runner, ModelRunner):  # DFlash shares the target's embedding and LM head
-        raise ValueError("--fake-model has no hidden states for DFlash; use --spec-method ngram")
+        raise ValueError(f"--spec-method {method} needs --draft-model PATH (a {method} checkpoint folder)")
+    if not isinstance(runner, ModelRunner):  # block drafters share the target's embedding and LM head
+        raise ValueError(f"--fake-model has no hidden states for {method}; use --spec-method ngram")
     anchor = AnchorLayout(spec.dflash_anchor) if spec.dflash_anchor else None
-    return DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, anchor)
+    config = DFlashConfig.from_folder(spec.draft_model, anchor)
+    if config.is_dspark and not dspark:
+        raise ValueError(
+            f"{spec.draft_model} is a DSpark checkpoint (DeepSpec's Markov or confidence head): serve it with "
+            "--spec-method dspark"
+        )
+    if dspark and not config.is_dspark:
+        raise ValueError(
+            f"{spec.draft_model} is not a DSpark checkpoint (a Qwen3DSparkModel config with markov_rank > 0 or "
+            "enable_confidence_head): serve a DFlash drafter with --spec-method dflash"
+        )
+    drafter = DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, anchor)
+    if spec.confidence_threshold and not drafter.estimates_confidence:
+        raise ValueError(
+            f"--confidence-threshold needs a confidence head; {spec.draft_model} has none "
+            "(enable_confidence_head is false)"
+        )
+    return drafter
 
 
-DRAFTERS = {SpecMethod.NGRAM: _load_ngram, SpecMethod.DFLASH: _load_dflash}
+DRAFTERS = {SpecMethod.NGRAM: _load_ngram, SpecMethod.DFLASH: _load_dflash, SpecMethod.DSPARK: _load_dspark}
 
 
 class SpecDecoder:
@@ -64,6 +92,7 @@ class SpecDecoder:
             raise ValueError(f"unknown --spec-method {spec.method!r}; choose one of {choices}")
         self.drafter = DRAFTERS[SpecMethod(spec.method)](spec, runner)
         self.num_spec_tokens = spec.num_spec_tokens
+        self.confidence_threshold = spec.confidence_threshold  # > 0 only for a drafter that rates its drafts
         self._log = log
         # A drafter that reads hidden states can draft only for requests whose whole context it has seen (those
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
@@ -77,7 +106,8 @@ class SpecDecoder:
         self._on_device = self.drafter if isinstance(self.drafter, DeviceDrafter) else None
 
     def describe(self) -> str:
-        return self.drafter.describe()
+        threshold = self.confidence_threshold
+        return self.drafter.describe() + (f" confidence-threshold={threshold:g}" if threshold else "")
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
@@ -104,12 +134,12 @@ class SpecDecoder:
 
     def draft_on_device(
         self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None
-    ) -> Tensor | None:
+    ) -> DeviceDrafts | None:
         """Before the step's read-back (the worker calls it): note who may draft after this step, write the
         drafter's context at every position the target ran for them (``aux``: the target's hidden states at
         every token run, rows at ``decided.token_starts``; rejected positions too, see ``DFlashDrafter``), and
-        let a device drafter propose from the step's device tokens (``verified``): (P, K) draft ids, one row
-        per request of ``self._proposers``; None when the drafter proposes on the host."""
+        let a device drafter propose from the step's device tokens (``verified``): (P, K) drafts, one row per
+        request of ``self._proposers``; None when the drafter proposes on the host."""
         reads_context = bool(self.aux_layer_ids)
         for request in decided.finished:
             self._whole_context.discard(request)
@@ -175,10 +205,14 @@ class SpecDecoder:
             if drafts:
                 self._context_blocks.drafter_wrote(update.block_ids, s.start, written)
 
-    def propose(self, draft_ids: list[list[int]]) -> list[tuple[Request, tuple[int, ...]]]:
-        """Drafts for every request that sampled in the last step, goes on and may draft: a device drafter's
-        ``draft_ids`` (one row per proposer, read back with the step) cut to each one's max_drafts, or one
-        host drafter call."""
+    def propose(
+        self, draft_ids: list[list[int]], confidence: list[list[float]] | None = None
+    ) -> list[tuple[Request, tuple[int, ...], int]]:
+        """The rounds to verify next, ``(request, drafts, P)``, for every request that sampled in the last
+        step, goes on and may draft: its P proposed drafts (a device drafter's ``draft_ids``, one row per
+        proposer read back with the step, cut to its max_drafts; or one host drafter call), of which the
+        first V (``verify_length``) are verified. A round the rule verifies none of is counted here as
+        unverified and not returned."""
         requests, queries, rows = [], [], []
         for p, request in enumerate(self._proposers):
             if not request.status.is_finished:  # one that stopped has its drafts dropped
@@ -194,7 +228,22 @@ class SpecDecoder:
             drafts = [draft_ids[p][: q.max_drafts] for p, q in zip(rows, queries, strict=True)]
         else:
             drafts = self.drafter.propose(queries)
-        return [(r, tuple(d)) for r, d in zip(requests, drafts, strict=True)]
+        rounds = []
+        for i, (request, proposed) in enumerate(zip(requests, drafts, strict=True)):
+            verified = len(proposed)
+            if confidence and self.confidence_threshold:
+                verified = self.verify_length(confidence[rows[i]][:verified])
+            if verified:
+                rounds.append((request, tuple(proposed[:verified]), len(proposed)))
+            elif proposed:
+                self.observe_unverified(request, len(proposed))
+        return rounds
+
+    def verify_length(self, confidence: list[float]) -> int:
+        """DeepSpec's rule for how many of a round's drafts the target verifies: those before the first whose
+        confidence is below ``--confidence-threshold`` (each draft's own, not the prefix's product)."""
+        threshold = self.confidence_threshold
+        return next((k for k, c in enumerate(confidence) if c < threshold), len(confidence))
 
     def query(self, request: Request) -> DraftQuery:
         """Drafts never run past max_tokens or the model length (``token_limit``): the bonus token always

@@ -10,9 +10,10 @@ import torch
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash import DFlashDraftModel
-from openinfer.engine_core.models.dflash_config import DEEPSPEC_ARCHITECTURE, DFlashConfig
+from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.models.weights import iter_safetensors
+from openinfer.engine_core.spec_decode.drafter_folders import DEEPSPEC_ARCHITECTURE
 from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
 
 

@@ -77,7 +77,7 @@ class InputBatch:
         tokens: list[int] = []
         table_lens = self.num_blocks.tolist()  # one read of the numpy array, not one per request
         num_written, row_of = self.num_written, self.rows
-        for request, start, num_new, drafts, samples, _ in scheduled:
+        for request, start, num_new, drafts, samples, *_ in scheduled:
             row = row_of.get(request)
             if row is None:
                 row = self.add(request)

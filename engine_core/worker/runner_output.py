@@ -20,6 +20,8 @@ class ModelRunnerOutput:
     # per request the drafter proposed for on the device (SpecDecoder's order), num_spec_tokens draft ids,
     # to be cut to what the request may verify; empty when the drafter proposes on the host
     draft_ids: list[list[int]] = field(default_factory=list)
+    # per row of draft_ids, each draft's confidence (DSpark's confidence head); empty without one
+    draft_confidence: list[list[float]] = field(default_factory=list)
 
 
 EMPTY_OUTPUT = ModelRunnerOutput([], [])

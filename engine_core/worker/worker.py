@@ -3,12 +3,13 @@ the device; then reads the step back to the host once, one frozen output per ste
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.sample.sampler import Sampler
+from openinfer.engine_core.spec_decode.drafter import DeviceDrafts
 from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.read_back import read_back
@@ -26,8 +27,8 @@ class StepDrafter(Protocol):
 
     def draft_on_device(
         self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None
-    ) -> Tensor | None:
-        """Take the step's context and propose from its device tokens: (P, K) draft ids, or None."""
+    ) -> DeviceDrafts | None:
+        """Take the step's context and propose from its device tokens: P requests' drafts, or None."""
         ...
 
 
@@ -61,14 +62,20 @@ class Worker:
         verified = sampled.verified
         table = sampled.logprobs.table if sampled.logprobs is not None else None
         # The step's one device-to-host copy.
-        counts, tokens, logprob_values, draft_ids = read_back(
-            [verified.num_accepted, verified.tokens, table, drafts]
+        ids, confidence = drafts if drafts is not None else (None, None)
+        counts, tokens, logprob_values, draft_ids, draft_confidence = read_back(
+            [verified.num_accepted, verified.tokens, table, ids, confidence]
         )
         assert tokens is not None
         token_ids, logprobs = sampled.read(counts, tokens, logprob_values)
-        if drafts is None or draft_ids is None:
+        if ids is None or draft_ids is None:
             return ModelRunnerOutput(token_ids, logprobs)
-        width = drafts.shape[1]
+        width = ids.shape[1]
         return ModelRunnerOutput(
-            token_ids, logprobs, [draft_ids[i : i + width] for i in range(0, len(draft_ids), width)]
+            token_ids, logprobs, _rows(draft_ids, width), _rows(draft_confidence or [], width)
         )
+
+
+def _rows(values: list[Any], width: int) -> list[list[Any]]:
+    """Flat read-back values as rows of ``width``."""
+    return [values[i : i + width] for i in range(0, len(values), width)]

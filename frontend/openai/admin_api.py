@@ -3,9 +3,10 @@
 - ``GET /admin/engines``: every engine this frontend knows, live or not, with its load; and
   ``counted_seqs``, by engine index, the seqs of each incarnation ``/metrics`` counted
   (:mod:`openinfer.frontend.metrics.counted_seqs`).
-- ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash", "num_spec_tokens": K,
-  "draft_model": PATH (dflash only), "prompt_lookup_min": 1, "prompt_lookup_max": 4}``: load (or replace)
-  the drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done.
+- ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash"|"dspark", "num_spec_tokens": K,
+  "draft_model": PATH (dflash, dspark), "prompt_lookup_min": 1, "prompt_lookup_max": 4 (ngram),
+  "confidence_threshold": 0.0 (dspark)}``: load (or replace) the drafter; 200 ``{"engine",
+  "num_spec_tokens", "message"}`` once the engine says it is done.
 - ``DELETE /admin/engines/{index}/drafter``: speculative decoding off on that engine.
 
 Errors: 400 for a bad body or the engine's refusal (its message), 413 for a body over
@@ -54,6 +55,7 @@ class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
     prompt_lookup_max: Int64 = 4  # vLLM bounds neither above; the n-gram drafter is bounded by the sequence
     path: str | None = None  # another name for draft_model
     dflash_anchor: str | None = None  # a DFlashAnchor, checked after decoding
+    confidence_threshold: float = 0.0  # dspark: verify drafts up to the first below it
 
 
 def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
@@ -81,13 +83,21 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
         )
     if k < 1:
         raise invalid_request(f"`num_spec_tokens` must be at least 1, got {k}", "num_spec_tokens")
-    if drafter.method == "dflash" and not drafter.draft_model:
+    if drafter.method != "ngram" and not drafter.draft_model:
         raise invalid_request(
-            "method dflash needs `draft_model`: the DFlash checkpoint folder as the engine's host sees it",
+            f"method {drafter.method} needs `draft_model`: the checkpoint folder as the engine's host sees it",
             "draft_model",
         )
     if drafter.method == "ngram" and drafter.draft_model is not None:
-        raise invalid_request("`draft_model` is only for method dflash; ngram needs no model", "draft_model")
+        raise invalid_request(
+            "`draft_model` is only for methods dflash and dspark; ngram needs no model", "draft_model"
+        )
+    threshold = drafter.confidence_threshold
+    if not 0.0 <= threshold <= 1.0 or (threshold and drafter.method != "dspark"):
+        raise invalid_request(
+            f"`confidence_threshold` must be in [0, 1], and non-zero only for method dspark; got {threshold}",
+            "confidence_threshold",
+        )
     if not 1 <= drafter.prompt_lookup_min <= drafter.prompt_lookup_max:
         raise invalid_request(
             "need 1 <= `prompt_lookup_min` <= `prompt_lookup_max`, got "
@@ -102,6 +112,7 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
         drafter.prompt_lookup_min,
         drafter.prompt_lookup_max,
         drafter.dflash_anchor,
+        threshold,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -59,11 +61,11 @@ def test_switches(argv: list[str], method: str | None, k: int | None, draft: str
     [
         ["--no-spec", "--spec-method", "ngram"],
         ["--no-spec", "--num-spec-tokens", "3"],
-        ["--model", "/m", "--draft-model", "/d"],
+        ["--model", "/m", "--num-spec-tokens", "3"],
     ],
 )
 def test_contradictions_are_refused(argv: list[str]) -> None:
-    """--no-spec with drafter flags, or drafter options with --model but no method, is a usage error."""
+    """--no-spec with drafter flags, or K with --model but no method nor drafter, is a usage error."""
     with pytest.raises(SystemExit):
         parse_args(argv)
 
@@ -145,3 +147,53 @@ def test_one_spec_log_for_many_engines_is_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert str(engine_flags("--spec-log", "/s.jsonl").spec_log) == "/s.jsonl"  # with one engine it is passed
+
+
+@pytest.mark.parametrize(
+    ("config", "method", "k"),
+    [
+        ({"architectures": ["Qwen3DSparkModel"], "block_size": 7, "markov_rank": 256}, "dspark", 7),
+        (
+            {"architectures": ["Qwen3DSparkModel"], "block_size": 7, "enable_confidence_head": True},
+            "dspark",
+            7,
+        ),
+        ({"architectures": ["Qwen3DSparkModel"], "block_size": 7, "markov_rank": 0}, "dflash", 7),
+        ({"architectures": ["DFlashDraftModel"], "block_size": 16}, "dflash", 15),
+        ({"architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 8}}, "dflash", 7),
+    ],
+    ids=["dspark", "dspark-confidence-only", "deepspec-dflash", "zlab", "zlab-nested"],
+)
+def test_a_drafter_folder_names_its_method(
+    tmp_path: Path, config: dict[str, object], method: str, k: int
+) -> None:
+    """--draft-model without --spec-method: the folder's config says the method (dspark for DeepSpec's
+    Qwen3DSparkModel with a head) and K (DeepSpec's block_size drafts, z-lab's block_size - 1); a K given
+    wins. The launcher and a bare engine read it alike."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for argv in (["--model", "/m", "--draft-model", str(tmp_path)], ["--draft-model", str(tmp_path)]):
+        engine = engine_flags(*argv)
+        assert (engine.spec_method, engine.num_spec_tokens) == (method, k)
+        assert engine_flags(*argv, "--num-spec-tokens", "3").num_spec_tokens == 3
+    spec = config_from_args(engine_args(["--model", "/m", "--draft-model", str(tmp_path)])).speculative
+    assert spec is not None and (spec.method, spec.num_spec_tokens) == (method, k)
+
+
+def test_a_drafter_folder_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read its config.json"):
+        engine_flags("--model", "/m", "--draft-model", str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--spec-method", "ngram", "--num-spec-tokens", "3", "--confidence-threshold", "0.5"],
+         "needs --spec-method dspark"),
+        (["--confidence-threshold", "0.5"], "needs a DSpark drafter"),
+        (["--spec-method", "dspark", "--num-spec-tokens", "3", "--draft-model", "/d",
+          "--confidence-threshold", "1.5"], r"in \[0, 1\]"),
+    ],
+)  # fmt: skip
+def test_confidence_threshold_is_for_dspark(argv: list[str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        config_from_args(engine_args(["--model", "/m", *argv]))

@@ -64,7 +64,7 @@ def device_drafts(drafter: DFlashDrafter, queries: list[DraftQuery]) -> list[lis
         column([q.max_drafts for q in queries]),
         [q.block_ids for q in queries],
     )
-    rows = drafter.propose_on_device(asked).tolist()
+    rows = drafter.propose_on_device(asked).draft_ids.tolist()
     return [row[: q.max_drafts] for row, q in zip(rows, queries, strict=True)]
 
 

@@ -1,15 +1,16 @@
 """DSpark (DeepSpec's layout): its heads equal PyPI speculators' on the same weights, its greedy drafts equal a
-plain-torch block with speculators' Markov bias applied slot by slot, and it serves losslessly."""
+plain-torch block with speculators' Markov bias applied slot by slot, it serves losslessly, and its rounds
+(with and without a confidence threshold) equal an independent batch-1 loop of DeepSpec's algorithm."""
 
 from __future__ import annotations
 
-import importlib.util
+import itertools
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from openinfer.engine_core.config import DrafterSpec
@@ -17,11 +18,17 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfi
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead, MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.testing.deepspec_reference import (
+    DeepSpecReference,
+    Round,
+    speculators_dspark_heads,
+)
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.engine_cores import make_core
+from openinfer.engine_core.testing.spec_logs import read_spec_log
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.protocol import EngineCoreRequest, SamplingParams
+from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
 from tests.engine_core.spec_decode.test_dflash import LAYER_IDS, WIDTH, reference_block_hidden
 
 SMALL = {**SMALL_QWEN3, "num_hidden_layers": 3}  # layers 0 and 1 feed the drafter, as in test_dflash
@@ -30,19 +37,13 @@ HEAD_TYPES = list(MarkovHeadType)
 
 
 def speculators_heads() -> ModuleType:
-    """speculators' `models/dspark/model_definitions.py` (MarkovHead, ConfidenceHead), loaded from its file:
-    it imports only torch, where the package's own __init__ pulls in its whole training stack."""
-    spec = importlib.util.find_spec("speculators")
-    if spec is None or not spec.submodule_search_locations:
+    """speculators' DSpark heads (MarkovHead, ConfidenceHead), loaded from their file."""
+    module = speculators_dspark_heads()
+    if module is None:
         pytest.skip(
             "PyPI speculators is not installed: `pip install --no-deps speculators==0.9.0` (its declared "
             "dependencies pin an older transformers; the heads need only torch)"
         )
-    path = Path(spec.submodule_search_locations[0]) / "models" / "dspark" / "model_definitions.py"
-    module_spec = importlib.util.spec_from_file_location("speculators_dspark_heads", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
     return module
 
 
@@ -111,7 +112,9 @@ def runner(target: Path) -> ModelRunner:
     return ModelRunner(target, torch.device("cpu"), NUM_PAGES, PAGE)
 
 
-def dspark_checkpoint(folder: Path, target: Path, head_type: MarkovHeadType, block_size: int = 6) -> Path:
+def dspark_checkpoint(
+    folder: Path, target: Path, head_type: MarkovHeadType, block_size: int = 6, markov_rank: int = 8
+) -> Path:
     return make_tiny_dspark_checkpoint(
         folder,
         target,
@@ -119,7 +122,7 @@ def dspark_checkpoint(folder: Path, target: Path, head_type: MarkovHeadType, blo
         num_layers=2,
         block_size=block_size,
         target_layer_ids=LAYER_IDS,
-        markov_rank=8,
+        markov_rank=markov_rank,
         markov_head_type=head_type,
         init_std=0.3,
     )
@@ -210,6 +213,116 @@ def test_serving_is_lossless(head_type: MarkovHeadType, target: Path, tmp_path: 
         return list(out.values()), drafts
 
     plain, _ = serve(None)
-    speculated, num_drafts = serve(DrafterSpec("dflash", 6, draft_model=folder))
+    speculated, num_drafts = serve(DrafterSpec("dspark", 6, draft_model=folder))
     assert speculated == plain
     assert num_drafts > 0
+
+
+def bigram_dspark(folder: Path, successors: dict[int, int], head_type: MarkovHeadType) -> None:
+    """Rewrite the Markov head of a drafter whose markov_rank is the vocabulary so that its bias drafts the
+    successor of the token before each slot (markov_w1 the identity, markov_w2 the successor table; the rnn
+    head's output gate reads markov_w1[prev] alone): a drafter the target accepts, sometimes."""
+    path = folder / "model.safetensors"
+    weights = load_file(path)
+    vocab = SMALL["vocab_size"]
+    weights["markov_head.markov_w1.weight"] = torch.eye(vocab)
+    table = torch.zeros(vocab, vocab)
+    for prev, nxt in successors.items():
+        table[nxt, prev] = 8.0
+    weights["markov_head.markov_w2.weight"] = table
+    if head_type is MarkovHeadType.RNN:
+        joint = weights["markov_head.joint_proj.weight"]  # (3r, 2r + hidden): rows [gate; candidate; output]
+        joint[2 * vocab :] = 0.0
+        joint[2 * vocab :, vocab : 2 * vocab] = 4.0 * torch.eye(vocab)
+        weights["markov_head.joint_proj.bias"][2 * vocab :] = 0.0
+    save_file(weights, path)
+
+
+def expected_counters(rounds: list[Round], k: int) -> SpecDecodeCounters:
+    """The counters DESIGN.md gives for these rounds, written out field by field (not through observe_*)."""
+    drafts = [r for r in rounds if r.verified]
+    return SpecDecodeCounters(
+        num_spec_tokens=k,
+        num_drafts=len(drafts),
+        num_draft_tokens=sum(r.verified for r in drafts),
+        num_accepted_tokens=sum(r.accepted for r in drafts),
+        num_accepted_tokens_per_pos=[sum(r.accepted > i for r in drafts) for i in range(k)],
+        accepted_length_hist=[sum(r.accepted == n for r in drafts) for n in range(k + 1)],
+        num_draft_tokens_per_pos=[sum(r.verified > i for r in drafts) for i in range(k)],
+        num_unverified_draft_tokens=sum(r.proposed - r.verified for r in rounds),
+    )
+
+
+@pytest.mark.parametrize(
+    ("head_type", "threshold"),
+    [(MarkovHeadType.VANILLA, 0.0), (MarkovHeadType.VANILLA, 0.5), (MarkovHeadType.GATED, 0.4),
+     (MarkovHeadType.RNN, 0.6)],
+    ids=lambda v: getattr(v, "value", v),
+)  # fmt: skip
+def test_rounds_match_deepspec_loop(
+    head_type: MarkovHeadType, threshold: float, target: Path, tmp_path: Path
+) -> None:
+    """Three greedy requests served together (K = block_size = 6, --confidence-threshold as given): every
+    request's tokens and every round's proposed, verified and accepted counts equal an independent batch-1
+    loop of DeepSpec's algorithm (z-lab's DFlash forward for the backbone, speculators' heads), and the
+    engine's counters are DESIGN.md's for those rounds, unverified drafts apart from rejected ones."""
+    heads = speculators_heads()
+    pytest.importorskip("dflash")
+    k = 6
+    folder = dspark_checkpoint(tmp_path / "drafter", target, head_type, markov_rank=SMALL["vocab_size"])
+    prompts = [[5, 9, 200, 31, 7], [100, 101, 102, 103], list(range(40, 70))]
+    max_tokens = [30, 17, 24]
+    # The target's greedy continuations (any drafter's, lossless) give the Markov head its successor table.
+    plain = DeepSpecReference(target, folder, heads)
+    greedy = [[*p, *plain.run(p, n, k, 0.0).tokens] for p, n in zip(prompts, max_tokens, strict=True)]
+    bigram_dspark(folder, {a: b for seq in greedy for a, b in itertools.pairwise(seq)}, head_type)
+    reference = DeepSpecReference(target, folder, heads)
+    expected = [reference.run(p, n, k, threshold) for p, n in zip(prompts, max_tokens, strict=True)]
+    rounds = [r for run in expected for r in run.rounds]
+    assert sum(r.accepted for r in rounds) > 10 and any(r.accepted < r.verified for r in rounds)
+    if threshold:  # the rule cut some rounds short and left some unverified
+        assert any(0 < r.verified < r.proposed for r in rounds) and any(r.verified == 0 for r in rounds)
+    else:
+        assert all(r.verified == r.proposed for r in rounds)
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, spec_log=log)
+    core.load_drafter(DrafterSpec("dspark", k, folder, confidence_threshold=threshold))
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        core.add_request(EngineCoreRequest(str(i), prompt, p))
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    while core.has_work:
+        for output in core.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+    lines = read_spec_log(log)
+    for i, run in enumerate(expected):
+        assert tokens[str(i)] == run.tokens, f"request {i}"
+        mine = [
+            Round(x["num_proposed_tokens"], x["num_draft_tokens"], x["num_accepted"])
+            for x in lines
+            if x["request_id"] == str(i)
+        ]
+        assert mine == run.rounds, f"request {i}"
+    assert core.spec is not None
+    assert core.spec.counters == expected_counters(rounds, k)
+    assert core.spec.counters.violation() is None
+
+
+def test_the_method_must_fit_the_checkpoint(target: Path, tmp_path: Path) -> None:
+    """dflash refuses a DSpark checkpoint and dspark a checkpoint without heads, each naming the other;
+    --confidence-threshold needs a confidence head."""
+    core = make_core(target)
+    dspark = dspark_checkpoint(tmp_path / "s", target, MarkovHeadType.VANILLA)
+    with pytest.raises(ValueError, match="serve it with --spec-method dspark"):
+        core.load_drafter(DrafterSpec("dflash", 6, dspark))
+    plain = make_tiny_dspark_checkpoint(
+        tmp_path / "d", target, num_layers=1, markov_rank=0, confidence_head=False
+    )
+    with pytest.raises(ValueError, match="--spec-method dflash"):
+        core.load_drafter(DrafterSpec("dspark", 6, plain))
+    core.load_drafter(DrafterSpec("dflash", 6, plain))  # DeepSpec's DFlash drafter
+    blind = make_tiny_dspark_checkpoint(tmp_path / "b", target, num_layers=1, confidence_head=False)
+    with pytest.raises(ValueError, match="needs a confidence head"):
+        core.load_drafter(DrafterSpec("dspark", 6, blind, confidence_threshold=0.5))
+    core.load_drafter(DrafterSpec("dspark", 6, blind))
+    assert core.spec is not None and core.spec.describe().startswith("dspark K=6")

@@ -241,6 +241,24 @@ def test_lossless_under_preemption_and_chunking(target: Path, baseline: list[lis
     assert outputs == baseline
 
 
+def test_drafts_the_budget_leaves_out_are_unverified(
+    target: Path, baseline: list[list[int]], tmp_path: Path
+) -> None:
+    """A 9-token budget cuts drafts short and leaves some rounds none: each round's proposal (the n-gram
+    drafter's, which the spec log records) is verified up to what fits, the rest counted as unverified and
+    never as rejected; the counters are the log's, and the tokens those of no speculation."""
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, speculative=DrafterSpec("ngram", K), max_num_batched_tokens=9, spec_log=log)
+    outputs, _ = run(core, spec_prompts())
+    assert outputs == baseline
+    lines = read_log(log)
+    cut = [x for x in lines if x["num_draft_tokens"] < x["num_proposed_tokens"]]
+    assert cut and any(x["num_draft_tokens"] == 0 for x in cut)
+    assert core.spec is not None and core.spec.counters == spec_log_counters(lines, K)
+    unverified = sum(x["num_proposed_tokens"] - x["num_draft_tokens"] for x in lines)
+    assert core.spec.counters.num_unverified_draft_tokens == unverified > 0
+
+
 def test_drafter_load_and_unload_at_run_time(target: Path, baseline: list[list[int]]) -> None:
     """None, K=3, none, K=7, K=7: zero after none or a new K, kept for the same K; tokens unchanged."""
     core = make_core(target)

@@ -91,6 +91,15 @@ async def test_engine_refusal_is_400_with_its_message(frontend: Frontend, start_
         ({"method": "ngram", "num_spec_tokens": "4"}, "`num_spec_tokens` must be an integer"),
         ({"method": "eagle", "num_spec_tokens": 4}, "`method` must be one of"),
         ({"method": "dflash", "num_spec_tokens": 4}, "needs `draft_model`"),
+        ({"method": "dspark", "num_spec_tokens": 7}, "method dspark needs `draft_model`"),
+        (
+            {"method": "dspark", "num_spec_tokens": 7, "draft_model": "/d", "confidence_threshold": 1.5},
+            "`confidence_threshold` must be in [0, 1]",
+        ),
+        (
+            {"method": "dflash", "num_spec_tokens": 7, "draft_model": "/d", "confidence_threshold": 0.3},
+            "non-zero only for method dspark",
+        ),
         ({"method": "ngram", "num_spec_tokens": 4, "prompt_lookup_min": 5}, "prompt_lookup_min"),
         ({"method": "ngram", "num_spec_tokens": 4, "k": 1}, "unknown field"),
     ],
@@ -98,7 +107,8 @@ async def test_engine_refusal_is_400_with_its_message(frontend: Frontend, start_
 async def test_bad_drafter_requests_never_reach_the_engine(
     frontend: Frontend, peer: EnginePeer, body: dict[str, Any], words: str
 ) -> None:
-    """K=33 (never clamped), K=0, a string K, an unknown method, dflash without a model, bad lookup: 400."""
+    """K=33 (never clamped), K=0, a string K, an unknown method, dflash or dspark without a model, a
+    confidence threshold outside [0, 1] or for another method, bad lookup: 400."""
     status, got = await admin(frontend, "POST", "/admin/engines/0/drafter", body)
     assert status == 400 and words in got["error"]["message"]
     assert peer.drafter_commands == []
@@ -208,3 +218,11 @@ async def test_admin_api_key_is_separate_from_the_api_key(
     assert (await admin(frontend, "GET", "/admin/engines", key=ADMIN_KEY))[0] == 200
     assert (await admin(frontend, "GET", "/v1/models", key=ADMIN_KEY))[0] == 401
     assert (await admin(frontend, "GET", "/v1/models", key="user-key"))[0] == 200
+
+
+async def test_a_dspark_load_carries_its_threshold(frontend: Frontend, peer: EnginePeer) -> None:
+    body = {"method": "dspark", "num_spec_tokens": 7, "draft_model": "/d", "confidence_threshold": 0.4}
+    status, _ = await admin(frontend, "POST", "/admin/engines/0/drafter", body)
+    [command] = peer.drafter_commands
+    assert status == 200 and isinstance(command, LoadDrafter)
+    assert (command.method, command.draft_model, command.confidence_threshold) == ("dspark", "/d", 0.4)
