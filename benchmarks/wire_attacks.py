@@ -73,7 +73,16 @@ async def forged_hellos(target: Target) -> str:
         busy = [asyncio.create_task(post(target, long_request, target.seconds / 2)) for _ in range(2)]
         drafted = 10**15  # drafts of one token, none accepted
         inflated = SpecDecodeCounters(
-            7, drafted, drafted, 0, [0] * 7, [drafted] + [0] * 7, [drafted] + [0] * 6
+            7,
+            drafted,
+            drafted,
+            0,
+            [0] * 7,
+            [drafted] + [0] * 7,
+            [drafted] + [0] * 6,
+            0,
+            [drafted] + [0] * 6,
+            [0] * 7,
         )
         received = 0
         for seq in range(1, int(target.seconds) + 1):  # a heartbeat every half second, for half the time

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import msgspec
 
 # The longest speculative proposal the counters can describe (DESIGN.md: K <= 32).
 MAX_SPEC_TOKENS = 32
+# A confidence c in [0, 1] is counted as round(c * CONFIDENCE_SCALE): integer sums stay exact and diffable.
+CONFIDENCE_SCALE = 1_000_000
 
 
 class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
@@ -17,12 +22,23 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
     bonus/correction token the target adds. The P - V tokens never verified count in
     ``num_unverified_draft_tokens`` and nowhere else: they were not rejected, nobody checked them.
 
+    A draft *reaches* position i when token i was verified and every token before it accepted (i < V and
+    i <= accepted): ``num_accepted_tokens_per_pos[i] / num_reached_per_pos[i]`` is the measured conditional
+    acceptance at i. A drafter with a confidence head (DSpark) rates each verified token with c_i, its
+    estimate of exactly that probability; ``confidence_micros_per_pos[i]`` sums round(c_i * 1e6) over the
+    same drafts, so ``confidence_micros_per_pos[i] / 1e6 / num_reached_per_pos[i]`` is the head's mean
+    confidence at i (its calibration, beside the measured rate). A draft without confidences adds 0 there.
+
     Invariants (see :meth:`violation`): both per-position tallies are non-increasing;
     ``sum(num_accepted_tokens_per_pos) == num_accepted_tokens == sum(n * hist[n])``; ``sum(hist) ==
     num_drafts``; ``sum(num_draft_tokens_per_pos) == num_draft_tokens``; ``num_draft_tokens_per_pos[0] ==
     num_drafts``; ``num_accepted_tokens_per_pos[i] <= num_draft_tokens_per_pos[i]``; ``num_accepted_tokens
-    <= num_draft_tokens <= K * num_drafts``. The fields are positional on the wire: the last two came with
-    protocol version 3.
+    <= num_draft_tokens <= K * num_drafts``; ``num_reached_per_pos[0] == num_drafts``,
+    ``num_accepted_tokens_per_pos[i] <= num_reached_per_pos[i] <= num_draft_tokens_per_pos[i]``,
+    ``num_reached_per_pos[i + 1] <= num_accepted_tokens_per_pos[i]`` (so it is non-increasing) and ``0 <=
+    confidence_micros_per_pos[i] <= 1e6 * num_reached_per_pos[i]``. The fields are positional on the wire:
+    ``num_draft_tokens_per_pos`` and ``num_unverified_draft_tokens`` came with protocol version 3, the last
+    two with version 4.
     """
 
     num_spec_tokens: int
@@ -33,6 +49,8 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
     accepted_length_hist: list[int] = []  # [n]: drafts with n tokens accepted, n in 0..K
     num_draft_tokens_per_pos: list[int] = []  # [i]: drafts whose token i was verified (V > i)
     num_unverified_draft_tokens: int = 0  # proposed, never sent to the target (P - V summed over rounds)
+    num_reached_per_pos: list[int] = []  # [i]: drafts that verified token i with tokens 0..i-1 accepted
+    confidence_micros_per_pos: list[int] = []  # [i]: sum of round(c_i * 1e6) over the drafts reaching i
 
     @classmethod
     def zero(cls, num_spec_tokens: int) -> SpecDecodeCounters:
@@ -43,11 +61,19 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
                 f"got {num_spec_tokens}; K is never clamped"
             )
         k = num_spec_tokens
-        return cls(k, 0, 0, 0, [0] * k, [0] * (k + 1), [0] * k, 0)
+        return cls(k, 0, 0, 0, [0] * k, [0] * (k + 1), [0] * k, 0, [0] * k, [0] * k)
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted: int, num_unverified: int = 0) -> None:
+    def observe_draft(
+        self,
+        num_draft_tokens: int,
+        num_accepted: int,
+        num_unverified: int = 0,
+        confidence: Sequence[float] | None = None,
+    ) -> None:
         """Count one draft: ``num_draft_tokens`` (V >= 1) tokens verified, the first ``num_accepted`` of them
         accepted, and ``num_unverified`` more proposed but left out by the scheduler (P = V + that <= K).
+        ``confidence``: the drafter's rating of each verified token (V values in [0, 1]: c_i, its estimate
+        that token i is accepted given tokens 0..i-1 were), or None from a drafter without a confidence head.
 
         ``ValueError`` (and nothing moves) for a draft that cannot be.
         """
@@ -58,6 +84,7 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
             raise ValueError(
                 f"impossible draft: {num_draft_tokens} verified + {num_unverified} unverified tokens > K={k}"
             )
+        micros = [] if confidence is None else confidence_micros(confidence, num_draft_tokens)
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
@@ -67,6 +94,12 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
         for i in range(num_draft_tokens):  # verified=2 of K=4 adds [1, 1, 0, 0]
             self.num_draft_tokens_per_pos[i] += 1
         self.num_unverified_draft_tokens += num_unverified
+        # Reached: tokens 0..accepted (the first rejected one too), never past V. V=3, accepted=1 of K=4
+        # adds [1, 1, 0, 0]; V=2, accepted=2 adds [1, 1, 0, 0] (no token 2 was verified).
+        for i in range(min(num_accepted + 1, num_draft_tokens)):
+            self.num_reached_per_pos[i] += 1
+            if micros:
+                self.confidence_micros_per_pos[i] += micros[i]
 
     def observe_unverified(self, num_unverified: int) -> None:
         """Count a round that verified none of its ``num_unverified`` proposed tokens (V = 0: no draft, only
@@ -87,6 +120,8 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
             list(self.accepted_length_hist),
             list(self.num_draft_tokens_per_pos),
             self.num_unverified_draft_tokens,
+            list(self.num_reached_per_pos),
+            list(self.confidence_micros_per_pos),
         )
 
     def minus(self, base: SpecDecodeCounters) -> SpecDecodeCounters:
@@ -101,6 +136,8 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
             _bin_minus(self.accepted_length_hist, base.accepted_length_hist),
             _bin_minus(self.num_draft_tokens_per_pos, base.num_draft_tokens_per_pos),
             self.num_unverified_draft_tokens - base.num_unverified_draft_tokens,
+            _bin_minus(self.num_reached_per_pos, base.num_reached_per_pos),
+            _bin_minus(self.confidence_micros_per_pos, base.confidence_micros_per_pos),
         )
 
     def is_nonnegative(self) -> bool:
@@ -113,6 +150,8 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
                 *self.num_accepted_tokens_per_pos,
                 *self.accepted_length_hist,
                 *self.num_draft_tokens_per_pos,
+                *self.num_reached_per_pos,
+                *self.confidence_micros_per_pos,
             )
             >= 0
         )
@@ -126,12 +165,18 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
         k = self.num_spec_tokens
         per_pos, hist = self.num_accepted_tokens_per_pos, self.accepted_length_hist
         verified = self.num_draft_tokens_per_pos
+        reached, micros = self.num_reached_per_pos, self.confidence_micros_per_pos
         if not 1 <= k <= MAX_SPEC_TOKENS:
             return f"K={k} outside [1, {MAX_SPEC_TOKENS}]"
         if len(per_pos) != k or len(hist) != k + 1 or len(verified) != k:
             return (
                 f"per_pos has {len(per_pos)} entries, hist {len(hist)} and draft_tokens_per_pos "
                 f"{len(verified)}; K={k} needs {k}, {k + 1} and {k}"
+            )
+        if len(reached) != k or len(micros) != k:
+            return (
+                f"reached_per_pos has {len(reached)} entries and confidence_micros_per_pos {len(micros)}; "
+                f"K={k} needs {k} each"
             )
         if not self.is_nonnegative():
             return "a negative counter"
@@ -151,7 +196,28 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
             return "a position with more tokens accepted than verified"
         if not self.num_accepted_tokens <= self.num_draft_tokens <= k * self.num_drafts:
             return "not accepted <= draft tokens <= K * drafts"
+        if reached[0] != self.num_drafts:
+            return "reached_per_pos[0] != num_drafts"
+        if any(not a <= r <= v for a, r, v in zip(per_pos, reached, verified, strict=True)):
+            return "not accepted <= reached <= verified at a position"
+        if any(reached[i + 1] > per_pos[i] for i in range(k - 1)):
+            return "more drafts reached a position than had the one before it accepted"
+        if any(m > CONFIDENCE_SCALE * r for m, r in zip(micros, reached, strict=True)):
+            return "confidence_micros_per_pos above 1e6 * reached_per_pos"
         return None
+
+
+def confidence_micros(confidence: Sequence[float], num_draft_tokens: int) -> list[int]:
+    """Each of a draft's ``num_draft_tokens`` confidences as round(c * 1e6); ``ValueError`` unless there are
+    that many, each a finite number in [0, 1]."""
+    if len(confidence) != num_draft_tokens:
+        raise ValueError(
+            f"{len(confidence)} confidences for a draft of {num_draft_tokens} verified tokens: give one per "
+            "verified token"
+        )
+    if not all(math.isfinite(c) and 0.0 <= c <= 1.0 for c in confidence):
+        raise ValueError(f"confidences must be finite numbers in [0, 1], got {list(confidence)}")
+    return [round(c * CONFIDENCE_SCALE) for c in confidence]
 
 
 def _bin_minus(counts: list[int], base: list[int]) -> list[int]:

@@ -21,7 +21,7 @@ from openinfer.protocol.counters import MAX_SPEC_TOKENS, PrefixCacheCounters, Sp
 __all__ = ["MAX_SPEC_TOKENS", "PrefixCacheCounters", "SpecDecodeCounters"]  # re-exported: messages carry them
 
 # Bumped on any incompatible change to a message below; the hello carries it.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]

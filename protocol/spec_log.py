@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from openinfer.protocol.counters import MAX_SPEC_TOKENS, SpecDecodeCounters
+from openinfer.protocol.counters import CONFIDENCE_SCALE, MAX_SPEC_TOKENS, SpecDecodeCounters
 
 
 class SpecLogLine(msgspec.Struct):
@@ -13,6 +13,8 @@ class SpecLogLine(msgspec.Struct):
 
     A line with ``num_draft_tokens`` >= 1 is a draft; one with ``num_draft_tokens`` 0 is a round whose
     ``num_proposed_tokens`` the scheduler left out entirely (no draft; only the unverified count moves).
+    ``confidence_micros`` holds the drafter's confidence in each verified token as round(c * 1e6), exactly
+    the integers the engine counted (empty from a drafter without a confidence head).
     Readers allow more fields than these.
     """
 
@@ -29,6 +31,8 @@ class SpecLogLine(msgspec.Struct):
     # P: the tokens the drafter proposed, V of them verified. None in logs of releases before it was
     # written (every proposal was verified whole then: P = V).
     num_proposed_tokens: int | None = None
+    # round(c_i * 1e6) for each of the V verified tokens, or empty (no confidence head; older releases).
+    confidence_micros: list[int] = []
 
     @property
     def num_proposed(self) -> int:
@@ -41,7 +45,9 @@ class SpecLogLine(msgspec.Struct):
         if self.num_draft_tokens == 0:
             counters.observe_unverified(num_unverified)
         else:
-            counters.observe_draft(self.num_draft_tokens, self.num_accepted, num_unverified)
+            # m / 1e6 is the double nearest it, so observe_draft's round(c * 1e6) gives m back exactly.
+            confidence = [m / CONFIDENCE_SCALE for m in self.confidence_micros] or None
+            counters.observe_draft(self.num_draft_tokens, self.num_accepted, num_unverified, confidence)
 
 
 _DECODER = msgspec.json.Decoder(SpecLogLine)
@@ -61,4 +67,9 @@ def parse_spec_log_line(line: str | bytes) -> SpecLogLine:
         raise ValueError(f"impossible draft: {accepted} accepted of {drafted} tokens with K={k}")
     if not drafted <= proposed <= k or proposed < 1:
         raise ValueError(f"impossible round: {drafted} tokens verified of {proposed} proposed with K={k}")
+    micros = draft.confidence_micros
+    if micros and (len(micros) != drafted or not all(0 <= m <= CONFIDENCE_SCALE for m in micros)):
+        raise ValueError(
+            f"impossible confidences: {micros} for {drafted} verified tokens (one each, in 0..{CONFIDENCE_SCALE})"
+        )
     return draft

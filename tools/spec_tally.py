@@ -31,6 +31,8 @@ ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 ACCEPTED_LENGTH = "openinfer:spec_decode_accepted_length_total"
 DRAFT_TOKENS_PER_POS = "openinfer:spec_decode_num_draft_tokens_per_pos_total"
 UNVERIFIED_TOKENS = "openinfer:spec_decode_num_unverified_draft_tokens_total"
+REACHED_PER_POS = "openinfer:spec_decode_num_reached_per_pos_total"
+CONFIDENCE_MICROS_PER_POS = "openinfer:spec_decode_confidence_micros_per_pos_total"
 SPEC_DECODE_SAMPLES = (
     DRAFTS,
     DRAFT_TOKENS,
@@ -39,6 +41,8 @@ SPEC_DECODE_SAMPLES = (
     ACCEPTED_LENGTH,
     DRAFT_TOKENS_PER_POS,
     UNVERIFIED_TOKENS,
+    REACHED_PER_POS,
+    CONFIDENCE_MICROS_PER_POS,
 )
 
 
@@ -175,6 +179,15 @@ def tally_metrics(text: str) -> dict[int, AcceptanceTally]:
                 tally.draft_per_pos[position] += value
             elif sample.name == UNVERIFIED_TOKENS:
                 tally.num_unverified_tokens += value
+            elif sample.name in (REACHED_PER_POS, CONFIDENCE_MICROS_PER_POS):
+                position = _index_label(sample.name, sample.labels, "position")
+                tally.grow(num_reached_pos=position + 1)
+                bins = (
+                    tally.reached_per_pos
+                    if sample.name == REACHED_PER_POS
+                    else tally.confidence_micros_per_pos
+                )
+                bins[position] += value
             else:
                 accepted = _index_label(sample.name, sample.labels, "accepted")
                 tally.grow(num_hist=accepted + 1)

@@ -6,10 +6,12 @@
         [--engines-url http://HOST:PORT/admin/engines] [--since UNIX_TIME] [--json OUT]
 
 Per engine and summed over engines it compares drafts, draft tokens, accepted tokens, the per-position
-accepted counts, the accepted-length histogram, the per-position verified counts and the unverified draft
+accepted counts, the accepted-length histogram, the per-position verified counts, the unverified draft
 tokens (rounds whose verify length the scheduler cut: a log line names the tokens proposed and verified),
-and prints the acceptance table (a "metrics = logs" column where they agree, a column each and the
-differing rows marked where not), with each position's conditional acceptance (accepted / verified). On
+and the per-position reached counts and confidence sums (a line names its drafts' confidences as the
+integers counted), and prints the acceptance table (a "metrics = logs" column where they agree, a column
+each and the differing rows marked where not), with each position's conditional acceptance (accepted /
+verified) and the confidence head's calibration (mean confidence beside accepted / reached). On
 the same server lifetime the two are equal (DESIGN.md, verification log). With ``--engines-url`` (the admin key from
 ``$OPENINFER_ADMIN_API_KEY``, else ``$OPENINFER_API_KEY``) only the lines the frontend counted are compared,
 exactly, whenever engines were killed: each line names the seq of the snapshot that carries it, the frontend
@@ -30,6 +32,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from openinfer.protocol.counters import CONFIDENCE_SCALE
 from openinfer.tools.delivered import Delivered, fetch_delivered
 from openinfer.tools.spec_tally import (
     AcceptanceTally,
@@ -119,27 +122,42 @@ def _rows(tally: AcceptanceTally, other: AcceptanceTally) -> list[tuple[str, str
         num_pos=max(len(tally.per_pos), len(other.per_pos)),
         num_hist=max(len(tally.hist), len(other.hist)),
         num_draft_pos=max(_num_pos(tally), _num_pos(other)),
+        num_reached_pos=max(len(tally.reached_per_pos), len(other.reached_per_pos)),
     )
 
 
 def _num_pos(tally: AcceptanceTally) -> int:
-    """The positions either per-position tally has."""
-    return max(len(tally.per_pos), len(tally.draft_per_pos))
+    """The positions any per-position tally has."""
+    return max(
+        len(tally.per_pos),
+        len(tally.draft_per_pos),
+        len(tally.reached_per_pos),
+        len(tally.confidence_micros_per_pos),
+    )
 
 
 def acceptance_rows(
-    tally: AcceptanceTally, *, k: int, num_pos: int, num_hist: int | None, num_draft_pos: int = 0
+    tally: AcceptanceTally,
+    *,
+    k: int,
+    num_pos: int,
+    num_hist: int | None,
+    num_draft_pos: int = 0,
+    num_reached_pos: int = 0,
 ) -> list[tuple[str, str]]:
     """(label, value) rows of the seed's acceptance table: counts, rates, ``hist[0..]`` and per-position rates;
     with ``num_draft_pos`` > 0, also the unverified draft tokens and that many positions' conditional rates
-    (accepted / verified at the position: what the drafter's token there is worth when it is checked).
+    (accepted / verified at the position: what the drafter's token there is worth when it is checked); with
+    ``num_reached_pos`` > 0, that many positions' confidence calibration: the confidence head's mean rating
+    beside the measured acceptance of the drafts that reached the position (verified, every token before it
+    accepted), with the counts they come from.
 
     ``k`` is the full-K bin; ``num_pos``, ``num_hist`` and ``num_draft_pos`` the bins shown (padded with
     zeros). ``num_hist`` None: the source has no accepted-length histogram (vLLM exports none), so
     zero-accept, full-K and the ``hist[0..k]`` rows say "n/a". ``num_draft_pos`` 0: it has no per-position
     verified counts (vLLM), so no such rows.
     """
-    bins = tally.bins(max(num_pos, num_draft_pos), num_hist or 0)
+    bins = tally.bins(max(num_pos, num_draft_pos, num_reached_pos), num_hist or 0)
     drafts = tally.num_drafts
     rows = [
         ("rounds (drafts)", str(drafts)),
@@ -167,6 +185,17 @@ def acceptance_rows(
         accepted, verified = bins[f"per_pos[{i}]"], bins[f"draft_per_pos[{i}]"]
         rate = _number(accepted / verified if verified else math.nan)
         rows.append((f"conditional rate[{i}]", f"{rate} ({accepted}/{verified})"))
+    for i in range(num_reached_pos):
+        accepted, reached = bins[f"per_pos[{i}]"], bins[f"reached_per_pos[{i}]"]
+        micros = bins[f"confidence_micros_per_pos[{i}]"]
+        confidence = _number(micros / CONFIDENCE_SCALE / reached if reached else math.nan)
+        measured = _number(accepted / reached if reached else math.nan)
+        rows.append(
+            (
+                f"calibration[{i}]",
+                f"confidence {confidence}, accepted {measured} ({micros}/1e6, {accepted} of {reached} reached)",
+            )
+        )
     return rows
 
 

@@ -3,7 +3,7 @@ log."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -255,19 +255,28 @@ class SpecDecoder:
         )
 
     def observe(
-        self, request: Request, num_draft_tokens: int, num_accepted: int, num_proposed: int | None = None
+        self,
+        request: Request,
+        num_draft_tokens: int,
+        num_accepted: int,
+        num_proposed: int | None = None,
+        confidence: Sequence[float] | None = None,
     ) -> None:
         """Count one verified draft in the engine counters, the request's stats and the spec log:
         ``num_draft_tokens`` (V >= 1) verified, ``num_accepted`` of them accepted, of ``num_proposed`` (P)
-        the drafter proposed; None: all of them were verified (P = V, every drafter today). The P - V tokens
-        left out count as unverified, never as rejected."""
+        the drafter proposed; None: all of them were verified (P = V). The P - V tokens left out count as
+        unverified, never as rejected. ``confidence``: the confidence head's c_i for each of the V verified
+        tokens (in [0, 1]), None from a drafter without one. ``ValueError`` before anything moves when the
+        draft or its confidences cannot be."""
         proposed = num_draft_tokens if num_proposed is None else num_proposed
         num_unverified = proposed - num_draft_tokens
-        self.counters.observe_draft(num_draft_tokens, num_accepted, num_unverified)
-        self._request_counters(request).observe_draft(num_draft_tokens, num_accepted, num_unverified)
+        self.counters.observe_draft(num_draft_tokens, num_accepted, num_unverified, confidence)
+        self._request_counters(request).observe_draft(
+            num_draft_tokens, num_accepted, num_unverified, confidence
+        )
         if self._log is not None:
             self._log.write(
-                request.request_id, self.num_spec_tokens, num_draft_tokens, num_accepted, proposed
+                request.request_id, self.num_spec_tokens, num_draft_tokens, num_accepted, proposed, confidence
             )
 
     def observe_unverified(self, request: Request, num_proposed: int) -> None:

@@ -2,7 +2,10 @@
 
 A line holds a round's verified count (``num_draft_tokens``, V) and proposed count (``num_proposed_tokens``,
 P >= V); a round the scheduler verified none of (V = 0, P >= 1) has its line too, so that the unverified
-tokens reconcile with ``openinfer:spec_decode_num_unverified_draft_tokens_total``.
+tokens reconcile with ``openinfer:spec_decode_num_unverified_draft_tokens_total``. A draft from a drafter
+with a confidence head (DSpark) also holds each verified token's confidence as the integer the counters
+added (``confidence_micros``: round(c * 1e6)), so the log rebuilds
+``openinfer:spec_decode_confidence_micros_per_pos_total`` exactly.
 
 Each line names ``seq``: the seq of the first message the engine sends after writing it, which is the first
 load snapshot whose counters hold that draft (every message carries the cumulative counters). A reader that
@@ -15,10 +18,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
+from openinfer.protocol.counters import confidence_micros
 from openinfer.protocol.spec_log import SpecLogLine
 from openinfer.tools.private_file import APPEND, READ, open_private
 
@@ -60,9 +65,11 @@ class SpecLog:
         num_draft_tokens: int,
         num_accepted: int,
         num_proposed_tokens: int | None = None,
+        confidence: Sequence[float] | None = None,
     ) -> None:
         """One round: ``num_draft_tokens`` verified (0: none), ``num_accepted`` of them accepted, of
-        ``num_proposed_tokens`` proposed (None: all of them were verified)."""
+        ``num_proposed_tokens`` proposed (None: all of them were verified); ``confidence``: the verified
+        tokens' confidences (None without a confidence head), written as the integers the counters add."""
         line = SpecLogLine(
             time.time(),
             self._engine_index,
@@ -73,6 +80,7 @@ class SpecLog:
             num_accepted,
             self.next_seq,
             num_draft_tokens if num_proposed_tokens is None else num_proposed_tokens,
+            [] if confidence is None else confidence_micros(confidence, num_draft_tokens),
         )
         self._pending.append(self._encoder.encode(line) + b"\n")
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from openinfer.protocol import SpecDecodeCounters
+from openinfer.protocol.counters import CONFIDENCE_SCALE
 from openinfer.protocol.spec_log import SpecLogLine
 
 
@@ -21,9 +22,11 @@ class AcceptanceTally:
     """Drafts counted bin by bin, as the engine counters count them (DESIGN.md, counter semantics).
 
     ``per_pos[i]``: drafts whose token at position i was accepted (a prefix tally); ``hist[n]``: drafts with
-    n tokens accepted; ``draft_per_pos[i]``: drafts whose token at position i was verified. They grow as
-    needed; missing bins are 0 (a source without per-position verified counts, vLLM's /metrics, leaves
-    ``draft_per_pos`` empty). ``num_spec_tokens`` is the largest K seen.
+    n tokens accepted; ``draft_per_pos[i]``: drafts whose token at position i was verified;
+    ``reached_per_pos[i]``: drafts whose token at position i was verified with every token before it
+    accepted; ``confidence_micros_per_pos[i]``: a confidence head's ratings of those tokens, summed in
+    millionths. They grow as needed; missing bins are 0 (a source without them, vLLM's /metrics, leaves
+    them empty). ``num_spec_tokens`` is the largest K seen.
     """
 
     num_drafts: int = 0
@@ -34,6 +37,8 @@ class AcceptanceTally:
     num_spec_tokens: int = 0
     draft_per_pos: list[int] = field(default_factory=list)
     num_unverified_tokens: int = 0  # proposed, never verified
+    reached_per_pos: list[int] = field(default_factory=list)
+    confidence_micros_per_pos: list[int] = field(default_factory=list)
 
     def add_round(self, line: SpecLogLine) -> None:
         """Count one spec-log round (a draft, or a proposal verified not at all): through the
@@ -55,15 +60,21 @@ class AcceptanceTally:
                 counters.num_spec_tokens,
                 counters.num_draft_tokens_per_pos,
                 counters.num_unverified_draft_tokens,
+                counters.num_reached_per_pos,
+                counters.confidence_micros_per_pos,
             )
         )
 
-    def grow(self, num_pos: int = 0, num_hist: int = 0, num_draft_pos: int = 0) -> None:
-        """At least ``num_pos`` accepted and ``num_draft_pos`` verified position bins, and ``num_hist``
-        histogram bins (new ones 0)."""
+    def grow(
+        self, num_pos: int = 0, num_hist: int = 0, num_draft_pos: int = 0, num_reached_pos: int = 0
+    ) -> None:
+        """At least ``num_pos`` accepted, ``num_draft_pos`` verified and ``num_reached_pos`` reached (and
+        confidence) position bins, and ``num_hist`` histogram bins (new ones 0)."""
         _grow(self.per_pos, num_pos)
         _grow(self.hist, num_hist)
         _grow(self.draft_per_pos, num_draft_pos)
+        _grow(self.reached_per_pos, num_reached_pos)
+        _grow(self.confidence_micros_per_pos, num_reached_pos)
 
     def add(self, other: AcceptanceTally) -> None:
         """Add another tally (another engine) to this one."""
@@ -75,6 +86,8 @@ class AcceptanceTally:
         _add_bins(self.hist, other.hist)
         _add_bins(self.draft_per_pos, other.draft_per_pos)
         self.num_unverified_tokens += other.num_unverified_tokens
+        _add_bins(self.reached_per_pos, other.reached_per_pos)
+        _add_bins(self.confidence_micros_per_pos, other.confidence_micros_per_pos)
 
     def minus(self, base: AcceptanceTally) -> AcceptanceTally:
         """Bin-wise ``self - base`` (two scrapes of one server: the counts in between)."""
@@ -87,6 +100,8 @@ class AcceptanceTally:
             max(self.num_spec_tokens, base.num_spec_tokens),
             _bin_minus(self.draft_per_pos, base.draft_per_pos),
             self.num_unverified_tokens - base.num_unverified_tokens,
+            _bin_minus(self.reached_per_pos, base.reached_per_pos),
+            _bin_minus(self.confidence_micros_per_pos, base.confidence_micros_per_pos),
         )
 
     def bins(self, num_pos: int = 0, num_hist: int = 0) -> dict[str, int]:
@@ -104,6 +119,11 @@ class AcceptanceTally:
             bins[f"hist[{n}]"] = count
         for i, count in enumerate(_padded(self.draft_per_pos, max(num_pos, len(self.draft_per_pos)))):
             bins[f"draft_per_pos[{i}]"] = count
+        for i, count in enumerate(_padded(self.reached_per_pos, max(num_pos, len(self.reached_per_pos)))):
+            bins[f"reached_per_pos[{i}]"] = count
+        micros = self.confidence_micros_per_pos
+        for i, count in enumerate(_padded(micros, max(num_pos, len(micros)))):
+            bins[f"confidence_micros_per_pos[{i}]"] = count
         return bins
 
     # Derived values (NaN without drafts).
@@ -145,6 +165,21 @@ class AcceptanceTally:
         verified = _padded(self.draft_per_pos, len(accepted))
         return [a / v if v else math.nan for a, v in zip(accepted, verified, strict=True)]
 
+    def reached_rates(self) -> list[float]:
+        """Per position: drafts with it accepted / drafts that reached it (verified, every token before it
+        accepted): the measured conditional acceptance a confidence head estimates (NaN where none
+        reached)."""
+        size = max(len(self.per_pos), len(self.reached_per_pos))
+        accepted, reached = _padded(self.per_pos, size), _padded(self.reached_per_pos, size)
+        return [a / r if r else math.nan for a, r in zip(accepted, reached, strict=True)]
+
+    def mean_confidences(self) -> list[float]:
+        """Per position: the confidence head's mean rating over the drafts that reached it (NaN where none
+        reached; 0 from a drafter without a confidence head). Beside :meth:`reached_rates`: its calibration."""
+        size = max(len(self.confidence_micros_per_pos), len(self.reached_per_pos))
+        micros, reached = _padded(self.confidence_micros_per_pos, size), _padded(self.reached_per_pos, size)
+        return [m / CONFIDENCE_SCALE / r if r else math.nan for m, r in zip(micros, reached, strict=True)]
+
     def to_json(self) -> dict[str, object]:
         return {
             "num_spec_tokens": self.num_spec_tokens,
@@ -155,6 +190,8 @@ class AcceptanceTally:
             "accepted_length_hist": list(self.hist),
             "draft_tokens_per_pos": list(self.draft_per_pos),
             "num_unverified_draft_tokens": self.num_unverified_tokens,
+            "reached_per_pos": list(self.reached_per_pos),
+            "confidence_micros_per_pos": list(self.confidence_micros_per_pos),
         }
 
 

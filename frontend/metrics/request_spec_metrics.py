@@ -14,7 +14,7 @@ class PerRequestSpecMetrics(enum.Enum):
 
     OFF = "off"
     SUMMARY = "summary"  # counts (unverified tokens too), mean acceptance length, acceptance rate, histogram
-    DETAILED = "detailed"  # the summary plus per-position counts: accepted, and verified
+    DETAILED = "detailed"  # the summary plus per-position counts: accepted, verified, reached, confidence
 
     def response_metrics(self, stats: SpecDecodeCounters | None) -> dict[str, Any] | None:
         """The top-level ``"metrics"`` object of a final response, or None when there is none to add."""
@@ -39,4 +39,8 @@ class PerRequestSpecMetrics(enum.Enum):
             speculative["acceptance_per_position"] = list(tally.per_pos)
             # drafts whose token at each position was verified: the conditional rate's denominator
             speculative["draft_tokens_per_position"] = list(tally.draft_per_pos)
+            # drafts that reached each position (verified, every token before it accepted) and a confidence
+            # head's ratings of those tokens summed in millionths: its calibration, exactly
+            speculative["reached_per_position"] = list(tally.reached_per_pos)
+            speculative["confidence_micros_per_position"] = list(tally.confidence_micros_per_pos)
         return {"speculative_decoding": speculative}

@@ -32,6 +32,10 @@ Exported series, one per (model_name, engine[, position | accepted]), never an "
   position was verified: with variable verify lengths, the per-position denominator)
 - ``openinfer:spec_decode_num_unverified_draft_tokens_total`` (proposed, left out by the scheduler; never
   counted as draft tokens, so never as rejected)
+- ``openinfer:spec_decode_num_reached_per_pos_total{position="0".."K-1"}`` (drafts whose token at the
+  position was verified with every token before it accepted: the conditional acceptance's denominator)
+- ``openinfer:spec_decode_confidence_micros_per_pos_total{position="0".."K-1"}`` (a confidence head's
+  ratings of those same tokens, summed in millionths: integers, so exact and diffable; 0 without one)
 - ``openinfer:spec_decode_counter_resets_total{engine,reason="restart"|"new_k"|"drafter_loaded"}``
 
 Derived rates, for dashboards (sum over engines first; drop the ``sum`` for one engine):
@@ -64,6 +68,15 @@ Derived rates, for dashboards (sum over engines first; drop the ``sum`` for one 
     sum(rate(openinfer:spec_decode_num_unverified_draft_tokens_total[5m]))
       / (sum(rate(openinfer:spec_decode_num_unverified_draft_tokens_total[5m]))
          + sum(rate(vllm:spec_decode_num_draft_tokens_total[5m])))
+
+- the confidence head's calibration (DSpark), per position: its mean confidence and the measured
+  conditional acceptance (accepted given every token before it accepted) over the same drafts; a
+  calibrated head has the two equal::
+
+    sum by (position) (rate(openinfer:spec_decode_confidence_micros_per_pos_total[5m])) / 1e6
+      / sum by (position) (rate(openinfer:spec_decode_num_reached_per_pos_total[5m]))
+    sum by (position) (rate(vllm:spec_decode_num_accepted_tokens_per_pos_total[5m]))
+      / sum by (position) (rate(openinfer:spec_decode_num_reached_per_pos_total[5m]))
 
 - share of drafts with ``n`` tokens accepted::
 
@@ -124,6 +137,17 @@ class SpecDecodeMetrics:
             "Draft tokens proposed but never verified (the scheduler verified fewer); never counted as rejected.",
             _MODEL_ENGINE,
         )
+        self.num_reached_per_pos = totals.counter(
+            "openinfer:spec_decode_num_reached_per_pos",
+            "Drafts whose token at this position (0..K-1) was verified with every token before it accepted.",
+            (*_MODEL_ENGINE, "position"),
+        )
+        self.confidence_micros_per_pos = totals.counter(
+            "openinfer:spec_decode_confidence_micros_per_pos",
+            "A confidence head's ratings (millionths) of the draft tokens counted in "
+            "openinfer:spec_decode_num_reached_per_pos_total, summed; 0 without a confidence head.",
+            (*_MODEL_ENGINE, "position"),
+        )
         self.counter_resets = totals.counter(
             "openinfer:spec_decode_counter_resets",
             "Times an engine's spec-decode counters began again at zero: restart, new K, drafter loaded.",
@@ -138,9 +162,9 @@ class SpecDecodeMetrics:
         """Take baselines saved with the totals they were published into: a known incarnation goes on from
         its saved counters (nothing lost, nothing counted twice); a new one counts from zero.
 
-        A baseline saved by a release before the per-position verified counts (its counters lack them) is
-        of an engine incarnation of that release, which this one refuses (protocol version): only its
-        incarnation is kept, so that the index's next incarnation counts from zero as a restart.
+        A baseline saved by a release before the per-position verified or reached counts (its counters lack
+        them) is of an engine incarnation of that release, which this one refuses (protocol version): only
+        its incarnation is kept, so that the index's next incarnation counts from zero as a restart.
         """
         self._baselines.restore({index: _without_old_counters(baseline) for index, baseline in saved.items()})
 
@@ -184,6 +208,10 @@ class SpecDecodeMetrics:
         for position, count in enumerate(delta.num_draft_tokens_per_pos):
             self.num_draft_tokens_per_pos.inc((model_name, engine, str(position)), count)
         self.num_unverified_draft_tokens.inc((model_name, engine), delta.num_unverified_draft_tokens)
+        for position, count in enumerate(delta.num_reached_per_pos):
+            self.num_reached_per_pos.inc((model_name, engine, str(position)), count)
+        for position, count in enumerate(delta.confidence_micros_per_pos):
+            self.confidence_micros_per_pos.inc((model_name, engine, str(position)), count)
 
     def _create_series(self, model_name: str, engine_index: int, num_spec_tokens: int) -> None:
         """Export an engine's series at 0 from the moment they exist, so rate() sees their first increase."""
@@ -191,8 +219,9 @@ class SpecDecodeMetrics:
 
 
 def _without_old_counters(baseline: SavedBaseline[SpecDecodeCounters]) -> SavedBaseline[SpecDecodeCounters]:
-    """The baseline, or only its incarnation when its counters predate ``num_draft_tokens_per_pos``."""
+    """The baseline, or only its incarnation when its counters predate ``num_draft_tokens_per_pos`` (protocol
+    version 3) or ``num_reached_per_pos`` (version 4)."""
     counters = baseline.counters
-    if counters is not None and not counters.num_draft_tokens_per_pos:
+    if counters is not None and not (counters.num_draft_tokens_per_pos and counters.num_reached_per_pos):
         return SavedBaseline(baseline.incarnation, None)
     return baseline

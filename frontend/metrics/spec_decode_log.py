@@ -65,10 +65,14 @@ class SpecDecodeLogger:
         rates = ", ".join(f"{a / d:.3f}" for a, d in zip(tally.per_pos, self.drafts_per_pos, strict=True))
         varied = ""  # vLLM's form ends before it
         if tally.draft_per_pos != self.drafts_per_pos or tally.num_unverified_tokens:
-            conditional = ", ".join("-" if math.isnan(r) else f"{r:.3f}" for r in tally.conditional_rates())
             varied = (
-                f", Per-position conditional acceptance rate: {conditional}, "
+                f", Per-position conditional acceptance rate: {_rates(tally.conditional_rates())}, "
                 f"Unverified: {tally.num_unverified_tokens} tokens"
+            )
+        if any(tally.confidence_micros_per_pos):  # a confidence head rated the drafts: its calibration
+            varied += (
+                f", Per-position mean confidence: {_rates(tally.mean_confidences())}, "
+                f"Per-position reached acceptance rate: {_rates(tally.reached_rates())}"
             )
         logger.info(
             "SpecDecoding metrics: "
@@ -88,3 +92,7 @@ class SpecDecodeLogger:
             100 * tally.acceptance_rate,  # every draft has at least one token, so drafted > 0
             varied,
         )
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join("-" if math.isnan(r) else f"{r:.3f}" for r in rates)

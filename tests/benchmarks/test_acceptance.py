@@ -15,7 +15,8 @@ from openinfer.tools.spec_tally import AcceptanceTally, tally_metrics
 
 def exposition(engine: str, drafts: int, per_pos: list[int], hist: list[int] | None) -> str:
     """One engine's spec-decode series as a server exports them (hist None: vLLM, which has no histogram nor
-    the per-position verified and unverified counts; openinfer's say here that every draft was verified whole)."""
+    the per-position verified, reached and unverified counts; openinfer's say here that every draft was
+    verified whole, without confidences)."""
     labels = f'engine="{engine}",model_name="m"'
     accepted = sum(per_pos)
     lines = [
@@ -37,6 +38,15 @@ def exposition(engine: str, drafts: int, per_pos: list[int], hist: list[int] | N
             for i in range(len(per_pos))
         ]
         lines.append(f"openinfer:spec_decode_num_unverified_draft_tokens_total{{{labels}}} 0.0")
+        reached = [drafts, *per_pos[:-1]]  # verified whole: position i is reached when i - 1 was accepted
+        lines += [
+            f'openinfer:spec_decode_num_reached_per_pos_total{{{labels},position="{i}"}} {n}.0'
+            for i, n in enumerate(reached)
+        ]
+        lines += [
+            f'openinfer:spec_decode_confidence_micros_per_pos_total{{{labels},position="{i}"}} 0.0'
+            for i in range(len(per_pos))
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +165,8 @@ def test_report_json_has_summed_and_per_engine_tallies() -> None:
     """--json carries the summed tally, each engine's and the derived rates."""
     after = exposition("0", 2, [1, 0], [1, 1, 0]) + exposition("1", 2, [2, 1], [0, 1, 1])
     report = AcceptanceReport(snapshot(""), snapshot(after)).to_json()
-    assert report["all"] == AcceptanceTally(4, 8, 4, [3, 1], [1, 2, 1], 2, [4, 4], 0).to_json()
+    assert (
+        report["all"] == AcceptanceTally(4, 8, 4, [3, 1], [1, 2, 1], 2, [4, 4], 0, [4, 3], [0, 0]).to_json()
+    )
     assert report["acceptance_rate"] == 4 / 8 and report["per_pos_rates"] == [0.75, 0.25]
     assert set(report["engines"]) == {"0", "1"}  # type: ignore[arg-type]

@@ -59,7 +59,7 @@ async def run_load(frontends: list[tuple[LiveFrontend, int]]) -> None:
 def spec_series(prometheus: Prometheus, at: float | None = None) -> list[dict]:
     return prometheus.query(
         '{__name__=~"vllm:spec_decode_.+_total|openinfer:spec_decode_(accepted_length|num_draft_tokens_per_pos|'
-        'num_unverified_draft_tokens)_total"}[5m]',
+        'num_unverified_draft_tokens|num_reached_per_pos|confidence_micros_per_pos)_total"}[5m]',
         at,
     )
 
@@ -140,6 +140,8 @@ RATED_BINS = {
     "accepted_length": "hist[{accepted}]",
     "num_draft_tokens_per_pos": "draft_per_pos[{position}]",
     "num_unverified_draft_tokens": "unverified_tokens",
+    "num_reached_per_pos": "reached_per_pos[{position}]",
+    "confidence_micros_per_pos": "confidence_micros_per_pos[{position}]",
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.protocol import LoadSnapshot, PrefixCacheCounters
+from openinfer.protocol import LoadSnapshot, PrefixCacheCounters, SpecDecodeCounters
 from tests.deploy.dashboard_queries import (
     DASHBOARD,
     dashboard_exprs,
@@ -68,7 +68,7 @@ def test_dashboard_shape() -> None:
     titles = " ".join(p["title"] for p in panels).lower()
     for topic in ("acceptance rate", "mean acceptance length", "per-position", "accepted-length", "drafts"):
         assert topic in titles, topic
-    for topic in ("conditional acceptance rate", "unverified"):
+    for topic in ("conditional acceptance rate", "unverified", "dspark confidence calibration"):
         assert topic in titles, topic
     for topic in ("time to first token", "inter-token", "running and waiting", "kv cache"):
         assert topic in titles, topic
@@ -92,6 +92,35 @@ def test_prefix_cache_rules_and_panels_read_exported_series() -> None:
     assert len(exprs) == 5
     for expr in exprs:
         assert metric_names(expr) <= recorded, expr
+
+
+def test_calibration_panels_plot_confidence_beside_measured_acceptance() -> None:
+    """The "DSpark confidence calibration" panels plot, per position, the recorded mean confidence and the
+    measured acceptance of the same drafts (fleet: the engines with a confidence head; per engine), and
+    those rules read the reached and confidence counters a frontend exports."""
+    panels = {p["title"]: p for p in json.loads(DASHBOARD.read_text())["panels"]}
+    fleet = [t["expr"] for t in panels["DSpark confidence calibration"]["targets"]]
+    per_engine = [t["expr"] for t in panels["DSpark confidence calibration per engine"]["targets"]]
+    assert [metric_names(e) for e in fleet] == [
+        {"model_name:spec_decode_mean_confidence:ratio_rate1m"},
+        {"model_name:spec_decode_rated_reached_acceptance_rate:ratio_rate1m"},
+    ]
+    assert [metric_names(e) for e in per_engine] == [
+        {"engine:spec_decode_mean_confidence:ratio_rate1m"},
+        {"engine:spec_decode_reached_acceptance_rate:ratio_rate1m"},
+    ]
+    recorded = recorded_names()
+    assert all(metric_names(e) <= recorded for e in fleet + per_engine)
+    (group,) = [g for g in rule_groups() if g["name"] == "openinfer-spec-decode"]
+    sources = set().union(*(metric_names(rule["expr"]) for rule in group["rules"])) - recorded
+    assert {
+        "openinfer:spec_decode_num_reached_per_pos_total",
+        "openinfer:spec_decode_confidence_micros_per_pos_total",
+    } <= sources
+    metrics = FrontendMetrics()
+    metrics.observe_load(0, 1, "m", LoadSnapshot(0, 1, 0, 0, SpecDecodeCounters.zero(2)))
+    exported = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][\w:]*)", metrics.render().decode(), re.M)}
+    assert sources <= exported
 
 
 def test_provisioning_matches_compose() -> None:

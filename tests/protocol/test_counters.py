@@ -1,13 +1,17 @@
 """SpecDecodeCounters: the prefix tally, the histogram, the verified and unverified counts of variable verify
-lengths and DESIGN.md's invariants on any observations; and PrefixCacheCounters."""
+lengths, the reached counts and confidence sums of a confidence head, and DESIGN.md's invariants on any
+observations; and PrefixCacheCounters."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from openinfer.protocol import MAX_SPEC_TOKENS, PrefixCacheCounters, SpecDecodeCounters
+from openinfer.protocol.counters import CONFIDENCE_SCALE
 
 
 def test_prefix_tally_example() -> None:
@@ -20,6 +24,8 @@ def test_prefix_tally_example() -> None:
     assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (3, 9, 3)
     assert c.num_draft_tokens_per_pos == [3, 3, 3]  # every draft verified whole
     assert c.num_unverified_draft_tokens == 0
+    assert c.num_reached_per_pos == [3, 2, 1]  # tokens 0..accepted: [1, 1, 1] + [1, 1, 0] + [1, 0, 0]
+    assert c.confidence_micros_per_pos == [0, 0, 0]  # no confidence head
 
 
 def test_trimmed_draft_counts_verified_tokens_only() -> None:
@@ -36,6 +42,8 @@ def test_trimmed_draft_counts_verified_tokens_only() -> None:
         accepted_length_hist=[0, 1, 0, 0, 0],
         num_draft_tokens_per_pos=[1, 1, 0, 0],
         num_unverified_draft_tokens=2,
+        num_reached_per_pos=[1, 1, 0, 0],  # token 0 accepted, token 1 rejected
+        confidence_micros_per_pos=[0, 0, 0, 0],
     )
     assert c.violation() is None
 
@@ -54,6 +62,8 @@ def test_rounds_of_varying_verify_lengths() -> None:
     assert c.num_accepted_tokens_per_pos == [2, 1, 1, 1]
     assert c.accepted_length_hist == [1, 1, 0, 0, 1]
     assert c.num_unverified_draft_tokens == 7
+    # reached: (4, 4) all four; (3, 1) tokens 0 and 1; (1, 0) token 0 only
+    assert c.num_reached_per_pos == [3, 2, 1, 1]
     assert c.violation() is None
 
 
@@ -61,9 +71,61 @@ def test_a_round_verifying_nothing_is_no_draft() -> None:
     """observe_unverified(3) at K=4 moves only the unverified count; the delta it makes is not zero."""
     c = SpecDecodeCounters.zero(4)
     c.observe_unverified(3)
-    assert c == SpecDecodeCounters(4, 0, 0, 0, [0] * 4, [0] * 5, [0] * 4, num_unverified_draft_tokens=3)
+    assert c == SpecDecodeCounters(4, 0, 0, 0, [0] * 4, [0] * 5, [0] * 4, 3, [0] * 4, [0] * 4)
     assert c.violation() is None
     assert not c.minus(SpecDecodeCounters.zero(4)).is_zero() and c.minus(c).is_zero()
+
+
+def test_confidences_sum_over_the_positions_reached() -> None:
+    """K=4, three drafts with confidences: each adds round(c * 1e6) at the positions it reached (verified,
+    everything before accepted), never past its first rejected token or its V; reached[i] moves for each.
+
+    (V=4, accepted=4, c=[.9, .8, .7, .6]): all four; (V=3 of P=4, accepted=1, c=[.95, .5, .25]): tokens 0
+    and 1, the .25 of token 2 is never reached (token 1 was rejected); (V=2, accepted=2, c=[.3, 1.0]): tokens
+    0 and 1 (no token 2 was verified)."""
+    c = SpecDecodeCounters.zero(4)
+    c.observe_draft(4, 4, confidence=[0.9, 0.8, 0.7, 0.6])
+    c.observe_draft(3, 1, num_unverified=1, confidence=[0.95, 0.5, 0.25])
+    c.observe_draft(2, 2, confidence=[0.3, 1.0])
+    assert c.num_reached_per_pos == [3, 3, 1, 1]
+    assert c.confidence_micros_per_pos == [2_150_000, 2_300_000, 700_000, 600_000]
+    assert c.num_accepted_tokens_per_pos == [3, 2, 1, 1]
+    assert c.num_draft_tokens_per_pos == [3, 3, 2, 1]
+    assert c.violation() is None
+    # mean confidence against measured conditional acceptance, position 1: 2.3 / 3 against 2 / 3
+    assert c.confidence_micros_per_pos[1] / CONFIDENCE_SCALE / c.num_reached_per_pos[1] == pytest.approx(
+        2.3 / 3
+    )
+
+
+def test_confidences_round_to_micros() -> None:
+    """Each confidence is counted as the nearest integer millionth: 0.1234567 -> 123457, 1e-7 -> 0."""
+    c = SpecDecodeCounters.zero(2)
+    c.observe_draft(2, 1, confidence=[0.1234567, 1e-7])
+    assert c.confidence_micros_per_pos == [123_457, 0]
+
+
+def test_a_draft_without_confidences_moves_reached_only() -> None:
+    """A drafter without a confidence head: reached counts as ever, the confidence sums stay 0."""
+    c = SpecDecodeCounters.zero(3)
+    c.observe_draft(3, 1, confidence=[0.5, 0.5, 0.5])
+    c.observe_draft(2, 0)
+    assert c.num_reached_per_pos == [2, 1, 0]
+    assert c.confidence_micros_per_pos == [500_000, 500_000, 0]  # the first draft's only
+
+
+@pytest.mark.parametrize(
+    "confidence",
+    [[0.5], [0.5, 0.5, 0.5], [0.5, 1.5], [-0.1, 0.5], [0.5, math.nan], [math.inf, 0.5]],
+    ids=["too-few", "too-many", "above-1", "negative", "nan", "inf"],
+)
+def test_impossible_confidences_are_refused(confidence: list[float]) -> None:
+    """A draft of V=2 takes exactly two finite confidences in [0, 1]; anything else is refused and nothing
+    moves."""
+    c = SpecDecodeCounters.zero(3)
+    with pytest.raises(ValueError, match="confidence"):
+        c.observe_draft(2, 1, confidence=confidence)
+    assert c == SpecDecodeCounters.zero(3)
 
 
 @st.composite
@@ -74,31 +136,39 @@ def observations(draw: st.DrawFn) -> tuple[int, list[tuple[int, int, int]]]:
     rounds = []
     for p in proposed:
         v = draw(st.integers(0, p))
-        rounds.append((p, v, draw(st.integers(0, v))))
+        confidence = draw(st.none() | st.lists(st.floats(0.0, 1.0), min_size=v, max_size=v))
+        rounds.append((p, v, draw(st.integers(0, v)), confidence))
     return k, rounds
 
 
+Rounds = list[tuple[int, int, int, list[float] | None]]
+
+
 @given(observations())
-def test_invariants_hold_on_any_observations(case: tuple[int, list[tuple[int, int, int]]]) -> None:
+def test_invariants_hold_on_any_observations(case: tuple[int, Rounds]) -> None:
     """After every round (observe_draft, or observe_unverified when V = 0) the counters hold DESIGN.md's
     invariants and only went up; at the end each count is the plain sum over the rounds."""
     k, rounds = case
     c = SpecDecodeCounters.zero(k)
-    for proposed, verified, accepted in rounds:
+    for proposed, verified, accepted, confidence in rounds:
         before = c.copy()
         if verified:
-            c.observe_draft(verified, accepted, num_unverified=proposed - verified)
+            c.observe_draft(verified, accepted, num_unverified=proposed - verified, confidence=confidence)
         else:
             c.observe_unverified(proposed)
         assert c.violation() is None
         assert c.minus(before).is_nonnegative()  # monotonic
         assert c.minus(before).violation() is None  # a delta holds them too
-    drafts = [(v, a) for _, v, a in rounds if v]
+    drafts = [(v, a, conf) for _, v, a, conf in rounds if v]
     assert c.num_drafts == len(drafts)
-    assert c.num_draft_tokens == sum(v for v, _ in drafts)
-    assert c.num_accepted_tokens == sum(a for _, a in drafts)
-    assert c.num_draft_tokens_per_pos == [sum(v > i for v, _ in drafts) for i in range(k)]
-    assert c.num_unverified_draft_tokens == sum(p - v for p, v, _ in rounds)
+    assert c.num_draft_tokens == sum(v for v, _, _ in drafts)
+    assert c.num_accepted_tokens == sum(a for _, a, _ in drafts)
+    assert c.num_draft_tokens_per_pos == [sum(v > i for v, _, _ in drafts) for i in range(k)]
+    assert c.num_unverified_draft_tokens == sum(p - v for p, v, _, _ in rounds)
+    assert c.num_reached_per_pos == [sum(v > i and a >= i for v, a, _ in drafts) for i in range(k)]
+    assert c.confidence_micros_per_pos == [
+        sum(round(conf[i] * 1e6) for v, a, conf in drafts if conf and v > i and a >= i) for i in range(k)
+    ]
 
 
 @pytest.mark.parametrize(("k", "drafted", "accepted"), [(3, 4, 0), (3, 2, 3), (3, 0, 0), (3, 2, -1)])

@@ -30,6 +30,8 @@ from openinfer.protocol import (
     engine_identity,
 )
 
+Z3 = [0, 0, 0]
+
 
 def make_load(spec: SpecDecodeCounters | None = None) -> LoadSnapshot:
     return LoadSnapshot(
@@ -83,7 +85,12 @@ OUTPUTS = [
             EngineCoreOutput("r2", [6], FinishReason("stop", stop_token_id=6)),
             EngineCoreOutput("r3", [], FinishReason("error", message="the prompt is empty")),
         ],
-        make_load(SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 2], 1)),
+        # drafts of 3 accepting 1 and 2 (reaching positions 0-1 and 0-2), rated 0.9, 0.6 and 0.9, 0.5, 0.4
+        make_load(
+            SpecDecodeCounters(
+                3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 2], 1, [2, 2, 1], [1_800_000, 1_100_000, 400_000]
+            )
+        ),
     ),
     EngineCoreOutputs(
         0,
@@ -95,7 +102,18 @@ OUTPUTS = [
                 "r4",
                 [1, 2, 3],
                 FinishReason("length"),
-                spec_stats=SpecDecodeCounters(3, 2, 5, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 1], 1),
+                spec_stats=SpecDecodeCounters(
+                    3,
+                    2,
+                    5,
+                    3,
+                    [2, 1, 0],
+                    [0, 1, 1, 0],
+                    [2, 2, 1],
+                    1,
+                    [2, 2, 1],
+                    [1_700_000, 900_000, 300_000],
+                ),
             ),
         ],
         make_load(),
@@ -210,19 +228,55 @@ def test_engine_identity_is_unique_per_incarnation() -> None:
 @pytest.mark.parametrize(
     "counters",
     [
-        SpecDecodeCounters(3, 1, 3, 2, [1, 2, 0], [0, 0, 1, 0], [1, 1, 1]),  # per_pos increases
-        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 1, 0, 0], [1, 1, 1]),  # hist says 1 accepted, per_pos 2
-        SpecDecodeCounters(3, 1, 4, 0, [0, 0, 0], [1, 0, 0, 0], [1, 1, 1]),  # 4 draft tokens > K * drafts
-        SpecDecodeCounters(33, 0, 0, 0, [0] * 33, [0] * 34, [0] * 33),  # K past MAX_SPEC_TOKENS
-        SpecDecodeCounters(3, 0, 0, 0, [0, 0], [0, 0, 0, 0], [0, 0, 0]),  # per_pos too short
-        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 0, 1, 0]),  # an older release's: no verified per pos
-        SpecDecodeCounters(3, 1, 2, 0, [0, 0, 0], [1, 0, 0, 0], [1, 0, 1]),  # verified per pos increases
-        SpecDecodeCounters(3, 2, 3, 0, [0, 0, 0], [2, 0, 0, 0], [1, 1, 1]),  # verified[0] != drafts
-        SpecDecodeCounters(3, 1, 2, 0, [0, 0, 0], [1, 0, 0, 0], [1, 0, 0]),  # sum(verified) != draft tokens
         SpecDecodeCounters(
-            3, 2, 3, 3, [1, 1, 1], [1, 0, 0, 1], [2, 1, 0]
+            3, 1, 3, 2, [1, 2, 0], [0, 0, 1, 0], [1, 1, 1], 0, [1, 1, 1], Z3
+        ),  # per_pos increases
+        SpecDecodeCounters(
+            3, 1, 3, 2, [1, 1, 0], [0, 1, 0, 0], [1, 1, 1], 0, [1, 1, 1], Z3
+        ),  # hist: 1, per_pos: 2
+        SpecDecodeCounters(
+            3, 1, 4, 0, [0, 0, 0], [1, 0, 0, 0], [1, 1, 1], 0, [1, 0, 0], Z3
+        ),  # 4 tokens > K * 1
+        SpecDecodeCounters(33, 0, 0, 0, [0] * 33, [0] * 34, [0] * 33, 0, [0] * 33, [0] * 33),  # K past 32
+        SpecDecodeCounters(3, 0, 0, 0, [0, 0], [0, 0, 0, 0], [0, 0, 0], 0, Z3, Z3),  # per_pos too short
+        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 0, 1, 0]),  # protocol version 2's: no verified per pos
+        SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [0, 0, 1, 0], [1, 1, 1], 0),  # version 3's: no reached
+        SpecDecodeCounters(
+            3, 1, 2, 0, [0, 0, 0], [1, 0, 0, 0], [1, 0, 1], 0, [1, 0, 0], Z3
+        ),  # verified increases
+        SpecDecodeCounters(
+            3, 2, 3, 0, [0, 0, 0], [2, 0, 0, 0], [1, 1, 1], 0, [2, 0, 0], Z3
+        ),  # verified[0] != 2
+        SpecDecodeCounters(
+            3, 1, 2, 0, [0, 0, 0], [1, 0, 0, 0], [1, 0, 0], 0, [1, 0, 0], Z3
+        ),  # sum(verified) != 2
+        SpecDecodeCounters(
+            3, 2, 3, 3, [1, 1, 1], [1, 0, 0, 1], [2, 1, 0], 0, [2, 1, 1], Z3
         ),  # position 2 accepted, not verified
-        SpecDecodeCounters(3, 0, 0, 0, [0, 0, 0], [0, 0, 0, 0], [0, 0, 0], -1),  # negative unverified
+        SpecDecodeCounters(3, 0, 0, 0, Z3, [0, 0, 0, 0], Z3, -1, Z3, Z3),  # negative unverified
+        # one draft of 3 tokens, 1 accepted, reaches [1, 1, 0]:
+        SpecDecodeCounters(3, 1, 3, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 1], 0, [1, 1], [0, 0]),  # too short
+        SpecDecodeCounters(
+            3, 1, 3, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 1], 0, [2, 1, 0], Z3
+        ),  # reached[0] != 1
+        SpecDecodeCounters(
+            3, 1, 3, 2, [1, 1, 0], [0, 0, 1, 0], [1, 1, 1], 0, [1, 0, 0], Z3
+        ),  # 1 accepted, unreached
+        SpecDecodeCounters(
+            3, 1, 3, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 1], 0, [1, 1, 1], Z3
+        ),  # 2 after 1 rejected
+        SpecDecodeCounters(
+            3, 1, 2, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 0], 0, [1, 1, 1], Z3
+        ),  # 2 never verified
+        SpecDecodeCounters(
+            3, 1, 3, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 1], 0, [1, 1, 0], [1_000_001, 0, 0]
+        ),  # a confidence above 1
+        SpecDecodeCounters(
+            3, 1, 3, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 1], 0, [1, 1, 0], [500_000, 500_000, 1]
+        ),  # a confidence where no draft reached
+        SpecDecodeCounters(
+            3, 1, 3, 1, [1, 0, 0], [0, 1, 0, 0], [1, 1, 1], 0, [1, 1, 0], [500_000, -1, 0]
+        ),  # a negative confidence sum
     ],
 )
 def test_impossible_counters_are_protocol_errors(counters: SpecDecodeCounters) -> None:
@@ -241,7 +295,7 @@ def test_impossible_request_stats_are_protocol_errors() -> None:
         "r",
         [1],
         FinishReason("length"),
-        spec_stats=SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [1, 0, 0, 0], [1, 1, 1]),
+        spec_stats=SpecDecodeCounters(3, 1, 3, 2, [1, 1, 0], [1, 0, 0, 0], [1, 1, 1], 0, [1, 1, 1], Z3),
     )
     with pytest.raises(ProtocolError):
         codec.decode(codec.encode(EngineCoreOutputs(0, 1, 1, 1.0, [bad], make_load())))

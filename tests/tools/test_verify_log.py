@@ -1,5 +1,5 @@
-"""openinfer-verify-log: /metrics against spec logs, bin by bin, per engine and summed (variable verify lengths
-and rounds verifying nothing included)."""
+"""openinfer-verify-log: /metrics against spec logs, bin by bin, per engine and summed (variable verify lengths,
+rounds verifying nothing and a confidence head's ratings included)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ DRAFTS = [
     (0, 3, 3, 3, 3), (0, 3, 3, 0, 3), (0, 3, 2, 1, 3), (0, 3, 3, 1, 3), (0, 3, 0, 0, 2),
     (1, 2, 2, 2, 2), (1, 2, 1, 0, 1),
 ]  # fmt: skip
+# Engine 0's drafter rates its verified drafts (a confidence head), by index in DRAFTS; engine 1's does not.
+CONFIDENCE = {0: [0.9, 0.8, 0.7], 1: [0.4, 0.3, 0.2], 2: [0.95, 0.5], 3: [0.61, 0.25, 0.125]}
 
 
 def metrics_text() -> str:
@@ -32,9 +34,9 @@ def metrics_text() -> str:
     for engine, k in ((0, 3), (1, 2)):
         counters = SpecDecodeCounters.zero(k)
         metrics.observe_load(engine, 1, "tiny", LoadSnapshot(0, 8, 0, 0, counters.copy()))
-        for e, _, verified, accepted, proposed in DRAFTS:
+        for i, (e, _, verified, accepted, proposed) in enumerate(DRAFTS):
             if e == engine and verified:
-                counters.observe_draft(verified, accepted, num_unverified=proposed - verified)
+                counters.observe_draft(verified, accepted, proposed - verified, CONFIDENCE.get(i))
             elif e == engine:
                 counters.observe_unverified(proposed)
         metrics.observe_load(engine, 1, "tiny", LoadSnapshot(0, 8, 0, 0, counters))
@@ -49,20 +51,29 @@ def log_line(
     num_accepted: int,
     num_proposed_tokens: int | None = None,
     seq: int = 0,
+    confidence_micros: list[int] | None = None,
 ) -> str:
     """One engine spec-log line, as ``openinfer-engine --spec-log`` writes it (carried by message ``seq``);
-    without ``num_proposed_tokens`` as a release before it wrote one."""
+    without ``num_proposed_tokens`` or ``confidence_micros`` as a release before it wrote them."""
     line = {
         "time": 1.0 + i, "engine_index": engine, "incarnation": "00000000000000ab", "request_id": f"r{i}",
         "num_spec_tokens": k, "num_draft_tokens": num_draft_tokens, "num_accepted": num_accepted, "seq": seq,
     }  # fmt: skip
     if num_proposed_tokens is not None:
         line["num_proposed_tokens"] = num_proposed_tokens
+    if confidence_micros is not None:
+        line["confidence_micros"] = confidence_micros
     return json.dumps(line)
 
 
+def micros(i: int) -> list[int] | None:
+    """DRAFTS[i]'s confidences as its spec-log line holds them."""
+    return [round(c * 1e6) for c in CONFIDENCE[i]] if i in CONFIDENCE else None
+
+
 def spec_log(path: Path, extra: str = "") -> Path:
-    lines = [log_line(i, *draft, seq=i + 1) for i, draft in enumerate(DRAFTS)]  # seqs 1..7, after the hello
+    # seqs 1..7, after the hello
+    lines = [log_line(i, *draft, seq=i + 1, confidence_micros=micros(i)) for i, draft in enumerate(DRAFTS)]
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
 
@@ -149,6 +160,11 @@ def test_equal_exits_0_and_prints_the_table(
         "conditional rate[0]      0.750 (3/4)",
         "conditional rate[1]      0.250 (1/4)",
         "conditional rate[2]      0.333 (1/3)",
+        # reached: (3, 3) all, (3, 0) token 0, (2, 1) and (3, 1) tokens 0 and 1 -> [4, 3, 1]; confidences
+        # summed there: .9 + .4 + .95 + .61, .8 + .5 + .25, .7
+        "calibration[0]           confidence 0.715, accepted 0.750 (2860000/1e6, 3 of 4 reached)",
+        "calibration[1]           confidence 0.517, accepted 0.333 (1550000/1e6, 1 of 3 reached)",
+        "calibration[2]           confidence 0.700, accepted 1.000 (700000/1e6, 1 of 1 reached)",
     ]
     assert "engine 1" in out and "all engines" in out
     assert "OK: /metrics equals the spec logs bin by bin (6 drafts, 2 engine(s))" in out
@@ -156,6 +172,8 @@ def test_equal_exits_0_and_prints_the_table(
     assert written["equal"] is True and written["sections"]["all"]["logs"]["num_drafts"] == 6
     assert written["sections"]["all"]["logs"]["draft_tokens_per_pos"] == [6, 5, 3]
     assert written["sections"]["all"]["logs"]["num_unverified_draft_tokens"] == 3
+    assert written["sections"]["all"]["logs"]["reached_per_pos"] == [6, 4, 1]  # engine 1's add [2, 1]
+    assert written["sections"]["all"]["logs"]["confidence_micros_per_pos"] == [2_860_000, 1_550_000, 700_000]
 
 
 def test_one_bin_difference_exits_1_naming_it(
@@ -184,6 +202,10 @@ def test_one_bin_difference_exits_1_naming_it(
          "draft_per_pos[2]"),
         ('openinfer:spec_decode_num_unverified_draft_tokens_total{engine="0",model_name="tiny"} 3.0',
          "unverified_tokens"),
+        ('openinfer:spec_decode_num_reached_per_pos_total{engine="0",model_name="tiny",position="1"} 3.0',
+         "reached_per_pos[1]"),
+        ('openinfer:spec_decode_confidence_micros_per_pos_total{engine="0",model_name="tiny",position="2"} '
+         "700000.0", "confidence_micros_per_pos[2]"),
     ],
 )  # fmt: skip
 def test_a_verify_length_bin_difference_exits_1(
@@ -193,15 +215,19 @@ def test_a_verify_length_bin_difference_exits_1(
     sample: str,
     bin_name: str,
 ) -> None:
-    """A verified per-position count or the unverified count off by one in /metrics: exit 1, that bin named."""
+    """A verified or reached per-position count, the unverified count or a confidence sum off by one in
+    /metrics: exit 1, that bin named."""
     server, url = served
     assert sample in metrics_text()
-    server.text = metrics_text().replace(sample, sample.replace("3.0", "4.0"))
+    name, value = sample.rsplit(" ", 1)
+    count = round(float(value))
+    server.text = metrics_text().replace(sample, f"{name} {count + 1}.0")
     assert run("--metrics-url", url, "--spec-log", str(spec_log(tmp_path / "e.jsonl"))) == 1
     differs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("differs:")]
+    engine_1 = {"reached_per_pos[1]": 1}.get(bin_name, 0)  # engine 1's share of the summed bin
     assert differs == [
-        f"differs: engine 0: {bin_name}: metrics 4, logs 3",
-        f"differs: all engines: {bin_name}: metrics 4, logs 3",
+        f"differs: engine 0: {bin_name}: metrics {count + 1}, logs {count}",
+        f"differs: all engines: {bin_name}: metrics {count + 1 + engine_1}, logs {count + engine_1}",
     ]
 
 
@@ -237,10 +263,14 @@ def test_tallies_add_and_subtract_bin_by_bin() -> None:
     logs = SpecLogTally()
     for i, draft in enumerate(DRAFTS):
         logs.add_line(log_line(i, *draft), f"line {i + 1}")
-    assert logs.engines[1] == AcceptanceTally(2, 3, 2, [1, 1], [1, 0, 1], 2, [2, 1], 0)
-    assert logs.engines[0] == AcceptanceTally(4, 11, 5, [3, 1, 1], [1, 2, 0, 1], 3, [4, 4, 3], 3)
-    later = AcceptanceTally(5, 14, 8, [4, 2, 2], [1, 2, 0, 2], 3, [5, 5, 4], 5)
-    assert later.minus(logs.engines[0]) == AcceptanceTally(1, 3, 3, [1, 1, 1], [0, 0, 0, 1], 3, [1, 1, 1], 2)
+    assert logs.engines[1] == AcceptanceTally(2, 3, 2, [1, 1], [1, 0, 1], 2, [2, 1], 0, [2, 1], [0, 0])
+    assert logs.engines[0] == AcceptanceTally(
+        4, 11, 5, [3, 1, 1], [1, 2, 0, 1], 3, [4, 4, 3], 3, [4, 3, 1], [0, 0, 0]
+    )  # fmt: skip  (no confidences in these lines)
+    later = AcceptanceTally(5, 14, 8, [4, 2, 2], [1, 2, 0, 2], 3, [5, 5, 4], 5, [5, 4, 2], [900, 800, 700])
+    assert later.minus(logs.engines[0]) == AcceptanceTally(
+        1, 3, 3, [1, 1, 1], [0, 0, 0, 1], 3, [1, 1, 1], 2, [1, 1, 1], [900, 800, 700]
+    )
 
 
 def test_unsent_tail_and_earlier_drafts_are_reported_apart(

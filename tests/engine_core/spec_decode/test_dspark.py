@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -238,8 +239,11 @@ def bigram_dspark(folder: Path, successors: dict[int, int], head_type: MarkovHea
     save_file(weights, path)
 
 
-def expected_counters(rounds: list[Round], k: int) -> SpecDecodeCounters:
-    """The counters DESIGN.md gives for these rounds, written out field by field (not through observe_*)."""
+def expected_counters(
+    rounds: list[Round], k: int, confidence_micros_per_pos: list[int] | None = None
+) -> SpecDecodeCounters:
+    """The counters DESIGN.md gives for these rounds, written out field by field (not through observe_*);
+    the confidence sums (the reference's rounds hold no confidences) as given, else zero."""
     drafts = [r for r in rounds if r.verified]
     return SpecDecodeCounters(
         num_spec_tokens=k,
@@ -250,7 +254,20 @@ def expected_counters(rounds: list[Round], k: int) -> SpecDecodeCounters:
         accepted_length_hist=[sum(r.accepted == n for r in drafts) for n in range(k + 1)],
         num_draft_tokens_per_pos=[sum(r.verified > i for r in drafts) for i in range(k)],
         num_unverified_draft_tokens=sum(r.proposed - r.verified for r in rounds),
+        # reached: position i verified with tokens 0..i-1 accepted
+        num_reached_per_pos=[sum(r.verified > i and r.accepted >= i for r in drafts) for i in range(k)],
+        confidence_micros_per_pos=confidence_micros_per_pos or [0] * k,
     )
+
+
+def logged_confidence_micros(lines: list[dict[str, Any]], k: int) -> list[int]:
+    """Per position, the spec log's confidence micros summed over the drafts that reached it."""
+    sums = [0] * k
+    for x in lines:
+        reached = min(x["num_accepted"] + 1, x["num_draft_tokens"])
+        for i, micros in enumerate(x.get("confidence_micros", [])[:reached]):
+            sums[i] += micros
+    return sums
 
 
 @pytest.mark.parametrize(
@@ -304,7 +321,7 @@ def test_rounds_match_deepspec_loop(
         ]
         assert mine == run.rounds, f"request {i}"
     assert core.spec is not None
-    assert core.spec.counters == expected_counters(rounds, k)
+    assert core.spec.counters == expected_counters(rounds, k, logged_confidence_micros(lines, k))
     assert core.spec.counters.violation() is None
 
 

@@ -224,13 +224,41 @@ def test_trimmed_and_unverified_rounds_are_counted_and_logged(target: Path, tmp_
     spec.observe(request, 2, 1, num_proposed=4)
     spec.observe_unverified(request, 3)
     core.spec_log.flush()
-    expected = SpecDecodeCounters(4, 1, 2, 1, [1, 0, 0, 0], [0, 1, 0, 0, 0], [1, 1, 0, 0], 5)
+    # reached [1, 1, 0, 0]: token 0 accepted, token 1 rejected; no confidences given
+    expected = SpecDecodeCounters(
+        4, 1, 2, 1, [1, 0, 0, 0], [0, 1, 0, 0, 0], [1, 1, 0, 0], 5, [1, 1, 0, 0], [0, 0, 0, 0]
+    )
     assert spec.counters == expected and request.spec_stats == expected
     lines = read_log(log)
     assert [(x["num_draft_tokens"], x["num_accepted"], x["num_proposed_tokens"]) for x in lines] == [
         (2, 1, 4),
         (0, 0, 3),
     ]
+    assert spec_log_counters(lines, 4) == expected
+
+
+def test_confidences_are_counted_and_logged(target: Path, tmp_path: Path) -> None:
+    """SpecDecoder.observe carries a confidence head's ratings of the verified drafts to the engine counters,
+    the request's stats and the spec log: K=4, a round of 3 verified (of 4) rated [0.8, 0.6, 0.3] with 1
+    accepted adds 0.8 and 0.6 at the positions it reached (0, 1); the log rebuilds the counters exactly.
+    Confidences of the wrong length are refused before anything moves."""
+    log = tmp_path / "spec.jsonl"
+    core = make_core(target, fake_model=True, speculative=DrafterSpec("ngram", 4), spec_log=log)
+    core.add_request(EngineCoreRequest("a", [5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0)))
+    request, spec = core.requests["a"], core.spec
+    assert spec is not None and core.spec_log is not None
+    with pytest.raises(ValueError, match="confidences"):
+        spec.observe(request, 3, 1, num_proposed=4, confidence=[0.8, 0.6])
+    assert spec.counters == SpecDecodeCounters.zero(4) and request.spec_stats is None
+    spec.observe(request, 3, 1, num_proposed=4, confidence=[0.8, 0.6, 0.3])
+    spec.observe(request, 2, 2)  # a round without confidences: reached moves, the sums do not
+    core.spec_log.flush()
+    expected = SpecDecodeCounters(
+        4, 2, 5, 3, [2, 1, 0, 0], [0, 1, 1, 0, 0], [2, 2, 1, 0], 1, [2, 2, 0, 0], [800_000, 600_000, 0, 0]
+    )
+    assert spec.counters == expected and request.spec_stats == expected
+    lines = read_log(log)
+    assert [x["confidence_micros"] for x in lines] == [[800_000, 600_000, 300_000], []]
     assert spec_log_counters(lines, 4) == expected
 
 

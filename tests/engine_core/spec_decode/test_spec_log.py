@@ -1,5 +1,6 @@
 """--spec-log: files are private (the incarnation each line names is what a stranger needs to pose as the
-engine); a line per round with its verified and proposed counts, read back into the engine's counters."""
+engine); a line per round with its verified and proposed counts and its confidences, read back into the
+engine's counters."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.protocol import SpecDecodeCounters
+from openinfer.protocol.counters import CONFIDENCE_SCALE
 from openinfer.protocol.spec_log import parse_spec_log_line
 
 
@@ -133,3 +135,51 @@ def test_lines_of_a_release_without_proposed_counts_read_as_whole_drafts() -> No
         '"num_spec_tokens": 4, "num_draft_tokens": 3, "num_accepted": 1, "seq": 2}'
     )
     assert (line.num_proposed_tokens, line.num_proposed) == (None, 3)
+    assert line.confidence_micros == []  # nor confidences: the draft adds to reached only
+
+
+def test_lines_carry_the_confidences_as_counted(tmp_path: Path) -> None:
+    """A draft with confidences names them as the integers the counters add (round(c * 1e6)), a draft
+    without them an empty list; replayed, the lines make the engine's counters, confidence sums included."""
+    path = tmp_path / "spec.jsonl"
+    log = SpecLog(path, 0, 0xABC)
+    log.write("r1", 4, 3, 1, num_proposed_tokens=4, confidence=[0.9, 0.4000004, 0.2])
+    log.write("r2", 4, 2, 2)
+    log.write("r3", 4, 4, 4, confidence=[1.0, 0.75, 0.5, 0.0])
+    log.close()
+    lines = [parse_spec_log_line(line) for line in path.read_bytes().splitlines()]
+    assert [x.confidence_micros for x in lines] == [
+        [900_000, 400_000, 200_000],
+        [],
+        [1_000_000, 750_000, 500_000, 0],
+    ]
+    replayed = SpecDecodeCounters.zero(4)
+    for line in lines:
+        line.observe_into(replayed)
+    engine = SpecDecodeCounters.zero(4)
+    engine.observe_draft(3, 1, num_unverified=1, confidence=[0.9, 0.4000004, 0.2])
+    engine.observe_draft(2, 2)
+    engine.observe_draft(4, 4, confidence=[1.0, 0.75, 0.5, 0.0])
+    assert replayed == engine
+    # reached: tokens 0-1 of r1 (token 1 rejected), 0-1 of r2 (V = 2), all of r3
+    assert replayed.num_reached_per_pos == [3, 3, 1, 1]
+    assert replayed.confidence_micros_per_pos == [1_900_000, 1_150_000, 500_000, 0]
+
+
+def test_every_micro_round_trips_through_a_line() -> None:
+    """For every m in 0..1e6, a line's m replays as the confidence m / 1e6 that observe_draft counts as m
+    again: the log rebuilds the counters exactly, whatever the confidence."""
+    assert all(round(m / CONFIDENCE_SCALE * CONFIDENCE_SCALE) == m for m in range(CONFIDENCE_SCALE + 1))
+
+
+@pytest.mark.parametrize(
+    ("micros", "message"),
+    [([500_000], "for 2 verified tokens"), ([1, 2, 3], "for 2 verified"), ([1_000_001, 0], "in 0..1000000"),
+     ([-1, 0], "in 0..1000000")],
+)  # fmt: skip
+def test_impossible_confidences_in_a_line_are_refused(micros: list[int], message: str) -> None:
+    """A line's confidences are one per verified token, each 0..1e6: otherwise ValueError."""
+    line = {"time": 1.0, "engine_index": 0, "incarnation": "0000000000000abc", "request_id": "r",
+            "num_spec_tokens": 4, "num_draft_tokens": 2, "num_accepted": 1, "confidence_micros": micros}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        parse_spec_log_line(json.dumps(line))

@@ -9,10 +9,13 @@ from tests.frontend.frontends import FrontendFactory, PeerFactory
 from tests.frontend.openai.http_calls import post, stream
 
 # K=3, 4 drafts verifying 2, 3, 3 and 3 tokens with 0, 1, 2 and 3 accepted: 6 of 11 draft tokens accepted;
-# the first was trimmed from 3 proposed, so 1 token went unverified.
+# the first was trimmed from 3 proposed, so 1 token went unverified. They reach positions [0], [0, 1],
+# [0, 1, 2] and [0, 1, 2], rated [.9], [.8, .6], [.7, .7, .3] and [.95, .9, .85] there.
 STATS = SpecDecodeCounters(3, num_drafts=4, num_draft_tokens=11, num_accepted_tokens=6,
                            num_accepted_tokens_per_pos=[3, 2, 1], accepted_length_hist=[1, 1, 1, 1],
-                           num_draft_tokens_per_pos=[4, 4, 3], num_unverified_draft_tokens=1)  # fmt: skip
+                           num_draft_tokens_per_pos=[4, 4, 3], num_unverified_draft_tokens=1,
+                           num_reached_per_pos=[4, 3, 2],
+                           confidence_micros_per_pos=[3_350_000, 2_200_000, 1_150_000])  # fmt: skip
 SUMMARY = {
     "num_spec_tokens": 3,
     "num_spec_steps": 4,
@@ -40,7 +43,7 @@ async def test_detailed_on_the_last_stream_chunk(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
     """detailed, streaming: only the chunk with finish_reason has "metrics", with per-position counts of
-    accepted and of verified draft tokens."""
+    accepted, verified and reached draft tokens and the confidence sums."""
     frontend = await start_frontend(per_request_spec_metrics=PerRequestSpecMetrics.DETAILED)
     await start_peer(frontend, PeerConfig(spec_stats=STATS))
     body = {"prompt": [50, 60, 70], "max_tokens": 3, "stream_options": {"include_usage": True}}
@@ -56,6 +59,8 @@ async def test_detailed_on_the_last_stream_chunk(
             **SUMMARY,
             "acceptance_per_position": [3, 2, 1],
             "draft_tokens_per_position": [4, 4, 3],
+            "reached_per_position": [4, 3, 2],
+            "confidence_micros_per_position": [3_350_000, 2_200_000, 1_150_000],
         }
     }
 
@@ -85,4 +90,5 @@ def test_no_drafts_mean_length_one_and_rate_zero() -> None:
         "num_spec_tokens": 2, "num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0,
         "mean_acceptance_length": 1.0, "draft_acceptance_rate": 0.0, "acceptance_histogram": [0, 0, 0],
         "num_unverified_draft_tokens": 0, "acceptance_per_position": [0, 0], "draft_tokens_per_position": [0, 0],
+        "reached_per_position": [0, 0], "confidence_micros_per_position": [0, 0],
     }}  # fmt: skip

@@ -36,21 +36,25 @@ def spec_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
 
 async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, start_peer: PeerFactory) -> None:
     """Baselines, idle, unverified rounds alone, coalescing, trimmed drafts, unload/reload, new K, restart and
-    a decrease: exact /metrics values, the verified per-position and unverified counts included."""
+    a decrease: exact /metrics values, the verified and reached per-position counts, the unverified count and
+    the confidence sums included."""
     # A never-seen engine: its hello already holds 2 drafts, which an earlier frontend exported.
     peer = await start_peer(frontend, PeerConfig(spec=counters(3, (3, 2), (3, 0))))
     text = await scrape(frontend)
     assert tally_metrics(text) == {
-        0: AcceptanceTally(0, 0, 0, [0, 0, 0], [0, 0, 0, 0], 3, [0, 0, 0], 0)
+        0: AcceptanceTally(0, 0, 0, [0, 0, 0], [0, 0, 0, 0], 3, [0, 0, 0], 0, [0, 0, 0], [0, 0, 0])
     }  # at 0
     assert sample(text, "vllm:spec_decode_num_drafts_total", model_name="tiny", engine="0") == 0.0
 
-    # Two drafts: 3 of 3 accepted, 1 of 2.
+    # Two drafts: 3 of 3 accepted (rated .9, .8, .7 by a confidence head), 1 of 2 (no ratings). Reached:
+    # [1, 1, 1] + [1, 1, 0] (token 1 rejected).
     assert peer.spec is not None
-    peer.spec.observe_draft(3, 3)
+    peer.spec.observe_draft(3, 3, confidence=[0.9, 0.8, 0.7])
     peer.spec.observe_draft(2, 1)
     await sync(frontend, peer)
-    expected = AcceptanceTally(2, 5, 4, [2, 1, 1], [0, 1, 0, 1], 3, [2, 2, 1], 0)  # verified: 3 + 2 tokens
+    expected = AcceptanceTally(
+        2, 5, 4, [2, 1, 1], [0, 1, 0, 1], 3, [2, 2, 1], 0, [2, 2, 1], [900_000, 800_000, 700_000]
+    )  # verified: 3 + 2 tokens
     assert tally_metrics(await scrape(frontend))[0] == expected
 
     # Idle: the same counters again and again publish nothing.
@@ -63,17 +67,19 @@ async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, star
     peer.spec.observe_unverified(2)
     await sync(frontend, peer)
     assert tally_metrics(await scrape(frontend))[0] == AcceptanceTally(
-        2, 5, 4, [2, 1, 1], [0, 1, 0, 1], 3, [2, 2, 1], 2
+        2, 5, 4, [2, 1, 1], [0, 1, 0, 1], 3, [2, 2, 1], 2, [2, 2, 1], [900_000, 800_000, 700_000]
     )
 
     # Resume with three drafts between two snapshots: (3,1) + (3,2) + (1,0) add [2, 1, 0] accepted and
-    # [3, 2, 2] verified per position; the last one was trimmed from 3 proposed: 2 more unverified.
+    # [3, 2, 2] verified per position; the last one was trimmed from 3 proposed: 2 more unverified. Reached
+    # [1, 1, 0] + [1, 1, 1] + [1, 0, 0]; the (3,2) draft rated .5, .25, .125.
     peer.spec.observe_draft(3, 1)
-    peer.spec.observe_draft(3, 2)
+    peer.spec.observe_draft(3, 2, confidence=[0.5, 0.25, 0.125])
     peer.spec.observe_draft(1, 0, num_unverified=2)
     await sync(frontend, peer)
+    micros = [1_400_000, 1_050_000, 825_000]
     assert tally_metrics(await scrape(frontend))[0] == AcceptanceTally(
-        5, 12, 7, [4, 2, 1], [1, 2, 1, 1], 3, [5, 4, 3], 4
+        5, 12, 7, [4, 2, 1], [1, 2, 1, 1], 3, [5, 4, 3], 4, [5, 4, 2], micros
     )
 
     # Drafter unloaded, then loaded with K=5: its counters count from zero; positions 3 and 4 appear.
@@ -83,7 +89,16 @@ async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, star
     await sync(frontend, peer)
     text = await scrape(frontend)
     assert tally_metrics(text)[0] == AcceptanceTally(
-        7, 21, 14, [6, 4, 2, 1, 1], [1, 2, 2, 1, 0, 1], 5, [7, 6, 5, 2, 1], 4
+        7,
+        21,
+        14,
+        [6, 4, 2, 1, 1],
+        [1, 2, 2, 1, 0, 1],
+        5,
+        [7, 6, 5, 2, 1],
+        4,
+        [7, 6, 4, 1, 1],
+        [*micros, 0, 0],
     )
     assert sample(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
                   model_name="tiny", engine="0", position="4") == 1.0  # fmt: skip
@@ -92,6 +107,10 @@ async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, star
     assert sample(text, per_pos_verified, model_name="tiny", engine="0", position="3") == 2.0
     assert sample(text, "openinfer:spec_decode_num_unverified_draft_tokens_total",
                   model_name="tiny", engine="0") == 4.0  # fmt: skip
+    assert sample(text, "openinfer:spec_decode_num_reached_per_pos_total",
+                  model_name="tiny", engine="0", position="2") == 4.0  # fmt: skip
+    assert sample(text, "openinfer:spec_decode_confidence_micros_per_pos_total",
+                  model_name="tiny", engine="0", position="2") == 825_000.0  # fmt: skip
     resets = "openinfer:spec_decode_counter_resets_total"
     assert sample(text, resets, engine="0", reason="drafter_loaded") == 1.0
 
@@ -100,19 +119,31 @@ async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, star
     await sync(frontend, peer)
     text = await scrape(frontend)
     assert tally_metrics(text)[0] == AcceptanceTally(
-        9, 25, 16, [7, 5, 2, 1, 1], [2, 2, 3, 1, 0, 1], 5, [9, 8, 5, 2, 1], 4
+        9,
+        25,
+        16,
+        [7, 5, 2, 1, 1],
+        [2, 2, 3, 1, 0, 1],
+        5,
+        [9, 8, 5, 2, 1],
+        4,
+        [9, 7, 4, 1, 1],
+        [*micros, 0, 0],
     )
     assert sample(text, resets, engine="0", reason="new_k") == 1.0
 
-    # A restart whose first hello already holds one draft: all of it is new; nothing goes down.
+    # A restart whose first hello already holds one draft (rated .6, .3): all of it is new; nothing goes
+    # down.
     before = spec_samples(text)
-    peer.spec = counters(2, (2, 1))
+    peer.spec = counters(2)
+    peer.spec.observe_draft(2, 1, confidence=[0.6, 0.3])
+    micros = [2_000_000, 1_350_000, 825_000, 0, 0]
     await peer.restart()
     await wait_until(lambda: frontend.client.registry.current(0, peer.incarnation) is not None)
     await sync(frontend, peer)
     text = await scrape(frontend)
     assert tally_metrics(text)[0] == AcceptanceTally(
-        10, 27, 17, [8, 5, 2, 1, 1], [2, 3, 3, 1, 0, 1], 5, [10, 9, 5, 2, 1], 4
+        10, 27, 17, [8, 5, 2, 1, 1], [2, 3, 3, 1, 0, 1], 5, [10, 9, 5, 2, 1], 4, [10, 8, 4, 1, 1], micros
     )
     after = spec_samples(text)
     assert all(after[key] >= value for key, value in before.items())
@@ -125,13 +156,13 @@ async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, star
     text = await scrape(frontend)
     assert sample(text, "openinfer:protocol_errors_total", kind="counter_decrease") == 1.0
     assert tally_metrics(text)[0] == AcceptanceTally(
-        10, 27, 17, [8, 5, 2, 1, 1], [2, 3, 3, 1, 0, 1], 5, [10, 9, 5, 2, 1], 4
+        10, 27, 17, [8, 5, 2, 1, 1], [2, 3, 3, 1, 0, 1], 5, [10, 9, 5, 2, 1], 4, [10, 8, 4, 1, 1], micros
     )
     peer.spec.observe_draft(2, 2)
     await sync(frontend, peer)
     text = await scrape(frontend)
     assert tally_metrics(text)[0] == AcceptanceTally(
-        11, 29, 19, [9, 6, 2, 1, 1], [2, 3, 4, 1, 0, 1], 5, [11, 10, 5, 2, 1], 4
+        11, 29, 19, [9, 6, 2, 1, 1], [2, 3, 4, 1, 0, 1], 5, [11, 10, 5, 2, 1], 4, [11, 9, 4, 1, 1], micros
     )
 
     # A second engine has series of its own; no series lacks an engine label.
@@ -141,7 +172,7 @@ async def test_bridge_publishes_exact_deltas_per_engine(frontend: Frontend, star
     await sync(frontend, other)
     text = await scrape(frontend)
     assert tally_metrics(text)[1] == AcceptanceTally(
-        1, 4, 4, [1, 1, 1, 1], [0, 0, 0, 0, 1], 4, [1, 1, 1, 1], 0
+        1, 4, 4, [1, 1, 1, 1], [0, 0, 0, 0, 1], 4, [1, 1, 1, 1], 0, [1, 1, 1, 1], [0, 0, 0, 0]
     )
     assert tally_metrics(text)[0].num_drafts == 11
     assert all(dict(labels).get("engine") in ("0", "1") for _, labels in spec_samples(text))
@@ -207,11 +238,37 @@ def test_spec_decoding_log_line_with_trimmed_drafts(caplog: pytest.LogCaptureFix
     ]
 
 
+def test_spec_decoding_log_line_with_confidences(caplog: pytest.LogCaptureFixture) -> None:
+    """Drafts a confidence head rated add its calibration to the line: per position, the mean confidence
+    and the acceptance of the drafts that reached it (verified, every token before it accepted)."""
+    metrics = FrontendMetrics()
+    spec = counters(3)
+    metrics.observe_load(0, 7, "tiny", LoadSnapshot(0, 8, 0, 0, spec.copy()))
+    metrics.spec_decode_log.log(now=100.0)
+    spec.observe_draft(3, 3, confidence=[0.9, 0.8, 0.7])
+    spec.observe_draft(3, 1, confidence=[0.7, 0.4, 0.1])  # reaches 0 and 1; the .1 is never counted
+    metrics.observe_load(0, 7, "tiny", LoadSnapshot(0, 8, 0, 0, spec.copy()))
+    with caplog.at_level(logging.INFO, logger="openinfer.frontend.spec_decode_log"):
+        metrics.spec_decode_log.log(now=102.0)
+    # reached [2, 2, 1], accepted [2, 1, 1]: mean confidence 1.6/2, 1.2/2, .7/1; reached acceptance 1, .5, 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "SpecDecoding metrics: Mean acceptance length: 3.00, Accepted throughput: 2.00 tokens/s, "
+        "Drafted throughput: 3.00 tokens/s, Accepted: 4 tokens, Drafted: 6 tokens, "
+        "Per-position acceptance rate: 1.000, 0.500, 0.500, Avg Draft acceptance rate: 66.7%, "
+        "Per-position mean confidence: 0.800, 0.600, 0.700, "
+        "Per-position reached acceptance rate: 1.000, 0.500, 1.000"
+    ]
+
+
 def test_impossible_delta_is_a_protocol_error() -> None:
     """Draft tokens that grow while drafts do not (both snapshots valid): "counter_delta", nothing out."""
     metrics = FrontendMetrics()
-    one_token = SpecDecodeCounters(2, 1, 1, 0, [0, 0], [1, 0, 0], [1, 0])  # 1 draft of 1 token, none accepted
-    two_tokens = SpecDecodeCounters(2, 1, 2, 0, [0, 0], [1, 0, 0], [1, 1])  # the same draft, now 2 tokens
+    one_token = SpecDecodeCounters(
+        2, 1, 1, 0, [0, 0], [1, 0, 0], [1, 0], 0, [1, 0], [0, 0]
+    )  # 1 draft of 1 token, none accepted
+    two_tokens = SpecDecodeCounters(
+        2, 1, 2, 0, [0, 0], [1, 0, 0], [1, 1], 0, [1, 0], [0, 0]
+    )  # the same draft, now 2 tokens
     metrics.observe_load(0, 7, "tiny", LoadSnapshot(0, 8, 0, 0, SpecDecodeCounters.zero(2)))
     metrics.observe_load(0, 7, "tiny", LoadSnapshot(0, 8, 0, 0, one_token))
     metrics.observe_load(0, 7, "tiny", LoadSnapshot(0, 8, 0, 0, two_tokens))

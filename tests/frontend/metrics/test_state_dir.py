@@ -130,18 +130,20 @@ def test_restarted_frontend_continues_every_series(tmp_path: Path) -> None:
 
 
 def test_verify_length_counters_continue_through_a_restart(tmp_path: Path) -> None:
-    """The verified per-position and unverified counts are saved with their baselines: after a SIGKILL the
-    same incarnation goes on from the saved baseline, nothing lost (the unsaved rounds) or counted twice."""
-    spec = counters(3, (3, 1))
+    """The verified and reached per-position counts, the unverified count and the confidence sums are saved
+    with their baselines: after a SIGKILL the same incarnation goes on from the saved baseline, nothing lost
+    (the unsaved rounds) or counted twice."""
+    spec = SpecDecodeCounters.zero(3)
+    spec.observe_draft(3, 1, confidence=[0.5, 0.5, 0.5])
     first_dir = StateDir(tmp_path)
     first = FrontendMetrics(first_dir)
     first.engine_joined(0, 111)
     first.observe_load(0, 111, "m", load(spec.copy()))  # first seen: the baseline
-    spec.observe_draft(2, 1, num_unverified=1)  # P=3, V=2
+    spec.observe_draft(2, 1, num_unverified=1, confidence=[0.75, 0.25])  # P=3, V=2
     spec.observe_unverified(2)  # P=2, V=0: no draft
     first.observe_load(0, 111, "m", load(spec.copy()))
     first.render()  # saved
-    spec.observe_draft(1, 0, num_unverified=2)  # P=3, V=1: published, never saved
+    spec.observe_draft(1, 0, num_unverified=2, confidence=[0.125])  # P=3, V=1: published, never saved
     first.observe_load(0, 111, "m", load(spec.copy()))
     first_dir.close()
 
@@ -159,6 +161,41 @@ def test_verify_length_counters_continue_through_a_restart(tmp_path: Path) -> No
     )
     assert unverified == 5  # 1 + 2 + 2
     assert drafts(second, "0") == 2
+    reached = [
+        value(second, "openinfer:spec_decode_num_reached_per_pos_total", model_name="m", engine="0",
+              position=str(i))
+        for i in range(3)
+    ]  # fmt: skip
+    assert reached == [2, 1, 0]  # (2, 1): tokens 0 and 1; (1, 0): token 0
+    micros = [
+        value(second, "openinfer:spec_decode_confidence_micros_per_pos_total", model_name="m", engine="0",
+              position=str(i))
+        for i in range(3)
+    ]  # fmt: skip
+    assert micros == [875_000, 250_000, 0]  # .75 + .125, .25; the baseline's .5s never
+
+
+def test_baselines_of_a_release_without_reached_counts(tmp_path: Path) -> None:
+    """A state file whose spec baselines lack the reached counts and confidence sums (protocol version 3)
+    loads: the totals go on, only the incarnation is kept, and the index's next incarnation counts from zero
+    as a restart, its reached series included."""
+    (tmp_path / STATE_FILE).write_text(
+        '{"version": 1, "totals": {"counters": {"vllm:spec_decode_num_drafts": [[["m", "0"], 2.0]]}, '
+        '"histograms": {}}, "spec_baselines": {"0": [111, [2, 2, 3, 1, [1, 0], [1, 1, 0], [2, 1], 0]]}, '
+        '"incarnations": {"0": 111}}'
+    )  # K=2 after drafts (2 tokens, 1 accepted) and (1, 0)
+    metrics = FrontendMetrics(StateDir(tmp_path))
+    assert metrics.state().spec_baselines[0].counters is None  # the incarnation alone is kept
+    metrics.engine_joined(0, 222)
+    fresh = SpecDecodeCounters.zero(2)
+    fresh.observe_draft(2, 0, confidence=[0.25, 0.5])
+    metrics.observe_load(0, 222, "m", load(fresh))
+    assert drafts(metrics, "0") == 3
+    assert value(metrics, "openinfer:spec_decode_counter_resets_total", engine="0", reason="restart") == 1
+    reached = "openinfer:spec_decode_num_reached_per_pos_total"
+    assert value(metrics, reached, model_name="m", engine="0", position="0") == 1
+    micros = "openinfer:spec_decode_confidence_micros_per_pos_total"
+    assert value(metrics, micros, model_name="m", engine="0", position="0") == 250_000
 
 
 def test_baselines_of_a_release_without_verified_counts(tmp_path: Path) -> None:

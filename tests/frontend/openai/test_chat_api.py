@@ -107,7 +107,12 @@ async def test_chat_carries_per_request_spec_metrics(
     """The chat response has the same per-request spec-decode "metrics" object as completions."""
     frontend = await start_frontend()
     await start_peer(
-        frontend, PeerConfig(spec_stats=SpecDecodeCounters(3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 2]))
+        frontend,
+        PeerConfig(
+            spec_stats=SpecDecodeCounters(
+                3, 2, 6, 3, [2, 1, 0], [0, 1, 1, 0], [2, 2, 2], 0, [2, 2, 1], [0] * 3
+            )
+        ),
     )
     _, body = await chat(frontend, {"messages": MESSAGES, "max_tokens": 2})
     assert body["metrics"]["speculative_decoding"]["num_accepted_draft_tokens"] == 3
