@@ -14,39 +14,46 @@ STOP_TIMEOUT_S = 30.0  # openinfer-serve SIGKILLs its children after 10 s of SIG
 
 @dataclass(frozen=True)
 class Drafter:
-    """A drafter as the sweep names it: ``none``, ``ngram[:K=7]`` or ``dflash[:PATH][:K=7]`` (no PATH: the
-    server's own, the built-in drafter when it serves the built-in model)."""
+    """A drafter as the sweep names it: ``none``, ``ngram[:K=7]``, ``dflash[:PATH][:K=7]`` or
+    ``dspark:PATH[:K=7]`` (dflash without PATH: the server's own, the built-in drafter when it serves the
+    built-in model), each but none optionally ending ``:adaptive`` (``--enable-adaptive-verification``)."""
 
     label: str  # as given on the command line
     method: str | None  # openinfer-serve --spec-method; None: no speculation
     num_spec_tokens: int | None
     draft_model: Path | None
+    adaptive: bool = False
 
     def serve_args(self) -> list[str]:
         if self.method is None:
             return ["--no-spec"]  # openinfer-serve drafts by default with the built-in model
         args = ["--spec-method", self.method, "--num-spec-tokens", str(self.num_spec_tokens)]
-        return args + (["--draft-model", str(self.draft_model)] if self.draft_model else [])
+        args += ["--draft-model", str(self.draft_model)] if self.draft_model else []
+        return args + (["--enable-adaptive-verification"] if self.adaptive else [])
 
 
 def parse_drafter(text: str) -> Drafter:
-    """``none``, ``ngram[:K=N]`` or ``dflash[:PATH][:K=N]`` (K defaults to 7); ``ValueError`` otherwise."""
-    usage = f"drafter {text!r}: use none, ngram[:K=N] or dflash[:PATH][:K=N]"
+    """``none``, ``ngram[:K=N]``, ``dflash[:PATH][:K=N]`` or ``dspark:PATH[:K=N]``, then optionally
+    ``:adaptive`` (K defaults to 7); ``ValueError`` otherwise."""
+    usage = (
+        f"drafter {text!r}: use none, ngram[:K=N], dflash[:PATH][:K=N] or dspark:PATH[:K=N], then [:adaptive]"
+    )
     if text == "none":
         return Drafter(text, None, None, None)
     parts = text.split(":")
+    adaptive = len(parts) > 1 and parts[-1] == "adaptive"
+    if adaptive:
+        parts.pop()
     k = DEFAULT_K
     if len(parts) > 1 and parts[-1].startswith("K="):
         value = parts.pop().removeprefix("K=")
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{usage} (K is a positive integer)")
         k = int(value)
-    if parts == ["ngram"]:
-        return Drafter(text, "ngram", k, None)
-    if parts == ["dflash"]:
-        return Drafter(text, "dflash", k, None)
-    if len(parts) >= 2 and parts[0] == "dflash" and all(parts[1:]):
-        return Drafter(text, "dflash", k, Path(":".join(parts[1:])))
+    if parts in (["ngram"], ["dflash"]):
+        return Drafter(text, parts[0], k, None, adaptive)
+    if len(parts) >= 2 and parts[0] in ("dflash", "dspark") and all(parts[1:]):
+        return Drafter(text, parts[0], k, Path(":".join(parts[1:])), adaptive)
     raise ValueError(usage)
 
 

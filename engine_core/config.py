@@ -85,6 +85,9 @@ class DrafterSpec:
     # dspark (--confidence-threshold): verify a round's drafts up to the first whose confidence is below it
     # (DeepSpec's rule, per position); 0 verifies every draft proposed
     confidence_threshold: float = 0.0
+    # --enable-adaptive-verification: each step verifies the drafts whose expected accepted tokens pay for
+    # their cost (spec_decode/adaptive.py), with the step costs the engine measures at start
+    adaptive_verification: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.confidence_threshold <= 1.0:

@@ -97,6 +97,7 @@ class LoadDrafter(msgspec.Struct, tag="load_drafter", array_like=True):
     prompt_lookup_max: int = 4
     dflash_anchor: DFlashAnchor | None = None  # None: read from the checkpoint's config
     confidence_threshold: float = 0.0  # dspark: verify drafts up to the first below it; 0: all of them
+    enable_adaptive_verification: bool = False  # verify the drafts that pay, for the whole step
 
 
 class UnloadDrafter(msgspec.Struct, tag="unload_drafter", array_like=True):

@@ -15,6 +15,7 @@ from openinfer.engine_core.core.scheduler import RequestUpdate, Scheduler
 from openinfer.engine_core.process.runtime_facts import RuntimeFacts
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.sample.structured_output import GrammarCompilers, GrammarQueue
+from openinfer.engine_core.spec_decode.adaptive import StepCosts, profile_step_costs
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.worker.executor import ModelExecutor
@@ -50,8 +51,17 @@ class EngineCore:
             SpecLog(config.spec_log, config.engine_index, incarnation) if config.spec_log else None
         )
         self.spec: SpecDecoder | None = None
-        if config.speculative is not None:
-            self.load_drafter(config.speculative)
+        # What steps cost, for adaptive verification: measured now (before any request) when the start
+        # drafter asks for it, then refreshed by every step.
+        self.step_costs: StepCosts | None = None
+        spec = config.speculative
+        if spec is not None and spec.adaptive_verification:
+            self.step_costs = profile_step_costs(
+                runner, spec.num_spec_tokens, config.max_num_seqs, config.max_num_batched_tokens
+            )
+            logger.info("step costs measured for adaptive verification: %s", self.step_costs.describe())
+        if spec is not None:
+            self.load_drafter(spec)
 
     # ---- speculative decoding -----------------------------------------------------------------------
 
@@ -61,6 +71,11 @@ class EngineCore:
 
     def build_drafter(self, spec: DrafterSpec) -> SpecDecoder:
         """Load a drafter's weights without touching the running state (safe in a background thread)."""
+        if spec.adaptive_verification and self.step_costs is None:
+            raise ValueError(
+                "adaptive verification needs the step costs an engine measures at start: start the engine with "
+                "--enable-adaptive-verification"
+            )
         return SpecDecoder(spec, self.runner, self.spec_log)
 
     def install_drafter(self, loaded: SpecDecoder) -> str:
@@ -70,6 +85,7 @@ class EngineCore:
         counting in the same counters; a new K, or a load after none, starts from zero.
         """
         loaded.continue_counting(self.spec)
+        loaded.step_costs = self.step_costs
         self.scheduler.drop_drafts()
         self.spec = loaded
         self.kv_cache.hit_filter = loaded.hit_filter
@@ -169,7 +185,10 @@ class EngineCore:
         spec = self.spec
         # The worker runs, samples and drafts (DFlash) on the device, then reads the step back once; from
         # here on the step is booked on the host, without touching the device.
+        started = time.perf_counter()
         output = self.worker.execute(decided, spec)
+        if self.step_costs is not None and decided.scheduled:
+            self.step_costs.observe(decided.num_tokens, time.perf_counter() - started)
         outputs = []
         if decided.scheduled:
             updates = self.scheduler.update_from_output(decided, output)
@@ -177,7 +196,10 @@ class EngineCore:
                 spec.after_step(decided, updates)
             outputs = self._outputs(updates)
             if spec is not None:
-                for request, drafts, num_proposed in spec.propose(output.draft_ids, output.draft_confidence):
+                proposals = spec.propose(
+                    output.draft_ids, output.draft_confidence, len(self.scheduler.running)
+                )
+                for request, drafts, num_proposed in proposals:
                     self.scheduler.set_drafts(request, drafts, num_proposed)
         if self.spec_log is not None:
             self.spec_log.flush()
@@ -196,8 +218,11 @@ class EngineCore:
                 continue
             request = s.request
             if s.spec_token_ids and spec is not None:
-                spec.observe(request, len(s.spec_token_ids), update.num_accepted, s.num_proposed)
+                verified = len(s.spec_token_ids)
+                confidence = spec.take_confidence(request, verified)
+                spec.observe(request, verified, update.num_accepted, s.num_proposed, confidence)
             elif s.num_proposed and spec is not None:  # the token budget left none of its drafts
+                spec.take_confidence(request, 0)
                 spec.observe_unverified(request, s.num_proposed)
             outputs.append(request.take_output())
             if request.status.is_finished:

@@ -139,6 +139,13 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "rule); 0 (the default) verifies them all",
     )
     parser.add_argument(
+        "--enable-adaptive-verification",
+        action="store_true",
+        help="each step, verify only the drafts expected to pay for their cost (DSpark's confidences, else the "
+        "drafter's measured acceptance; step costs measured at start); none when drafting does not pay (vLLM's "
+        "name)",
+    )
+    parser.add_argument(
         "--dflash-anchor",
         choices=get_args(DFlashAnchor),
         help="which DFlash block slots carry drafts when the checkpoint's config does not say",
@@ -209,11 +216,14 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             args.prompt_lookup_max,
             args.dflash_anchor,
             args.confidence_threshold,
+            args.enable_adaptive_verification,
         )
     elif args.num_spec_tokens is not None:
         raise ValueError("--num-spec-tokens needs --spec-method ngram|dflash|dspark or --draft-model")
     elif args.confidence_threshold:
         raise ValueError("--confidence-threshold needs a DSpark drafter (--spec-method dspark)")
+    elif args.enable_adaptive_verification:
+        raise ValueError("--enable-adaptive-verification needs a drafter (--spec-method or --draft-model)")
     if args.gpu is not None:
         device = Device(DeviceKind.CUDA, args.gpu)
     else:

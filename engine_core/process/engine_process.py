@@ -162,6 +162,7 @@ class EngineProcess:
                     command.prompt_lookup_max,
                     command.dflash_anchor or self._start_anchor,
                     command.confidence_threshold,
+                    command.enable_adaptive_verification,
                 )
             except ValueError as e:  # options that cannot go together: the caller's answer, never a crash
                 self._reply(command, False, str(e))

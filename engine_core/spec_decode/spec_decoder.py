@@ -12,6 +12,12 @@ from openinfer.engine_core.config import DrafterSpec, SpecMethod
 from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler import RequestUpdate
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
+from openinfer.engine_core.spec_decode.adaptive import (
+    StepCosts,
+    confidence_survival,
+    counter_survival,
+    verify_lengths,
+)
 from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
@@ -93,6 +99,10 @@ class SpecDecoder:
         self.drafter = DRAFTERS[SpecMethod(spec.method)](spec, runner)
         self.num_spec_tokens = spec.num_spec_tokens
         self.confidence_threshold = spec.confidence_threshold  # > 0 only for a drafter that rates its drafts
+        self.adaptive_verification = spec.adaptive_verification
+        # The engine's step costs (measured at start, refreshed every step): set when it installs the drafter,
+        # needed by adaptive verification.
+        self.step_costs: StepCosts | None = None
         self._log = log
         # A drafter that reads hidden states can draft only for requests whose whole context it has seen (those
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
@@ -102,12 +112,17 @@ class SpecDecoder:
         # request whether it may draft, and the sampling ones that propose after it, in order.
         self._may_draft: list[bool] = []
         self._proposers: list[Request] = []
+        # The confidences of each pending round's verified drafts (a drafter that rates them), until counted.
+        self._rated: dict[Request, list[float]] = {}
         # DFlash proposes on the device before the read-back; n-gram on the host after it.
         self._on_device = self.drafter if isinstance(self.drafter, DeviceDrafter) else None
 
     def describe(self) -> str:
         threshold = self.confidence_threshold
-        return self.drafter.describe() + (f" confidence-threshold={threshold:g}" if threshold else "")
+        adaptive = " adaptive-verification" if self.adaptive_verification else ""
+        return (
+            self.drafter.describe() + (f" confidence-threshold={threshold:g}" if threshold else "") + adaptive
+        )
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
@@ -143,6 +158,7 @@ class SpecDecoder:
         reads_context = bool(self.aux_layer_ids)
         for request in decided.finished:
             self._whole_context.discard(request)
+            self._rated.pop(request, None)
         self._may_draft = []
         self._proposers = []
         picked: list[int] = []  # sampling index of each proposer
@@ -206,13 +222,15 @@ class SpecDecoder:
                 self._context_blocks.drafter_wrote(update.block_ids, s.start, written)
 
     def propose(
-        self, draft_ids: list[list[int]], confidence: list[list[float]] | None = None
+        self, draft_ids: list[list[int]], confidence: list[list[float]] | None = None, base_tokens: int = 0
     ) -> list[tuple[Request, tuple[int, ...], int]]:
         """The rounds to verify next, ``(request, drafts, P)``, for every request that sampled in the last
         step, goes on and may draft: its P proposed drafts (a device drafter's ``draft_ids``, one row per
         proposer read back with the step, cut to its max_drafts; or one host drafter call), of which the
-        first V (``verify_length``) are verified. A round the rule verifies none of is counted here as
-        unverified and not returned."""
+        first V are verified: all of them; those before the first confidence below the threshold
+        (``verify_length``); with adaptive verification, the step's best budget (``adaptive.py``; the next
+        step runs about ``base_tokens`` tokens besides the drafts). A round verifying none of its drafts is
+        counted here as unverified and not returned."""
         requests, queries, rows = [], [], []
         for p, request in enumerate(self._proposers):
             if not request.status.is_finished:  # one that stopped has its drafts dropped
@@ -228,16 +246,33 @@ class SpecDecoder:
             drafts = [draft_ids[p][: q.max_drafts] for p, q in zip(rows, queries, strict=True)]
         else:
             drafts = self.drafter.propose(queries)
+        rated = [confidence[p][: len(d)] for p, d in zip(rows, drafts, strict=True)] if confidence else None
+        lengths = [len(d) for d in drafts]
+        if rated is not None and self.confidence_threshold:
+            lengths = [self.verify_length(c) for c in rated]
+        if self.adaptive_verification and self.step_costs is not None:
+            survival = [
+                confidence_survival(rated[i][:n])
+                if rated is not None
+                else counter_survival(self.counters, request.spec_counters, n)
+                for i, (request, n) in enumerate(zip(requests, lengths, strict=True))
+            ]
+            lengths = verify_lengths(survival, self.step_costs, max(base_tokens, len(requests)))
         rounds = []
-        for i, (request, proposed) in enumerate(zip(requests, drafts, strict=True)):
-            verified = len(proposed)
-            if confidence and self.confidence_threshold:
-                verified = self.verify_length(confidence[rows[i]][:verified])
+        for i, (request, proposed, verified) in enumerate(zip(requests, drafts, lengths, strict=True)):
             if verified:
                 rounds.append((request, tuple(proposed[:verified]), len(proposed)))
+                if rated is not None:
+                    self._rated[request] = rated[i][:verified]
             elif proposed:
                 self.observe_unverified(request, len(proposed))
         return rounds
+
+    def take_confidence(self, request: Request, num_verified: int) -> list[float] | None:
+        """The confidences of the ``num_verified`` drafts of the request's round being counted (the token
+        budget may have cut the round since it was proposed); None from a drafter that does not rate."""
+        rated = self._rated.pop(request, None)
+        return None if rated is None else rated[:num_verified]
 
     def verify_length(self, confidence: list[float]) -> int:
         """DeepSpec's rule for how many of a round's drafts the target verifies: those before the first whose

@@ -36,18 +36,19 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Round:
-    """One round: drafts proposed, verified (the prefix the threshold keeps; 0: none) and accepted."""
+    """One round: drafts proposed, verified (the prefix the threshold keeps; 0: none) and accepted, and the
+    proposed drafts' confidences (1.0 each without a confidence head)."""
 
     proposed: int
     verified: int
     accepted: int
+    confidence: list[float]
 
 
 @dataclass(frozen=True)
 class ReferenceRun:
     tokens: list[int]  # the output tokens
     rounds: list[Round]
-    confidences: list[list[float]]  # per round, the proposed drafts' confidences
 
 
 def speculators_dspark_heads() -> ModuleType | None:
@@ -119,7 +120,7 @@ class DeepSpecReference:
         context = self._features(out)  # (1, positions, width): the context the drafter has not seen yet
         limit = len(prompt) + max_tokens
         rounds: list[Round] = []
-        confidences: list[list[float]] = []
+        rated: list[float] = []
         while len(tokens) < limit:
             start, anchor = len(tokens) - 1, tokens[-1]
             room = min(k, limit - len(tokens) - 1)
@@ -129,18 +130,17 @@ class DeepSpecReference:
                 drafts, rated = self._propose(anchor, start, context, draft_cache)
                 drafts, rated = drafts[:room], rated[:room]
                 verified = next((i for i, c in enumerate(rated) if threshold and c < threshold), len(drafts))
-                confidences.append(rated)
             out = self._target(torch.tensor([[anchor, *drafts[:verified]]]), start, target_cache)
             posterior = out.logits[0].argmax(dim=-1).tolist()
             accepted = 0
             while accepted < verified and drafts[accepted] == posterior[accepted]:
                 accepted += 1
             if room > 0:
-                rounds.append(Round(len(drafts), verified, accepted))
+                rounds.append(Round(len(drafts), verified, accepted, rated))
             tokens += [*drafts[:accepted], posterior[accepted]]
             _crop(target_cache, start + accepted + 1)
             context = self._features(out)[:, : accepted + 1]
-        return ReferenceRun(tokens[len(prompt) : limit], rounds, confidences)
+        return ReferenceRun(tokens[len(prompt) : limit], rounds)
 
     def _target(self, ids: Tensor, start: int, cache: Any) -> Any:
         positions = torch.arange(start, start + ids.shape[1])[None]

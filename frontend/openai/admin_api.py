@@ -5,8 +5,8 @@
   (:mod:`openinfer.frontend.metrics.counted_seqs`).
 - ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash"|"dspark", "num_spec_tokens": K,
   "draft_model": PATH (dflash, dspark), "prompt_lookup_min": 1, "prompt_lookup_max": 4 (ngram),
-  "confidence_threshold": 0.0 (dspark)}``: load (or replace) the drafter; 200 ``{"engine",
-  "num_spec_tokens", "message"}`` once the engine says it is done.
+  "confidence_threshold": 0.0 (dspark), "enable_adaptive_verification": false}``: load (or replace) the
+  drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done.
 - ``DELETE /admin/engines/{index}/drafter``: speculative decoding off on that engine.
 
 Errors: 400 for a bad body or the engine's refusal (its message), 413 for a body over
@@ -56,6 +56,7 @@ class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
     path: str | None = None  # another name for draft_model
     dflash_anchor: str | None = None  # a DFlashAnchor, checked after decoding
     confidence_threshold: float = 0.0  # dspark: verify drafts up to the first below it
+    enable_adaptive_verification: bool = False  # verify the drafts that pay (the engine must have profiled)
 
 
 def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
@@ -113,6 +114,7 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
         drafter.prompt_lookup_max,
         drafter.dflash_anchor,
         threshold,
+        drafter.enable_adaptive_verification,
     )
 
 

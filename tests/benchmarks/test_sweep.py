@@ -19,7 +19,8 @@ from openinfer.tools.spec_tally import AcceptanceTally
 
 
 def test_drafter_specs() -> None:
-    """none, ngram[:K=N], dflash[:PATH][:K=N] (K defaults to 7), as openinfer-serve flags; none says
+    """none, ngram[:K=N], dflash[:PATH][:K=N], dspark:PATH[:K=N] (K defaults to 7), each but none with an
+    optional :adaptive, as openinfer-serve flags; none says
     --no-spec (openinfer-serve drafts by default with the built-in model), dflash without a path leaves the
     drafter to the server."""
     assert parse_drafter("none").serve_args() == ["--no-spec"]
@@ -29,7 +30,20 @@ def test_drafter_specs() -> None:
     assert parse_drafter("dflash:/m/d").serve_args()[-2:] == ["--draft-model", "/m/d"]
     assert parse_drafter("dflash:K=4").serve_args() == ["--spec-method", "dflash", "--num-spec-tokens", "4"]
     assert parse_drafter("dflash") == Drafter("dflash", "dflash", 7, None)
-    for bad in ("eagle", "ngram:K=0", "ngram:K=x", "dflash:K=0", "dflash::K=4", "ngram:/p"):
+    assert parse_drafter("dspark:/m/s:K=7:adaptive") == Drafter(
+        "dspark:/m/s:K=7:adaptive", "dspark", 7, Path("/m/s"), adaptive=True
+    )
+    assert parse_drafter("ngram:adaptive").serve_args()[-1] == "--enable-adaptive-verification"
+    for bad in (
+        "eagle",
+        "ngram:K=0",
+        "ngram:K=x",
+        "dflash:K=0",
+        "dflash::K=4",
+        "ngram:/p",
+        "dspark",
+        "none:adaptive",
+    ):
         with pytest.raises(ValueError, match="use none, ngram"):
             parse_drafter(bad)
 

@@ -190,10 +190,11 @@ def test_a_drafter_folder_without_config_is_refused(tmp_path: Path) -> None:
         (["--spec-method", "ngram", "--num-spec-tokens", "3", "--confidence-threshold", "0.5"],
          "needs --spec-method dspark"),
         (["--confidence-threshold", "0.5"], "needs a DSpark drafter"),
+        (["--enable-adaptive-verification"], "needs a drafter"),
         (["--spec-method", "dspark", "--num-spec-tokens", "3", "--draft-model", "/d",
           "--confidence-threshold", "1.5"], r"in \[0, 1\]"),
     ],
 )  # fmt: skip
-def test_confidence_threshold_is_for_dspark(argv: list[str], words: str) -> None:
+def test_verification_options_need_their_drafter(argv: list[str], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         config_from_args(engine_args(["--model", "/m", *argv]))

@@ -1,0 +1,127 @@
+"""Adaptive verification: the step's draft budget is the best of every allocation, the step costs interpolate
+what was measured, and an engine that verifies only what pays stays lossless with exact counters."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from openinfer.engine_core.config import DrafterSpec
+from openinfer.engine_core.spec_decode.adaptive import (
+    StepCosts,
+    confidence_survival,
+    counter_survival,
+    verify_lengths,
+)
+from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
+from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
+from openinfer.protocol import SpecDecodeCounters
+from tests.engine_core.spec_decode.test_spec_decode import K, run
+
+
+def rate(lengths: tuple[int, ...], survival: list[list[float]], costs: StepCosts, base: int) -> float:
+    """Expected tokens per second of verifying each round's first lengths[r] drafts."""
+    expected = base + sum(sum(row[:n]) for row, n in zip(survival, lengths, strict=True))
+    return expected / costs.seconds(base + sum(lengths))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_budget_is_the_best_of_every_allocation(seed: int) -> None:
+    """Random survivals (non-increasing per round) and cost curves: no way of choosing each round's
+    verified prefix gives more expected tokens per second than verify_lengths' (all enumerated)."""
+    rng = random.Random(seed)
+    survival = []
+    for _ in range(rng.randint(1, 3)):
+        row = sorted((rng.random() for _ in range(rng.randint(1, 4))), reverse=True)
+        survival.append(row)
+    sizes = sorted(rng.sample(range(1, 20), 3))
+    costs = StepCosts({n: 0.01 + rng.random() * 0.002 * n ** rng.choice((0.5, 1.0, 1.5)) for n in sizes})
+    base = rng.randint(1, 4)
+    chosen = verify_lengths(survival, costs, base)
+    assert all(0 <= n <= len(row) for n, row in zip(chosen, survival, strict=True))
+    best = max(rate(lengths, survival, costs, base) for lengths in
+               itertools.product(*(range(len(row) + 1) for row in survival)))  # fmt: skip
+    assert rate(tuple(chosen), survival, costs, base) == pytest.approx(best, rel=1e-12)
+
+
+def test_flat_and_steep_costs() -> None:
+    """A step that costs the same whatever it verifies verifies every draft; one whose every draft token
+    costs more than the whole step yields verifies none, however sure the drafts; in between, the best."""
+    survival = [[0.9, 0.5, 0.1], [0.99]]
+    assert verify_lengths(survival, StepCosts({1: 1.0, 100: 1.0}), 2) == [3, 1]
+    assert verify_lengths(survival, StepCosts({1: 1.0, 2: 3.0}), 2) == [0, 0]
+    # 2 ms for the base 2 tokens, 0.5 ms per draft token: tokens per ms 1, 1.196, 1.297 (the best: the
+    # first draft of each round), 1.254, 1.12
+    assert verify_lengths(survival, StepCosts({2: 0.002, 10: 0.006}), 2) == [1, 1]
+    # A step that jumps in cost at 3 tokens and stays flat to 5 (a GPU's tile): the rate dips at 2 drafts
+    # (2.8 / 1.5 < 1.9 / 1) and rises past it, so the search does not stop at the first dip.
+    assert verify_lengths([[0.9] * 4], StepCosts({1: 1.0, 2: 1.0, 3: 1.5, 5: 1.5}), 1) == [4]
+
+
+def test_step_costs_interpolate_and_learn() -> None:
+    costs = StepCosts({1: 0.010, 4: 0.010, 8: 0.020})
+    assert costs.seconds(1) == costs.seconds(3) == 0.010
+    assert costs.seconds(6) == pytest.approx(0.015) and costs.seconds(12) == pytest.approx(0.030)
+    assert StepCosts({1: 0.02, 2: 0.01}).seconds(2) == 0.02  # never cheaper for more tokens
+    costs.observe(8, 0.030)  # a step of 8 took 30 ms: the estimate at 8 moves a tenth of the way there
+    assert costs.seconds(8) == pytest.approx(0.021)
+    costs.observe(6, 0.030)  # 6 is between 4 and 8: what it implies at 8 (0.030 * 0.021 / 0.0155)
+    assert costs.seconds(8) == pytest.approx(0.021 + 0.1 * (0.030 * 0.021 / 0.0155 - 0.021))
+
+
+def test_survival_estimates() -> None:
+    assert confidence_survival([0.5, 0.8, 1.0]) == pytest.approx([0.5, 0.4, 0.4])
+    engine = SpecDecodeCounters.zero(3)
+    for accepted in (2, 2, 0, 3):
+        engine.observe_draft(3, accepted)
+    # engine: accepted per pos [3, 3, 1] of [4, 4, 4] verified: (3+1)/6, (3+1)/6, (1+1)/6
+    assert counter_survival(engine, None, 3) == pytest.approx([4 / 6, 4 / 6, 2 / 6])
+    request = SpecDecodeCounters.zero(3)
+    request.observe_draft(2, 0)  # this request: nothing accepted at 0 and 1 (of 1 verified), 2 unseen
+    blended = [(0 + 4 * 4 / 6) / 5, (0 + 4 * 4 / 6) / 5, 2 / 6]
+    assert counter_survival(engine, request, 3) == pytest.approx(blended)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("target") / "t", seed=5, overrides=SMALL_TEXT_QWEN3)
+
+
+@pytest.mark.parametrize(
+    ("costs", "verified"),
+    [(StepCosts({1: 0.01, 4096: 0.01}), "all"), (StepCosts({1: 0.01, 2: 1.0}), "none"), (None, "measured")],
+    ids=["flat", "steep", "measured"],
+)
+def test_engine_verifies_what_pays(
+    target: Path, tmp_path: Path, costs: StepCosts | None, verified: str
+) -> None:
+    """n-gram drafting with adaptive verification: the engine measures its step costs at start; with
+    verification free every proposal is verified, with it dearer than any draft none is (every round
+    unverified); either way, and with the costs measured, the tokens are those of no speculation and the
+    counters those of the spec log."""
+    baseline = run(make_core(target), spec_prompts())[0]
+    log = tmp_path / "spec.jsonl"
+    spec = DrafterSpec("ngram", K, adaptive_verification=True)
+    core = make_core(target, speculative=spec, spec_log=log)
+    assert core.step_costs is not None and core.spec is not None
+    if costs is not None:
+        core.spec.step_costs = costs  # a fixed curve the engine's own measurements do not move
+    outputs, _ = run(core, spec_prompts())
+    assert outputs == baseline
+    lines = read_spec_log(log)
+    counters = core.spec.counters
+    assert counters == spec_log_counters(lines, K) and lines
+    if verified == "all":
+        assert counters.num_unverified_draft_tokens == 0 and counters.num_accepted_tokens > 0
+    elif verified == "none":
+        assert counters.num_drafts == 0 and counters.num_unverified_draft_tokens > 0
+
+
+def test_adaptive_needs_costs_measured_at_start(target: Path) -> None:
+    core = make_core(target)
+    with pytest.raises(ValueError, match="start the engine with --enable-adaptive-verification"):
+        core.load_drafter(DrafterSpec("ngram", K, adaptive_verification=True))
