@@ -9,7 +9,8 @@ With R rounds and ``base`` tokens in the step besides drafts, verifying the b sl
 by the engine at start and refreshed by every step it runs); the budget is the b with the most expected
 tokens per second over all b from 0 (verify nothing: drafting that does not pay is not verified) to every
 slot, and each round verifies the prefix of its slots among them (survival never rises along a round, so the
-admitted slots of a round are its first ones).
+admitted slots of a round are its first ones). Estimates from counters learn only from verified drafts, so
+every ``EXPLORE_EVERY``-th round left out is verified whole.
 """
 
 from __future__ import annotations
@@ -25,41 +26,52 @@ from openinfer.protocol import SpecDecodeCounters
 
 # A request's own acceptance counts weigh in against the engine's as if the engine's were this many rounds.
 PRIOR_ROUNDS = 4
-# How much one observed step moves the cost estimate of its size (an exponential moving average).
+# A drafter whose acceptance comes from its counters has every this-many-th round the budget leaves out
+# verified whole, so that its estimates keep learning.
+EXPLORE_EVERY = 16
+# How much one observed step moves the overhead estimate (an exponential moving average).
 COST_EMA = 0.1
 
 
 class StepCosts:
-    """Seconds a step of n tokens takes: measured at sizes ``points`` (ascending), linear in between and past
-    the last one, never decreasing with n. ``observe`` refreshes the estimate from a step the engine ran: the
-    nearest measured size at or above it moves towards what that step implies for it."""
+    """Seconds a step of n tokens takes: the target's forward, measured at sizes ``points`` (ascending; linear
+    in between and past the last one, never decreasing with n), plus the step's overhead (scheduling,
+    sampling, drafting, the read-back: what does not grow with the drafts verified), learned from the steps
+    the engine runs (``observe``)."""
 
-    def __init__(self, points: dict[int, float]) -> None:
-        if not points or min(points) < 1 or min(points.values()) <= 0:
-            raise ValueError(f"step costs need positive seconds at sizes >= 1, got {points}")
+    def __init__(self, points: dict[int, float], overhead: float = 0.0) -> None:
+        if not points or min(points) < 1 or min(points.values()) <= 0 or overhead < 0:
+            raise ValueError(f"step costs need positive seconds at sizes >= 1, got {points} + {overhead}")
         self._sizes = sorted(points)
-        self._seconds = [points[n] for n in self._sizes]
+        self._seconds = list(accumulate((points[n] for n in self._sizes), max))  # non-decreasing in n
+        self.overhead = overhead
 
-    def seconds(self, num_tokens: int) -> float:
-        """The estimated seconds of a step of ``num_tokens`` tokens."""
-        sizes, seconds = self._sizes, list(accumulate(self._seconds, max))  # non-decreasing in n
-        if num_tokens <= sizes[0] or len(sizes) == 1:
-            return seconds[0] if num_tokens <= sizes[0] else seconds[0] * num_tokens / sizes[0]
+    def forward(self, num_tokens: int) -> float:
+        """The estimated seconds of the target's forward over ``num_tokens`` tokens."""
+        sizes, seconds = self._sizes, self._seconds
+        if num_tokens <= sizes[0]:
+            return seconds[0]
+        if len(sizes) == 1:
+            return seconds[0] * num_tokens / sizes[0]
         i = next((i for i, n in enumerate(sizes) if n >= num_tokens), len(sizes) - 1)
         (n0, t0), (n1, t1) = (sizes[i - 1], seconds[i - 1]), (sizes[i], seconds[i])
         return t0 + (t1 - t0) * (num_tokens - n0) / (n1 - n0)
 
+    def seconds(self, num_tokens: int) -> float:
+        """The estimated seconds of a whole step of ``num_tokens`` tokens."""
+        return self.forward(num_tokens) + self.overhead
+
     def observe(self, num_tokens: int, seconds: float) -> None:
-        """A step of ``num_tokens`` took ``seconds``: scale it to the nearest measured size at or above it
-        (by the current estimates' ratio) and move that size's estimate towards it."""
-        if num_tokens < 1 or not seconds > 0:
-            return
-        i = next((i for i, n in enumerate(self._sizes) if n >= num_tokens), len(self._sizes) - 1)
-        implied = seconds * self.seconds(self._sizes[i]) / self.seconds(num_tokens)
-        self._seconds[i] += COST_EMA * (implied - self._seconds[i])
+        """A step of ``num_tokens`` took ``seconds``: the overhead moves towards what is left of it after the
+        forward's estimate."""
+        if num_tokens >= 1 and seconds > 0:
+            self.overhead = max(
+                0.0, self.overhead + COST_EMA * (seconds - self.forward(num_tokens) - self.overhead)
+            )
 
     def describe(self) -> str:
-        return ", ".join(f"{n}: {1000 * t:.2f} ms" for n, t in zip(self._sizes, self._seconds, strict=True))
+        forward = ", ".join(f"{n}: {1000 * t:.2f}" for n, t in zip(self._sizes, self._seconds, strict=True))
+        return f"forward ms by tokens {{{forward}}} + overhead {1000 * self.overhead:.2f} ms"
 
 
 def verify_lengths(survival: Sequence[Sequence[float]], costs: StepCosts, base_tokens: int) -> list[int]:

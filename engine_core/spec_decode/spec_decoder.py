@@ -13,6 +13,7 @@ from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler import RequestUpdate
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.spec_decode.adaptive import (
+    EXPLORE_EVERY,
     StepCosts,
     confidence_survival,
     counter_survival,
@@ -114,6 +115,7 @@ class SpecDecoder:
         self._proposers: list[Request] = []
         # The confidences of each pending round's verified drafts (a drafter that rates them), until counted.
         self._rated: dict[Request, list[float]] = {}
+        self._left_out = 0  # rounds adaptive verification verified none of (counter-estimated drafters)
         # DFlash proposes on the device before the read-back; n-gram on the host after it.
         self._on_device = self.drafter if isinstance(self.drafter, DeviceDrafter) else None
 
@@ -258,6 +260,8 @@ class SpecDecoder:
                 for i, (request, n) in enumerate(zip(requests, lengths, strict=True))
             ]
             lengths = verify_lengths(survival, self.step_costs, max(base_tokens, len(requests)))
+            if rated is None:
+                lengths = self._explore(lengths, [len(d) for d in drafts])
         rounds = []
         for i, (request, proposed, verified) in enumerate(zip(requests, drafts, lengths, strict=True)):
             if verified:
@@ -267,6 +271,18 @@ class SpecDecoder:
             elif proposed:
                 self.observe_unverified(request, len(proposed))
         return rounds
+
+    def _explore(self, lengths: list[int], proposed: list[int]) -> list[int]:
+        """Acceptance estimated from the counters learns only from verified drafts: every EXPLORE_EVERY-th
+        round the budget leaves out is verified whole, so that a drafter written off early is measured
+        again."""
+        explored = []
+        for verified, n in zip(lengths, proposed, strict=True):
+            if verified == 0 and n > 0:
+                self._left_out += 1
+                verified = n if self._left_out % EXPLORE_EVERY == 0 else 0
+            explored.append(verified)
+        return explored
 
     def take_confidence(self, request: Request, num_verified: int) -> list[float] | None:
         """The confidences of the ``num_verified`` drafts of the request's round being counted (the token
