@@ -10,10 +10,12 @@ import torch
 
 from openinfer.engine_core.models.dflash import torch_block_attention, triton_block_attention
 from openinfer.engine_core.models.dflash_config import AnchorLayout
+from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.dflash_graphs import pad_blocks
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceDrafts, DeviceQueries, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.engine_core.worker.step_graphs import StepGraphs
@@ -50,9 +52,8 @@ def make_drafter(
     return DFlashDrafter(draft, runner, num_spec_tokens=K)
 
 
-def device_drafts(drafter: DFlashDrafter, queries: list[DraftQuery]) -> list[list[int]]:
-    """The queries asked on the device (as the engine asks before its read-back), read back and cut to each
-    query's max_drafts."""
+def ask_on_device(drafter: DFlashDrafter, queries: list[DraftQuery]) -> DeviceDrafts:
+    """The queries asked on the device, as the engine asks before its read-back."""
     device = drafter.device
 
     def column(values: list[int]) -> torch.Tensor:
@@ -64,17 +65,23 @@ def device_drafts(drafter: DFlashDrafter, queries: list[DraftQuery]) -> list[lis
         column([q.max_drafts for q in queries]),
         [q.block_ids for q in queries],
     )
-    rows = drafter.propose_on_device(asked).draft_ids.tolist()
+    return drafter.propose_on_device(asked)
+
+
+def device_drafts(drafter: DFlashDrafter, queries: list[DraftQuery]) -> list[list[int]]:
+    """The queries asked on the device, read back and cut to each query's max_drafts."""
+    rows = ask_on_device(drafter, queries).draft_ids.tolist()
     return [row[: q.max_drafts] for row, q in zip(rows, queries, strict=True)]
 
 
 def check_padded_drafts(
     eager: DFlashDrafter, padded: DFlashDrafter, batches: list[list[int]] = BATCHES
-) -> None:
+) -> list[list[int]]:
     """Ten requests over scattered pages, each drafter's cache full of different noise first (stale entries
     must never count): every batch gets the same drafts from both, max_drafts 1..K mixed (so block lengths
     differ within a batch); the padded drafter runs every batch that fits a bucket padded, the rest eagerly.
-    Asked on the device (block lengths from device max_drafts), both give the same drafts again."""
+    Asked on the device (block lengths from device max_drafts), both give the same drafts again. Returns
+    the requests' block tables."""
     pages = list(range(NUM_PAGES))
     random.Random(0).shuffle(pages)
     gen = torch.Generator().manual_seed(0)
@@ -100,6 +107,7 @@ def check_padded_drafts(
     fitting = [b for b in batches if len(b) <= padded.graphs.max_batch]
     # each fitting batch ran padded twice: from host queries, then from device ones
     assert padded.graphs.num_runs == runs + 2 * len(fitting) and len(fitting) < len(batches)
+    return tables
 
 
 def test_pad_blocks() -> None:
@@ -121,6 +129,28 @@ def test_padded_drafts_equal_eager(target: Path, tmp_path: Path, anchor: AnchorL
     padded = make_drafter(target, draft, cpu, "torch", graphs=True)
     assert eager.graphs is None and padded.graphs is not None and not padded.graphs.capture
     check_padded_drafts(eager, padded)
+
+
+def test_padded_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_path: Path) -> None:
+    """A DSpark drafter (DeepSpec's layout: whole 6-slot blocks, the rnn Markov head drafting slot by slot
+    inside the padded forward, a confidence head): padded, its drafts are the eager path's, and so are the
+    confidences it returns with them on the device."""
+    draft = make_tiny_dspark_checkpoint(
+        tmp_path, target, seed=3, num_layers=2, block_size=6, target_layer_ids=(0, 1), markov_rank=8,
+        markov_head_type=MarkovHeadType.RNN, init_std=0.3,
+    )  # fmt: skip
+    cpu = torch.device("cpu")
+    eager = make_drafter(target, draft, cpu, "torch", graphs=False)
+    padded = make_drafter(target, draft, cpu, "torch", graphs=True)
+    assert eager.estimates_confidence and padded.graphs is not None
+    tables = check_padded_drafts(eager, padded)
+    for batch in ([1, 5, 9], list(range(10))):  # a bucket of 4, and 10 past the buckets (eager)
+        queries = [DraftQuery(3 * i + 1, CONTEXTS[i], tables[i], K) for i in batch]
+        want, got = ask_on_device(eager, queries), ask_on_device(padded, queries)
+        assert want.confidence is not None and got.confidence is not None
+        assert torch.equal(want.draft_ids, got.draft_ids)
+        torch.testing.assert_close(got.confidence, want.confidence)
+        assert float(got.confidence.std()) > 0.1  # rated apart, not saturated alike
 
 
 def test_triton_padded_drafts_equal_eager(target: Path, tmp_path: Path) -> None:
