@@ -97,7 +97,10 @@ def test_values_that_look_like_flags_stay_values() -> None:
         (["--kv-cache-dtype", "fp8"], "the weights' dtype (--dtype)"),
         (["--enable-lora"], "--enable-lora is vLLM's; openinfer serves no LoRA adapters"),
         (["--lora-modules", "a=/l"], "--lora-modules a=/l is vLLM's"),
-        (["--speculative-config", '{"method": "ngram"}'], "--spec-method ngram|dflash --num-spec-tokens K"),
+        (
+            ["--speculative-config", '{"method": "ngram"}'],
+            "--spec-method ngram|dflash|dspark --num-spec-tokens K",
+        ),
         (["--cpu-offload-gb", "4"], "keeps every weight on the engine's device"),
         (["--tokenizer", "/t"], "reads the tokenizer from the model folder"),
     ],
