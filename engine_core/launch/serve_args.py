@@ -17,7 +17,9 @@ from typing import Any
 
 from openinfer.engine_core.launch.supervisor import RestartPolicy
 from openinfer.engine_core.launch.vllm_flags import (
+    SPECULATIVE_CONFIG_HELP,
     add_unsupported_vllm_args,
+    read_speculative_config,
     unsupported_flags_epilog,
     unsupported_vllm_flag,
 )
@@ -41,9 +43,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     refusal = unsupported_vllm_flag(args)
     if refusal is not None:
         parser.error(refusal)
+    speculative = None
+    if args.speculative_config is not None:
+        if args.spec_method or args.num_spec_tokens is not None or args.draft_model or args.no_spec:
+            parser.error(
+                "--speculative-config says what --spec-method, --num-spec-tokens, --draft-model and --no-spec "
+                "say: give one or the other"
+            )
+        try:
+            speculative = read_speculative_config(args.speculative_config)
+        except ValueError as e:
+            parser.error(str(e))
+        args.spec_method, args.num_spec_tokens = speculative.method, speculative.num_spec_tokens
+        args.draft_model = speculative.draft_model
     check_args(parser, args)
     tokens = routed_flags(parser, owners, argv)
     args.engine_argv, args.frontend_argv = tokens[ENGINE], tokens[FRONTEND]
+    if speculative is not None:
+        args.engine_argv = [*args.engine_argv, *speculative.engine_flags]
     return args
 
 
@@ -70,7 +87,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[argparse.Action, str]]
         owners.update(
             (action, owner) for action in parser._actions[first:] if action.dest not in LAUNCHER_SETS
         )
-    add_unsupported_vllm_args(parser.add_argument_group("vLLM's flags"))
+    vllm = parser.add_argument_group("vLLM's flags")
+    vllm.add_argument("--speculative-config", metavar="JSON", help=SPECULATIVE_CONFIG_HELP)
+    add_unsupported_vllm_args(vllm)
     return parser, owners
 
 

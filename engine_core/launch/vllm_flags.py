@@ -4,6 +4,7 @@ gets a clear answer, accepts their neutral values and refuses the rest, saying w
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +48,6 @@ UNSUPPORTED: tuple[UnsupportedFlag, ...] = (
     ),
     UnsupportedFlag(("--enable-lora",), (False,), "openinfer serves no LoRA adapters", None),
     UnsupportedFlag(("--lora-modules",), (None,), "openinfer serves no LoRA adapters", str, "+"),
-    UnsupportedFlag(
-        ("--speculative-config",), (None,),
-        "openinfer's speculative decoding is --spec-method ngram|dflash|dspark --num-spec-tokens K "
-        "[--draft-model PATH] [--prompt-lookup-min N] [--prompt-lookup-max N] [--confidence-threshold C]",
-    ),
     UnsupportedFlag(("--cpu-offload-gb",), (0.0,), "openinfer keeps every weight on the engine's device", float),
     UnsupportedFlag(
         ("--tokenizer",), (None,), "openinfer reads the tokenizer from the model folder (tokenizer.json)"
@@ -101,4 +97,66 @@ def unsupported_flags_epilog() -> str:
     return (
         f"vLLM flags openinfer does not have are refused, saying what to use instead: {names} (their neutral "
         "values, such as 1 or none, are accepted)"
+    )
+
+
+SPECULATIVE_CONFIG_HELP = (
+    "vLLM's speculative config as JSON: method ngram|dflash|dspark, model (the drafter's folder), "
+    "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, enable_adaptive_verification; the same as "
+    "--spec-method, --draft-model, --num-spec-tokens and the flags of those names"
+)
+_SPEC_METHODS = ("ngram", "dflash", "dspark")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """``--speculative-config`` read: the launcher's drafter and the engine flags it adds."""
+
+    method: str
+    num_spec_tokens: int | None
+    draft_model: str | None
+    engine_flags: list[str]
+
+
+def read_speculative_config(text: str) -> SpeculativeConfig:
+    """vLLM's ``--speculative-config`` JSON as openinfer's flags; ValueError naming what openinfer cannot take
+    (another method, a key it does not have, a value of the wrong type)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise ValueError("--speculative-config must be a JSON object")
+    known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+             "enable_adaptive_verification"}  # fmt: skip
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"--speculative-config keys openinfer does not have: {', '.join(unknown)} (it takes "
+            f"{', '.join(sorted(known))})"
+        )
+    method = config.get("method")
+    if method not in _SPEC_METHODS:
+        raise ValueError(
+            f"--speculative-config method {method!r}: openinfer's are {', '.join(_SPEC_METHODS)}"
+        )
+    for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"--speculative-config {key} must be an integer, got {value!r}")
+    model = config.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"--speculative-config model must be a folder path, got {model!r}")
+    adaptive = config.get("enable_adaptive_verification", False)
+    if not isinstance(adaptive, bool):
+        raise ValueError(
+            f"--speculative-config enable_adaptive_verification must be true or false, got {adaptive!r}"
+        )
+    flags = [f"--prompt-lookup-{end}={config[f'prompt_lookup_{end}']}" for end in ("min", "max")
+             if config.get(f"prompt_lookup_{end}") is not None]  # fmt: skip
+    return SpeculativeConfig(
+        method,
+        config.get("num_speculative_tokens"),
+        model,
+        flags + (["--enable-adaptive-verification"] if adaptive else []),
     )

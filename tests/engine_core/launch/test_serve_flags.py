@@ -98,9 +98,16 @@ def test_values_that_look_like_flags_stay_values() -> None:
         (["--enable-lora"], "--enable-lora is vLLM's; openinfer serves no LoRA adapters"),
         (["--lora-modules", "a=/l"], "--lora-modules a=/l is vLLM's"),
         (
-            ["--speculative-config", '{"method": "ngram"}'],
-            "--spec-method ngram|dflash|dspark --num-spec-tokens K",
+            ["--speculative-config", '{"method": "eagle3", "model": "/e"}'],
+            "openinfer's are ngram, dflash, dspark",
         ),
+        (["--speculative-config", '{"method": "ngram", "k": 3}'], "keys openinfer does not have: k"),
+        (
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": "3"}'],
+            "must be an integer",
+        ),
+        (["--speculative-config", "[1]"], "must be a JSON object"),
+        (["--speculative-config", '{"method": "ngram"}', "--spec-method", "ngram"], "give one or the other"),
         (["--cpu-offload-gb", "4"], "keeps every weight on the engine's device"),
         (["--tokenizer", "/t"], "reads the tokenizer from the model folder"),
     ],
@@ -189,3 +196,25 @@ def test_engine_flags_that_cannot_work_stop_serve_before_it_starts(argv: list[st
 def test_vllm_dtype_names_are_accepted(given: str, dtype: str) -> None:
     """vLLM's --dtype half and float are float16 and float32."""
     assert engine_args(["--dtype", given]).dtype == dtype
+
+
+def test_vllm_speculative_config_is_openinfers_drafter_flags() -> None:
+    """vLLM's --speculative-config JSON: method, model and K become the launcher's drafter, the options the
+    engine flags of those names; every engine reads them as if typed."""
+    config = '{"method": "dspark", "model": "/d", "num_speculative_tokens": 7, "enable_adaptive_verification": true}'
+    engine = child_reads(
+        engine_command(parse_args(["--model", "/m", "--speculative-config", config]), 0), engine_args
+    )
+    assert (engine.spec_method, engine.num_spec_tokens, engine.draft_model) == ("dspark", 7, "/d")
+    assert engine.enable_adaptive_verification
+    ngram = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
+    engine = child_reads(
+        engine_command(parse_args(["--model", "/m", "--speculative-config", ngram]), 1), engine_args
+    )
+    assert (
+        engine.spec_method,
+        engine.num_spec_tokens,
+        engine.prompt_lookup_min,
+        engine.prompt_lookup_max,
+    ) == ("ngram", 4, 2, 5)
+    assert not engine.enable_adaptive_verification
