@@ -218,11 +218,8 @@ class EngineCore:
                 continue
             request = s.request
             if s.spec_token_ids and spec is not None:
-                verified = len(s.spec_token_ids)
-                confidence = spec.take_confidence(request, verified)
-                spec.observe(request, verified, update.num_accepted, s.num_proposed, confidence)
+                spec.observe(request, len(s.spec_token_ids), update.num_accepted, s.num_proposed)
             elif s.num_proposed and spec is not None:  # the token budget left none of its drafts
-                spec.take_confidence(request, 0)
                 spec.observe_unverified(request, s.num_proposed)
             outputs.append(request.take_output())
             if request.status.is_finished:

@@ -284,12 +284,6 @@ class SpecDecoder:
             explored.append(verified)
         return explored
 
-    def take_confidence(self, request: Request, num_verified: int) -> list[float] | None:
-        """The confidences of the ``num_verified`` drafts of the request's round being counted (the token
-        budget may have cut the round since it was proposed); None from a drafter that does not rate."""
-        rated = self._rated.pop(request, None)
-        return None if rated is None else rated[:num_verified]
-
     def verify_length(self, confidence: list[float]) -> int:
         """DeepSpec's rule for how many of a round's drafts the target verifies: those before the first whose
         confidence is below ``--confidence-threshold`` (each draft's own, not the prefix's product)."""
@@ -317,8 +311,12 @@ class SpecDecoder:
         ``num_draft_tokens`` (V >= 1) verified, ``num_accepted`` of them accepted, of ``num_proposed`` (P)
         the drafter proposed; None: all of them were verified (P = V). The P - V tokens left out count as
         unverified, never as rejected. ``confidence``: the confidence head's c_i for each of the V verified
-        tokens (in [0, 1]), None from a drafter without one. ``ValueError`` before anything moves when the
-        draft or its confidences cannot be."""
+        tokens (in [0, 1]); None: those ``propose`` kept for the round (the first V: the token budget may
+        have cut it since), or none from a drafter without a confidence head. ``ValueError`` before anything
+        moves when the draft or its confidences cannot be."""
+        rated = self._rated.pop(request, None)
+        if confidence is None and rated is not None:
+            confidence = rated[:num_draft_tokens]
         proposed = num_draft_tokens if num_proposed is None else num_proposed
         num_unverified = proposed - num_draft_tokens
         self.counters.observe_draft(num_draft_tokens, num_accepted, num_unverified, confidence)
@@ -333,6 +331,7 @@ class SpecDecoder:
     def observe_unverified(self, request: Request, num_proposed: int) -> None:
         """Count a round whose ``num_proposed`` tokens (>= 1) the scheduler verified none of (V = 0): no draft;
         the tokens count as unverified, and the spec log gets a line with ``num_draft_tokens`` 0."""
+        self._rated.pop(request, None)
         self.counters.observe_unverified(num_proposed)
         self._request_counters(request).observe_unverified(num_proposed)
         if self._log is not None:
