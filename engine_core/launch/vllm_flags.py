@@ -4,10 +4,11 @@ gets a clear answer, accepts their neutral values and refuses the rest, saying w
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 SCALE_OUT = "to use several GPUs, run one engine per GPU: --engines N --device cuda"
 
@@ -108,6 +109,17 @@ SPECULATIVE_CONFIG_HELP = (
 _SPEC_METHODS = ("ngram", "dflash", "dspark")
 
 
+class _VllmSpeculativeConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The keys of vLLM's ``--speculative-config`` that openinfer has."""
+
+    method: str
+    model: str | None = None
+    num_speculative_tokens: int | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    enable_adaptive_verification: bool = False
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``--speculative-config`` read: the launcher's drafter and the engine flags it adds."""
@@ -122,41 +134,16 @@ def read_speculative_config(text: str) -> SpeculativeConfig:
     """vLLM's ``--speculative-config`` JSON as openinfer's flags; ValueError naming what openinfer cannot take
     (another method, a key it does not have, a value of the wrong type)."""
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--speculative-config is not JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-             "enable_adaptive_verification"}  # fmt: skip
-    unknown = sorted(set(config) - known)
-    if unknown:
+        config = msgspec.json.decode(text, type=_VllmSpeculativeConfig)
+    except msgspec.DecodeError as e:
+        keys = ", ".join(_VllmSpeculativeConfig.__struct_fields__)
+        raise ValueError(f"--speculative-config: {e} (openinfer takes a JSON object of {keys})") from None
+    if config.method not in _SPEC_METHODS:
         raise ValueError(
-            f"--speculative-config keys openinfer does not have: {', '.join(unknown)} (it takes "
-            f"{', '.join(sorted(known))})"
+            f"--speculative-config method {config.method!r}: openinfer's are {', '.join(_SPEC_METHODS)}"
         )
-    method = config.get("method")
-    if method not in _SPEC_METHODS:
-        raise ValueError(
-            f"--speculative-config method {method!r}: openinfer's are {', '.join(_SPEC_METHODS)}"
-        )
-    for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
-        value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ValueError(f"--speculative-config {key} must be an integer, got {value!r}")
-    model = config.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ValueError(f"--speculative-config model must be a folder path, got {model!r}")
-    adaptive = config.get("enable_adaptive_verification", False)
-    if not isinstance(adaptive, bool):
-        raise ValueError(
-            f"--speculative-config enable_adaptive_verification must be true or false, got {adaptive!r}"
-        )
-    flags = [f"--prompt-lookup-{end}={config[f'prompt_lookup_{end}']}" for end in ("min", "max")
-             if config.get(f"prompt_lookup_{end}") is not None]  # fmt: skip
-    return SpeculativeConfig(
-        method,
-        config.get("num_speculative_tokens"),
-        model,
-        flags + (["--enable-adaptive-verification"] if adaptive else []),
-    )
+    flags = [f"--prompt-lookup-{end}={n}" for end, n in (("min", config.prompt_lookup_min),
+             ("max", config.prompt_lookup_max)) if n is not None]  # fmt: skip
+    if config.enable_adaptive_verification:
+        flags.append("--enable-adaptive-verification")
+    return SpeculativeConfig(config.method, config.num_speculative_tokens, config.model, flags)
