@@ -36,6 +36,11 @@ def drafts(metrics: FrontendMetrics, engine: str) -> float:
     return value(metrics, "vllm:spec_decode_num_drafts_total", model_name="m", engine=engine)
 
 
+def per_position(metrics: FrontendMetrics, name: str, k: int) -> list[float]:
+    """Engine 0's per-position series ``name`` of model m, positions 0..k-1."""
+    return [value(metrics, name, model_name="m", engine="0", position=str(i)) for i in range(k)]
+
+
 def test_totals_round_trip_to_the_same_exposition() -> None:
     """Counters and histograms restored from their state expose exactly the same text."""
     first = MetricTotals()
@@ -150,72 +155,17 @@ def test_verify_length_counters_continue_through_a_restart(tmp_path: Path) -> No
     second = FrontendMetrics(StateDir(tmp_path))
     second.engine_joined(0, 111)
     second.observe_load(0, 111, "m", load(spec.copy()))
-    verified = [
-        value(second, "openinfer:spec_decode_num_draft_tokens_per_pos_total", model_name="m", engine="0",
-              position=str(i))
-        for i in range(3)
-    ]  # fmt: skip
+    verified = per_position(second, "openinfer:spec_decode_num_draft_tokens_per_pos_total", 3)
     assert verified == [2, 1, 0]  # the drafts of 2 and 1 tokens since the baseline
     unverified = value(
         second, "openinfer:spec_decode_num_unverified_draft_tokens_total", model_name="m", engine="0"
     )
     assert unverified == 5  # 1 + 2 + 2
     assert drafts(second, "0") == 2
-    reached = [
-        value(second, "openinfer:spec_decode_num_reached_per_pos_total", model_name="m", engine="0",
-              position=str(i))
-        for i in range(3)
-    ]  # fmt: skip
+    reached = per_position(second, "openinfer:spec_decode_num_reached_per_pos_total", 3)
     assert reached == [2, 1, 0]  # (2, 1): tokens 0 and 1; (1, 0): token 0
-    micros = [
-        value(second, "openinfer:spec_decode_confidence_micros_per_pos_total", model_name="m", engine="0",
-              position=str(i))
-        for i in range(3)
-    ]  # fmt: skip
+    micros = per_position(second, "openinfer:spec_decode_confidence_micros_per_pos_total", 3)
     assert micros == [875_000, 250_000, 0]  # .75 + .125, .25; the baseline's .5s never
-
-
-def test_baselines_of_a_release_without_reached_counts(tmp_path: Path) -> None:
-    """A state file whose spec baselines lack the reached counts and confidence sums (protocol version 3)
-    loads: the totals go on, only the incarnation is kept, and the index's next incarnation counts from zero
-    as a restart, its reached series included."""
-    (tmp_path / STATE_FILE).write_text(
-        '{"version": 1, "totals": {"counters": {"vllm:spec_decode_num_drafts": [[["m", "0"], 2.0]]}, '
-        '"histograms": {}}, "spec_baselines": {"0": [111, [2, 2, 3, 1, [1, 0], [1, 1, 0], [2, 1], 0]]}, '
-        '"incarnations": {"0": 111}}'
-    )  # K=2 after drafts (2 tokens, 1 accepted) and (1, 0)
-    metrics = FrontendMetrics(StateDir(tmp_path))
-    assert metrics.state().spec_baselines[0].counters is None  # the incarnation alone is kept
-    metrics.engine_joined(0, 222)
-    fresh = SpecDecodeCounters.zero(2)
-    fresh.observe_draft(2, 0, confidence=[0.25, 0.5])
-    metrics.observe_load(0, 222, "m", load(fresh))
-    assert drafts(metrics, "0") == 3
-    assert value(metrics, "openinfer:spec_decode_counter_resets_total", engine="0", reason="restart") == 1
-    reached = "openinfer:spec_decode_num_reached_per_pos_total"
-    assert value(metrics, reached, model_name="m", engine="0", position="0") == 1
-    micros = "openinfer:spec_decode_confidence_micros_per_pos_total"
-    assert value(metrics, micros, model_name="m", engine="0", position="0") == 250_000
-
-
-def test_baselines_of_a_release_without_verified_counts(tmp_path: Path) -> None:
-    """A state file whose spec baselines lack the per-position verified counts (an older release) loads: the
-    totals go on, and the index's next incarnation (that release's engines speak another protocol, so every
-    engine is one) counts from zero as a restart, its new series included."""
-    (tmp_path / STATE_FILE).write_text(
-        '{"version": 1, "totals": {"counters": {"vllm:spec_decode_num_drafts": [[["m", "0"], 2.0]]}, '
-        '"histograms": {}}, "spec_baselines": {"0": [111, [2, 2, 3, 1, [1, 0], [1, 1, 0]]]}, '
-        '"incarnations": {"0": 111}}'
-    )  # K=2 after drafts (2 tokens, 1 accepted) and (1, 0)
-    metrics = FrontendMetrics(StateDir(tmp_path))
-    assert metrics.state().spec_baselines[0].counters is None  # the incarnation alone is kept
-    metrics.engine_joined(0, 222)
-    metrics.observe_load(0, 222, "m", load(counters(2, (2, 2))))
-    assert drafts(metrics, "0") == 3
-    assert value(metrics, "openinfer:engine_restarts_total", engine="0") == 1
-    assert value(metrics, "openinfer:spec_decode_counter_resets_total", engine="0", reason="restart") == 1
-    per_pos = "openinfer:spec_decode_num_draft_tokens_per_pos_total"
-    assert value(metrics, per_pos, model_name="m", engine="0", position="1") == 1
 
 
 async def test_frontend_restart_over_real_sockets(
