@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.models.dflash import DFlashDraftModel
@@ -22,10 +24,10 @@ from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.verification import accepted_prefix_length
 from openinfer.tools.dflash_data import (
     PROMPT_LENS,
-    SEQ_LEN,
     Distillation,
 )
 from openinfer.tools.dflash_forward import (
+    Blocks,
     draft_logits,
     make_blocks,
 )
@@ -73,8 +75,10 @@ class Acceptance:
         )
 
 
-def walk(tokens: list[int], prompt_len: int, k: int, propose: dict[int, list[int]] | None) -> list[int]:
-    """Accepted counts of the rounds the engine runs on one greedy sequence: the current token at p, K
+def walk(
+    tokens: list[int], prompt_len: int, k: int, propose: dict[int, list[int]] | None
+) -> list[tuple[int, int]]:
+    """(p, accepted) of each round the engine runs on one greedy sequence: the current token at p, K
     drafts (from `propose[p]`, or n-gram lookup when None), the longest prefix equal to the target's tokens,
     then p moves past the accepted drafts and the target's bonus token. Rounds stop where fewer than K
     tokens are left."""
@@ -83,7 +87,7 @@ def walk(tokens: list[int], prompt_len: int, k: int, propose: dict[int, list[int
         drafts = propose[p] if propose is not None else ngram_propose(tokens[: p + 1], 1, 4, k)
         accepted = accepted_prefix_length(drafts, tokens[p + 1 :])
         if drafts:  # an n-gram miss makes no draft
-            counts.append(accepted)
+            counts.append((p, accepted))
         p += accepted + 1
     return counts
 
@@ -98,41 +102,54 @@ def measure(
     dflash, ngram = Acceptance(k, [0] * (k + 1)), Acceptance(k, [0] * (k + 1))
     for i in range(len(data.tokens)):
         prompt_len = int(data.prompt_lens[i])
-        anchors = torch.arange(prompt_len, SEQ_LEN - k)[None, :]  # (1, A): every generated position
+        anchors = torch.arange(prompt_len, data.seq_len - k)[None, :]  # (1, A): every generated position
         blocks = make_blocks(data.tokens[i : i + 1], anchors, args.block_size, k, args.mask_token_id)
         logits = draft_logits(model, target, data.features[i : i + 1], blocks, args.anchor, k)
         drafts = dict(zip(anchors[0].tolist(), logits.argmax(-1)[0].tolist(), strict=True))
         tokens = data.tokens[i].tolist()
-        for n in walk(tokens, prompt_len, k, drafts):
+        for _, n in walk(tokens, prompt_len, k, drafts):
             dflash.hist[n] += 1
-        for n in walk(tokens, prompt_len, k, None):
+        for _, n in walk(tokens, prompt_len, k, None):
             ngram.hist[n] += 1
     model.train()
     return dflash, ngram
+
+
+BlockLogits = Callable[[int, Blocks], Tensor]  # (sample i, its one block) -> (1, 1, K, vocab) draft logits
+
+
+def zlab_block_logits(
+    model: DFlashDraftModel, target: Qwen3ForCausalLM, data: Distillation, args: argparse.Namespace
+) -> BlockLogits:
+    """`draft_logits` of a drafter in z-lab's layout at one block of sample i."""
+    k = args.block_size - 1
+    return lambda i, blocks: draft_logits(model, target, data.features[i : i + 1], blocks, args.anchor, k)
 
 
 @torch.no_grad()
 def check_against_engine(
     folder: Path,
     target_folder: Path,
-    target: Qwen3ForCausalLM,
-    model: DFlashDraftModel,
+    model: torch.nn.Module,
     data: Distillation,
     args: argparse.Namespace,
+    num_drafts: int,
+    block_logits: BlockLogits,
 ) -> int:
     """Load `folder` with the engine's DFlashDrafter beside the engine's own target and compare its
-    proposals with `draft_logits`' argmax at one anchor of each sample sequence; raises on a difference.
-    Returns the number of blocks compared."""
-    k = args.block_size - 1
+    proposals (K = num_drafts) with the argmax of the training forward's `block_logits` at one anchor of
+    each sample sequence; raises on a difference. Returns the number of blocks compared."""
+    k = num_drafts
     page = 16
     samples = min(8, len(data.tokens))
-    runner = ModelRunner(target_folder, torch.device("cpu"), num_kv_blocks=samples * SEQ_LEN // page + 1)
+    runner = ModelRunner(target_folder, torch.device("cpu"), num_kv_blocks=samples * data.seq_len // page + 1)
     drafter = DFlashDrafter(folder, runner, k)
     queries, expected = [], []
+    model.eval()
     for i in range(samples):
         tokens = data.tokens[i].tolist()
         p = int(data.prompt_lens[i]) + 5 * i  # an anchor among the generated tokens
-        block_ids = list(range(i * SEQ_LEN // page, (i + 1) * SEQ_LEN // page))
+        block_ids = list(range(i * data.seq_len // page, (i + 1) * data.seq_len // page))
         aux = runner.execute(
             chunk_step([SeqChunk(tokens[:p], 0, block_ids)], runner), drafter.aux_layer_ids
         ).aux
@@ -142,7 +159,7 @@ def check_against_engine(
         blocks = make_blocks(
             data.tokens[i : i + 1], torch.tensor([[p]]), args.block_size, k, args.mask_token_id
         )
-        expected.append(draft_logits(model.eval(), target, data.features[i : i + 1], blocks, args.anchor, k))
+        expected.append(block_logits(i, blocks))
     proposed = drafter.propose(queries)
     model.train()
     for i, (drafts, logits) in enumerate(zip(proposed, expected, strict=True)):
@@ -190,7 +207,7 @@ K = {k}: `--spec-method dflash --num-spec-tokens {k}`, what `openinfer-serve` ru
 the depth were chosen by 400-step pilots (`docs/benchmarks.md`). It shares the target's embedding and LM \
 head.
 
-- **Data**: {args.num_sequences} sequences of {SEQ_LEN} tokens: prompts of {", ".join(map(str, PROMPT_LENS))} \
+- **Data**: {args.num_sequences} sequences of {args.seq_len} tokens: prompts of {", ".join(map(str, PROMPT_LENS))} \
 tokens cut from the training part of `{args.dataset.name}` (the first 90 % of its tokens), continued \
 greedily by the target (it learns the target's own temperature-0 text): {format_minutes(data_seconds)} to \
 generate and featurize.

@@ -4,7 +4,6 @@ Part of tools/train_dflash.py; imported as a sibling module, like training.py.""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from openinfer.tools.training import (
     builtin_tokenizer,
 )
 
-SEQ_LEN = 192  # prompt + greedy continuation, every sequence
+SEQ_LEN = 192  # prompt + greedy continuation, every sequence of tools/train_dflash.py
 
 
 PROMPT_LENS = (8, 32, 64, 96)  # a quarter of the sequences each: short chat-like to bench-like prompts
@@ -32,9 +31,16 @@ NUL_BYTE_TOKEN = "\u0100"  # byte-level BPE's symbol for the byte 0x00
 class Distillation:
     """The target's greedy sequences and their context features."""
 
-    tokens: Tensor  # (N, SEQ_LEN) int64: prompt then the target's greedy continuation
+    tokens: Tensor  # (N, L) int64: prompt then the target's greedy continuation
     prompt_lens: Tensor  # (N,) int64
-    features: Tensor  # (N, SEQ_LEN, len(layer_ids) * hidden) float32: target layer outputs, concatenated
+    features: Tensor  # (N, L, len(layer_ids) * hidden) float32: target layer outputs, concatenated
+    final: Tensor | None = (
+        None  # (N, L, hidden) float32: the target's last hidden state, after its final norm
+    )
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
 
 
 def load_target(folder: Path) -> Qwen3ForCausalLM:
@@ -45,11 +51,12 @@ def load_target(folder: Path) -> Qwen3ForCausalLM:
 
 @torch.no_grad()
 def greedy_sequences(
-    target: Qwen3ForCausalLM, part: Tensor, count: int, gen_batch: int, seed: int, desc: str
+    target: Qwen3ForCausalLM, part: Tensor, count: int, seq_len: int, gen_batch: int, seed: int, desc: str
 ) -> tuple[Tensor, Tensor]:
-    """`count` sequences of SEQ_LEN tokens: a prompt cut from `part` at a seeded offset (a quarter of them
+    """`count` sequences of `seq_len` tokens: a prompt cut from `part` at a seeded offset (a quarter of them
     for each of PROMPT_LENS), then the target's greedy continuation, never stopped by EOS (the bench runs
-    with ignore_eos). Returns tokens (count, SEQ_LEN) and prompt lengths (count,)."""
+    with ignore_eos). transformers' `generate` over a static KV cache (no copy of the cache per token).
+    Returns tokens (count, seq_len) and prompt lengths (count,)."""
     generator = torch.Generator().manual_seed(seed)
     jobs = []  # (prompt_len, n): generation batches
     for j, prompt_len in enumerate(PROMPT_LENS):
@@ -59,39 +66,74 @@ def greedy_sequences(
     for prompt_len, n in tqdm(jobs, desc=desc, unit="batch"):
         offsets = torch.randint(0, len(part) - prompt_len, (n,), generator=generator)
         prompts = part[offsets[:, None] + torch.arange(prompt_len)[None, :]]  # (n, prompt_len)
-        out = target(input_ids=prompts, use_cache=True)
-        generated = [out.logits[:, -1].argmax(-1)]  # each (n,)
-        for _ in range(SEQ_LEN - prompt_len - 1):
-            out = target(input_ids=generated[-1][:, None], cache=out.cache, use_cache=True)
-            generated.append(out.logits[:, -1].argmax(-1))
-        tokens.append(torch.cat((prompts, torch.stack(generated, dim=1)), dim=1))  # (n, SEQ_LEN)
+        new = seq_len - prompt_len
+        out = target.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            cache_implementation="static",
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        tokens.append(out)  # (n, seq_len)
         prompt_lens.append(torch.full((n,), prompt_len))
     return torch.cat(tokens), torch.cat(prompt_lens)
 
 
 @torch.no_grad()
-def context_features(target: Qwen3ForCausalLM, tokens: Tensor, layer_ids: list[int]) -> Tensor:
-    """(N, SEQ_LEN) -> (N, SEQ_LEN, len(layer_ids) * hidden): the outputs of decoder layers `layer_ids`
-    (transformers' hidden_states[i + 1]; what the engine's forward_with_aux returns), float32."""
-    chunks = []
-    for batch in tokens.split(64):
-        hidden = target(input_ids=batch, output_hidden_states=True).hidden_states
-        chunks.append(torch.cat([hidden[i + 1] for i in layer_ids], dim=-1))
-    return torch.cat(chunks)
+def context_features(
+    target: Qwen3ForCausalLM, tokens: Tensor, layer_ids: list[int], with_final: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """(N, L) -> the outputs of decoder layers `layer_ids` (transformers' hidden_states[i + 1]; what the
+    engine's forward_with_aux returns), concatenated, (N, L, len(layer_ids) * hidden), and with `with_final`
+    the last hidden state after the final norm (N, L, hidden) (the target's logits are its LM head of it);
+    float32."""
+    chunks, finals = [], []
+    for batch in tokens.split(32):
+        out = target.model(input_ids=batch, output_hidden_states=True)
+        chunks.append(torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1))
+        if with_final:
+            finals.append(out.last_hidden_state)
+    return torch.cat(chunks), torch.cat(finals) if with_final else None
 
 
 def distillation_data(
-    args: argparse.Namespace, target: Qwen3ForCausalLM, part: Tensor, count: int, seed: int, name: str
+    target: Qwen3ForCausalLM,
+    target_folder: Path,
+    part: Tensor,
+    spec: DataSpec,
+    cache_dir: Path,
+    layer_ids: list[int],
+    with_final: bool = False,
 ) -> Distillation:
-    """Generate (or reload from --work-dir) the greedy sequences, then compute their features."""
-    path = args.work_dir / f"{name}-{target_digest(args.target)}-{count}-{seed}-{SEQ_LEN}.pt"
+    """Generate (or reload from `cache_dir`) the greedy sequences `spec` names, then compute their
+    features (and the target's final hidden states with `with_final`)."""
+    path = (
+        cache_dir / f"{spec.name}-{target_digest(target_folder)}-{spec.count}-{spec.seed}-{spec.seq_len}.pt"
+    )
     if path.is_file():
         tokens, prompt_lens = torch.load(path)
     else:
-        tokens, prompt_lens = greedy_sequences(target, part, count, args.gen_batch, seed, f"generate {name}")
+        tokens, prompt_lens = greedy_sequences(
+            target, part, spec.count, spec.seq_len, spec.gen_batch, spec.seed, f"generate {spec.name}"
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save((tokens, prompt_lens), path)
-    return Distillation(tokens, prompt_lens, context_features(target, tokens, args.target_layer_ids))
+    features, final = context_features(target, tokens, layer_ids, with_final)
+    return Distillation(tokens, prompt_lens, features, final)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Which greedy sequences to generate: a name for the cache file, how many, how long, the seed."""
+
+    name: str
+    count: int
+    seq_len: int
+    seed: int
+    gen_batch: int
 
 
 def target_digest(folder: Path) -> str:

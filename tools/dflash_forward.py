@@ -16,10 +16,7 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.qwen3 import apply_rope
-from openinfer.tools.dflash_data import (
-    SEQ_LEN,
-    Distillation,
-)
+from openinfer.tools.dflash_data import Distillation
 
 
 def draft_hidden(
@@ -107,11 +104,13 @@ def draft_logits(
     return F.linear(slots, target.get_output_embeddings().weight).float()
 
 
-def sample_anchors(prompt_lens: Tensor, count: int, num_drafts: int, generator: torch.Generator) -> Tensor:
-    """(B, count) anchor positions in [prompt_len, SEQ_LEN - 1 - num_drafts]: generated tokens only, so
+def sample_anchors(
+    prompt_lens: Tensor, count: int, num_drafts: int, seq_len: int, generator: torch.Generator
+) -> Tensor:
+    """(B, count) anchor positions in [prompt_len, seq_len - 1 - num_drafts]: generated tokens only, so
     that every label is the target's greedy continuation of the block's own context."""
     low = prompt_lens[:, None].float()
-    span = (SEQ_LEN - num_drafts) - low  # positions available per sequence
+    span = (seq_len - num_drafts) - low  # positions available per sequence
     return (low + torch.rand(len(prompt_lens), count, generator=generator) * span).long()
 
 
@@ -151,7 +150,7 @@ def distillation_loss(
     def step_loss(step: int) -> Tensor:
         generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         rows = torch.randint(0, len(train.tokens), (args.batch_size,), generator=generator)
-        anchors = sample_anchors(train.prompt_lens[rows], args.anchors, k, generator)
+        anchors = sample_anchors(train.prompt_lens[rows], args.anchors, k, train.seq_len, generator)
         blocks = make_blocks(train.tokens[rows], anchors, args.block_size, k, args.mask_token_id)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.no_autocast):
             logits = draft_logits(model, target, train.features[rows], blocks, args.anchor, k)
@@ -176,7 +175,7 @@ def slot_losses(
     rows = torch.arange(min(256, len(data.tokens)))
     total = 0.0
     for chunk in rows.split(16):
-        anchors = sample_anchors(data.prompt_lens[chunk], 16, k, generator)
+        anchors = sample_anchors(data.prompt_lens[chunk], 16, k, data.seq_len, generator)
         blocks = make_blocks(data.tokens[chunk], anchors, args.block_size, k, args.mask_token_id)
         logits = draft_logits(model, target, data.features[chunk], blocks, args.anchor, k)
         losses = F.cross_entropy(logits.flatten(0, 2), blocks.labels.flatten(), reduction="none")

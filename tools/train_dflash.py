@@ -7,7 +7,7 @@ tools/train_target.py); the output folder is committed as package data.
 1. Data: prompts cut from the training part of the text (the last tenth stays held out, as for the target),
    continued greedily by the target (batched, over a KV cache): the drafter learns the target's OWN greedy text,
    which is what it must predict when serving at temperature 0. Prompt lengths vary (PROMPT_LENS); every
-   sequence is SEQ_LEN tokens. The target's outputs of decoder layers --target-layer-ids at every position
+   sequence is --seq-len tokens. The target's outputs of decoder layers --target-layer-ids at every position
    are the context features, computed once in float32.
 2. Model: `DFlashDraftModel` from the engine (the same modules, so the same parameter names), run by
    `draft_hidden` (tools/dflash_forward.py) in a training form: many draft blocks of one sequence in one
@@ -43,8 +43,10 @@ import torch
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
-from openinfer.tools.dflash_card import check_against_engine, measure, write_card
+from openinfer.tools.dflash_card import check_against_engine, measure, write_card, zlab_block_logits
 from openinfer.tools.dflash_data import (
+    SEQ_LEN,
+    DataSpec,
     distillation_data,
     load_target,
     mask_token,
@@ -93,6 +95,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target-layer-ids", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--num-sequences", type=int, default=4096, help="greedy sequences to train on")
     parser.add_argument("--num-val-sequences", type=int, default=64, help="held-out sequences to measure on")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="prompt + greedy continuation, tokens")
     parser.add_argument("--gen-batch", type=int, default=256, help="sequences generated at once")
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
@@ -123,8 +126,11 @@ def main() -> None:
     )
     model = new_drafter(config, args.seed)
 
-    train_data = distillation_data(args, target, split.train, args.num_sequences, args.seed, "train")
-    val = distillation_data(args, target, split.val, args.num_val_sequences, args.seed + 1, "val")
+    layer_ids = args.target_layer_ids
+    train_spec = DataSpec("train", args.num_sequences, args.seq_len, args.seed, args.gen_batch)
+    val_spec = DataSpec("val", args.num_val_sequences, args.seq_len, args.seed + 1, args.gen_batch)
+    train_data = distillation_data(target, args.target, split.train, train_spec, args.work_dir, layer_ids)
+    val = distillation_data(target, args.target, split.val, val_spec, args.work_dir, layer_ids)
     data_seconds = time.monotonic() - began_all
 
     fingerprint = {
@@ -134,6 +140,7 @@ def main() -> None:
             "block_size",
             "target_layer_ids",
             "num_sequences",
+            "seq_len",
             "steps",
             "batch_size",
             "anchors",
@@ -171,7 +178,8 @@ def main() -> None:
     if args.out_dir.exists():
         shutil.rmtree(args.out_dir)
     write_dflash_checkpoint(args.out_dir, config, dict(model.named_parameters()))
-    compared = check_against_engine(args.out_dir, args.target, target, model, val, args)
+    forward = zlab_block_logits(model, target, val, args)
+    compared = check_against_engine(args.out_dir, args.target, model, val, args, k, forward)
     print(f"the engine's DFlashDrafter proposes what the training forward does on {compared} held-out blocks")
     write_card(
         args, split, data_seconds, train_seconds, train_loss, val_loss, dflash, ngram, history, compared

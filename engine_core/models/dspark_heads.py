@@ -97,8 +97,12 @@ class ConfidenceHead(nn.Module):
 
     def forward(self, hidden: Tensor, prev_embed: Tensor | None) -> Tensor:
         """hidden (B, hidden) and, with the Markov features, prev_embed (B, r) -> (B,) float32 in (0, 1)."""
+        return torch.sigmoid(self.logit(hidden, prev_embed).float())
+
+    def logit(self, hidden: Tensor, prev_embed: Tensor | None) -> Tensor:
+        """The confidence before its sigmoid, (B,) in the head's dtype (what training's BCE reads)."""
         features = hidden
         if self.with_markov:
             assert prev_embed is not None, "this confidence head reads the Markov embedding"
             features = torch.cat((hidden, prev_embed), dim=-1)
-        return torch.sigmoid(self.proj(features).squeeze(-1).float())
+        return self.proj(features).squeeze(-1)

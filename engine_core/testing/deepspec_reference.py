@@ -54,11 +54,21 @@ class ReferenceRun:
 def speculators_dspark_heads() -> ModuleType | None:
     """speculators' ``models/dspark/model_definitions.py`` (MarkovHead, ConfidenceHead), loaded from its
     file (the package's own ``__init__`` pulls in its training stack); None when it is not installed."""
+    return _speculators_file("models/dspark/model_definitions.py", "speculators_dspark_heads")
+
+
+def speculators_eager_losses() -> ModuleType | None:
+    """speculators' ``losses/eager.py`` (its reference ce_loss, tv_loss, ...: torch alone), loaded from its
+    file; None when it is not installed."""
+    return _speculators_file("losses/eager.py", "speculators_eager_losses")
+
+
+def _speculators_file(relative: str, name: str) -> ModuleType | None:
     spec = importlib.util.find_spec("speculators")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(spec.submodule_search_locations[0]) / "models" / "dspark" / "model_definitions.py"
-    module_spec = importlib.util.spec_from_file_location("speculators_dspark_heads", path)
+    path = Path(spec.submodule_search_locations[0]) / relative
+    module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
         return None
     module = importlib.util.module_from_spec(module_spec)

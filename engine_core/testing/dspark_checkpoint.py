@@ -59,12 +59,22 @@ def make_tiny_dspark_checkpoint(
             tensors[name] = torch.ones(param.shape)
         else:
             tensors[name] = torch.randn(param.shape, generator=generator) * init_std
+    return write_dspark_checkpoint(folder, config, tensors, target_folder)
+
+
+def write_dspark_checkpoint(
+    folder: Path | str, config: dict[str, Any], tensors: dict[str, torch.Tensor], target_folder: Path | str
+) -> Path:
+    """Write config.json and model.safetensors: the drafter's `tensors` by their DeepSpec names plus copies
+    of the target's embedding and LM head (as DeepSpec's save_pretrained writes them)."""
     target_tensors = dict(iter_safetensors(Path(target_folder)))
     embedding = target_tensors["model.embed_tokens.weight"]
-    tensors["embed_tokens.weight"] = embedding
     head = target_tensors.get("lm_head.weight")  # absent when the target ties it to the embedding
-    tensors["lm_head.weight"] = (embedding if head is None else head).clone()  # its own copy, as DeepSpec's
-    return write_dflash_checkpoint(folder, config, tensors)
+    copies = {
+        "embed_tokens.weight": embedding,
+        "lm_head.weight": (embedding if head is None else head).clone(),
+    }
+    return write_dflash_checkpoint(folder, config, {**tensors, **copies})
 
 
 def dspark_checkpoint_config(
@@ -77,13 +87,19 @@ def dspark_checkpoint_config(
     markov_head_type: MarkovHeadType,
     confidence_head: bool,
     confidence_with_markov: bool,
+    mask_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The config.json DeepSpec writes for a drafter of `target` (the defaults are
     `make_tiny_dspark_checkpoint`'s): the target's Qwen3 fields, num_hidden_layers the draft's, DeepSpec's
-    fields at the top level, `markov_head_type` only with a Markov head and `confidence_head_with_markov`
+    fields at the top level (mask_token_id defaults to the last vocabulary id), `markov_head_type` only with a
+    Markov head and `confidence_head_with_markov`
     only with a confidence head, as DeepSpec's config builder writes them."""
     config = dflash_checkpoint_config(
-        target, num_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids
+        target,
+        num_layers=num_layers,
+        block_size=block_size,
+        target_layer_ids=target_layer_ids,
+        mask_token_id=mask_token_id,
     )
     dflash = config.pop("dflash_config")
     config.update(

@@ -9,7 +9,7 @@ from typing import Any
 from openinfer.engine_core.config import Device, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import load_runner
-from openinfer.protocol import EngineCoreRequest, SamplingParams
+from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingParams, SpecDecodeCounters
 
 
 def make_core(
@@ -22,6 +22,28 @@ def make_core(
         model_path=folder, served_model_name=served_model_name, device=Device.parse(device), **overrides
     )  # type: ignore[arg-type]
     return EngineCore(config, load_runner(config))
+
+
+class CheckedSteps:
+    """Steps an engine core and checks its spec-decode counters on every snapshot it would publish: each
+    holds DESIGN.md's invariants (`violation`) and none is below the one before (cumulative counters)."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.snapshots = 0  # snapshots with spec-decode counters checked
+        self._previous: SpecDecodeCounters | None = None
+
+    def step(self) -> list[EngineCoreOutput]:
+        outputs = self.core.step()
+        counters = self.core.load_snapshot().spec_decode
+        if counters is not None:
+            problem = counters.violation()
+            assert problem is None, f"snapshot {self.snapshots}: {problem}"
+            if self._previous is not None:
+                assert counters.minus(self._previous).is_nonnegative(), f"snapshot {self.snapshots} decreased"
+            self._previous = counters.copy()
+            self.snapshots += 1
+        return outputs
 
 
 def generate_greedy(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

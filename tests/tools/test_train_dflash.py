@@ -40,8 +40,8 @@ def test_training_forward_is_the_engines(tmp_path: Path, anchor: AnchorLayout) -
     assert isinstance(target, Qwen3ForCausalLM)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 512, (3, dflash_data.SEQ_LEN), generator=generator)
-    data = dflash_data.Distillation(
-        tokens, torch.tensor([8, 32, 64]), dflash_data.context_features(target, tokens, [0, 1])
-    )
+    features, _ = dflash_data.context_features(target, tokens, [0, 1])
+    data = dflash_data.Distillation(tokens, torch.tensor([8, 32, 64]), features)
     args = argparse.Namespace(block_size=8, mask_token_id=config.mask_token_id, anchor=anchor)
-    assert dflash_card.check_against_engine(folder, target_folder, target, model, data, args) == 3
+    forward = dflash_card.zlab_block_logits(model, target, data, args)
+    assert dflash_card.check_against_engine(folder, target_folder, model, data, args, 7, forward) == 3

@@ -24,7 +24,7 @@ from openinfer.engine_core.testing.deepspec_reference import (
     speculators_dspark_heads,
 )
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
-from openinfer.engine_core.testing.engine_cores import make_core
+from openinfer.engine_core.testing.engine_cores import CheckedSteps, make_core
 from openinfer.engine_core.testing.spec_logs import read_spec_log
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -206,9 +206,11 @@ def test_serving_is_lossless(head_type: MarkovHeadType, target: Path, tmp_path: 
         for i, prompt in enumerate(prompts):
             core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
         out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+        steps = CheckedSteps(core)
         while core.has_work:
-            for output in core.step():
+            for output in steps.step():
                 out[output.request_id].extend(output.new_token_ids)
+        assert steps.snapshots > 0 or spec is None
         drafts = core.spec.counters.num_drafts if core.spec is not None else 0
         return list(out.values()), drafts
 
@@ -298,9 +300,11 @@ def test_rounds_match_deepspec_loop(
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         core.add_request(EngineCoreRequest(str(i), prompt, p))
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    steps = CheckedSteps(core)  # DESIGN.md's invariants on every snapshot, not only the last
     while core.has_work:
-        for output in core.step():
+        for output in steps.step():
             tokens[output.request_id].extend(output.new_token_ids)
+    assert steps.snapshots >= max(len(run.rounds) for run in expected)
     lines = read_spec_log(log)
     for i, run in enumerate(expected):
         assert tokens[str(i)] == run.tokens, f"request {i}"
