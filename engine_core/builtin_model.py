@@ -1,6 +1,8 @@
-"""The built-in model: a tiny Qwen3 trained on tinyshakespeare and a DFlash drafter distilled from it, shipped
-as package data (`builtin/target/`, `builtin/dflash/`; made by tools/train_target.py and tools/train_dflash.py,
-each folder with its model card). `openinfer-serve` serves the pair when no model is given."""
+"""The built-in model: a tiny Qwen3 trained on tinyshakespeare and the drafters distilled from it, shipped as
+package data, each folder with its model card: `builtin/target/` (tools/train_target.py), `builtin/dflash/`
+(z-lab's layout, tools/train_dflash.py), `builtin/dspark_block7/` and `builtin/dflash_block7/` (DeepSpec's
+layout, tools/train_dspark.py). `openinfer-serve` serves the target with `dflash/` when no model is given, and
+with `dspark_block7/` for `--spec-method dspark`."""
 
 from __future__ import annotations
 
@@ -16,9 +18,13 @@ def builtin_target_folder() -> Path:
     return _builtin("target")
 
 
-def builtin_drafter_folder() -> Path:
-    """The built-in DFlash drafter's folder, in z-lab's layout (config.json, model.safetensors)."""
-    return _builtin("dflash")
+BUILTIN_DRAFTERS = {"dflash": "dflash", "dspark": "dspark_block7"}  # --spec-method -> its built-in folder
+
+
+def builtin_drafter_folder(method: str = "dflash") -> Path:
+    """The built-in drafter of `method` (a key of BUILTIN_DRAFTERS): DFlash in z-lab's layout, DSpark in
+    DeepSpec's (config.json, model.safetensors)."""
+    return _builtin(BUILTIN_DRAFTERS[method])
 
 
 def _builtin(name: str) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from openinfer.engine_core.builtin_model import (
+    BUILTIN_DRAFTERS,
     BUILTIN_MODEL_NAME,
     BUILTIN_NUM_SPEC_TOKENS,
     builtin_drafter_folder,
@@ -46,15 +47,16 @@ DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on an
 
 def resolve_builtin(args: argparse.Namespace) -> None:
     """Fill in what the built-in model implies: its folder and name, and, unless --no-spec or another
-    drafter, its DFlash drafter with K = 7. With a model (or --fake-model) nothing is assumed but what a
-    --draft-model folder given without --spec-method says: its method (dspark or dflash) and its K."""
+    drafter, its DFlash drafter with K = 7 (its DSpark one for --spec-method dspark). With a model (or
+    --fake-model) nothing is assumed but what a --draft-model folder given without --spec-method says: its
+    method (dspark or dflash) and its K."""
     if args.model is None and not args.fake_model:
         args.model = str(builtin_target_folder())
         args.served_model_name = args.served_model_name or BUILTIN_MODEL_NAME
         if not args.no_spec and args.spec_method is None and args.draft_model is None:
             args.spec_method = "dflash"
-        if args.spec_method == "dflash" and args.draft_model is None:
-            args.draft_model = str(builtin_drafter_folder())
+        if args.spec_method in BUILTIN_DRAFTERS and args.draft_model is None:
+            args.draft_model = str(builtin_drafter_folder(args.spec_method))
     if args.draft_model is not None and args.spec_method is None:
         args.spec_method, folder_k = folder_drafter(Path(args.draft_model))
         args.num_spec_tokens = folder_k if args.num_spec_tokens is None else args.num_spec_tokens

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import get_args
 
 from openinfer.engine_core.builtin_model import (
+    BUILTIN_DRAFTERS,
     BUILTIN_MODEL_NAME,
     builtin_drafter_folder,
     builtin_target_folder,
@@ -196,11 +197,16 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     else:
         model_path = Path(args.model)
         name = args.served_model_name or args.model
-    # The built-in target comes with its DFlash drafter: --spec-method dflash needs no --draft-model there.
-    default_draft = builtin_drafter_folder() if args.model is None and not args.fake_model else None
-    draft_model = Path(args.draft_model) if args.draft_model else default_draft
-    speculative = None
+    # The built-in target comes with its drafters: --spec-method dflash or dspark needs no --draft-model there.
     method, k = args.spec_method, args.num_spec_tokens
+    builtin = args.model is None and not args.fake_model
+    default_draft = (
+        builtin_drafter_folder() if builtin else None
+    )  # what a run-time load without a folder gets
+    draft_model = Path(args.draft_model) if args.draft_model else None
+    if draft_model is None and builtin and method in BUILTIN_DRAFTERS:
+        draft_model = builtin_drafter_folder(method)
+    speculative = None
     if args.draft_model is not None and method is None:
         # The folder says which drafter it is and how many drafts its block yields.
         method, folder_k = folder_drafter(Path(args.draft_model))

@@ -115,3 +115,38 @@ def dspark_checkpoint_config(
     if confidence_head:
         config["confidence_head_with_markov"] = confidence_with_markov
     return config
+
+
+def dspark_from_dflash(
+    dflash_folder: Path | str,
+    folder: Path | str,
+    target_folder: Path | str,
+    *,
+    markov_rank: int = 8,
+    seed: int = 0,
+) -> Path:
+    """A DSpark checkpoint in DeepSpec's layout around the backbone of a z-lab anchor-slot DFlash drafter
+    (its layers, fc and norms as they are), with a vanilla Markov head whose bias is small (markov_w2 drawn
+    from N(0, 0.01)), so its drafts stay close to the DFlash drafter's, and a random confidence head. Block
+    size the same: every one of its slots drafts."""
+    zlab = DFlashConfig.from_folder(dflash_folder)
+    config = dspark_checkpoint_config(
+        ModelConfig.from_folder(target_folder),
+        num_layers=zlab.layers.num_hidden_layers,
+        block_size=zlab.block_size,
+        target_layer_ids=zlab.target_layer_ids,
+        markov_rank=markov_rank,
+        markov_head_type=MarkovHeadType.VANILLA,
+        confidence_head=True,
+        confidence_with_markov=True,
+        mask_token_id=zlab.mask_token_id,
+    )
+    with torch.device("meta"):
+        model = DFlashDraftModel(DFlashConfig.from_dict(config))
+    tensors = dict(iter_safetensors(Path(dflash_folder)))
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.startswith(("markov_head.", "confidence_head.")):
+            std = 0.01 if name == "markov_head.markov_w2.weight" else 0.5
+            tensors[name] = torch.randn(param.shape, generator=generator) * std
+    return write_dspark_checkpoint(folder, config, tensors, target_folder)

@@ -1,5 +1,6 @@
-"""The built-in pair (a trained tiny Qwen3 and its DFlash drafter, shipped as package data): the documented
-architecture, a fast load, and lossless speculation at temperature 0 with real acceptance."""
+"""The built-in model (a trained tiny Qwen3, its DFlash drafter in z-lab's layout and its DSpark and DFlash
+drafters in DeepSpec's, shipped as package data): the documented architecture, a fast load, and lossless
+speculation at temperature 0 with real acceptance."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
+from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.spec_logs import read_spec_log
@@ -72,6 +75,25 @@ def test_architecture_and_files() -> None:
     ).is_file()
 
 
+@pytest.mark.parametrize("name", ["dspark_block7", "dflash_block7"])
+def test_deepspec_drafters(name: str) -> None:
+    """The DeepSpec-layout drafters fit the target: 7-slot blocks, every slot drafting (K = 7); the DSpark one
+    with a vanilla Markov head and a confidence head reading it, the DFlash one with neither; each folder with
+    its model card, within 12 MB, served by the method `--draft-model` alone picks."""
+    folder = builtin_target_folder().parent / name
+    config = DFlashConfig.from_folder(folder)
+    config.check_target(ModelConfig.from_folder(builtin_target_folder()))
+    assert config.heads is not None and (config.block_size, config.max_drafts) == (7, K)
+    if name == "dspark_block7":
+        assert folder == builtin_drafter_folder("dspark")
+        assert config.heads.markov_rank > 0 and config.heads.markov_head_type is MarkovHeadType.VANILLA
+        assert config.heads.confidence_head and config.heads.confidence_with_markov
+    else:
+        assert config.heads.markov_rank == 0 and not config.heads.confidence_head
+    assert folder_drafter(folder) == (name.removesuffix("_block7"), K)
+    assert (folder / "README.md").is_file() and (folder / "model.safetensors").stat().st_size <= 12 * 10**6
+
+
 def test_weights_are_small_and_load() -> None:
     """Both safetensors files together stay within 25 MB, and the engine loads the pair (how fast is a
     benchmark's business)."""
@@ -107,6 +129,23 @@ def test_dflash_is_lossless_with_real_acceptance(
     outputs = generate_greedy(core, prompts, MAX_TOKENS)
     assert outputs == baseline
     assert_hf_greedy(builtin_target_folder(), prompts, outputs)
+    counters = assert_log_is_the_counters(core, log)
+    assert counters.num_accepted_tokens >= 2.0 * counters.num_drafts
+
+
+@pytest.mark.parametrize("name", ["dspark_block7", "dflash_block7"])
+def test_deepspec_drafters_are_lossless_with_real_acceptance(
+    name: str, prompts: list[list[int]], baseline: list[list[int]], tmp_path: Path
+) -> None:
+    """The DeepSpec-layout drafters (K = 7, every verified) change no token, and get at least 2 draft tokens
+    accepted per round on these prompts (their model cards have the held-out figures)."""
+    log = tmp_path / "spec.jsonl"
+    folder = builtin_target_folder().parent / name
+    method, k = folder_drafter(folder)
+    core = make_core(
+        builtin_target_folder(), "builtin", speculative=DrafterSpec(method, k, folder), spec_log=log
+    )
+    assert generate_greedy(core, prompts, MAX_TOKENS) == baseline
     counters = assert_log_is_the_counters(core, log)
     assert counters.num_accepted_tokens >= 2.0 * counters.num_drafts
 

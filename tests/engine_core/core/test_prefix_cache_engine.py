@@ -15,6 +15,7 @@ import pytest
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.request import Request
+from openinfer.engine_core.testing.dspark_checkpoint import dspark_from_dflash
 from openinfer.engine_core.testing.engine_cores import make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
@@ -178,17 +179,20 @@ def observed(core: EngineCore, sharing: list[bool]) -> Callable[[Request], None]
     return preempt_and_note
 
 
-@pytest.mark.parametrize("method", ["ngram", "dflash"])
+@pytest.mark.parametrize("method", ["ngram", "dflash", "dspark"])
 def test_speculation_is_lossless_with_hits(pair: tuple[Path, Path], method: str, tmp_path: Path) -> None:
-    """n-gram and DFlash with caching on: the tokens of no drafter and no caching; DFlash accepts exactly
-    the same in every round with caching on and off (its context for a cached block is the one it wrote)."""
+    """n-gram, DFlash and DSpark with caching on: the tokens of no drafter and no caching; the block drafters
+    accept exactly the same in every round with caching on and off (their context for a cached block is the
+    one they wrote)."""
     target, draft = pair
+    if method == "dspark":  # the DFlash drafter's backbone with DSpark's heads, in DeepSpec's layout
+        draft = dspark_from_dflash(draft, tmp_path / "dspark", target)
     waves = make_waves()
     baseline = Run(make_core(target, **ONE_STEP_WAVES, enable_prefix_caching=False), waves)
     runs = {}
     for caching in (True, False):
         log = tmp_path / f"{caching}.jsonl"
-        spec = DrafterSpec(method, 4, draft if method == "dflash" else None)
+        spec = DrafterSpec(method, 4, None if method == "ngram" else draft)
         core = make_core(
             target, **ONE_STEP_WAVES, enable_prefix_caching=caching, speculative=spec, spec_log=log
         )

@@ -43,6 +43,7 @@ def test_no_arguments_serve_the_builtin_pair() -> None:
         (["--spec-method", "ngram"], "ngram", 7, None),  # K defaults to 7 for any drafter
         (["--no-spec"], None, None, None),
         (["--num-spec-tokens", "3"], "dflash", 3, str(builtin_drafter_folder())),
+        (["--spec-method", "dspark"], "dspark", 7, str(builtin_drafter_folder("dspark"))),
         (["--spec-method", "dflash", "--draft-model", "/d"], "dflash", 7, "/d"),
         (["--model", "/m"], None, None, None),  # a model of one's own drafts only when asked
         (["--model", "/m", "--spec-method", "ngram"], "ngram", 7, None),

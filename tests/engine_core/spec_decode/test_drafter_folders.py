@@ -56,6 +56,17 @@ def test_by_default_the_model_and_draft_model_folders_are_allowed(tmp_path: Path
     assert default_drafter_folders(Path("/q"), None) == ()  # never the root
 
 
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_the_builtin_target_brings_its_drafters(method: str) -> None:
+    """openinfer-engine on the built-in target: --spec-method dflash or dspark needs no --draft-model (the
+    built-in drafter of that method); a run-time load without a folder gets the DFlash one."""
+    config = config_from_args(parse_args(["--spec-method", method, "--num-spec-tokens", "7"]))
+    assert config.speculative is not None
+    assert config.speculative.draft_model == builtin_drafter_folder(method)
+    assert config.default_draft_model == builtin_drafter_folder("dflash")
+    assert builtin_drafter_folder("dspark") != builtin_drafter_folder("dflash")
+
+
 class EngineUnderTest:
     """An engine loop in a thread, with this test as its frontend (a ROUTER and a PULL)."""
 
