@@ -99,6 +99,17 @@ def context_features(
     return torch.cat(chunks), torch.cat(finals) if with_final else None
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """Which greedy sequences to generate: a name for the cache file, how many, how long, the seed."""
+
+    name: str
+    count: int
+    seq_len: int
+    seed: int
+    gen_batch: int
+
+
 def distillation_data(
     target: Qwen3ForCausalLM,
     target_folder: Path,
@@ -123,17 +134,6 @@ def distillation_data(
         torch.save((tokens, prompt_lens), path)
     features, final = context_features(target, tokens, layer_ids, with_final)
     return Distillation(tokens, prompt_lens, features, final)
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Which greedy sequences to generate: a name for the cache file, how many, how long, the seed."""
-
-    name: str
-    count: int
-    seq_len: int
-    seed: int
-    gen_batch: int
 
 
 def target_digest(folder: Path) -> str:

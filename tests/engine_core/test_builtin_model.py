@@ -25,7 +25,7 @@ from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
-from openinfer.engine_core.testing.spec_logs import read_spec_log
+from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
 from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import SpecDecodeCounters
@@ -105,9 +105,7 @@ def test_weights_are_small_and_load() -> None:
 
 def assert_log_is_the_counters(core: EngineCore, log: Path) -> SpecDecodeCounters:
     assert core.spec is not None
-    from_log = SpecDecodeCounters.zero(K)
-    for line in read_spec_log(log):
-        from_log.observe_draft(line["num_draft_tokens"], line["num_accepted"])
+    from_log = spec_log_counters(read_spec_log(log), K)  # every field, DSpark's confidence sums too
     assert core.spec.counters == from_log
     assert from_log.violation() is None
     return from_log
