@@ -176,7 +176,7 @@ as DeepSpec's checkpoints do.
 {", ".join(map(str, PROMPT_LENS))} tokens cut from the training part of `{args.dataset.name}` (the first 90 % \
 of its tokens), continued greedily by the target (its own temperature-0 text); {args.num_val_sequences} \
 held-out sequences of {args.val_seq_len} tokens from the last 10 %: {format_minutes(data_seconds)} to generate \
-and featurize.
+(or load from --data-dir) and featurize.
 - **Command**: `{command_line()}`
 - **Training**: {args.steps} steps of {args.batch_size} sequences x {args.anchors} draft blocks at random \
 generated positions; DeepSpec's loss: {weights} (CE against the target's greedy tokens, L1 between the draft's \
