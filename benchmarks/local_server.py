@@ -15,8 +15,9 @@ STOP_TIMEOUT_S = 30.0  # openinfer-serve SIGKILLs its children after 10 s of SIG
 @dataclass(frozen=True)
 class Drafter:
     """A drafter as the sweep names it: ``none``, ``ngram[:K=7]``, ``dflash[:PATH][:K=7]`` or
-    ``dspark:PATH[:K=7]`` (dflash without PATH: the server's own, the built-in drafter when it serves the
-    built-in model), each but none optionally ending ``:adaptive`` (``--enable-adaptive-verification``)."""
+    ``dspark[:PATH][:K=7]`` (without PATH: the server's own, the built-in drafter of that method when it
+    serves the built-in model), each but none optionally ending ``:adaptive``
+    (``--enable-adaptive-verification``)."""
 
     label: str  # as given on the command line
     method: str | None  # openinfer-serve --spec-method; None: no speculation
@@ -33,11 +34,9 @@ class Drafter:
 
 
 def parse_drafter(text: str) -> Drafter:
-    """``none``, ``ngram[:K=N]``, ``dflash[:PATH][:K=N]`` or ``dspark:PATH[:K=N]``, then optionally
+    """``none``, ``ngram[:K=N]``, ``dflash[:PATH][:K=N]`` or ``dspark[:PATH][:K=N]``, then optionally
     ``:adaptive`` (K defaults to 7); ``ValueError`` otherwise."""
-    usage = (
-        f"drafter {text!r}: use none, ngram[:K=N], dflash[:PATH][:K=N] or dspark:PATH[:K=N], then [:adaptive]"
-    )
+    usage = f"drafter {text!r}: use none, ngram[:K=N], dflash[:PATH][:K=N] or dspark[:PATH][:K=N], then [:adaptive]"
     if text == "none":
         return Drafter(text, None, None, None)
     parts = text.split(":")
@@ -50,7 +49,7 @@ def parse_drafter(text: str) -> Drafter:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{usage} (K is a positive integer)")
         k = int(value)
-    if parts in (["ngram"], ["dflash"]):
+    if parts in (["ngram"], ["dflash"], ["dspark"]):
         return Drafter(text, parts[0], k, None, adaptive)
     if len(parts) >= 2 and parts[0] in ("dflash", "dspark") and all(parts[1:]):
         return Drafter(text, parts[0], k, Path(":".join(parts[1:])), adaptive)

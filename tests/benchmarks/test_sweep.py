@@ -19,10 +19,10 @@ from openinfer.tools.spec_tally import AcceptanceTally
 
 
 def test_drafter_specs() -> None:
-    """none, ngram[:K=N], dflash[:PATH][:K=N], dspark:PATH[:K=N] (K defaults to 7), each but none with an
-    optional :adaptive, as openinfer-serve flags; none says
-    --no-spec (openinfer-serve drafts by default with the built-in model), dflash without a path leaves the
-    drafter to the server."""
+    """none, ngram[:K=N], dflash[:PATH][:K=N], dspark[:PATH][:K=N] (K defaults to 7), each but none with an
+    optional :adaptive, as openinfer-serve flags; none says --no-spec (openinfer-serve drafts by default with
+    the built-in model), dflash or dspark without a path leaves the drafter to the server (its built-in one
+    on the built-in model)."""
     assert parse_drafter("none").serve_args() == ["--no-spec"]
     assert parse_drafter("ngram").serve_args() == ["--spec-method", "ngram", "--num-spec-tokens", "7"]
     assert parse_drafter("ngram:K=3").num_spec_tokens == 3
@@ -33,6 +33,7 @@ def test_drafter_specs() -> None:
     assert parse_drafter("dspark:/m/s:K=7:adaptive") == Drafter(
         "dspark:/m/s:K=7:adaptive", "dspark", 7, Path("/m/s"), adaptive=True
     )
+    assert parse_drafter("dspark:K=7").serve_args() == ["--spec-method", "dspark", "--num-spec-tokens", "7"]
     assert parse_drafter("ngram:adaptive").serve_args()[-1] == "--enable-adaptive-verification"
     for bad in (
         "eagle",
@@ -41,7 +42,7 @@ def test_drafter_specs() -> None:
         "dflash:K=0",
         "dflash::K=4",
         "ngram:/p",
-        "dspark",
+        "dspark::K=4",
         "none:adaptive",
     ):
         with pytest.raises(ValueError, match="use none, ngram"):
