@@ -73,12 +73,13 @@ def verify(
     drafts: Sequence[Sequence[int]],
     batch: SamplingBatch,
     starts: Sequence[int] | None = None,
+    draft_probs: Sequence[Tensor | None] | None = None,
 ) -> list[list[int]]:
     """``verify_on_device``, read back: per request, its accepted draft tokens then one token of the target's
     (tests and tools; the engine reads the device output in its step's one read-back)."""
     if not drafts:
         return []
-    verified = verify_on_device(logits, drafts, batch, starts)
+    verified = verify_on_device(logits, drafts, batch, starts, draft_probs)
     counts = verified.num_accepted.tolist() if verified.num_accepted is not None else None
     return verified.read(counts, verified.tokens.flatten().tolist())
 
@@ -88,6 +89,7 @@ def verify_on_device(
     drafts: Sequence[Sequence[int]],
     batch: SamplingBatch,
     starts: Sequence[int] | None = None,
+    draft_probs: Sequence[Tensor | None] | None = None,
 ) -> Verified:
     """Per request (R >= 1), its accepted count and tokens on the device, nothing read back.
 
@@ -95,7 +97,8 @@ def verify_on_device(
     back to back (``starts``: each request's first row, when the caller has them). A request without drafts
     is plain sampling (one token). Greedy requests accept the longest prefix of drafts equal to the target's
     argmax (counted from the argmax rows, see ``Verified``); the others use rejection sampling
-    (see ``_rejection_sample``).
+    (see ``_rejection_sample``) against ``draft_probs[b]`` (>= len(drafts[b]), V), the distribution q each
+    draft was drawn from, or a one-hot q where it is None (greedy drafts).
     """
     device = logits.device
     argmax = logits.argmax(dim=-1)  # (N,)
@@ -118,7 +121,8 @@ def verify_on_device(
         return verified
     if starts is None:
         starts = list(accumulate((n + 1 for n in lens[:-1]), initial=0))
-    counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled)  # (S,), (S, k + 1)
+    probs = draft_probs if draft_probs is not None else [None] * num_reqs
+    counts, drawn = _rejection_sample(logits, drafts, starts, batch, sampled, probs)  # (S,), (S, k + 1)
     index = host_to_device(sampled, torch.int64, device)  # (S,)
     num_accepted = (
         verified.accepted() if width > 1 else torch.zeros(num_reqs, dtype=torch.int64, device=device)
@@ -135,14 +139,16 @@ def _rejection_sample(
     all_starts: Sequence[int],
     batch: SamplingBatch,
     requests: list[int],
+    all_probs: Sequence[Tensor | None],
 ) -> tuple[Tensor, Tensor]:
     """Rejection sampling of ``requests`` (R of the batch), batched: (R,) accepted counts, (R, K + 1) tokens.
 
-    Draft token d_i is accepted with probability p_i(d_i); on the first rejection the correction is drawn
-    from the residual max(0, p_i - q_i), i.e. p_i without d_i, renormalised; when every draft token is
-    accepted a bonus token is drawn from the last row. Every output position is then distributed exactly as
-    p_i (Leviathan et al., 2023, with a one-hot q). Row i of the tokens holds the accepted drafts, then the
-    drawn token, then padding.
+    Draft token d_i, drawn from q_i (``all_probs``; a one-hot q for greedy drafts), is accepted with
+    probability min(1, p_i(d_i) / q_i(d_i)); on the first rejection the correction is drawn from the residual
+    max(0, p_i - q_i), renormalised (with a one-hot q: p_i without d_i); when every draft token is accepted a
+    bonus token is drawn from the last row. Every output position is then distributed exactly as p_i
+    (Leviathan et al., 2023). Row i of the tokens holds the accepted drafts, then the drawn token, then
+    padding.
     """
     device = logits.device
     drafts, starts = [all_drafts[b] for b in requests], [all_starts[b] for b in requests]
@@ -164,18 +170,37 @@ def _rejection_sample(
     padded = host_to_device([t for d in drafts for t in (*d, *[0] * (width - len(d)))], torch.int64, device)
     draft_ids = padded.view(num_reqs, width)  # (R, K + 1)
     probs = batch.probs(logits[rows.flatten()], requests, width).view(num_reqs, width, vocab)  # (R, K + 1, V)
+    q = _draft_distributions(draft_ids, num_drafts, [all_probs[b] for b in requests], vocab)  # (R, K+1, V)
     own = probs.gather(2, draft_ids[:, :, None]).squeeze(2)  # (R, K + 1): p_j(d_j)
-    accepted = (uniforms(lens, width, generators, device) < own) & (pos[None, :] < num_drafts[:, None])
+    own_q = q.gather(2, draft_ids[:, :, None]).squeeze(2)  # (R, K + 1): q_j(d_j), 1 for a greedy draft
+    # u < p / q, written without dividing (q(d) > 0 for every drawn draft).
+    accepted = (uniforms(lens, width, generators, device) * own_q < own) & (
+        pos[None, :] < num_drafts[:, None]
+    )
     num_accepted = accepted.cumprod(dim=1).sum(dim=1)  # (R,) the accepted run's length
-    last = probs[
-        torch.arange(num_reqs, device=device), num_accepted
-    ]  # (R, V): p at the first unaccepted position
-    rejected = draft_ids.gather(1, num_accepted[:, None])  # (R, 1): the draft token there (padding if none)
-    residual = torch.where(
-        (num_accepted < num_drafts)[:, None], last.scatter(1, rejected, 0.0), last
-    )  # (R, V): p without the rejected token, or the bonus row as it is
+    at = torch.arange(num_reqs, device=device)
+    last = probs[at, num_accepted]  # (R, V): p at the first unaccepted position
+    residual = torch.clamp(last - q[at, num_accepted], min=0.0)  # max(0, p - q) there
+    # p and q equal to float precision leave no residual: rejection had no probability; draw from p.
+    residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, last)
+    residual = torch.where((num_accepted < num_drafts)[:, None], residual, last)  # the bonus row as it is
     final = draw(residual, generators)  # (R,); draw renormalises
     return num_accepted, torch.where(pos[None, :] < num_accepted[:, None], draft_ids, final[:, None])
+
+
+def _draft_distributions(
+    draft_ids: Tensor, num_drafts: Tensor, probs: Sequence[Tensor | None], vocab: int
+) -> Tensor:
+    """(R, K + 1, V): row r's q at each draft position, its drafter's ``probs`` where it sampled them, else
+    the one-hot of the draft; zeros past its drafts (the bonus column included)."""
+    width = draft_ids.shape[1]
+    within = torch.arange(width, device=draft_ids.device)[None, :] < num_drafts[:, None]  # (R, K + 1)
+    q = torch.nn.functional.one_hot(draft_ids, vocab).to(torch.float32) * within[:, :, None]
+    for r, rows in enumerate(probs):
+        if rows is not None:
+            n = min(rows.shape[0], width - 1)
+            q[r, :n] = torch.where(within[r, :n, None], rows[:n].to(torch.float32), 0.0)
+    return q
 
 
 def sample(logits: Tensor, batch: SamplingBatch) -> list[int]:

@@ -77,6 +77,9 @@ class Request:
     # the drafts its drafter proposed for that round (>= len(spec_token_ids): a confidence rule or the token
     # budget may verify fewer; the rest count as unverified); 0 when no round is pending
     num_proposed_drafts: int = 0
+    # (>= len(spec_token_ids), vocab) on the device: the distribution each draft was drawn from, when its
+    # drafter sampled them (temperature > 0); None: greedy drafts (a one-hot q). Rejection sampling reads it.
+    spec_probs: torch.Tensor | None = None
     # this request's speculative counts, from its first draft on (moved only by observe_draft)
     spec_counters: SpecDecodeCounters | None = None
     # logprobs of the output tokens not yet sent, one per token (None: the request did not ask for them)

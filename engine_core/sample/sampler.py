@@ -57,7 +57,8 @@ class Sampler:
         batch = self._sampling_batch(sampling, logits.shape[1])
         apply_grammars(logits, sampling, starts)
         processed = processed_logits(logits, sampling, starts)
-        verified = verify_on_device(processed, decided.drafts, batch, starts)
+        probs = [s.request.spec_probs if s.spec_token_ids else None for s in sampling]
+        verified = verify_on_device(processed, decided.drafts, batch, starts, probs)
         return SamplerOutput(verified, step_logprobs(logits, sampling, starts, verified.tokens))
 
     def _sampling_batch(self, sampling: list[ScheduledRequest], vocab_size: int) -> SamplingBatch:

@@ -34,6 +34,18 @@ def follow_backend(backend: AttentionBackend) -> BlockAttention:
     return triton_block_attention if backend.name is BackendName.TRITON else torch_block_attention
 
 
+def draw_slot(logits: Tensor, temperatures: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """One draft slot at each request's temperature: logits (B, vocab) float32, temperatures (B,) -> the
+    drafts (B,) and the distributions q they were drawn from (B, vocab): for T > 0 a draw from
+    softmax(logits / T), for T = 0 the argmax and its one-hot."""
+    greedy = temperatures <= 0
+    probs = torch.softmax(logits / torch.where(greedy, 1.0, temperatures)[:, None], dim=-1)
+    drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    argmax = logits.argmax(dim=-1)
+    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(probs.dtype)
+    return torch.where(greedy, argmax, drawn), torch.where(greedy[:, None], one_hot, probs)
+
+
 class DFlashDrafter:
     """Drafts with a z-lab DFlash checkpoint beside `runner`'s target, sharing its embedding and LM head
     (:class:`DraftTarget`: the target's hidden states in, its embedding and head out).
@@ -82,6 +94,7 @@ class DFlashDrafter:
             model = DFlashDraftModel(config, follow_backend(runner.attn_backend), max_positions)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(path)
+        self.generator = torch.Generator(self.device).manual_seed(0)  # draws drafts at temperature > 0
         layers = config.layers
         # (draft_layers, 2, num_pages, page_size, num_kv_heads, head_dim), zeroed, in one allocation.
         cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
@@ -189,7 +202,8 @@ class DFlashDrafter:
             block_lens = torch.full_like(queries.max_drafts, block_width)  # (B,)
         else:
             block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
-        if self.graphs is not None:
+        temperatures = queries.temperatures  # sampled drafting runs eagerly (the graphs draft greedily)
+        if self.graphs is not None and temperatures is None:
             bucket = self.graphs.fits_tables(queries.block_ids)
             if bucket is not None:
                 return self.graphs.run_on_device(
@@ -200,7 +214,9 @@ class DFlashDrafter:
             [t for b in queries.block_ids for t in (*b, *[0] * (columns - len(b)))], torch.int64, self.device
         ).view(len(queries.block_ids), columns)  # (B, columns)
         return padded_drafts(
-            lambda ids, positions, context: self._drafts(ids, positions, context, self.num_spec_tokens),
+            lambda ids, positions, context: self._drafts(
+                ids, positions, context, self.num_spec_tokens, temperatures
+            ),
             queries.current_tokens,
             queries.positions,
             block_lens,
@@ -258,50 +274,77 @@ class DFlashDrafter:
         slots (the first `num_drafts` from the layout's first draft slot), through :meth:`compute_logits`."""
         return self._block(ids, positions, context, num_drafts)[0]
 
-    def _drafts(self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int) -> DeviceDrafts:
-        """The greedy drafts of the blocks (argmax of :meth:`_logits`) and, with a confidence head, each
-        slot's confidence from its hidden state and (``confidence_head_with_markov``) the Markov embedding of
-        the token before it (DeepSpec's ``compute_confidence_logits``, at temperature 0)."""
-        logits, hidden, prev_embeds = self._block(ids, positions, context, num_drafts)
-        draft_ids = logits.argmax(dim=-1)  # (B, num_drafts)
+    def _drafts(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        context: BlockContext,
+        num_drafts: int,
+        temperatures: Tensor | None = None,
+    ) -> DeviceDrafts:
+        """The drafts of the blocks: greedy (the argmax of :meth:`_logits`), or with ``temperatures`` (B,)
+        drawn slot by slot from softmax(logits / T) for the rows with T > 0, with the distributions they were
+        drawn from; and, with a confidence head, each slot's confidence from its hidden state and
+        (``confidence_head_with_markov``) the Markov embedding of the token before it (DeepSpec's
+        ``compute_confidence_logits``)."""
+        logits, hidden, prev_embeds, drawn = self._block(ids, positions, context, num_drafts, temperatures)
+        draft_ids, probs = (logits.argmax(dim=-1), None) if drawn is None else drawn  # (B, num_drafts)
         head = self.model.confidence_head
-        if head is None:
-            return DeviceDrafts(draft_ids)
-        return DeviceDrafts(draft_ids, head(hidden, prev_embeds))  # (B, num_drafts) float32
+        confidence = None if head is None else head(hidden, prev_embeds)  # (B, num_drafts) float32
+        return DeviceDrafts(draft_ids, confidence, probs)
 
     def _block(
-        self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        context: BlockContext,
+        num_drafts: int,
+        temperatures: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, Tensor] | None]:
         """The block forward: the draft slots' logits (B, num_drafts, vocab) float32, their final hidden
-        states (B, num_drafts, hidden), and with a Markov head the embeddings of the tokens before them
-        (B, num_drafts, r), else None."""
+        states (B, num_drafts, hidden), with a Markov head the embeddings of the tokens before them
+        (B, num_drafts, r), else None, and with ``temperatures`` the drawn drafts (B, num_drafts) and the
+        distributions they were drawn from (B, num_drafts, vocab), else None."""
         embeds = self._target.embed(ids) * self.config.input_embedding_scale  # (B, T, hidden)
         hidden = self.model(embeds, positions, self.context_caches, context)  # (B, T, hidden)
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
         logits = logits.view(ids.shape[0], num_drafts, -1)
-        prev_embeds = None
         if self.model.markov_head is not None:
-            prev_embeds = self._add_markov_bias(logits, draft_hidden, ids[:, 0])
-        return logits, draft_hidden, prev_embeds
+            prev_embeds, drawn = self._add_markov_bias(logits, draft_hidden, ids[:, 0], temperatures)
+            return logits, draft_hidden, prev_embeds, drawn
+        if temperatures is None:
+            return logits, draft_hidden, None, None
+        slots = [draw_slot(logits[:, k], temperatures, self.generator) for k in range(num_drafts)]
+        drawn = torch.stack([i for i, _ in slots], dim=1), torch.stack([q for _, q in slots], dim=1)
+        return logits, draft_hidden, None, drawn
 
-    def _add_markov_bias(self, logits: Tensor, hidden: Tensor, anchor: Tensor) -> Tensor:
-        """DSpark's sequential stage at temperature 0, in place: slot k's logits (B, n, vocab) float32 gain
-        the Markov head's bias from the token before it, the anchor (B,) for slot 0 and slot k - 1's greedy
-        draft after that, so the argmax of the result is the drafts. hidden (B, n, hidden): the slots' final
-        hidden states. Returns the embeddings of the tokens before the slots, (B, n, r). A fixed loop of
-        device ops: it runs inside the draft CUDA graphs too."""
+    def _add_markov_bias(
+        self, logits: Tensor, hidden: Tensor, anchor: Tensor, temperatures: Tensor | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """DSpark's sequential stage, in place: slot k's logits (B, n, vocab) float32 gain the Markov head's
+        bias from the token before it, the anchor (B,) for slot 0 and slot k - 1's draft after that: its
+        argmax (so the argmax of the result is the greedy drafts), or with ``temperatures`` its draw
+        (``draw_slot``). hidden (B, n, hidden): the slots' final hidden states. Returns the embeddings of the
+        tokens before the slots, (B, n, r), and with ``temperatures`` the drafts and their distributions. A
+        fixed loop of device ops: the greedy one runs inside the draft CUDA graphs too."""
         head = self.model.markov_head
         assert head is not None
         previous, state = anchor, head.initial_state(anchor.shape[0], hidden)
-        embeds = []
+        embeds, drafts, probs = [], [], []
         for k in range(logits.shape[1]):
             embeds.append(head.embed(previous))  # (B, r)
             bias, state = head.step(embeds[-1], hidden[:, k], state)  # (B, vocab)
             logits[:, k] += bias.float()
-            previous = logits[:, k].argmax(dim=-1)
-        return torch.stack(embeds, dim=1)
+            if temperatures is None:
+                previous = logits[:, k].argmax(dim=-1)
+            else:
+                previous, q = draw_slot(logits[:, k], temperatures, self.generator)
+                drafts.append(previous)
+                probs.append(q)
+        drawn = (torch.stack(drafts, dim=1), torch.stack(probs, dim=1)) if temperatures is not None else None
+        return torch.stack(embeds, dim=1), drawn
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden) final draft hidden states -> (n, vocab) float32 logits: the target's LM head, then the

@@ -65,15 +65,21 @@ class DeviceQueries:
     positions: Tensor  # (B,) int64: its position (== verified tokens before it, all in the context)
     max_drafts: Tensor  # (B,) int64 in [0, num_spec_tokens]: the drafts it may verify (its block length)
     block_ids: list[list[int]]  # per request, its block table; covers positions [0, positions[b])
+    # (B,) float32: each request's sampling temperature (0: greedy); None when every request is greedy.
+    # A drafter that samples drafts at T > 0 returns the distributions it sampled them from.
+    temperatures: Tensor | None = None
 
 
 class DeviceDrafts(NamedTuple):
     """B requests' drafts proposed on the device, read back with the step."""
 
-    draft_ids: Tensor  # (B, num_spec_tokens) int64 greedy draft ids
+    draft_ids: Tensor  # (B, num_spec_tokens) int64 draft ids (greedy, or sampled from probs at T > 0)
     # (B, num_spec_tokens) float32 in (0, 1): each draft's estimated acceptance given the ones before it were
     # accepted (DSpark's confidence head); None for a drafter without one
     confidence: Tensor | None = None
+    # (B, num_spec_tokens, vocab) float32: the distribution q each draft was drawn from (one-hot for a greedy
+    # request's); None when every draft is greedy. Rejection sampling verifies against it.
+    probs: Tensor | None = None
 
 
 @runtime_checkable

@@ -115,6 +115,8 @@ class SpecDecoder:
         self._proposers: list[Request] = []
         # The confidences of each pending round's verified drafts (a drafter that rates them), until counted.
         self._rated: dict[Request, list[float]] = {}
+        # the last step's device drafts' distributions (sampled drafting), one row per proposer
+        self._draft_probs: Tensor | None = None
         self._left_out = 0  # rounds adaptive verification verified none of (counter-estimated drafters)
         # DFlash proposes on the device before the read-back; n-gram on the host after it.
         self._on_device = self.drafter if isinstance(self.drafter, DeviceDrafter) else None
@@ -181,9 +183,12 @@ class SpecDecoder:
                 context.append(ContextUpdate(request.block_ids, s.start, hidden))
         if context:
             self.drafter.extend_context(context)
+        self._draft_probs = None
         if self._on_device is None or verified is None or not picked:
             return None
-        return self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
+        drafts = self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
+        self._draft_probs = drafts.probs  # stays on the device until the rounds are verified
+        return drafts
 
     def _device_queries(
         self, decided: SchedulerOutput, verified: Verified, picked: list[int]
@@ -201,11 +206,13 @@ class SpecDecoder:
             s.request.token_limit - s.start - s.num_new_tokens - 2 for s in sampling
         ]
         before, room = host_to_device(host, torch.int64, device).view(2, len(picked))  # (P,) each
+        temperatures = [s.request.temperature for s in sampling]
         return DeviceQueries(
             current_tokens=verified.tokens[index, accepted],
             positions=before + accepted,
             max_drafts=torch.clamp(room - accepted, 0, self.num_spec_tokens),
             block_ids=[s.request.block_ids for s in sampling],
+            temperatures=host_to_device(temperatures, torch.float32, device) if any(temperatures) else None,
         )
 
     def after_step(self, decided: SchedulerOutput, updates: list[RequestUpdate]) -> None:
@@ -263,9 +270,11 @@ class SpecDecoder:
             if rated is None:
                 lengths = self._explore(lengths, [len(d) for d in drafts])
         rounds = []
+        probs, self._draft_probs = self._draft_probs, None
         for i, (request, proposed, verified) in enumerate(zip(requests, drafts, lengths, strict=True)):
             if verified:
                 rounds.append((request, tuple(proposed[:verified]), len(proposed)))
+                request.spec_probs = None if probs is None else probs[rows[i], :verified]
                 if rated is not None:
                     self._rated[request] = rated[i][:verified]
             elif proposed:

@@ -62,7 +62,7 @@ class Worker:
         verified = sampled.verified
         table = sampled.logprobs.table if sampled.logprobs is not None else None
         # The step's one device-to-host copy.
-        ids, confidence = drafts if drafts is not None else (None, None)
+        ids, confidence = (drafts.draft_ids, drafts.confidence) if drafts is not None else (None, None)
         counts, tokens, logprob_values, draft_ids, draft_confidence = read_back(
             [verified.num_accepted, verified.tokens, table, ids, confidence]
         )
