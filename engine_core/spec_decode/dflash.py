@@ -4,6 +4,7 @@ target's block ids, and drafts one block per request in a single batched forward
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,6 +26,7 @@ from openinfer.engine_core.spec_decode.drafter import (
     DraftTarget,
 )
 from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
+from openinfer.kernels.sampling import draw
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 
@@ -34,13 +36,20 @@ def follow_backend(backend: AttentionBackend) -> BlockAttention:
     return triton_block_attention if backend.name is BackendName.TRITON else torch_block_attention
 
 
-def draw_slot(logits: Tensor, temperatures: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """One draft slot at each request's temperature: logits (B, vocab) float32, temperatures (B,) -> the
-    drafts (B,) and the distributions q they were drawn from (B, vocab): for T > 0 a draw from
-    softmax(logits / T), for T = 0 the argmax and its one-hot."""
-    greedy = temperatures <= 0
-    probs = torch.softmax(logits / torch.where(greedy, 1.0, temperatures)[:, None], dim=-1)
-    drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+class DraftSampling(NamedTuple):
+    """How a batch of blocks draws its drafts at temperature > 0, row by row."""
+
+    temperatures: Tensor  # (B,) float32; 0 drafts greedily
+    generators: list[torch.Generator]  # the request's own when seeded, else the drafter's
+
+
+def draw_slot(logits: Tensor, sampling: DraftSampling) -> tuple[Tensor, Tensor]:
+    """One draft slot at each request's temperature: logits (B, vocab) float32 -> the drafts (B,) and the
+    distributions q they were drawn from (B, vocab): for T > 0 a draw from softmax(logits / T) with the row's
+    generator, for T = 0 the argmax and its one-hot."""
+    greedy = sampling.temperatures <= 0
+    probs = torch.softmax(logits / torch.where(greedy, 1.0, sampling.temperatures)[:, None], dim=-1)
+    drawn = draw(probs, list(sampling.generators))
     argmax = logits.argmax(dim=-1)
     one_hot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(probs.dtype)
     return torch.where(greedy, argmax, drawn), torch.where(greedy[:, None], one_hot, probs)
@@ -94,7 +103,8 @@ class DFlashDrafter:
             model = DFlashDraftModel(config, follow_backend(runner.attn_backend), max_positions)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(path)
-        self.generator = torch.Generator(self.device).manual_seed(0)  # draws drafts at temperature > 0
+        # Drafts at temperature > 0 are drawn with each request's own generator, else with this one.
+        self.generator = torch.Generator(self.device).manual_seed(0)
         layers = config.layers
         # (draft_layers, 2, num_pages, page_size, num_kv_heads, head_dim), zeroed, in one allocation.
         cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
@@ -202,8 +212,11 @@ class DFlashDrafter:
             block_lens = torch.full_like(queries.max_drafts, block_width)  # (B,)
         else:
             block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
-        temperatures = queries.temperatures  # sampled drafting runs eagerly (the graphs draft greedily)
-        if self.graphs is not None and temperatures is None:
+        sampling = None  # sampled drafting runs eagerly (the graphs draft greedily)
+        if queries.temperatures is not None:  # a request without a seed of its own draws with the drafter's
+            generators = [g or self.generator for g in queries.generators or [None] * len(queries.block_ids)]
+            sampling = DraftSampling(queries.temperatures, generators)
+        if self.graphs is not None and sampling is None:
             bucket = self.graphs.fits_tables(queries.block_ids)
             if bucket is not None:
                 return self.graphs.run_on_device(
@@ -215,7 +228,7 @@ class DFlashDrafter:
         ).view(len(queries.block_ids), columns)  # (B, columns)
         return padded_drafts(
             lambda ids, positions, context: self._drafts(
-                ids, positions, context, self.num_spec_tokens, temperatures
+                ids, positions, context, self.num_spec_tokens, sampling
             ),
             queries.current_tokens,
             queries.positions,
@@ -280,14 +293,14 @@ class DFlashDrafter:
         positions: Tensor,
         context: BlockContext,
         num_drafts: int,
-        temperatures: Tensor | None = None,
+        sampling: DraftSampling | None = None,
     ) -> DeviceDrafts:
-        """The drafts of the blocks: greedy (the argmax of :meth:`_logits`), or with ``temperatures`` (B,)
-        drawn slot by slot from softmax(logits / T) for the rows with T > 0, with the distributions they were
-        drawn from; and, with a confidence head, each slot's confidence from its hidden state and
+        """The drafts of the blocks: greedy (the argmax of :meth:`_logits`), or with ``sampling`` drawn slot by
+        slot from softmax(logits / T) for the rows with T > 0, with the distributions they were drawn from;
+        and, with a confidence head, each slot's confidence from its hidden state and
         (``confidence_head_with_markov``) the Markov embedding of the token before it (DeepSpec's
         ``compute_confidence_logits``)."""
-        logits, hidden, prev_embeds, drawn = self._block(ids, positions, context, num_drafts, temperatures)
+        logits, hidden, prev_embeds, drawn = self._block(ids, positions, context, num_drafts, sampling)
         draft_ids, probs = (logits.argmax(dim=-1), None) if drawn is None else drawn  # (B, num_drafts)
         head = self.model.confidence_head
         confidence = None if head is None else head(hidden, prev_embeds)  # (B, num_drafts) float32
@@ -299,11 +312,11 @@ class DFlashDrafter:
         positions: Tensor,
         context: BlockContext,
         num_drafts: int,
-        temperatures: Tensor | None = None,
+        sampling: DraftSampling | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, Tensor] | None]:
         """The block forward: the draft slots' logits (B, num_drafts, vocab) float32, their final hidden
         states (B, num_drafts, hidden), with a Markov head the embeddings of the tokens before them
-        (B, num_drafts, r), else None, and with ``temperatures`` the drawn drafts (B, num_drafts) and the
+        (B, num_drafts, r), else None, and with ``sampling`` the drawn drafts (B, num_drafts) and the
         distributions they were drawn from (B, num_drafts, vocab), else None."""
         embeds = self._target.embed(ids) * self.config.input_embedding_scale  # (B, T, hidden)
         hidden = self.model(embeds, positions, self.context_caches, context)  # (B, T, hidden)
@@ -312,22 +325,22 @@ class DFlashDrafter:
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
         logits = logits.view(ids.shape[0], num_drafts, -1)
         if self.model.markov_head is not None:
-            prev_embeds, drawn = self._add_markov_bias(logits, draft_hidden, ids[:, 0], temperatures)
+            prev_embeds, drawn = self._add_markov_bias(logits, draft_hidden, ids[:, 0], sampling)
             return logits, draft_hidden, prev_embeds, drawn
-        if temperatures is None:
+        if sampling is None:
             return logits, draft_hidden, None, None
-        slots = [draw_slot(logits[:, k], temperatures, self.generator) for k in range(num_drafts)]
+        slots = [draw_slot(logits[:, k], sampling) for k in range(num_drafts)]
         drawn = torch.stack([i for i, _ in slots], dim=1), torch.stack([q for _, q in slots], dim=1)
         return logits, draft_hidden, None, drawn
 
     def _add_markov_bias(
-        self, logits: Tensor, hidden: Tensor, anchor: Tensor, temperatures: Tensor | None = None
+        self, logits: Tensor, hidden: Tensor, anchor: Tensor, sampling: DraftSampling | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """DSpark's sequential stage, in place: slot k's logits (B, n, vocab) float32 gain the Markov head's
         bias from the token before it, the anchor (B,) for slot 0 and slot k - 1's draft after that: its
-        argmax (so the argmax of the result is the greedy drafts), or with ``temperatures`` its draw
+        argmax (so the argmax of the result is the greedy drafts), or with ``sampling`` its draw
         (``draw_slot``). hidden (B, n, hidden): the slots' final hidden states. Returns the embeddings of the
-        tokens before the slots, (B, n, r), and with ``temperatures`` the drafts and their distributions. A
+        tokens before the slots, (B, n, r), and with ``sampling`` the drafts and their distributions. A
         fixed loop of device ops: the greedy one runs inside the draft CUDA graphs too."""
         head = self.model.markov_head
         assert head is not None
@@ -337,13 +350,13 @@ class DFlashDrafter:
             embeds.append(head.embed(previous))  # (B, r)
             bias, state = head.step(embeds[-1], hidden[:, k], state)  # (B, vocab)
             logits[:, k] += bias.float()
-            if temperatures is None:
+            if sampling is None:
                 previous = logits[:, k].argmax(dim=-1)
             else:
-                previous, q = draw_slot(logits[:, k], temperatures, self.generator)
+                previous, q = draw_slot(logits[:, k], sampling)
                 drafts.append(previous)
                 probs.append(q)
-        drawn = (torch.stack(drafts, dim=1), torch.stack(probs, dim=1)) if temperatures is not None else None
+        drawn = (torch.stack(drafts, dim=1), torch.stack(probs, dim=1)) if sampling is not None else None
         return torch.stack(embeds, dim=1), drawn
 
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -68,6 +68,9 @@ class DeviceQueries:
     # (B,) float32: each request's sampling temperature (0: greedy); None when every request is greedy.
     # A drafter that samples drafts at T > 0 returns the distributions it sampled them from.
     temperatures: Tensor | None = None
+    # per request, the generator its drafts are drawn with when it samples: its own (seeded) or None (the
+    # drafter's); None when every request is greedy
+    generators: list[torch.Generator | None] | None = None
 
 
 class DeviceDrafts(NamedTuple):

@@ -207,12 +207,14 @@ class SpecDecoder:
         ]
         before, room = host_to_device(host, torch.int64, device).view(2, len(picked))  # (P,) each
         temperatures = [s.request.temperature for s in sampling]
+        sampled = any(temperatures)
         return DeviceQueries(
             current_tokens=verified.tokens[index, accepted],
             positions=before + accepted,
             max_drafts=torch.clamp(room - accepted, 0, self.num_spec_tokens),
             block_ids=[s.request.block_ids for s in sampling],
-            temperatures=host_to_device(temperatures, torch.float32, device) if any(temperatures) else None,
+            temperatures=host_to_device(temperatures, torch.float32, device) if sampled else None,
+            generators=[s.request.generator for s in sampling] if sampled else None,
         )
 
     def after_step(self, decided: SchedulerOutput, updates: list[RequestUpdate]) -> None:

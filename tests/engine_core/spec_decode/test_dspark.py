@@ -227,13 +227,16 @@ def test_sampled_drafts_and_their_distributions(
 ) -> None:
     """At temperature T > 0 each slot's draft is drawn from q_k = softmax(logits_k / T), the Markov bias
     reading the draft drawn before it; the drafter returns every q_k, equal to the plain-torch block with
-    speculators' bias given the drawn prefix, and slot 0's draws follow q_0. A request at T = 0 beside them
-    drafts greedily with one-hot q; a tiny T draws the greedy drafts."""
+    speculators' bias given the drawn prefix, and slot 0's draws follow q_0; a seeded request draws with its
+    own generator. A request at T = 0 beside them drafts greedily with one-hot q; a tiny T draws the greedy
+    drafts."""
     blocks = dspark_blocks(head_type, target, runner, tmp_path)
     greedy = blocks.drafter.propose(blocks.queries)
     queries = blocks.queries
 
-    def ask(temperatures: list[float]) -> DeviceDrafts:
+    def ask(
+        temperatures: list[float], generators: list[torch.Generator | None] | None = None
+    ) -> DeviceDrafts:
         column = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
         return blocks.drafter.propose_on_device(
             DeviceQueries(
@@ -242,6 +245,7 @@ def test_sampled_drafts_and_their_distributions(
                 column([q.max_drafts for q in queries]),
                 [q.block_ids for q in queries],
                 torch.tensor(temperatures),
+                generators,
             )
         )
 
@@ -262,6 +266,9 @@ def test_sampled_drafts_and_their_distributions(
                 expected = torch.softmax(blocks.expected_logits(b, drafts[b][:slot]) / temperature, dim=-1)
                 torch.testing.assert_close(hot.probs[b, slot], expected, atol=1e-5, rtol=1e-4)
     assert drafts != greedy  # drawn, not the argmax
+    # A seeded request draws with its own generator: the same drafts whatever the drafter drew before.
+    seeded = [ask([temperature, temperature], [torch.Generator().manual_seed(5), None]) for _ in range(2)]
+    assert torch.equal(seeded[0].draft_ids[0], seeded[1].draft_ids[0])
     # Drawn from q_0, a draft's own probability averages sum(q_0^2) (uniform draws would average 1 / vocab).
     q0 = hot.probs[0, 0]
     mean_own = q0[torch.tensor(firsts)].mean().item()
