@@ -4,7 +4,6 @@ target's block ids, and drafts one block per request in a single batched forward
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -18,6 +17,7 @@ from openinfer.engine_core.models.dflash import (
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
+from openinfer.engine_core.spec_decode.draft_sampling import DraftSampling, draw_slots, markov_stage
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
     DeviceDrafts,
@@ -26,7 +26,6 @@ from openinfer.engine_core.spec_decode.drafter import (
     DraftTarget,
 )
 from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
-from openinfer.kernels.sampling import draw
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 
@@ -34,25 +33,6 @@ def follow_backend(backend: AttentionBackend) -> BlockAttention:
     """The draft attention matching the target's backend: the Triton kernel when the target runs Triton's,
     torch's SDPA otherwise (the CPU default; flash-attn has no block kernel here)."""
     return triton_block_attention if backend.name is BackendName.TRITON else torch_block_attention
-
-
-class DraftSampling(NamedTuple):
-    """How a batch of blocks draws its drafts at temperature > 0, row by row."""
-
-    temperatures: Tensor  # (B,) float32; 0 drafts greedily
-    generators: list[torch.Generator]  # the request's own when seeded, else the drafter's
-
-
-def draw_slot(logits: Tensor, sampling: DraftSampling) -> tuple[Tensor, Tensor]:
-    """One draft slot at each request's temperature: logits (B, vocab) float32 -> the drafts (B,) and the
-    distributions q they were drawn from (B, vocab): for T > 0 a draw from softmax(logits / T) with the row's
-    generator, for T = 0 the argmax and its one-hot."""
-    greedy = sampling.temperatures <= 0
-    probs = torch.softmax(logits / torch.where(greedy, 1.0, sampling.temperatures)[:, None], dim=-1)
-    drawn = draw(probs, list(sampling.generators))
-    argmax = logits.argmax(dim=-1)
-    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(probs.dtype)
-    return torch.where(greedy, argmax, drawn), torch.where(greedy[:, None], one_hot, probs)
 
 
 class DFlashDrafter:
@@ -324,40 +304,11 @@ class DFlashDrafter:
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)
         logits = logits.view(ids.shape[0], num_drafts, -1)
-        if self.model.markov_head is not None:
-            prev_embeds, drawn = self._add_markov_bias(logits, draft_hidden, ids[:, 0], sampling)
-            return logits, draft_hidden, prev_embeds, drawn
-        if sampling is None:
-            return logits, draft_hidden, None, None
-        slots = [draw_slot(logits[:, k], sampling) for k in range(num_drafts)]
-        drawn = torch.stack([i for i, _ in slots], dim=1), torch.stack([q for _, q in slots], dim=1)
-        return logits, draft_hidden, None, drawn
-
-    def _add_markov_bias(
-        self, logits: Tensor, hidden: Tensor, anchor: Tensor, sampling: DraftSampling | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """DSpark's sequential stage, in place: slot k's logits (B, n, vocab) float32 gain the Markov head's
-        bias from the token before it, the anchor (B,) for slot 0 and slot k - 1's draft after that: its
-        argmax (so the argmax of the result is the greedy drafts), or with ``sampling`` its draw
-        (``draw_slot``). hidden (B, n, hidden): the slots' final hidden states. Returns the embeddings of the
-        tokens before the slots, (B, n, r), and with ``sampling`` the drafts and their distributions. A
-        fixed loop of device ops: the greedy one runs inside the draft CUDA graphs too."""
         head = self.model.markov_head
-        assert head is not None
-        previous, state = anchor, head.initial_state(anchor.shape[0], hidden)
-        embeds, drafts, probs = [], [], []
-        for k in range(logits.shape[1]):
-            embeds.append(head.embed(previous))  # (B, r)
-            bias, state = head.step(embeds[-1], hidden[:, k], state)  # (B, vocab)
-            logits[:, k] += bias.float()
-            if sampling is None:
-                previous = logits[:, k].argmax(dim=-1)
-            else:
-                previous, q = draw_slot(logits[:, k], sampling)
-                drafts.append(previous)
-                probs.append(q)
-        drawn = (torch.stack(drafts, dim=1), torch.stack(probs, dim=1)) if sampling is not None else None
-        return torch.stack(embeds, dim=1), drawn
+        if head is not None:
+            prev_embeds, drawn = markov_stage(head, logits, draft_hidden, ids[:, 0], sampling)
+            return logits, draft_hidden, prev_embeds, drawn
+        return logits, draft_hidden, None, None if sampling is None else draw_slots(logits, sampling)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """(n, hidden) final draft hidden states -> (n, vocab) float32 logits: the target's LM head, then the

@@ -5,7 +5,6 @@ plain-torch block with speculators' Markov bias applied slot by slot, it serves 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -17,8 +16,6 @@ from torch import Tensor, nn
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead, MarkovHeadType
-from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceDrafts, DeviceQueries, DraftQuery
 from openinfer.engine_core.testing.deepspec_reference import (
     DeepSpecReference,
     Round,
@@ -30,7 +27,7 @@ from openinfer.engine_core.testing.spec_logs import read_spec_log
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
-from tests.engine_core.spec_decode.test_dflash import LAYER_IDS, WIDTH, reference_block_hidden
+from tests.engine_core.spec_decode.test_dflash import LAYER_IDS
 
 SMALL = {**SMALL_QWEN3, "num_hidden_layers": 3}  # layers 0 and 1 feed the drafter, as in test_dflash
 PAGE, NUM_PAGES = 4, 48
@@ -143,136 +140,6 @@ def test_deepspec_config_is_read(target: Path, tmp_path: Path) -> None:
     assert config.is_deepspec and config.heads is not None
     assert config.heads.markov_rank == 0 and not config.heads.confidence_head
     assert config.anchor is AnchorLayout.ANCHOR_SLOT
-
-
-@dataclass
-class Blocks:
-    """A DSpark drafter with two requests' contexts written (7 and 3 positions on scattered pages), their
-    queries for K = 5 of a 6-slot block, and speculators' Markov head on the drafter's own weights."""
-
-    drafter: DFlashDrafter
-    theirs: nn.Module
-    embed: Tensor
-    head: Tensor
-    weights: dict[str, Tensor]
-    contexts: list[Tensor]
-    tokens: list[int]
-    queries: list[DraftQuery]
-
-    def expected_hidden(self, b: int) -> Tensor:
-        """(block_size, hidden): the plain-torch block of request b."""
-        return reference_block_hidden(self.weights, self.embed, self.contexts[b], self.tokens[b], block=6)
-
-    def expected_logits(self, b: int, prefix: list[int]) -> Tensor:
-        """(vocab,): slot len(prefix)'s logits given the drafts before it, speculators' bias included."""
-        hidden = self.expected_hidden(b)
-        slot = len(prefix)
-        prev = torch.tensor([[self.tokens[b], *prefix]])  # (1, slot + 1): the anchor, then the drafts
-        bias = self.theirs.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : slot + 1])
-        return hidden[slot] @ self.head.T + bias[0, slot]
-
-
-def dspark_blocks(
-    head_type: MarkovHeadType, target: Path, runner: ModelRunner, folder: Path, k: int = 5
-) -> Blocks:
-    theirs_module = speculators_heads()
-    drafter = DFlashDrafter(dspark_checkpoint(folder, target, head_type), runner, num_spec_tokens=k)
-    weights = load_file(folder / "model.safetensors")
-    theirs = theirs_module.MarkovHead(
-        verifier_vocab_size=SMALL["vocab_size"],
-        draft_vocab_size=SMALL["vocab_size"],
-        markov_rank=8,
-        hidden_size=64,
-        head_type=head_type.value,
-    )
-    theirs.load_state_dict(
-        {
-            name.removeprefix("markov_head."): t
-            for name, t in weights.items()
-            if name.startswith("markov_head.")
-        }
-    )
-    gen = torch.Generator().manual_seed(0)
-    contexts = [torch.randn(7, WIDTH, generator=gen) * 2, torch.randn(3, WIDTH, generator=gen) * 2]
-    tables = [[11, 3], [40]]  # pages of 4: 7 positions over pages 11 and 3, 3 positions in page 40
-    drafter.extend_context([ContextUpdate(t, 0, c) for t, c in zip(tables, contexts, strict=True)])
-    tokens = [17, 230]
-    queries = [DraftQuery(tok, c.shape[0], t, k) for tok, c, t in zip(tokens, contexts, tables, strict=True)]
-    embed, head = weights["embed_tokens.weight"], weights["lm_head.weight"]
-    return Blocks(drafter, theirs, embed, head, weights, contexts, tokens, queries)
-
-
-@pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)
-def test_drafts_match_reference(
-    head_type: MarkovHeadType, target: Path, runner: ModelRunner, tmp_path: Path
-) -> None:
-    """Two requests (contexts of 7 and 3 positions on scattered pages), K = 5 of a 6-slot block: every greedy
-    draft is the argmax of the plain-torch block's logits (all block_size slots, the current token then
-    masks, as DeepSpec runs them whatever K) plus speculators' Markov bias given the current token and the
-    drafts before it."""
-    blocks = dspark_blocks(head_type, target, runner, tmp_path)
-    got = blocks.drafter.propose(blocks.queries)
-    for b, drafts in enumerate(got):
-        expected: list[int] = []
-        with torch.no_grad():
-            for _ in range(5):
-                expected.append(int(blocks.expected_logits(b, expected).argmax()))
-        assert drafts == expected
-    assert got[0] != got[1]
-
-
-@pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)
-def test_sampled_drafts_and_their_distributions(
-    head_type: MarkovHeadType, target: Path, runner: ModelRunner, tmp_path: Path
-) -> None:
-    """At temperature T > 0 each slot's draft is drawn from q_k = softmax(logits_k / T), the Markov bias
-    reading the draft drawn before it; the drafter returns every q_k, equal to the plain-torch block with
-    speculators' bias given the drawn prefix, and slot 0's draws follow q_0; a seeded request draws with its
-    own generator. A request at T = 0 beside them drafts greedily with one-hot q; a tiny T draws the greedy
-    drafts."""
-    blocks = dspark_blocks(head_type, target, runner, tmp_path)
-    greedy = blocks.drafter.propose(blocks.queries)
-    queries = blocks.queries
-
-    def ask(
-        temperatures: list[float], generators: list[torch.Generator | None] | None = None
-    ) -> DeviceDrafts:
-        column = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-        return blocks.drafter.propose_on_device(
-            DeviceQueries(
-                column([q.current_token for q in queries]),
-                column([q.position for q in queries]),
-                column([q.max_drafts for q in queries]),
-                [q.block_ids for q in queries],
-                torch.tensor(temperatures),
-                generators,
-            )
-        )
-
-    cold = ask([1e-4, 0.0])
-    assert cold.probs is not None and cold.draft_ids.tolist() == greedy
-    assert torch.equal(
-        cold.probs[1], torch.nn.functional.one_hot(cold.draft_ids[1], SMALL["vocab_size"]).float()
-    )
-    temperature, firsts = 0.6, []
-    for _ in range(200):
-        hot = ask([temperature, temperature])
-        assert hot.probs is not None
-        firsts.append(int(hot.draft_ids[0, 0]))
-    drafts = hot.draft_ids.tolist()
-    with torch.no_grad():
-        for b in range(2):
-            for slot in range(5):
-                expected = torch.softmax(blocks.expected_logits(b, drafts[b][:slot]) / temperature, dim=-1)
-                torch.testing.assert_close(hot.probs[b, slot], expected, atol=1e-5, rtol=1e-4)
-    assert drafts != greedy  # drawn, not the argmax
-    # A seeded request draws with its own generator: the same drafts whatever the drafter drew before.
-    seeded = [ask([temperature, temperature], [torch.Generator().manual_seed(5), None]) for _ in range(2)]
-    assert torch.equal(seeded[0].draft_ids[0], seeded[1].draft_ids[0])
-    # Drawn from q_0, a draft's own probability averages sum(q_0^2) (uniform draws would average 1 / vocab).
-    q0 = hot.probs[0, 0]
-    mean_own = q0[torch.tensor(firsts)].mean().item()
-    assert abs(mean_own / (q0 * q0).sum().item() - 1) < 0.3 and (q0 * q0).sum() > 3 / q0.shape[0]
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)

@@ -1,0 +1,64 @@
+"""How a block drafter turns its slots' logits into drafts: greedily, or drawn at each request's temperature
+with the distributions they were drawn from (sampled drafting, verified against those by rejection sampling);
+and DSpark's sequential stage, whose Markov head reads each slot's previous draft."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from openinfer.engine_core.models.dspark_heads import MarkovHead
+from openinfer.kernels.sampling import draw
+
+
+class DraftSampling(NamedTuple):
+    """How a batch of blocks draws its drafts at temperature > 0, row by row."""
+
+    temperatures: Tensor  # (B,) float32; 0 drafts greedily
+    generators: list[torch.Generator]  # the request's own when seeded, else the drafter's
+
+
+def draw_slot(logits: Tensor, sampling: DraftSampling) -> tuple[Tensor, Tensor]:
+    """One draft slot at each request's temperature: logits (B, vocab) float32 -> the drafts (B,) and the
+    distributions q they were drawn from (B, vocab): for T > 0 a draw from softmax(logits / T) with the row's
+    generator, for T = 0 the argmax and its one-hot."""
+    greedy = sampling.temperatures <= 0
+    probs = torch.softmax(logits / torch.where(greedy, 1.0, sampling.temperatures)[:, None], dim=-1)
+    drawn = draw(probs, list(sampling.generators))
+    argmax = logits.argmax(dim=-1)
+    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(probs.dtype)
+    return torch.where(greedy, argmax, drawn), torch.where(greedy[:, None], one_hot, probs)
+
+
+def draw_slots(logits: Tensor, sampling: DraftSampling) -> tuple[Tensor, Tensor]:
+    """Every slot drawn on its own (no Markov head): logits (B, n, vocab) -> drafts (B, n) and their
+    distributions (B, n, vocab)."""
+    slots = [draw_slot(logits[:, k], sampling) for k in range(logits.shape[1])]
+    return torch.stack([ids for ids, _ in slots], dim=1), torch.stack([q for _, q in slots], dim=1)
+
+
+def markov_stage(
+    head: MarkovHead, logits: Tensor, hidden: Tensor, anchor: Tensor, sampling: DraftSampling | None
+) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """DSpark's sequential stage, in place: slot k's logits (B, n, vocab) float32 gain the Markov head's bias
+    from the token before it, the anchor (B,) for slot 0 and slot k - 1's draft after that: its argmax (so
+    the argmax of the result is the greedy drafts), or with ``sampling`` its draw (``draw_slot``).
+    hidden (B, n, hidden): the slots' final hidden states. Returns the embeddings of the tokens before the
+    slots, (B, n, r), and with ``sampling`` the drafts and their distributions. A fixed loop of device ops:
+    the greedy one runs inside the draft CUDA graphs too."""
+    previous, state = anchor, head.initial_state(anchor.shape[0], hidden)
+    embeds, drafts, probs = [], [], []
+    for k in range(logits.shape[1]):
+        embeds.append(head.embed(previous))  # (B, r)
+        bias, state = head.step(embeds[-1], hidden[:, k], state)  # (B, vocab)
+        logits[:, k] += bias.float()
+        if sampling is None:
+            previous = logits[:, k].argmax(dim=-1)
+        else:
+            previous, q = draw_slot(logits[:, k], sampling)
+            drafts.append(previous)
+            probs.append(q)
+    drawn = (torch.stack(drafts, dim=1), torch.stack(probs, dim=1)) if sampling is not None else None
+    return torch.stack(embeds, dim=1), drawn
