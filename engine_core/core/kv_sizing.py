@@ -7,6 +7,10 @@ weights, the activations and a fixed reserve leave of it), else, on the CPU, 1 G
 vLLM measures the weights and profiles a forward pass; openinfer counts instead, before anything is loaded:
 the weights are the checkpoints' tensors (target and start-time drafter) at the engine's dtype, and the
 activations a bound on one step's peak (below). Both are logged at start.
+
+A block is one page of every layer's keys and values: the target's and, with a start-time DFlash or DSpark
+drafter, the drafter's context cache, which holds the same pages (vLLM, likewise, sizes the KV cache over the
+draft model's layers too). The budget buys whole blocks of both.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from safetensors import safe_open
 
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash_config import DFlashConfig
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -108,10 +113,26 @@ def checkpoint_bytes(folder: Path, dtype: torch.dtype) -> int:
     return numel * dtype.itemsize
 
 
+def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page of ``block_size`` tokens takes across ``model``'s layers (keys and values)."""
+    per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim
+    return per_token * block_size * dtype.itemsize
+
+
+def kv_block_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes: the target's page and the start-time DFlash or DSpark drafter's."""
+    block = page_bytes(model, config.block_size, dtype)
+    spec = config.speculative
+    if spec is not None and spec.method in CHECKPOINT_METHODS and spec.draft_model is not None:
+        block += page_bytes(DFlashConfig.from_folder(spec.draft_model).layers, config.block_size, dtype)
+    return block
+
+
 def num_kv_blocks(
     config: EngineConfig, model: ModelConfig, dtype: torch.dtype, block_bytes: int, gpu: GpuMemory | None
 ) -> int:
-    """The engine's KV block count (see the module's docstring); ``gpu`` is None on the CPU."""
+    """The engine's KV block count (see the module's docstring): ``block_bytes`` is one block's bytes, the
+    target's and the drafter's pages together; ``gpu`` is None on the CPU."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if config.kv_cache_gb is not None or gpu is None:
@@ -124,5 +145,9 @@ def num_kv_blocks(
     k = spec.num_spec_tokens if spec is not None else 0
     activations = activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs, k, dtype)
     budget = cuda_kv_budget(gpu, config.gpu_memory_utilization, weights, activations)
-    logger.info("%s (--gpu-memory-utilization %g)", budget.describe(), config.gpu_memory_utilization)
-    return budget.kv_bytes // block_bytes
+    blocks = budget.kv_bytes // block_bytes
+    logger.info(
+        "%s (--gpu-memory-utilization %g): %d blocks of %d KiB (a drafter's context-cache pages included)",
+        budget.describe(), config.gpu_memory_utilization, blocks, block_bytes // 1024,
+    )  # fmt: skip
+    return blocks

@@ -17,7 +17,7 @@ import zmq.auth
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.core.kv_sizing import GpuMemory, num_kv_blocks
+from openinfer.engine_core.core.kv_sizing import GpuMemory, kv_block_bytes, num_kv_blocks
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
 from openinfer.engine_core.process.engine_process import CurveClientKeys, EngineProcess
@@ -53,7 +53,8 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     """The runner the engine core steps: the Qwen3 folder's, or the fake model's under ``--fake-model``.
 
     The KV cache holds as many blocks as :func:`kv_sizing.num_kv_blocks` says (``--num-kv-blocks``,
-    ``--kv-cache-gb``, ``--gpu-memory-utilization``).
+    ``--kv-cache-gb``, ``--gpu-memory-utilization``), a block being the target's page and the start-time
+    drafter's context-cache page together.
     """
     device = torch.device(str(config.device))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -69,8 +70,7 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     else:
         model_config = ModelConfig.from_folder(config.model_path)
     gpu = GpuMemory(*torch.cuda.mem_get_info(device)) if device.type == "cuda" else None
-    block_bytes = ModelRunner.kv_block_bytes(model_config, config.block_size, dtype)
-    num_blocks = num_kv_blocks(config, model_config, dtype, block_bytes, gpu)
+    num_blocks = num_kv_blocks(config, model_config, dtype, kv_block_bytes(config, model_config, dtype), gpu)
     if config.fake_model:
         return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
     return ModelRunner(

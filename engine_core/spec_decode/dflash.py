@@ -88,7 +88,15 @@ class DFlashDrafter:
         layers = config.layers
         # (draft_layers, 2, num_pages, page_size, num_kv_heads, head_dim), zeroed, in one allocation.
         cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
-        caches = torch.zeros((layers.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
+        try:
+            caches = torch.zeros(
+                (layers.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device
+            )
+        except torch.OutOfMemoryError as e:  # loaded at run time into an engine sized without it
+            raise ValueError(
+                f"the drafter's context cache for {self.num_pages} KV blocks does not fit on {self.device}: start "
+                "the engine with this drafter (its KV cache is then sized for both) or lower the target's share"
+            ) from e
         self.context_caches: list[Tensor] = list(caches.unbind(0))
         step_graphs = runner.step_graphs
         self.graphs: DraftGraphs | None = None

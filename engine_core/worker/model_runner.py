@@ -88,12 +88,6 @@ class ModelRunner:
         """(n, hidden) final hidden states -> (n, vocab) float32 logits (a drafter shares the LM head)."""
         return self.model.compute_logits(hidden)
 
-    @staticmethod
-    def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes of KV cache one block takes across all layers (keys and values)."""
-        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-        return per_token * block_size * dtype.itemsize
-
     @torch.inference_mode()
     def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """Run every chunk's new tokens in one forward pass, writing their keys and values into the cache (the

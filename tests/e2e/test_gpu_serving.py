@@ -13,6 +13,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.core.kv_sizing import GIB
+from openinfer.engine_core.launch.local_cluster import python_module
 from tests.e2e.processes import Cluster
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -33,9 +34,9 @@ def gpu_cluster(
     c = Cluster(tmp_path_factory.mktemp("gpu-logs"))
     try:
         c.start_frontend()
-        c._spawn(
+        c.spawn(
             "engine0",
-            [
+            python_module(
                 "openinfer.engine_core.process.engine_cli",
                 "--gpu",
                 "0",
@@ -49,7 +50,7 @@ def gpu_cluster(
                 f"tcp://127.0.0.1:{c.engine_port}",
                 "--gpu-memory-utilization",
                 str(UTILIZATION),
-            ],
+            ),
         )
         c.wait_healthy(120)
         yield c

@@ -16,11 +16,15 @@ from openinfer.engine_core.core.kv_sizing import (
     activation_bytes,
     checkpoint_bytes,
     cuda_kv_budget,
+    kv_block_bytes,
     num_kv_blocks,
+    page_bytes,
 )
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
+from openinfer.engine_core.process.engine_cli import load_runner
+from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.attention import select_backend
@@ -115,6 +119,30 @@ def test_a_start_time_dflash_drafter_is_counted(tmp_path: Path) -> None:
     )
     kv = [num_kv_blocks(c, model, torch.float32, 1, H200) for c in (plain, drafting)]
     assert kv[0] - kv[1] == extra
+
+
+def test_a_block_holds_the_targets_page_and_the_drafters(tmp_path: Path) -> None:
+    """A page is keys and values for every layer (2 * layers * kv_heads * head_dim * tokens * bytes); with a
+    start-time DFlash drafter a block is the target's page and the drafter's context-cache page. The engine
+    loaded with --kv-cache-gb 0.01 holds as many blocks as fit, and allocates them: the target's pages (one
+    scratch page past them) and the drafter's."""
+    target = make_tiny_checkpoint(tmp_path / "t")
+    draft = make_tiny_dflash_checkpoint(tmp_path / "d", target, num_layers=2, target_layer_ids=(0,))
+    model = ModelConfig.from_folder(target)
+    assert page_bytes(model, 16, torch.bfloat16) == 2 * 4 * 2 * 64 * 16 * 2  # 4 layers, 2 KV heads of 64
+    spec = DrafterSpec("dflash", 7, draft)
+    config = EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=0.01, speculative=spec)
+    plain = EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=0.01)
+    drafter_page = page_bytes(ModelConfig.from_folder(draft), config.block_size, torch.float32)
+    block = kv_block_bytes(config, model, torch.float32)
+    assert block == kv_block_bytes(plain, model, torch.float32) + drafter_page
+    runner = load_runner(config)
+    n = runner.num_kv_blocks
+    assert n == int(0.01 * GIB) // block and n * block <= 0.01 * GIB < (n + 1) * block
+    drafter = SpecDecoder(spec, runner, None).drafter
+    target_bytes = sum(c.numel() * c.element_size() for c in runner.kv_caches)  # type: ignore[attr-defined]
+    drafter_bytes = sum(c.numel() * c.element_size() for c in drafter.context_caches)  # type: ignore[attr-defined]
+    assert (target_bytes, drafter_bytes) == ((n + 1) * (block - drafter_page), n * drafter_page)
 
 
 def test_the_cli_sizes_by_the_gpu_share_unless_told() -> None:

@@ -131,18 +131,18 @@ def test_padded_drafts_equal_eager(target: Path, tmp_path: Path, anchor: AnchorL
     check_padded_drafts(eager, padded)
 
 
-def test_padded_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_path: Path) -> None:
+def check_dspark_graphs(target: Path, folder: Path, device: torch.device, backend: str) -> None:
     """A DSpark drafter (DeepSpec's layout: whole 6-slot blocks, the rnn Markov head drafting slot by slot
-    inside the padded forward, a confidence head): padded, its drafts are the eager path's, and so are the
-    confidences it returns with them on the device."""
+    inside the padded forward, a confidence head): padded (captured on CUDA), its drafts are the eager
+    path's, and so are the confidences it returns with them on the device."""
     draft = make_tiny_dspark_checkpoint(
-        tmp_path, target, seed=3, num_layers=2, block_size=6, target_layer_ids=(0, 1), markov_rank=8,
+        folder, target, seed=3, num_layers=2, block_size=6, target_layer_ids=(0, 1), markov_rank=8,
         markov_head_type=MarkovHeadType.RNN, init_std=0.3,
     )  # fmt: skip
-    cpu = torch.device("cpu")
-    eager = make_drafter(target, draft, cpu, "torch", graphs=False)
-    padded = make_drafter(target, draft, cpu, "torch", graphs=True)
+    eager = make_drafter(target, draft, device, backend, graphs=False)
+    padded = make_drafter(target, draft, device, backend, graphs=True)
     assert eager.estimates_confidence and padded.graphs is not None
+    assert padded.graphs.capture == (device.type == "cuda")
     tables = check_padded_drafts(eager, padded)
     for batch in ([1, 5, 9], list(range(10))):  # a bucket of 4, and 10 past the buckets (eager)
         queries = [DraftQuery(3 * i + 1, CONTEXTS[i], tables[i], K) for i in batch]
@@ -151,6 +151,19 @@ def test_padded_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_path
         assert torch.equal(want.draft_ids, got.draft_ids)
         torch.testing.assert_close(got.confidence, want.confidence)
         assert float(got.confidence.std()) > 0.1  # rated apart, not saturated alike
+
+
+def test_padded_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_path: Path) -> None:
+    """DSpark's padded static path on the CPU (torch attention) drafts and rates as its eager path."""
+    check_dspark_graphs(target, tmp_path, torch.device("cpu"), "torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_path: Path) -> None:
+    """On CUDA: DSpark's drafts and confidences replayed from captured graphs (Triton block attention) are
+    the eager path's."""
+    check_dspark_graphs(target, tmp_path, torch.device("cuda"), "triton")
 
 
 def test_triton_padded_drafts_equal_eager(target: Path, tmp_path: Path) -> None:

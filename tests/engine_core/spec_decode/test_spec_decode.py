@@ -12,6 +12,7 @@ from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.engine_cores import CheckedSteps, make_core, spec_prompts
 from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
@@ -320,12 +321,27 @@ def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_speculation_is_lossless_on_cuda(target: Path, tmp_path: Path) -> None:
-    """On CUDA (float32), ngram and DFlash K=7 give the tokens of the same engine without speculation."""
+    """On CUDA (float32), ngram, DFlash K=7 and DSpark K=7 (confidence head on, adaptive verification off)
+    give the tokens of the same engine without speculation; at temperature 1, DSpark's sampled drafts run on
+    CUDA with every snapshot's counters within DESIGN.md's invariants."""
     base = run(make_core(target, device="cuda:0", dtype="float32"), spec_prompts())[0]
     draft = make_tiny_dflash_checkpoint(
         tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)
     )
-    for spec in (DrafterSpec("ngram", K), DrafterSpec("dflash", K, draft)):
+    dspark = make_tiny_dspark_checkpoint(
+        tmp_path / "dspark", target, seed=1, block_size=8, target_layer_ids=(0,)
+    )
+    specs = (DrafterSpec("ngram", K), DrafterSpec("dflash", K, draft), DrafterSpec("dspark", K, dspark))
+    for spec in specs:
         core = make_core(target, device="cuda:0", dtype="float32", speculative=spec)
         assert run(core, spec_prompts())[0] == base, spec.method
         assert core.spec is not None and core.spec.counters.num_drafts > 0
+    core = make_core(target, device="cuda:0", dtype="float32", speculative=specs[2])
+    for i, prompt in enumerate(spec_prompts()):
+        params = SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True, seed=i)
+        core.add_request(EngineCoreRequest(str(i), prompt, params))
+    steps, sampled = CheckedSteps(core), 0
+    while core.has_work:
+        sampled += sum(len(r.spec_token_ids) for r in core.scheduler.running if r.spec_probs is not None)
+        steps.step()
+    assert sampled > 0 and core.spec is not None and core.spec.counters.num_drafts > 0

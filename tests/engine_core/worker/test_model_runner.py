@@ -207,11 +207,6 @@ def test_cuda_runner_matches_hf(checkpoint: Path, hf_model: transformers.Qwen3Fo
         torch.testing.assert_close(torch.stack(got), expected, atol=1e-3, rtol=0)
 
 
-def test_kv_block_bytes(runner: ModelRunner) -> None:
-    """One block = keys and values for every layer: 2 * layers * kv_heads * head_dim * block_size * bytes."""
-    assert ModelRunner.kv_block_bytes(runner.model_config, 16, torch.bfloat16) == 2 * 2 * 2 * 16 * 16 * 2
-
-
 def test_bad_chunks_are_refused(runner: ModelRunner) -> None:
     """A block table too short for the chunk, or a block id outside the cache, is a clear error."""
     with pytest.raises(ValueError, match="cannot hold"):
