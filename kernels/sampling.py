@@ -130,14 +130,17 @@ def min_p_cut(scaled: Tensor, min_ps: Tensor) -> Tensor:
 
 
 def draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
-    """One token per row of ``probs`` (R, V), unnormalised, row r drawn with generators[r]: (R,) int64.
+    """One token per row of ``probs`` (R, V), unnormalised, row r drawn with generators[r]: (R,) int64
+    (``draw_at`` one uniform from each row's generator)."""
+    return draw_at(probs, uniforms([1] * probs.shape[0], 1, generators, probs.device)[:, 0])
 
-    Inverse-CDF sampling: one uniform u per row and the first token whose cumulative mass exceeds u times the
-    row's total, found on the device (tokens of probability 0 are never drawn).
-    """
+
+def draw_at(probs: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF sampling: the first token of each row of ``probs`` (R, V), unnormalised, whose cumulative
+    mass exceeds u[r] (R,) in [0, 1) times the row's total: (R,) int64, on the device without a read-back or
+    a host sync (CUDA graphs capture it; tokens of probability 0 are never drawn)."""
     cdf = probs.cumsum(dim=-1)  # (R, V)
-    u = uniforms([1] * probs.shape[0], 1, generators, probs.device)  # (R, 1)
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)  # (R,)
+    tokens = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(1)  # (R,)
     # u * total rounding up to the total would point past the last token of non-zero probability.
     vocab = torch.arange(probs.shape[1], device=probs.device)
     last = torch.where(probs > 0, vocab, 0).amax(dim=-1)  # (R,)

@@ -152,6 +152,11 @@ def write_card(
     ]
     mine = next(iter(rows.values()))
     bce = "" if val_terms.bce is None else f", BCE {val_terms.bce.item():.3f}"
+    started = ""
+    if args.init_from is not None:  # the earlier drafter's own data and training are in git history's card
+        started = (
+            f"\n- **Started from**: the weights of the drafter then at `{args.init_from.name}` (fine-tuned)"
+        )
     weights = f"{args.ce_weight} CE + {args.l1_weight} L1" + (
         f" + {args.bce_weight} BCE" if args.confidence_head else ""
     )
@@ -177,7 +182,7 @@ as DeepSpec's checkpoints do.
 of its tokens), continued greedily by the target (its own temperature-0 text); {args.num_val_sequences} \
 held-out sequences of {args.val_seq_len} tokens from the last 10 %: {format_minutes(data_seconds)} to generate \
 (or load from --data-dir) and featurize.
-- **Command**: `{command_line()}`
+- **Command**: `{command_line()}`{started}
 - **Training**: {args.steps} steps of {args.batch_size} sequences x {args.anchors} draft blocks at random \
 generated positions; DeepSpec's loss: {weights} (CE against the target's greedy tokens, L1 between the draft's \
 and the target's distributions, BCE of the confidence against the acceptance label `{args.acceptance}`), the \

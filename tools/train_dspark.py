@@ -25,6 +25,7 @@ README.md, the model card.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 from pathlib import Path
@@ -117,6 +118,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compare", type=Path, nargs="*", default=[BUILTIN_DIR / "dflash"], help="drafters measured beside"
     )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        help="a drafter of this layout to start from (fine-tuning), not a random one",
+    )
     add_training_flags(parser, lr=2e-3, warmup=50, weight_decay=0.01, eval_every=200, checkpoint_every=100)
     args = parser.parse_args()
     args.markov_head_type = MarkovHeadType(args.markov_head_type)
@@ -166,6 +172,14 @@ def main() -> None:
         mask_token_id=args.mask_token_id,
     )
     model = new_drafter(config, args.seed)
+    if args.init_from is not None:
+        start = json.loads((args.init_from / "config.json").read_text())
+        differing = sorted(key for key in config if start.get(key) != config[key])
+        if differing:
+            raise SystemExit(
+                f"--init-from {args.init_from}: its config differs from this run's in {differing}"
+            )
+        model.load_weights(args.init_from)
 
     layers = args.target_layer_ids
     train_spec = DataSpec("train", args.num_sequences, args.seq_len, args.seed, args.gen_batch)
@@ -184,6 +198,7 @@ def main() -> None:
         "acceptance": args.acceptance.value,
         "autocast": not args.no_autocast,
         "target": target_digest(args.target),
+        "init_from": None if args.init_from is None else str(args.init_from),
     }
     optimizer = adamw(model, args.lr, args.weight_decay)
     proposer = deepspec_proposer(model, target, val, args)

@@ -161,6 +161,18 @@ class DFlashConfig:
         heads = self.heads
         return heads is not None and (heads.markov_rank > 0 or heads.confidence_head)
 
+    def describe(self, num_spec_tokens: int) -> str:
+        """The drafter in the engine's log: method, K, block size, layout and heads."""
+        heads, size = self.heads, self.block_size
+        if heads is not None and (heads.markov_rank or heads.confidence_head):
+            markov = "no markov"
+            if heads.markov_rank:
+                markov = f"markov={heads.markov_head_type.value} r={heads.markov_rank}"
+            confidence = "confidence head" if heads.confidence_head else "no confidence head"
+            return f"dspark K={num_spec_tokens} block={size} ({markov}, {confidence})"
+        layout = "deepspec" if heads is not None else self.anchor.value
+        return f"dflash K={num_spec_tokens} block={size} ({layout})"
+
     def check_target(self, target: ModelConfig) -> None:
         """Refuse a target this drafter cannot serve, saying what does not fit."""
         problems = []

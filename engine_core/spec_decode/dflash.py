@@ -17,7 +17,12 @@ from openinfer.engine_core.models.dflash import (
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
-from openinfer.engine_core.spec_decode.draft_sampling import DraftSampling, draw_slots, markov_stage
+from openinfer.engine_core.spec_decode.draft_sampling import (
+    DraftSampling,
+    draft_sampling,
+    draw_slots,
+    markov_stage,
+)
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
     DeviceDrafts,
@@ -102,9 +107,12 @@ class DFlashDrafter:
         self.graphs: DraftGraphs | None = None
         if step_graphs is not None:
             self.graphs = DraftGraphs(
-                lambda ids, positions, context: self._drafts(ids, positions, context, num_spec_tokens),
+                lambda ids, positions, context, sampling: self._drafts(
+                    ids, positions, context, num_spec_tokens, sampling
+                ),
                 mask_token_id=config.mask_token_id,
                 block_width=self.block_width,  # every block_length fits
+                num_drafts=num_spec_tokens,
                 page_size=self.page_size,
                 width=step_graphs.width,
                 max_batch=step_graphs.max_batch,
@@ -118,15 +126,7 @@ class DFlashDrafter:
         return self.model.confidence_head is not None
 
     def describe(self) -> str:
-        heads = self.config.heads
-        if heads is not None and (heads.markov_rank or heads.confidence_head):
-            markov = "no markov"
-            if heads.markov_rank:
-                markov = f"markov={heads.markov_head_type.value} r={heads.markov_rank}"
-            confidence = "confidence head" if heads.confidence_head else "no confidence head"
-            return f"dspark K={self.num_spec_tokens} block={self.config.block_size} ({markov}, {confidence})"
-        layout = "deepspec" if heads is not None else self.config.anchor.value
-        return f"dflash K={self.num_spec_tokens} block={self.config.block_size} ({layout})"
+        return self.config.describe(self.num_spec_tokens)
 
     @torch.inference_mode()
     def extend_context(self, updates: list[ContextUpdate]) -> None:
@@ -190,32 +190,29 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def propose_on_device(self, queries: DeviceQueries) -> DeviceDrafts:
-        """(B, K) greedy draft ids (and, with a confidence head, their confidences) on the device from ONE
-        batched forward of blocks padded to the drafter's width (``DraftGraphs`` when a bucket holds them,
-        else eagerly), nothing read back: each block's length (``block_length``) comes from its device
-        max_drafts."""
+        """(B, K) draft ids (and, with a confidence head, their confidences) on the device from ONE batched
+        forward of blocks padded to the drafter's width (``DraftGraphs`` when a bucket holds them, else
+        eagerly), nothing read back: greedy, or drawn at the requests' temperatures with the distributions
+        they were drawn from. Each block's length (``block_length``) comes from its device max_drafts."""
         block_width = self.block_width
         # block_length on the device: min(K + 1, max_drafts + 2, block_size), or block_size for DeepSpec's
         if self.config.is_deepspec:
             block_lens = torch.full_like(queries.max_drafts, block_width)  # (B,)
         else:
             block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
-        sampling = None  # sampled drafting runs eagerly (the graphs draft greedily)
-        if queries.temperatures is not None:  # a request without a seed of its own draws with the drafter's
-            generators = [g or self.generator for g in queries.generators or [None] * len(queries.block_ids)]
-            sampling = DraftSampling(queries.temperatures, generators)
-        if self.graphs is not None and sampling is None:
+        sampling = draft_sampling(queries, self.generator, self.num_spec_tokens)  # None: all greedy
+        if self.graphs is not None:
             bucket = self.graphs.fits_tables(queries.block_ids)
             if bucket is not None:
                 return self.graphs.run_on_device(
-                    queries.current_tokens, queries.positions, block_lens, queries.block_ids, bucket
+                    queries.current_tokens, queries.positions, block_lens, queries.block_ids, bucket, sampling
                 )
         columns = max(len(b) for b in queries.block_ids)
         tables = host_to_device(
             [t for b in queries.block_ids for t in (*b, *[0] * (columns - len(b)))], torch.int64, self.device
         ).view(len(queries.block_ids), columns)  # (B, columns)
         return padded_drafts(
-            lambda ids, positions, context: self._drafts(
+            lambda ids, positions, context, sampling: self._drafts(
                 ids, positions, context, self.num_spec_tokens, sampling
             ),
             queries.current_tokens,
@@ -225,6 +222,7 @@ class DFlashDrafter:
             mask_token_id=self.config.mask_token_id,
             page_size=self.page_size,
             block_width=block_width,
+            sampling=sampling,
         )
 
     def _draft_ids(self, batch: list[DraftQuery]) -> list[list[int]]:

@@ -52,18 +52,26 @@ def make_drafter(
     return DFlashDrafter(draft, runner, num_spec_tokens=K)
 
 
-def ask_on_device(drafter: DFlashDrafter, queries: list[DraftQuery]) -> DeviceDrafts:
-    """The queries asked on the device, as the engine asks before its read-back."""
+def ask_on_device(
+    drafter: DFlashDrafter, queries: list[DraftQuery], temperatures: list[float] | None = None
+) -> DeviceDrafts:
+    """The queries asked on the device, as the engine asks before its read-back; with ``temperatures``,
+    query i draws with its own generator seeded i."""
     device = drafter.device
 
     def column(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
+    generators = None
+    if temperatures is not None:
+        generators = [torch.Generator(device).manual_seed(i) for i in range(len(queries))]
     asked = DeviceQueries(
         column([q.current_token for q in queries]),
         column([q.position for q in queries]),
         column([q.max_drafts for q in queries]),
         [q.block_ids for q in queries],
+        None if temperatures is None else torch.tensor(temperatures, device=device),
+        generators,  # type: ignore[arg-type]
     )
     return drafter.propose_on_device(asked)
 
@@ -134,7 +142,7 @@ def test_padded_drafts_equal_eager(target: Path, tmp_path: Path, anchor: AnchorL
 def check_dspark_graphs(target: Path, folder: Path, device: torch.device, backend: str) -> None:
     """A DSpark drafter (DeepSpec's layout: whole 6-slot blocks, the rnn Markov head drafting slot by slot
     inside the padded forward, a confidence head): padded (captured on CUDA), its drafts are the eager
-    path's, and so are the confidences it returns with them on the device."""
+    path's, and so are the confidences it returns with them on the device, greedy and sampled."""
     draft = make_tiny_dspark_checkpoint(
         folder, target, seed=3, num_layers=2, block_size=6, target_layer_ids=(0, 1), markov_rank=8,
         markov_head_type=MarkovHeadType.RNN, init_std=0.3,
@@ -151,6 +159,25 @@ def check_dspark_graphs(target: Path, folder: Path, device: torch.device, backen
         assert torch.equal(want.draft_ids, got.draft_ids)
         torch.testing.assert_close(got.confidence, want.confidence)
         assert float(got.confidence.std()) > 0.1  # rated apart, not saturated alike
+    # Sampled drafting (greedy rows beside rows at T > 0, each drawing with its own seeded generator): padded
+    # (from a second graph per bucket), the draws, the distributions they were drawn from and the confidences
+    # are the eager path's; the greedy rows' drafts are the greedy ones, the rows at T = 1 not all.
+    for batch in ([1, 5, 9], list(range(10))):
+        queries = [DraftQuery(3 * i + 1, CONTEXTS[i], tables[i], K) for i in batch]
+        temperatures = [(0.0, 0.7, 1.0)[i % 3] for i in batch]
+        runs = padded.graphs.num_runs
+        want, got = ask_on_device(eager, queries, temperatures), ask_on_device(padded, queries, temperatures)
+        assert padded.graphs.num_runs == runs + (len(batch) <= padded.graphs.max_batch)
+        assert want.probs is not None and got.probs is not None and got.confidence is not None
+        assert torch.equal(want.draft_ids, got.draft_ids)
+        torch.testing.assert_close(got.probs, want.probs)
+        torch.testing.assert_close(got.confidence, want.confidence)
+        greedy = ask_on_device(eager, queries).draft_ids
+        cold = [b for b, t in enumerate(temperatures) if t == 0.0]
+        hot = [b for b, t in enumerate(temperatures) if t == 1.0]
+        assert torch.equal(got.draft_ids[cold], greedy[cold]) and not torch.equal(
+            got.draft_ids[hot], greedy[hot]
+        )
 
 
 def test_padded_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_path: Path) -> None:
