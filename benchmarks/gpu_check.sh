@@ -11,7 +11,8 @@
 # Arguments pick steps (default: all), e.g. `bash benchmarks/gpu_check.sh 1 4`.
 # Everything printed also goes to $OUT/gpu_check.log and the other logs into $OUT/logs.tar.gz (default OUT:
 # /tmp/gpu_check): two files to bring back. Run it with a 480 s limit; each step has its own timeout.
-# Packages the machine lacks (msgspec, pyzmq, pytest-asyncio, xgrammar, ...) may travel as wheels in .whl/;
+# Packages the machine lacks (msgspec, pyzmq, pytest-asyncio, xgrammar, openai, ...) travel as wheels in .whl/
+# (`bash benchmarks/gpu_wheels.sh` downloads them);
 # the project goes on the path under its openinfer.* names without being installed, so nothing is fetched.
 # Without CUDA it stops at once with exit status 2.
 #   bash benchmarks/gpu_check.sh [STEP...]
