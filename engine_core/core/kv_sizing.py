@@ -119,12 +119,21 @@ def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     return per_token * block_size * dtype.itemsize
 
 
+def drafter_checkpoint(config: EngineConfig) -> Path | None:
+    """The start-time drafter's checkpoint folder (DFlash or DSpark), whose weights and context cache share
+    the budget; None without one."""
+    spec = config.speculative
+    if spec is None or spec.method not in CHECKPOINT_METHODS:
+        return None
+    return spec.draft_model
+
+
 def kv_block_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes one KV block takes: the target's page and the start-time DFlash or DSpark drafter's."""
     block = page_bytes(model, config.block_size, dtype)
-    spec = config.speculative
-    if spec is not None and spec.method in CHECKPOINT_METHODS and spec.draft_model is not None:
-        block += page_bytes(DFlashConfig.from_folder(spec.draft_model).layers, config.block_size, dtype)
+    drafter = drafter_checkpoint(config)
+    if drafter is not None:
+        block += page_bytes(DFlashConfig.from_folder(drafter).layers, config.block_size, dtype)
     return block
 
 
@@ -138,10 +147,11 @@ def num_kv_blocks(
     if config.kv_cache_gb is not None or gpu is None:
         gib = config.kv_cache_gb if config.kv_cache_gb is not None else DEFAULT_CPU_KV_CACHE_GB
         return int(gib * GIB // block_bytes)
-    spec = config.speculative
     weights = checkpoint_bytes(config.model_path, dtype)
-    if spec is not None and spec.method in CHECKPOINT_METHODS and spec.draft_model is not None:
-        weights += checkpoint_bytes(spec.draft_model, dtype)
+    drafter = drafter_checkpoint(config)
+    if drafter is not None:
+        weights += checkpoint_bytes(drafter, dtype)
+    spec = config.speculative
     k = spec.num_spec_tokens if spec is not None else 0
     activations = activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs, k, dtype)
     budget = cuda_kv_budget(gpu, config.gpu_memory_utilization, weights, activations)
