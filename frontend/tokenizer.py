@@ -101,6 +101,12 @@ class Tokenizer:
                 pass
         return self.token_text(token_id).encode("utf-8")
 
+    def token_piece(self, token_id: int) -> str:
+        """One token as its vocabulary spells it ("Ġhello" for byte-level " hello", "<|im_end|>"), as
+        transformers' ``convert_ids_to_tokens`` (vLLM's /tokenize ``token_strs``); "" for an id it lacks."""
+        piece = self._tokenizer.id_to_token(token_id) if 0 <= token_id < self._num_ids else None
+        return piece or ""
+
     def token_id(self, text: str) -> int | None:
         """The id of the added token (``<think>``, ``<|im_start|>``) or vocabulary piece spelled ``text``
         (a byte-level piece as the vocabulary spells it: "Ċ" for a newline); None if there is none."""

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, Prometheus
-/metrics and /admin, behind the middlewares of :mod:`openinfer.frontend.openai.middleware`."""
+/metrics, /admin and vLLM's /tokenize, /detokenize and /version, behind the middlewares of
+:mod:`openinfer.frontend.openai.middleware`."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from openinfer.frontend.openai.response_format import (
     ResponseIds,
 )
 from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
+from openinfer.frontend.openai.utility_routes import add_utility_routes
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ def build_app(
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     add_admin_routes(app, client, drafter_timeout, body_timeout)
+    add_utility_routes(app, api._body, api._model)
     return app
 
 

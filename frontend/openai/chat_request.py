@@ -34,14 +34,20 @@ from openinfer.frontend.tokenizer import Tokenizer
 
 _NO_FUNCTIONS = "the deprecated `functions` / `function_call` are not supported: send `tools` / `tool_choice`"
 
+# Template parameters openinfer does not honour (chat and the chat form of /tokenize), with the values that
+# mean "not used" and what to say otherwise.
+TEMPLATE_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "continue_final_message": ((None, False), "`continue_final_message` is not supported by openinfer"),
+    "chat_template": ((None,), "a per-request `chat_template` is not supported: the model's own is used"),
+}
+
 # Chat's own parameters openinfer does not honour, with the values that mean "not used" and what to say
 # otherwise; those both endpoints refuse are in UNSUPPORTED.
 _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     **UNSUPPORTED,
     "functions": ((None, []), _NO_FUNCTIONS),
     "function_call": ((None, "none", "auto"), _NO_FUNCTIONS),
-    "continue_final_message": ((None, False), "`continue_final_message` is not supported by openinfer"),
-    "chat_template": ((None,), "a per-request `chat_template` is not supported: the model's own is used"),
+    **TEMPLATE_UNSUPPORTED,
     "modalities": ((None, ["text"]), 'openinfer serves text only: `modalities` must be ["text"]'),
 }
 
@@ -92,32 +98,9 @@ class ChatRequest:
     def prepare(self, model: ServedModel, request_id: str) -> PreparedRequest:
         """Render the model's chat template (special tokens come from it, none are added) and tokenize; the
         prompt opens the request's one reasoning parser, which places the constraint and reads the output."""
-        source = model.tokenizer.chat_template
-        if source is None:
-            raise invalid_request(
-                f"the model `{model.name}` has no chat template (no `chat_template` in its "
-                "tokenizer_config.json and no chat_template.jinja), so it cannot take chat messages: use "
-                "/v1/completions with a prompt",
-                param="messages",
-            )
-        try:
-            template = compile_chat_template(source)
-        except ChatTemplateError as e:
-            raise ApiError(
-                500,
-                f"{e}; fix the model's chat template (tokenizer_config.json or chat_template.jinja)",
-                type_="server_error",
-            ) from None
-        try:
-            prompt = template.render(
-                self.messages,
-                model.tokenizer.special_tokens,
-                self.add_generation_prompt,
-                self.template_kwargs,
-                tools=self.tools.tools,
-            )
-        except ChatTemplateError as e:
-            raise invalid_request(str(e), param="messages") from None
+        prompt = render_chat_prompt(
+            model, self.messages, self.add_generation_prompt, self.template_kwargs, self.tools.tools
+        )
         self.options.check_before_tokenizing(model, prompt, "messages")
         prompt_token_ids = model.tokenizer.encode(prompt, add_special_tokens=False)
         if not prompt_token_ids:
@@ -140,6 +123,40 @@ class ChatRequest:
             include_reasoning=self.include_reasoning,
         )
         return PreparedRequest(engine_request, functools.partial(ChatFormat, output=output))
+
+
+def render_chat_prompt(
+    model: ServedModel,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    template_kwargs: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+) -> str:
+    """The prompt text ``model``'s chat template makes of ``messages`` (from :func:`template_messages`):
+    what /v1/chat/completions and the chat form of /tokenize tokenize. 400 when the model has no template or
+    the template refuses the messages, 500 when the model's template does not compile."""
+    source = model.tokenizer.chat_template
+    if source is None:
+        raise invalid_request(
+            f"the model `{model.name}` has no chat template (no `chat_template` in its "
+            "tokenizer_config.json and no chat_template.jinja), so it cannot take chat messages: use "
+            "/v1/completions with a prompt",
+            param="messages",
+        )
+    try:
+        template = compile_chat_template(source)
+    except ChatTemplateError as e:
+        raise ApiError(
+            500,
+            f"{e}; fix the model's chat template (tokenizer_config.json or chat_template.jinja)",
+            type_="server_error",
+        ) from None
+    try:
+        return template.render(
+            messages, model.tokenizer.special_tokens, add_generation_prompt, template_kwargs, tools=tools
+        )
+    except ChatTemplateError as e:
+        raise invalid_request(str(e), param="messages") from None
 
 
 def _reasoning_end_token(tokenizer: Tokenizer, reasoning: Qwen3ReasoningParser) -> int | None:

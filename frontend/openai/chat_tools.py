@@ -73,7 +73,7 @@ class ChatTools:
 
 def parse_chat_tools(tools: object, tool_choice: object, parallel: object, parsers: ChatParsers) -> ChatTools:
     """The body's tool fields; 400 naming the bad field (``tools[0].function.name``, ...) otherwise."""
-    offered = _tools(tools)
+    offered = parse_tools(tools)
     if parallel is not None and not isinstance(parallel, bool):
         raise invalid_request("`parallel_tool_calls` must be true or false", param="parallel_tool_calls")
     names = [tool["function"]["name"] for tool in offered or []]
@@ -94,7 +94,8 @@ def parse_chat_tools(tools: object, tool_choice: object, parallel: object, parse
     return chat_tools
 
 
-def _tools(value: object) -> list[dict[str, Any]] | None:
+def parse_tools(value: object) -> list[dict[str, Any]] | None:
+    """A body's ``tools`` (OpenAI's function tools, as sent), or None; 400 naming the bad part."""
     if value is None:
         return None
     if not isinstance(value, list):
