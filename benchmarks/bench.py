@@ -13,8 +13,9 @@ seed's acceptance table from the ``/metrics`` deltas, summed over engines and pe
 prefix-cache hit rate (``vllm:prefix_cache_*`` deltas) and cached prompt tokens (usage). It works against
 vLLM too (its /metrics has no accepted-length histogram: those rows say "n/a"). ``--spec-logs DIR`` also
 checks the deltas against the engines' spec logs, bin by bin. ``--dataset-name prefix_repetition`` shares
-long prefixes between requests, ``multi_turn`` replays conversations turn by turn. Exit 0; 1 when no
-request succeeded or the spec logs disagree; 2 on a usage error or an unreachable server.
+long prefixes between requests, ``multi_turn`` replays conversations turn by turn; these and ``text`` cut
+their prompts from the built-in tinyshakespeare unless ``--dataset-path`` names another text. Exit 0; 1 when
+no request succeeded or the spec logs disagree; 2 on a usage error or an unreachable server.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from openinfer.benchmarks.acceptance import (
     scrape_settled,
 )
 from openinfer.benchmarks.conversations import Conversation, sample_conversations
-from openinfer.benchmarks.datasets import DATASET_NAMES
+from openinfer.benchmarks.datasets import DATASET_NAMES, DatasetConfig
 from openinfer.benchmarks.load_report import LoadReport
 from openinfer.benchmarks.load_runner import run_conversations
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
@@ -183,7 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dataset-path",
         type=Path,
-        help="the file for every dataset but random (a text file for text, prefix_repetition, multi_turn)",
+        help="the file for every dataset but random: any text file for text, prefix_repetition and multi_turn "
+        "(default: the built-in tinyshakespeare), sharegpt's JSON, jsonl's lines",
     )
     parser.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: unbounded)")
     parser.add_argument(
@@ -226,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = args.model or asyncio.run(first_model(args.base_url, args.api_key))
         sampling = SamplingConfig(model, args.endpoint, args.temperature, args.ignore_eos)
-        print(describe_run(args, model, conversations), flush=True)
+        print(describe_run(args, model, config, conversations), flush=True)
         run_config = from_flags(RunConfig, args, progress=not args.disable_tqdm)
         result = asyncio.run(run_benchmark(run_config, conversations, sampling))
     except BenchError as e:
@@ -235,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     print(result.format())
     try:
         if args.json is not None:
-            report = {"config": json_config(args, model), **result.to_json()}
+            report = {"config": json_config(args, model, config), **result.to_json()}
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         if args.plot is not None and result.acceptance is not None:
             label = f"{args.dataset_name}, concurrency {args.max_concurrency or 'unbounded'}"
@@ -249,14 +251,14 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.spec_logs is not None and not result.spec_logs.agree else 0
 
 
-def json_config(args: argparse.Namespace, model: str) -> dict[str, object]:
+def json_config(args: argparse.Namespace, model: str, dataset: DatasetConfig) -> dict[str, object]:
     """The settings that shape the numbers, for the JSON report."""
     return {
         "base_url": args.base_url,
         "model": model,
         "endpoint": args.endpoint,
         "dataset_name": args.dataset_name,
-        "dataset_path": str(args.dataset_path) if args.dataset_path else None,
+        "dataset_path": str(dataset.path) if dataset.path else None,
         "num_prompts": args.num_prompts,
         "max_concurrency": args.max_concurrency,
         "request_rate": None if math.isinf(args.request_rate) else args.request_rate,
@@ -268,7 +270,9 @@ def json_config(args: argparse.Namespace, model: str) -> dict[str, object]:
     }
 
 
-def describe_run(args: argparse.Namespace, model: str, conversations: list[Conversation]) -> str:
+def describe_run(
+    args: argparse.Namespace, model: str, dataset: DatasetConfig, conversations: list[Conversation]
+) -> str:
     """The header: what is sent where, the temperature always said."""
     mode = "greedy" if args.temperature == 0 else "sampling"
     turns = [turn for c in conversations for turn in c.turns]
@@ -282,7 +286,7 @@ def describe_run(args: argparse.Namespace, model: str, conversations: list[Conve
         )
     return (
         f"openinfer-bench: model {model} at {args.base_url} ({args.endpoint})\n"
-        f"dataset {args.dataset_name}: {prompts}, {_span(output_lens)} output tokens, "
+        f"dataset {dataset.describe()}: {prompts}, {_span(output_lens)} output tokens, "
         f"seed {args.seed}; temperature {args.temperature} ({mode}), ignore_eos {args.ignore_eos}; "
         f"max concurrency {args.max_concurrency or 'unbounded'}, request rate {args.request_rate}"
     )

@@ -21,6 +21,8 @@ from openinfer.benchmarks.text_windows import TextWindows
 from openinfer.benchmarks.vocabulary import text_token_ids
 
 DATASET_NAMES = ("random", "text", "prefix_repetition", "multi_turn", "sharegpt", "jsonl")
+# The datasets that cut their prompts from any text file: the built-in tinyshakespeare unless given another.
+TEXT_DATASETS = ("text", "prefix_repetition", "multi_turn")
 # ShareGPT filtering as vLLM's benchmark does it: a conversation is skipped when its prompt or reply is
 # shorter than this many tokens, the prompt is longer than SHAREGPT_MAX_PROMPT, or both longer than
 # SHAREGPT_MAX_TOTAL.

@@ -5,8 +5,10 @@ absent), K = block_size - 1 unless `--num-spec-tokens`, prompts cut from a text 
 tokenizer. One row a prompt: rounds and accepted drafts on each side, and whether tokens and every round's
 accepted count are equal (`openinfer.engine_core.testing.zlab_reference` says how rounds are matched):
 
-    python -m openinfer.benchmarks.dflash_reference --draft-model DRAFTER \\
-        --dataset-path tinyshakespeare.txt --num-prompts 8 --max-tokens 48
+    python -m openinfer.benchmarks.dflash_reference --draft-model DRAFTER [--dataset-path TEXT] \\
+        --num-prompts 8 --max-tokens 48
+
+TEXT defaults to the built-in tinyshakespeare.
 
 Needs the `dflash` package (`pip install -e '.[test]'`).
 """
@@ -20,24 +22,29 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from openinfer.engine_core.builtin_model import builtin_target_folder
+from openinfer.engine_core.builtin_model import builtin_target_folder, builtin_text_path
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.testing.zlab_reference import openinfer_runs, reference_runs
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", type=Path, default=None, help="target folder (default: the built-in)")
     parser.add_argument("--draft-model", type=Path, required=True, help="DFlash drafter in z-lab's layout")
     parser.add_argument("--num-spec-tokens", type=int, default=None, help="K (default: block_size - 1)")
-    parser.add_argument("--dataset-path", type=Path, required=True, help="text to cut prompts from")
+    parser.add_argument(
+        "--dataset-path",
+        type=Path,
+        default=builtin_text_path(),
+        help="text to cut prompts from (default: the built-in tinyshakespeare)",
+    )
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def main() -> None:

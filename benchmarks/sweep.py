@@ -3,7 +3,7 @@
 ::
 
     openinfer-bench sweep [--model PATH] [--drafters none ngram:K=7 dflash[:PATH]:K=7] \\
-        [--dataset-name random text --dataset-path FILE] [--max-concurrency 1 4 8] [--json OUT] [--plot OUT.png]
+        [--dataset-name random text [--dataset-path FILE]] [--max-concurrency 1 4 8] [--json OUT] [--plot OUT.png]
 
 For each drafter it starts one ``openinfer-serve`` (the built-in model on the CPU unless ``--model``) on
 free loopback ports with every engine writing a spec log, runs each dataset at each concurrency (the same
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from openinfer.benchmarks.bench import BenchError, BenchResult, RunConfig, first_model, run_benchmark
 from openinfer.benchmarks.conversations import Conversation, sample_conversations
-from openinfer.benchmarks.datasets import DATASET_NAMES, DatasetConfig
+from openinfer.benchmarks.datasets import DATASET_NAMES, TEXT_DATASETS, DatasetConfig
 from openinfer.benchmarks.local_server import Drafter, LocalServer, parse_drafter
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
 from openinfer.benchmarks.request_client import SamplingConfig
@@ -132,7 +132,16 @@ def plot_series(cells: list[SweepCell]) -> list[PlotSeries]:
 
 
 def datasets_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[DatasetConfig]:
-    """``--dataset-name`` s with the ``--dataset-path`` s given in order to those that need a file."""
+    """``--dataset-name`` s with the ``--dataset-path`` s given in order to those that need a file; with none
+    given, the text datasets cut the built-in text."""
+    if not args.dataset_path:
+        needs_file = [name for name in args.dataset_name if name not in ("random", *TEXT_DATASETS)]
+        if needs_file:
+            parser.error(
+                f"--dataset-name {needs_file[0]} needs a file: give one --dataset-path per dataset "
+                "that needs one"
+            )
+        return [dataset_config(args, name, None) for name in args.dataset_name]
     paths = list(args.dataset_path)
     configs = []
     for name in args.dataset_name:
@@ -183,7 +192,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=Path,
         nargs="+",
         default=[],
-        help="one file per dataset that needs one, in order",
+        help="one file per dataset that needs one, in order (none: text, prefix_repetition and multi_turn cut "
+        "the built-in tinyshakespeare)",
     )
     add_workload_args(parser)
     args = parser.parse_args(argv)

@@ -29,8 +29,8 @@
 # On this CPU build vLLM pins its one model thread to core 0 and keeps core 1 for its API server
 # (VLLM_CPU_OMP_THREADS_BIND=auto); openinfer's engine also runs one torch thread (--num-threads 1).
 #
-# Environment: DATASET (required) is the text file prompts are cut from, e.g. a copy of tinyshakespeare.txt.
-# The rest is optional:
+# Environment, all optional:
+#   DATASET          the text file prompts are cut from (default: engine_core/builtin/data/tinyshakespeare.txt)
 #   VLLM_VENV        vLLM's venv (default: vllm-venv beside the repository)
 #   PY               the project's python (default: .venv/bin/python beside this repo, else python3)
 #   WORKLOADS        (default "builtin real")             CONCURRENCIES  (default "1 8")
@@ -57,7 +57,7 @@ if [[ -z ${PY:-} ]]; then
     if [[ -x $ROOT/.venv/bin/python ]]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
 WORKLOADS=${WORKLOADS:-"builtin real"}
-DATASET=${DATASET:-}
+DATASET=${DATASET:-$ROOT/engine_core/builtin/data/tinyshakespeare.txt}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
 CONCURRENCIES=${CONCURRENCIES:-"1 8"}
 INPUT_LEN=${INPUT_LEN:-64}
@@ -122,7 +122,7 @@ trap 'say "interrupted"; exit 130' INT TERM
 # ---- pre-flight: fail fast and clearly, before starting anything ----
 command -v curl >/dev/null || die 2 "curl is needed"
 command -v timeout >/dev/null || die 2 "timeout (coreutils) is needed"
-[[ -n $DATASET && -f $DATASET ]] || die 2 "set DATASET to a text file to cut prompts from (e.g. a copy of tinyshakespeare.txt); got '$DATASET'"
+[[ -f $DATASET ]] || die 2 "DATASET is the text file prompts are cut from (default: the built-in tinyshakespeare); no file at '$DATASET'"
 for workload in $WORKLOADS; do
     [[ $workload == builtin || $workload == real ]] || die 2 "unknown workload '$workload' (builtin or real)"
 done

@@ -8,8 +8,9 @@ import argparse
 import math
 from pathlib import Path
 
-from openinfer.benchmarks.datasets import DatasetConfig
+from openinfer.benchmarks.datasets import TEXT_DATASETS, DatasetConfig
 from openinfer.benchmarks.request_client import ENDPOINTS
+from openinfer.engine_core.builtin_model import builtin_text_path
 from openinfer.engine_core.config import from_flags
 
 # vLLM's --endpoint values, accepted so that scripts carry over.
@@ -77,6 +78,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def dataset_config(args: argparse.Namespace, name: str, path: Path | None) -> DatasetConfig:
+    """Dataset ``name`` with the workload flags; a text dataset given no file cuts the built-in text."""
+    if path is None and name in TEXT_DATASETS:
+        path = builtin_text_path()
     return from_flags(DatasetConfig, args, name=name, path=path)
 
 

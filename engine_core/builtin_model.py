@@ -1,8 +1,9 @@
 """The built-in model: a tiny Qwen3 trained on tinyshakespeare and the drafters distilled from it, shipped as
 package data, each folder with its model card: `builtin/target/` (tools/train_target.py), `builtin/dflash/`
 (z-lab's layout, tools/train_dflash.py), `builtin/dspark_block7/` and `builtin/dflash_block7/` (DeepSpec's
-layout, tools/train_dspark.py). `openinfer-serve` serves the target with `dflash/` when no model is given, and
-with `dspark_block7/` for `--spec-method dspark`."""
+layout, tools/train_dspark.py), and the text all of them were trained on, `builtin/data/tinyshakespeare.txt`.
+`openinfer-serve` serves the target with `dflash/` when no model is given, and with `dspark_block7/` for
+`--spec-method dspark`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ BUILTIN_NUM_SPEC_TOKENS = 7  # K of the built-in drafter: its block is 8 slots, 
 def builtin_target_folder() -> Path:
     """The built-in target's Hugging Face folder (config.json, model.safetensors, tokenizer files)."""
     return _builtin("target")
+
+
+def is_builtin_target(folder: Path) -> bool:
+    """Whether ``folder`` is the built-in target's (``openinfer-serve`` names it to its engines)."""
+    return folder.resolve() == Path(str(files("openinfer.engine_core") / "builtin" / "target")).resolve()
 
 
 BUILTIN_DRAFTERS = {"dflash": "dflash", "dspark": "dspark_block7"}  # --spec-method -> its built-in folder
@@ -35,6 +41,12 @@ def _builtin(name: str) -> Path:
             "(pip install -e .) from a complete checkout"
         )
     return folder
+
+
+def builtin_text_path() -> Path:
+    """tinyshakespeare (`builtin/data/`, public domain), the text the built-in model was trained on: the
+    default of every command that cuts prompts from a text or trains (package data, like the weights)."""
+    return Path(str(files("openinfer.engine_core") / "builtin" / "data" / "tinyshakespeare.txt"))
 
 
 def builtin_tokenizer_folder() -> Path:

@@ -90,6 +90,11 @@ class DrafterSpec:
     adaptive_verification: bool = False
 
     def __post_init__(self) -> None:
+        if self.method in CHECKPOINT_METHODS and self.draft_model is None:
+            raise ValueError(
+                f"{self.method} needs a checkpoint folder (--draft-model PATH; `draft_model` in a run-time "
+                "load): only the built-in target brings its own drafters"
+            )
         if not 0.0 <= self.confidence_threshold <= 1.0:
             raise ValueError(f"--confidence-threshold must be in [0, 1], got {self.confidence_threshold}")
         if self.confidence_threshold and self.method != SpecMethod.DSPARK:
@@ -119,11 +124,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget per step (chunked prefill above it)
     max_model_len: int | None = None  # prompt + output limit; None: the model's max_position_embeddings
     seed: int = 0  # the global sampler seed for requests without their own
-    heartbeat_interval: float = 0.5  # seconds between messages when idle (DESIGN.md: at most 1 s)
+    heartbeat_interval: float = 0.5  # seconds between messages when idle (docs/design.md: at most 1 s)
     speculative: DrafterSpec | None = None  # the drafter loaded at start; None: no speculation
-    default_draft_model: Path | None = (
-        None  # DFlash checkpoint for drafters that name none (built-in model's)
-    )
+    # Drafters by method for a load that names no folder (the built-in target's: it brings its own)
+    default_draft_models: dict[str, Path] = dataclasses.field(default_factory=dict)
     spec_log: Path | None = None  # --spec-log: one JSON line per draft
     fake_model: bool = (
         False  # --fake-model: no weights, cheap deterministic logits (testing/fake_model_runner.py)

@@ -2,7 +2,7 @@
 ``openinfer-serve``.
 
 This module imports neither aiohttp nor prometheus_client (nor zmq): the launcher reads these flags without
-loading the HTTP server (DESIGN.md's layout table; ``tests/test_layout.py`` checks it).
+loading the HTTP server (docs/design.md's layout table; ``tests/test_layout.py`` checks it).
 """
 
 from __future__ import annotations

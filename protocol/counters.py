@@ -7,14 +7,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-# The longest speculative proposal the counters can describe (DESIGN.md: K <= 32).
+# The longest speculative proposal the counters can describe (docs/design.md: K <= 32).
 MAX_SPEC_TOKENS = 32
 # A confidence c in [0, 1] is counted as round(c * CONFIDENCE_SCALE): integer sums stay exact and diffable.
 CONFIDENCE_SCALE = 1_000_000
 
 
 class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
-    """Cumulative acceptance counters for one engine incarnation and one K (DESIGN.md, counter semantics).
+    """Cumulative acceptance counters for one engine incarnation and one K (docs/design.md, counter semantics).
 
     A round is one request's proposal of P <= K tokens, of which the scheduler sends V <= P to the target in
     one verify step. A round with V >= 1 is a draft of V tokens (:meth:`observe_draft`); one with V = 0 is
@@ -161,7 +161,7 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
         return self == self.minus(self)
 
     def violation(self) -> str | None:
-        """Which invariant of DESIGN.md these counters break, or None when they hold."""
+        """Which invariant of docs/design.md these counters break, or None when they hold."""
         k = self.num_spec_tokens
         per_pos, hist = self.num_accepted_tokens_per_pos, self.accepted_length_hist
         verified = self.num_draft_tokens_per_pos

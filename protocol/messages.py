@@ -132,7 +132,7 @@ class LoadSnapshot(msgspec.Struct, array_like=True, gc=False):
     prefix_cache: PrefixCacheCounters | None = None  # None: prefix caching is off
 
 
-DrafterMethod = Literal["ngram", "dflash", "dspark"]  # the drafters an engine can load (DESIGN.md)
+DrafterMethod = Literal["ngram", "dflash", "dspark"]  # the drafters an engine can load (docs/design.md)
 DFlashAnchor = Literal["mask_slots", "anchor_slot"]  # where a DFlash block's position 0 is
 FinishKind = Literal["stop", "length", "abort", "error"]
 

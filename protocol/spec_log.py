@@ -9,7 +9,7 @@ from openinfer.protocol.counters import CONFIDENCE_SCALE, MAX_SPEC_TOKENS, SpecD
 
 class SpecLogLine(msgspec.Struct):
     """One round: what the drafter proposed, what the target verified and how much of it reached the output
-    (DESIGN.md, verification log).
+    (docs/design.md, verification log).
 
     A line with ``num_draft_tokens`` >= 1 is a draft; one with ``num_draft_tokens`` 0 is a round whose
     ``num_proposed_tokens`` the scheduler left out entirely (no draft; only the unverified count moves).

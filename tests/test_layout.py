@@ -1,4 +1,4 @@
-"""DESIGN.md's layout table, row by row: every module of a package imports, in a fresh interpreter, none of
+"""docs/design.md's layout table, row by row: every module of a package imports, in a fresh interpreter, none of
 the modules its row forbids (the launcher included: it reads the frontend's flags from frontend/flags.py)."""
 
 from __future__ import annotations

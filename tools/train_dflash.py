@@ -1,8 +1,10 @@
 """Distil the built-in DFlash drafter from the built-in target. Run once by the project (after
 tools/train_target.py); the output folder is committed as package data.
 
-    python tools/train_dflash.py tinyshakespeare.txt [--target engine_core/builtin/target]
+    python tools/train_dflash.py [TEXT] [--target engine_core/builtin/target]
         [--out-dir engine_core/builtin/dflash] [--work-dir runs/train_dflash] [--steps 1200] [--seed 0]
+
+TEXT is the training text: by default the tinyshakespeare that ships in `engine_core/builtin/data/`.
 
 1. Data: prompts cut from the training part of the text (the last tenth stays held out, as for the target),
    continued greedily by the target (batched, over a KV cache): the drafter learns the target's OWN greedy text,
@@ -62,6 +64,7 @@ from openinfer.tools.training import (
     BUILTIN_DIR,
     REPO_ROOT,
     adamw,
+    add_dataset_arg,
     add_training_flags,
     builtin_tokenizer,
     format_minutes,
@@ -70,15 +73,11 @@ from openinfer.tools.training import (
 )
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "dataset",
-        type=Path,
-        help="the training text: any copy of tinyshakespeare (char-rnn's input.txt)",
-    )
+    add_dataset_arg(parser)
     parser.add_argument("--target", type=Path, default=BUILTIN_DIR / "target", help="the trained target")
     parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "dflash", help="the drafter folder")
     parser.add_argument(
@@ -102,7 +101,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--anchors", type=int, default=32, help="draft blocks per sequence per step")
     parser.add_argument("--loss-decay", type=float, default=4.0, help="slot k's weight is exp(-(k-1)/this)")
     add_training_flags(parser, lr=2e-3, warmup=50, weight_decay=0.01, eval_every=250, checkpoint_every=100)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.anchor = AnchorLayout(args.anchor)
     return args
 

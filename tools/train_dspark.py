@@ -2,9 +2,11 @@
 (with --markov-rank 0 --no-confidence-head) DeepSpec's DFlash. Run once by the project (after
 tools/train_target.py); the output folder is committed as package data.
 
-    python tools/train_dspark.py tinyshakespeare.txt [--out-dir engine_core/builtin/dspark_block7]
-    python tools/train_dspark.py tinyshakespeare.txt --markov-rank 0 --no-confidence-head \\
+    python tools/train_dspark.py [TEXT] [--out-dir engine_core/builtin/dspark_block7]
+    python tools/train_dspark.py [TEXT] --markov-rank 0 --no-confidence-head \\
         --out-dir engine_core/builtin/dflash_block7 --work-dir runs/train_dflash_block7
+
+TEXT is the training text: by default the tinyshakespeare that ships in `engine_core/builtin/data/`.
 
 1. Data (tools/dflash_data.py): prompts cut from the training part of the text, continued greedily by the
    target to --seq-len tokens (long, so that the drafter sees long contexts: a drafter trained on 192-token
@@ -62,6 +64,7 @@ from openinfer.tools.training import (
     BUILTIN_DIR,
     REPO_ROOT,
     adamw,
+    add_dataset_arg,
     add_training_flags,
     builtin_tokenizer,
     format_minutes,
@@ -72,13 +75,11 @@ from openinfer.tools.training import (
 EVAL_SAMPLES = 8  # held-out sequences measured at each evaluation during training (all of them at the end)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "dataset", type=Path, help="the training text: any copy of tinyshakespeare (char-rnn's input.txt)"
-    )
+    add_dataset_arg(parser)
     parser.add_argument("--target", type=Path, default=BUILTIN_DIR / "target", help="the trained target")
     parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "dspark_block7", help="the drafter")
     parser.add_argument(
@@ -124,7 +125,7 @@ def parse_args() -> argparse.Namespace:
         help="a drafter of this layout to start from (fine-tuning), not a random one",
     )
     add_training_flags(parser, lr=2e-3, warmup=50, weight_decay=0.01, eval_every=200, checkpoint_every=100)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.markov_head_type = MarkovHeadType(args.markov_head_type)
     if args.markov_rank == 0 and args.confidence_head:
         parser.error(

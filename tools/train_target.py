@@ -1,8 +1,10 @@
 """Train the built-in target model: a 3.3M-parameter Qwen3 (4 layers, hidden 256, the built-in 512-token
 tokenizer) on tinyshakespeare. Run once by the project; the output folder is committed as package data.
 
-    python tools/train_target.py tinyshakespeare.txt [--out-dir engine_core/builtin/target]
+    python tools/train_target.py [TEXT] [--out-dir engine_core/builtin/target]
         [--work-dir runs/train_target] [--steps 700] [--batch-size 16] [--seq-len 256] [--seed 0] [--threads 1]
+
+TEXT is the training text: by default the tinyshakespeare that ships in `engine_core/builtin/data/`.
 
 The training loop is transformers' `Qwen3ForCausalLM` with the architecture of
 `openinfer.engine_core.testing.tiny_model.TINY_QWEN3_CONFIG`, AdamW, warm-up then cosine decay, bfloat16 autocast on
@@ -31,6 +33,7 @@ from openinfer.tools.training import (
     REPO_ROOT,
     TokenSplit,
     adamw,
+    add_dataset_arg,
     add_training_flags,
     builtin_tokenizer,
     command_line,
@@ -43,15 +46,11 @@ from openinfer.tools.training import (
 SAMPLE_PROMPT = "ROMEO:"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "dataset",
-        type=Path,
-        help="the training text: any copy of tinyshakespeare (char-rnn's input.txt)",
-    )
+    add_dataset_arg(parser)
     parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "target", help="the model folder")
     parser.add_argument(
         "--work-dir", type=Path, default=REPO_ROOT / "runs" / "train_target", help="resumable checkpoint"
@@ -60,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     add_training_flags(parser, lr=3e-3, warmup=30, weight_decay=0.1, eval_every=100, checkpoint_every=50)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def make_model(seed: int) -> Qwen3ForCausalLM:

@@ -1,6 +1,7 @@
 """Train the built-in tiny model's tokenizer (run once by the project; the outputs are committed).
 
-Byte-level BPE on tinyshakespeare, 512 tokens in all:
+Byte-level BPE on tinyshakespeare (the copy in `engine_core/builtin/data/` unless --dataset-path), 512 tokens
+in all:
   ids 0..2    special tokens <|endoftext|> (EOS and pad), <|im_start|>, <|im_end|>
   ids 3..258  the 256 byte symbols, so any text encodes
   ids 259..   253 merges learned from the dataset
@@ -19,6 +20,8 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from openinfer.engine_core.builtin_model import builtin_text_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT_DIR = REPO_ROOT / "engine_core" / "builtin"
@@ -92,14 +95,23 @@ def check(tokenizer: Tokenizer) -> None:
             raise SystemExit(f"{token} got id {tokenizer.token_to_id(token)}, expected {expected_id}")
 
 
-def main() -> None:
-    """Train the tokenizer and write the two files."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dataset-path", type=Path, required=True, help="training text (UTF-8)")
+    parser.add_argument(
+        "--dataset-path",
+        type=Path,
+        default=builtin_text_path(),
+        help="training text, UTF-8 (default: the built-in tinyshakespeare, engine_core/builtin/data/)",
+    )
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="where to write the two files")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    """Train the tokenizer and write the two files."""
+    args = parse_args()
 
     text = args.dataset_path.read_text(encoding="utf-8")
     tokenizer = build_tokenizer(text)

@@ -23,6 +23,8 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from openinfer.engine_core.builtin_model import builtin_text_path
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_DIR = REPO_ROOT / "engine_core" / "builtin"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -47,10 +49,22 @@ def builtin_tokenizer() -> Tokenizer:
     return Tokenizer.from_str((files("openinfer.engine_core") / "builtin" / "tokenizer.json").read_text())
 
 
+def add_dataset_arg(parser: argparse.ArgumentParser) -> None:
+    """The training text, a positional argument that defaults to the tinyshakespeare the package ships."""
+    parser.add_argument(
+        "dataset",
+        type=Path,
+        nargs="?",
+        default=builtin_text_path(),
+        help="the training text (default: the built-in tinyshakespeare, engine_core/builtin/data/; any copy "
+        "of char-rnn's input.txt trains the same)",
+    )
+
+
 def load_split(dataset: Path, tokenizer: Tokenizer) -> TokenSplit:
     """Tokenize the whole file and hold out its last VAL_FRACTION of tokens."""
     if not dataset.is_file():
-        raise SystemExit(f"{dataset} not found: pass the tinyshakespeare text file as the first argument")
+        raise SystemExit(f"{dataset} not found: give a text file, or none for the built-in tinyshakespeare")
     text = dataset.read_text(encoding="utf-8")
     ids = torch.tensor(tokenizer.encode(text).ids, dtype=torch.int64)
     cut = int(len(ids) * (1 - VAL_FRACTION))

@@ -12,12 +12,12 @@ and the per-position reached counts and confidence sums (a line names its drafts
 integers counted), and prints the acceptance table (a "metrics = logs" column where they agree, a column
 each and the differing rows marked where not), with each position's conditional acceptance (accepted /
 verified) and the confidence head's calibration (mean confidence beside accepted / reached). On
-the same server lifetime the two are equal (DESIGN.md, verification log). With ``--engines-url`` (the admin key from
-``$OPENINFER_ADMIN_API_KEY``, else ``$OPENINFER_API_KEY``) only the lines the frontend counted are compared,
-exactly, whenever engines were killed: each line names the seq of the snapshot that carries it, the frontend
-says which seqs of each incarnation it counted, and the lines it never received (an unsent tail: the engine
-died between writing them and sending their snapshot) or that came before what it counted are reported
-apart, not as differences; so is a line cut short by a kill.
+the same server lifetime the two are equal (docs/design.md, verification log). With ``--engines-url`` (the
+admin key from ``$OPENINFER_ADMIN_API_KEY``, else ``$OPENINFER_API_KEY``) only the lines the frontend counted
+are compared, exactly, whenever engines were killed: each line names the seq of the snapshot that carries it,
+the frontend says which seqs of each incarnation it counted, and the lines it never received (an unsent tail:
+the engine died between writing them and sending their snapshot) or that came before what it counted are
+reported apart, not as differences; so is a line cut short by a kill.
 Exit 0: equal; 1: a bin differs or a log line is not a round; 2: usage, I/O or an unreadable /metrics or
 /admin/engines.
 """
@@ -221,7 +221,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-url", required=True, help="the frontend's /metrics, e.g. http://HOST:8000/metrics"
     )
     parser.add_argument(
-        "--spec-log", required=True, nargs="+", type=Path, metavar="FILE", help="the engines' spec logs"
+        "--spec-log",
+        required=True,
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="the engines' spec logs (openinfer-serve --spec-log-dir DIR writes DIR/spec-engine<i>.jsonl)",
     )
     parser.add_argument(
         "--since",

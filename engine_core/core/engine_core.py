@@ -81,7 +81,7 @@ class EngineCore:
     def install_drafter(self, loaded: SpecDecoder) -> str:
         """Make ``loaded`` the drafter.
 
-        Counters are cumulative per incarnation and K (DESIGN.md): a replacement with the same K keeps
+        Counters are cumulative per incarnation and K (docs/design.md): a replacement with the same K keeps
         counting in the same counters; a new K, or a load after none, starts from zero.
         """
         loaded.continue_counting(self.spec)

@@ -5,7 +5,7 @@ start at all, ends everything.
 An engine restarted this way is taken back by the frontend by itself (a hello with a new incarnation, once
 the old one's connection is closed or silent); only the requests the dead engine held end with an error. A
 restarted frontend binds the same ports, and the engines, which kept running, reconnect to it by themselves;
-with ``--state-dir`` it continues every counter series from the baselines it saved (DESIGN.md, frontend
+with ``--state-dir`` it continues every counter series from the baselines it saved (docs/design.md, frontend
 diffing). Its requests in flight ended with it (their clients lost the connection); the engines' outputs for
 them reach the new frontend, which aborts them there.
 

@@ -18,6 +18,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
     builtin_tokenizer_folder,
+    is_builtin_target,
 )
 from openinfer.engine_core.config import (
     DEFAULT_CPU_KV_CACHE_GB,
@@ -197,12 +198,11 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     else:
         model_path = Path(args.model)
         name = args.served_model_name or args.model
-    # The built-in target comes with its drafters: --spec-method dflash or dspark needs no --draft-model there.
+    # The built-in target, named or not (openinfer-serve names it), comes with its drafters: --spec-method
+    # dflash or dspark, and a run-time load of either, need no folder there.
     method, k = args.spec_method, args.num_spec_tokens
-    builtin = args.model is None and not args.fake_model
-    default_draft = (
-        builtin_drafter_folder() if builtin else None
-    )  # what a run-time load without a folder gets
+    builtin = not args.fake_model and is_builtin_target(model_path)
+    default_drafts = {m: builtin_drafter_folder(m) for m in BUILTIN_DRAFTERS} if builtin else {}
     draft_model = Path(args.draft_model) if args.draft_model else None
     if draft_model is None and builtin and method in BUILTIN_DRAFTERS:
         draft_model = builtin_drafter_folder(method)
@@ -242,6 +242,6 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         served_model_name=name,
         device=device,
         speculative=speculative,
-        default_draft_model=default_draft,
+        default_draft_models=default_drafts,
         allowed_drafter_dirs=tuple(allowed),
     )

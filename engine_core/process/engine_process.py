@@ -157,7 +157,9 @@ class EngineProcess:
                 spec = DrafterSpec(
                     command.method,
                     command.num_spec_tokens,
-                    Path(command.draft_model) if command.draft_model else self.config.default_draft_model,
+                    Path(command.draft_model)
+                    if command.draft_model
+                    else self.config.default_draft_models.get(command.method),
                     command.prompt_lookup_min,
                     command.prompt_lookup_max,
                     command.dflash_anchor or self._start_anchor,

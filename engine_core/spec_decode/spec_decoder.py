@@ -36,7 +36,7 @@ from openinfer.protocol import SpecDecodeCounters
 
 
 class SpecDecoder:
-    """One loaded drafter, built complete: its cumulative counters of K (DESIGN.md, counter semantics), and,
+    """One loaded drafter, built complete: its cumulative counters of K (docs/design.md, counter semantics), and,
     for a drafter that reads the target's hidden states (DFlash), its own record of whose context it holds.
 
     The worker calls ``draft_on_device`` before the step's one read-back (the drafter takes the new context

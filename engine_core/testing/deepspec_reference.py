@@ -1,5 +1,5 @@
 """DeepSeek's DeepSpec batch-1 loop for a DSpark checkpoint, written independently of openinfer's engine: the
-oracle of its DSpark rounds at temperature 0 (DESIGN.md).
+oracle of its DSpark rounds at temperature 0 (docs/design.md).
 
 The algorithm is DeepSpec's evaluator (``eval/base_evaluator.py`` and ``eval/dspark``, read, not copied): the
 target (transformers' ``Qwen3ForCausalLM``) prefills the prompt and samples the first token; each round the

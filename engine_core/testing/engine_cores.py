@@ -26,7 +26,7 @@ def make_core(
 
 class CheckedSteps:
     """Steps an engine core and checks its spec-decode counters on every snapshot it would publish: each
-    holds DESIGN.md's invariants (`violation`) and none is below the one before (cumulative counters)."""
+    holds docs/design.md's invariants (`violation`) and none is below the one before (cumulative counters)."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core

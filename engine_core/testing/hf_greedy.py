@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 # The largest logit gap below HF's argmax a produced token may have: a float near-tie, the only allowed
-# difference between our kernels and HF's (DESIGN.md, invariant 1).
+# difference between our kernels and HF's (docs/design.md, invariant 1).
 NEAR_TIE = 1e-3
 
 

@@ -1,4 +1,4 @@
-"""Reading an engine's verification log (``--spec-log``): one JSON object per round (DESIGN.md)."""
+"""Reading an engine's verification log (``--spec-log``): one JSON object per round (docs/design.md)."""
 
 from __future__ import annotations
 

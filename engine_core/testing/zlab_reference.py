@@ -5,7 +5,7 @@ verifies n tokens a round: the current one and n - 1 drafts, its last block cut 
 (`max_length - start`); its `acceptance_lengths` counts the tokens each round produced, so a round's accepted
 drafts are `acceptance_length - 1`. One documented difference: with a single token left, the reference still
 drafts one token, whose fate cannot change the output since that token is the last; openinfer's drafts never
-run past max_tokens (DESIGN.md), so it decodes that token without a draft. `ReferenceRun.rounds` leaves
+run past max_tokens (docs/design.md), so it decodes that token without a draft. `ReferenceRun.rounds` leaves
 exactly those rounds out (`final_rounds` counts them).
 
 Needs the `dflash` package (the test extra); used by tests/engine_core/spec_decode/test_dflash_reference.py and

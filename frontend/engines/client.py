@@ -35,7 +35,7 @@ class EngineClient:
     ``bind_address`` is ``tcp://HOST:PORT``: requests leave through a ROUTER bound on PORT, outputs arrive on
     a PULL bound on PORT+1 (see :mod:`openinfer.frontend.addresses`).
 
-    Liveness (DESIGN.md): an engine is marked down when it is silent for ``engine_timeout`` seconds, or
+    Liveness (docs/design.md): an engine is marked down when it is silent for ``engine_timeout`` seconds, or
     when the connection its outputs came over closes and it is not heard from again within about a second
     (a killed process); its in-flight requests that got no output yet move to another live engine of the
     model, the others end with an error saying why (:mod:`~openinfer.frontend.engines.departures`). A new

@@ -1,4 +1,4 @@
-"""Who holds an engine index (DESIGN.md, handshake): a stranger never evicts a live engine, and a restarted
+"""Who holds an engine index (docs/design.md, handshake): a stranger never evicts a live engine, and a restarted
 engine is taken back at once.
 
 A hello from a new incarnation for an index whose current engine holds it (:meth:`Liveness.holds_index

@@ -1,4 +1,4 @@
-"""When an engine is dead to the frontend (DESIGN.md, liveness), decided from what the frontend saw.
+"""When an engine is dead to the frontend (docs/design.md, liveness), decided from what the frontend saw.
 
 Two ways: it sent nothing for ``engine_timeout`` seconds (a hung or paused engine, a partitioned host), or
 the connection its outputs came over closed and it was not heard from again soon after (a killed process:
@@ -45,7 +45,7 @@ class Liveness:
         return suspects
 
     def holds_index(self, record: EngineRecord, now: float) -> bool:
-        """Whether ``record`` keeps its index from a new incarnation (DESIGN.md: a stranger never evicts a
+        """Whether ``record`` keeps its index from a new incarnation (docs/design.md: a stranger never evicts a
         live engine): it is up, heard within the timeout, and its connection is open, or it was heard from
         late enough after the close to prove it reconnected. A restarted engine's predecessor fails this."""
         if not record.up or now - record.last_seen > self.engine_timeout:

@@ -19,7 +19,7 @@ from openinfer.protocol.spec_log import SpecLogLine
 
 @dataclass
 class AcceptanceTally:
-    """Drafts counted bin by bin, as the engine counters count them (DESIGN.md, counter semantics).
+    """Drafts counted bin by bin, as the engine counters count them (docs/design.md, counter semantics).
 
     ``per_pos[i]``: drafts whose token at position i was accepted (a prefix tally); ``hist[n]``: drafts with
     n tokens accepted; ``draft_per_pos[i]``: drafts whose token at position i was verified;

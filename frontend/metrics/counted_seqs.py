@@ -1,7 +1,7 @@
 """Which spec-log lines a frontend's ``/metrics`` holds: per engine incarnation, the seqs it counted over.
 
 Every spec-log line names ``seq``: the engine's first message whose load snapshot holds that draft. The
-frontend publishes what each snapshot it takes adds (DESIGN.md, frontend diffing), so of one incarnation,
+frontend publishes what each snapshot it takes adds (docs/design.md, frontend diffing), so of one incarnation,
 ``/metrics`` holds exactly the lines with ``after_seq < seq <= through_seq`` of one of its ranges:
 
 - ``through_seq``: the latest message of the incarnation whose snapshot was taken (its counters published);

@@ -1,4 +1,4 @@
-"""Per-engine baselines over cumulative engine counters: DESIGN.md's frontend diffing, for any counter struct.
+"""Per-engine baselines over cumulative engine counters: docs/design.md's frontend diffing, for any counter struct.
 
 Engines send counters that are cumulative for their incarnation (spec decode, prefix cache) in every load
 snapshot. A bridge keeps one :class:`EngineBaselines` per kind of counters and publishes the deltas its

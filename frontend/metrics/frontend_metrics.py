@@ -1,6 +1,6 @@
 """The frontend's Prometheus metrics: vLLM-compatible serving metrics plus openinfer's engine health.
 
-Names follow DESIGN.md exactly. Counters are declared without ``_total``, which the exposition appends
+Names follow docs/design.md exactly. Counters are declared without ``_total``, which the exposition appends
 (``vllm:prompt_tokens`` is exported as ``vllm:prompt_tokens_total``). Counters and histograms live in a
 :class:`MetricTotals` (plain numbers), so that ``--state-dir`` can save them with the per-engine baselines
 and a restarted frontend continues every series exactly; gauges are prometheus_client's (nothing to keep).
@@ -201,7 +201,7 @@ class FrontendMetrics:
     def observe_load(self, engine_index: int, incarnation: int, model_name: str, load: LoadSnapshot) -> None:
         """Publish one snapshot of a current engine incarnation: every message carries one, in seq order.
 
-        Its spec-decode and prefix-cache counters go through their bridges (per-engine baselines, DESIGN.md
+        Its spec-decode and prefix-cache counters go through their bridges (per-engine baselines, docs/design.md
         frontend diffing). The state is saved at once when this snapshot gives an index its first baseline
         here (at its join), not at the next ``--state-interval``: a frontend killed before then would
         restart without that baseline, take the engine's next snapshot for one and lose what came between.

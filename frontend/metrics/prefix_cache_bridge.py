@@ -3,7 +3,7 @@
 Each engine with prefix caching on sends its cumulative :class:`PrefixCacheCounters` (tokens looked up
 and tokens found cached, counted once per request at its first admission) in every load snapshot, None
 with caching off. They are diffed per engine index by the same rules as the spec-decode counters
-(:mod:`openinfer.frontend.metrics.engine_baselines`, DESIGN.md frontend diffing): an index never seen
+(:mod:`openinfer.frontend.metrics.engine_baselines`, docs/design.md frontend diffing): an index never seen
 gives the baseline and publishes nothing; a new incarnation counts from zero; a counter that went down is
 ``openinfer:protocol_errors_total{kind="counter_decrease"}`` and more hits than queries in a delta is
 ``kind="counter_delta"``, both publishing nothing; None forgets the baseline. Snapshots whose own

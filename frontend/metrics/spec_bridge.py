@@ -2,7 +2,7 @@
 
 Each engine sends its cumulative :class:`SpecDecodeCounters` in every load snapshot. This module keeps one
 baseline per engine index and publishes ``current - baseline`` by the rules of
-:mod:`openinfer.frontend.metrics.engine_baselines` (DESIGN.md, frontend diffing):
+:mod:`openinfer.frontend.metrics.engine_baselines` (docs/design.md, frontend diffing):
 
 - an engine index this process never saw: baseline = that snapshot, nothing published (an earlier frontend
   exported what came before, or it is zero: an incarnation's first message is its hello);

@@ -1,6 +1,6 @@
 """``--state-dir``: the frontend's exported totals and per-engine baselines, saved together and atomically.
 
-A frontend restarted after SIGKILL loads the file and continues every counter series exactly (DESIGN.md,
+A frontend restarted after SIGKILL loads the file and continues every counter series exactly (docs/design.md,
 frontend diffing): its totals are what the last frontend had published, and each engine incarnation it had
 seen is diffed against the baseline those totals were published from. The file is written to a temporary
 name, fsynced, renamed over the old one and the folder fsynced: a reader sees the old state or the new one,

@@ -6,7 +6,9 @@
 - ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash"|"dspark", "num_spec_tokens": K,
   "draft_model": PATH (dflash, dspark), "prompt_lookup_min": 1, "prompt_lookup_max": 4 (ngram),
   "confidence_threshold": 0.0 (dspark), "enable_adaptive_verification": false}``: load (or replace) the
-  drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done.
+  drafter; 200 ``{"engine", "num_spec_tokens", "message"}`` once the engine says it is done. Without
+  ``draft_model`` an engine serving the built-in target loads its built-in drafter of that method; any other
+  engine refuses (a 400 saying to pass one).
 - ``DELETE /admin/engines/{index}/drafter``: speculative decoding off on that engine.
 
 Errors: 400 for a bad body or the engine's refusal (its message), 413 for a body over
@@ -37,7 +39,7 @@ from openinfer.protocol import (
     UnloadDrafter,
 )
 
-# Methods the engine knows (DESIGN.md, models and drafters); "draft_model" is DFlash's checkpoint folder.
+# Methods the engine knows (docs/design.md, models and drafters); "draft_model" is DFlash's checkpoint folder.
 _METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
 # Where a DFlash block's position 0 is, when the checkpoint's config does not say.
 _ANCHORS: tuple[DFlashAnchor, ...] = get_args(DFlashAnchor)
@@ -62,7 +64,7 @@ class DrafterBody(msgspec.Struct, forbid_unknown_fields=True):
 def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
     """Validate a drafter body into a :class:`LoadDrafter`; :class:`ApiError` 400 naming what is wrong.
 
-    K outside [1, MAX_SPEC_TOKENS] is refused, never clamped (DESIGN.md, counter semantics).
+    K outside [1, MAX_SPEC_TOKENS] is refused, never clamped (docs/design.md, counter semantics).
     """
     drafter = decode_body(body, DrafterBody, {})
     if drafter.path is not None:
@@ -84,9 +86,10 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
         )
     if k < 1:
         raise invalid_request(f"`num_spec_tokens` must be at least 1, got {k}", "num_spec_tokens")
-    if drafter.method != "ngram" and not drafter.draft_model:
+    if drafter.draft_model == "":
         raise invalid_request(
-            f"method {drafter.method} needs `draft_model`: the checkpoint folder as the engine's host sees it",
+            "`draft_model` is empty: give the checkpoint folder as the engine's host sees it, or leave it out "
+            "for the built-in target's own drafter",
             "draft_model",
         )
     if drafter.method == "ngram" and drafter.draft_model is not None:

@@ -50,7 +50,8 @@ def test_drafter_specs() -> None:
 
 
 def test_dataset_paths_go_to_the_datasets_that_need_one() -> None:
-    """--dataset-name random text jsonl --dataset-path a b: a for text, b for jsonl; too few is an error."""
+    """--dataset-name random text jsonl --dataset-path a b: a for text, b for jsonl; too few is an error, and
+    so is none for a dataset the built-in text cannot stand in for (jsonl)."""
     args = parse_args(["--dataset-name", "random", "text", "jsonl", "--dataset-path", "a.txt", "b.jsonl"])
     assert [(c.name, c.path) for c in args.datasets] == [
         ("random", None),
@@ -59,7 +60,9 @@ def test_dataset_paths_go_to_the_datasets_that_need_one() -> None:
     ]
     assert args.max_concurrency == [1, 4, 8] and [d.label for d in args.drafters] == ["none", "ngram:K=7"]
     with pytest.raises(SystemExit):
-        parse_args(["--dataset-name", "text"])
+        parse_args(["--dataset-name", "text", "jsonl", "--dataset-path", "a.txt"])
+    with pytest.raises(SystemExit):
+        parse_args(["--dataset-name", "text", "jsonl"])
 
 
 def result(

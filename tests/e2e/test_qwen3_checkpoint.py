@@ -89,7 +89,7 @@ async def greedy(cluster: Cluster) -> list[list[int]]:
 
 async def test_float32_greedy_is_transformers_greedy(clusters: dict[str, Cluster], qwen3_model: Path) -> None:
     """dtype auto on the CPU computes in float32 from the bf16 shards: teacher-forced, every token is
-    transformers' float32 argmax or within 1e-3 of it (DESIGN.md invariant 1)."""
+    transformers' float32 argmax or within 1e-3 of it (docs/design.md invariant 1)."""
     outputs = await greedy(clusters["float32"])
     assert all(len(output) == MAX_TOKENS for output in outputs)
     assert_hf_greedy(qwen3_model, PROMPTS, outputs)

@@ -180,3 +180,23 @@ async def test_a_drafter_outside_the_allowed_folders_is_refused_saying_nothing_o
     assert answers[0] == answers[1] and answers[0][0] == 400, answers
     assert "not under a folder this engine loads drafters from (--allowed-drafter-dir)" in answers[0][1]
     assert engine0["num_spec_tokens"] == K
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+async def test_a_checkpoint_drafter_without_a_folder_is_refused_off_the_builtin_target(
+    spec_cluster: Cluster, method: str
+) -> None:
+    """An engine serving another model than the built-in target has no drafter of its own: dflash or dspark
+    with no `draft_model` is a 400 saying what to pass; the engine keeps drafting with its n-gram lookup."""
+    async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as s:
+        body = {"method": method, "num_spec_tokens": 3}
+        async with s.post(f"{spec_cluster.url}/admin/engines/0/drafter", json=body) as r:
+            status, error = r.status, (await r.json())["error"]
+        async with s.get(f"{spec_cluster.url}/admin/engines") as r:
+            engine0 = next(e for e in (await r.json())["engines"] if e["index"] == 0)
+    assert (status, error["code"]) == (400, "drafter_refused"), error
+    assert error["message"] == (
+        f"{method} needs a checkpoint folder (--draft-model PATH; `draft_model` in a run-time load): only the "
+        "built-in target brings its own drafters"
+    )
+    assert engine0["num_spec_tokens"] == K

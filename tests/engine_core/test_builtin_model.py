@@ -153,7 +153,7 @@ def test_dspark_samples_its_drafts_at_temperature(tmp_path: Path) -> None:
     against q: every pending round carries a distribution per draft that gave it its draft, and the rounds
     accept 0.78 drafts each on these seeded requests (verified against a one-hot q, drafts like these
     accept 0.07, greedy drafts 0.13: `docs/benchmarks.md`); the counters equal the spec log, snapshot by snapshot
-    within DESIGN.md's invariants. (That the output keeps the target's distribution is the verification
+    within docs/design.md's invariants. (That the output keeps the target's distribution is the verification
     kernel's test.)"""
     log = tmp_path / "spec.jsonl"
     folder = builtin_drafter_folder("dspark")

@@ -1,5 +1,5 @@
 """SpecDecodeCounters: the prefix tally, the histogram, the verified and unverified counts of variable verify
-lengths, the reached counts and confidence sums of a confidence head, and DESIGN.md's invariants on any
+lengths, the reached counts and confidence sums of a confidence head, and docs/design.md's invariants on any
 observations; and PrefixCacheCounters."""
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ Rounds = list[tuple[int, int, int, list[float] | None]]
 
 @given(observations())
 def test_invariants_hold_on_any_observations(case: tuple[int, Rounds]) -> None:
-    """After every round (observe_draft, or observe_unverified when V = 0) the counters hold DESIGN.md's
+    """After every round (observe_draft, or observe_unverified when V = 0) the counters hold docs/design.md's
     invariants and only went up; at the end each count is the plain sum over the rounds."""
     k, rounds = case
     c = SpecDecodeCounters.zero(k)

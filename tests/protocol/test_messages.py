@@ -280,7 +280,7 @@ def test_engine_identity_is_unique_per_incarnation() -> None:
     ],
 )
 def test_impossible_counters_are_protocol_errors(counters: SpecDecodeCounters) -> None:
-    """A snapshot whose counters break an invariant of DESIGN.md is rejected as kind "counters"."""
+    """A snapshot whose counters break an invariant of docs/design.md is rejected as kind "counters"."""
     codec = EngineOutputCodec()
     frame = codec.encode(EngineCoreOutputs(0, 1, 1, 1.0, [], make_load(counters)))
     with pytest.raises(ProtocolError) as info:

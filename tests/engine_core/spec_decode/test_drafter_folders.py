@@ -57,14 +57,27 @@ def test_by_default_the_model_and_draft_model_folders_are_allowed(tmp_path: Path
 
 
 @pytest.mark.parametrize("method", ["dflash", "dspark"])
-def test_the_builtin_target_brings_its_drafters(method: str) -> None:
-    """openinfer-engine on the built-in target: --spec-method dflash or dspark needs no --draft-model (the
-    built-in drafter of that method); a run-time load without a folder gets the DFlash one."""
-    config = config_from_args(parse_args(["--spec-method", method, "--num-spec-tokens", "7"]))
+@pytest.mark.parametrize("model", [[], ["--model", "BUILTIN"]], ids=["no-model", "its-folder"])
+def test_the_builtin_target_brings_its_drafters(method: str, model: list[str]) -> None:
+    """openinfer-engine on the built-in target, named by its folder (as openinfer-serve names it) or not:
+    --spec-method dflash or dspark needs no --draft-model (the built-in drafter of that method), and a
+    run-time load without a folder gets the built-in drafter of its method."""
+    model = [str(builtin_target_folder()) if arg == "BUILTIN" else arg for arg in model]
+    config = config_from_args(parse_args([*model, "--spec-method", method, "--num-spec-tokens", "7"]))
     assert config.speculative is not None
     assert config.speculative.draft_model == builtin_drafter_folder(method)
-    assert config.default_draft_model == builtin_drafter_folder("dflash")
+    assert config.default_draft_models == {m: builtin_drafter_folder(m) for m in ("dflash", "dspark")}
     assert builtin_drafter_folder("dspark") != builtin_drafter_folder("dflash")
+
+
+def test_another_model_needs_a_drafter_folder(tmp_path: Path) -> None:
+    """Another --model brings no drafter: --spec-method dflash without --draft-model is refused at start,
+    saying what to give, and a run-time load that names no folder has no default."""
+    with pytest.raises(ValueError, match=r"dflash needs a checkpoint folder \(--draft-model PATH"):
+        config_from_args(
+            parse_args(["--model", str(tmp_path), "--spec-method", "dflash", "--num-spec-tokens", "3"])
+        )
+    assert config_from_args(parse_args(["--model", str(tmp_path)])).default_draft_models == {}
 
 
 class EngineUnderTest:

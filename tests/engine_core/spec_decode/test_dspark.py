@@ -192,7 +192,7 @@ def bigram_dspark(folder: Path, successors: dict[int, int], head_type: MarkovHea
 
 
 def expected_counters(rounds: list[Round], k: int) -> SpecDecodeCounters:
-    """The counters DESIGN.md gives for these rounds, written out field by field (not through observe_*); a
+    """The counters docs/design.md gives for these rounds, written out field by field (not through observe_*); a
     round's confidences count at the positions it reached (verified, every draft before accepted)."""
     drafts = [r for r in rounds if r.verified]
     micros = [0] * k
@@ -225,7 +225,7 @@ def test_rounds_match_deepspec_loop(
     """Three greedy requests served together (K = block_size = 6, --confidence-threshold as given): every
     request's tokens and every round's proposed, verified and accepted counts equal an independent batch-1
     loop of DeepSpec's algorithm (z-lab's DFlash forward for the backbone, speculators' heads), and the
-    engine's counters are DESIGN.md's for those rounds, unverified drafts apart from rejected ones."""
+    engine's counters are docs/design.md's for those rounds, unverified drafts apart from rejected ones."""
     heads = speculators_heads()
     pytest.importorskip("dflash")
     k = 6
@@ -251,7 +251,7 @@ def test_rounds_match_deepspec_loop(
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         core.add_request(EngineCoreRequest(str(i), prompt, p))
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    steps = CheckedSteps(core)  # DESIGN.md's invariants on every snapshot, not only the last
+    steps = CheckedSteps(core)  # docs/design.md's invariants on every snapshot, not only the last
     while core.has_work:
         for output in steps.step():
             tokens[output.request_id].extend(output.new_token_ids)

@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine core: lossless at temperature 0, counted exactly (DESIGN.md)."""
+"""Speculative decoding in the engine core: lossless at temperature 0, counted exactly (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ MAX_TOKENS = [40, 5, 13, 40, 2, 9, 31, 17]
 
 
 def run(core: EngineCore, prompts: list[list[int]], stop_token_ids: list[list[int]] | None = None):
-    """All prompts as one batch at temperature 0; checks DESIGN.md's counter invariants on every snapshot."""
+    """All prompts as one batch at temperature 0; checks docs/design.md's counter invariants on every snapshot."""
     outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     stats = {}
     for i, prompt in enumerate(prompts):
@@ -323,7 +323,7 @@ def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -
 def test_speculation_is_lossless_on_cuda(target: Path, tmp_path: Path) -> None:
     """On CUDA (float32), ngram, DFlash K=7 and DSpark K=7 (confidence head on, adaptive verification off)
     give the tokens of the same engine without speculation; at temperature 1, DSpark's sampled drafts run on
-    CUDA with every snapshot's counters within DESIGN.md's invariants."""
+    CUDA with every snapshot's counters within docs/design.md's invariants."""
     base = run(make_core(target, device="cuda:0", dtype="float32"), spec_prompts())[0]
     draft = make_tiny_dflash_checkpoint(
         tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0,)

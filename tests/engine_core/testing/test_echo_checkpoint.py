@@ -1,5 +1,5 @@
 """The echo checkpoint: transformers' greedy decoding on it repeats a chat's last user message of the length
-its distance says, with and without thinking, then stops at <|im_end|> (DESIGN.md invariant 1 makes the
+its distance says, with and without thinking, then stops at <|im_end|> (docs/design.md invariant 1 makes the
 engine's greedy the same)."""
 
 from __future__ import annotations

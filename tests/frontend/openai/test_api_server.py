@@ -178,7 +178,7 @@ async def test_unknown_route_is_an_openai_404(frontend: Frontend) -> None:
 
 
 async def test_metrics_expose_the_serving_metrics_with_engine_labels(fake_frontend: Frontend) -> None:
-    """/metrics carries every DESIGN.md serving metric, labelled with model_name and engine="0"."""
+    """/metrics carries every docs/design.md serving metric, labelled with model_name and engine="0"."""
     await post(fake_frontend, {"prompt": [50, 60, 70], "max_tokens": 3, "ignore_eos": True})
     status, text = await get(fake_frontend, "/metrics")
     assert status == 200
