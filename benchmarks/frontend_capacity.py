@@ -7,6 +7,12 @@ frontend's CPU use over the run (100 % means the frontend's core was the limit):
 
     python -m openinfer.benchmarks.frontend_capacity --concurrency 16 64 256 [--spec-tokens 4]
 
+With ``--api-servers 1 2 4`` each level runs over that many frontends sharing the HTTP port, as
+``openinfer-serve --api-server-count N`` runs them (pinned to ``--frontend-cpu``'s cores; their CPU is
+summed):
+
+    python -m openinfer.benchmarks.frontend_capacity --api-servers 1 2 4 --concurrency 64 --frontend-cpu 0,1
+
 With ``--spec-tokens K`` the engines run n-gram speculation on prompts from the fake model's cycle, so each
 engine output carries up to K+1 tokens: the same per-event frontend work relays more tokens.
 """
@@ -72,37 +78,53 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per level")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--spec-tokens", type=int, help="n-gram speculation with this K on the engines")
-    parser.add_argument("--frontend-cpu", default="0", help="core(s) for the frontend")
+    parser.add_argument("--api-servers", type=int, nargs="+", default=[1], help="frontends sharing the port")
+    parser.add_argument("--frontend-cpu", default="0", help="core(s) for the frontend(s)")
     parser.add_argument("--other-cpus", help="cores for engines and clients (default: the other cores)")
     args = parser.parse_args()
-    rest = [str(c) for c in sorted(os.sched_getaffinity(0)) if str(c) != args.frontend_cpu]
+    frontend_cpus = set(args.frontend_cpu.split(","))
+    rest = [str(c) for c in sorted(os.sched_getaffinity(0)) if str(c) not in frontend_cpus]
     others = args.other_cpus or ",".join(rest) or args.frontend_cpu
     os.sched_setaffinity(0, {int(c) for c in others.split(",")})  # the clients run beside the engines
+    speculation = f"ngram K={args.spec_tokens}" if args.spec_tokens else "none"
+    print(f"{args.engines} fake engines, speculation: {speculation}, {args.max_tokens} tokens per request")
+    print(
+        "| api servers | concurrency | output tok/s | SSE events/s | frontends' CPU | frontend µs/event "
+        "| others' CPU |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for count in args.api_servers:
+        cluster = start(args, count, others)
+        try:
+            for concurrency in args.concurrency:
+                print(measure(cluster, count, concurrency, args.duration, args.max_tokens))
+        finally:
+            cluster.stop()
 
-    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="openinfer-capacity-")))
+
+def start(args: argparse.Namespace, api_servers: int, others: str) -> LocalCluster:
+    """``api_servers`` frontends on one port (one plain frontend for 1) and the fake engines, warmed up."""
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="openinfer-capacity-")), api_servers)
     spec = ["--spec-method", "ngram", "--num-spec-tokens", str(args.spec_tokens)] if args.spec_tokens else []
     bounds = ["--max-queued-per-engine", "4096", "--max-queued-total", "8192"]
     try:
-        cluster.start_frontend(*bounds, cpus=args.frontend_cpu)
+        if api_servers == 1:
+            cluster.start_frontend(*bounds, cpus=args.frontend_cpu)
+        else:
+            cluster.start_api_servers(*bounds, cpus=args.frontend_cpu)
         for index in range(args.engines):
             cluster.start_fake_engine(index, *spec, cpus=others)
         cluster.wait_engines(args.engines)
-        asyncio.run(run_level(cluster.url, 4, 2.0, 32))  # warm-up
-        speculation = f"ngram K={args.spec_tokens}" if spec else "none"
-        print(
-            f"{args.engines} fake engines, speculation: {speculation}, {args.max_tokens} tokens per request"
-        )
-        print(
-            "| concurrency | output tok/s | SSE events/s | frontend CPU | frontend µs/event | others' CPU |"
-        )
-        print("|---:|---:|---:|---:|---:|---|")
-        for concurrency in args.concurrency:
-            print(measure(cluster, concurrency, args.duration, args.max_tokens))
-    finally:
+        asyncio.run(run_level(cluster.url, 4 * api_servers, 2.0, 32))  # warm-up
+    except BaseException:
         cluster.stop()
+        raise
+    return cluster
 
 
-def measure(cluster: LocalCluster, concurrency: int, duration: float, max_tokens: int) -> str:
+def measure(
+    cluster: LocalCluster, api_servers: int, concurrency: int, duration: float, max_tokens: int
+) -> str:
     """One level as a table row, with every process's CPU share over it (100 % = one core)."""
     names = list(cluster.processes)
     before = {name: cluster.cpu_seconds(name) for name in names}
@@ -111,11 +133,14 @@ def measure(cluster: LocalCluster, concurrency: int, duration: float, max_tokens
     elapsed = time.monotonic() - started
     cpu = {name: (cluster.cpu_seconds(name) - before[name]) / elapsed for name in names}
     cpu["clients"] = (time.process_time() - mine) / elapsed
-    per_event = 1e6 * cpu["frontend"] * elapsed / max(events, 1)
-    others = ", ".join(f"{name} {100 * share:.0f} %" for name, share in cpu.items() if name != "frontend")
+    frontends = sum(share for name, share in cpu.items() if name.startswith("frontend"))
+    per_event = 1e6 * frontends * elapsed / max(events, 1)
+    others = ", ".join(
+        f"{name} {100 * share:.0f} %" for name, share in cpu.items() if not name.startswith("frontend")
+    )
     return (
-        f"| {concurrency} | {tokens / duration:,.0f} | {events / duration:,.0f} | {100 * cpu['frontend']:.0f} % "
-        f"| {per_event:.1f} | {others} |"
+        f"| {api_servers} | {concurrency} | {tokens / duration:,.0f} | {events / duration:,.0f} "
+        f"| {100 * frontends:.0f} % | {per_event:.1f} | {others} |"
     )
 
 

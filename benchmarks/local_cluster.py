@@ -12,8 +12,12 @@ from openinfer.engine_core.launch import local_cluster
 class LocalCluster(local_cluster.LocalCluster):
     """A frontend and fake engines for load: warnings only in the logs, 8192 KV blocks, 256 sequences."""
 
-    def start_frontend(self, *extra: str, cpus: str | None = None) -> subprocess.Popen[bytes]:
-        return super().start_frontend("--log-level", "warning", *extra, cpus=cpus)
+    def start_frontend(
+        self, *extra: str, cpus: str | None = None, index: int = 0, http_port: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        return super().start_frontend(
+            "--log-level", "warning", *extra, cpus=cpus, index=index, http_port=http_port
+        )
 
     def start_fake_engine(
         self, index: int = 0, *extra: str, cpus: str | None = None

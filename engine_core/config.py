@@ -113,7 +113,8 @@ class EngineConfig:
     device: Device = Device()  # the CPU, or a CUDA device
     dtype: ModelDtype = ModelDtype.AUTO  # weights and KV cache (auto: float32 on the CPU, bfloat16 on CUDA)
     engine_index: int = 0  # this engine's index behind the frontend (one per GPU)
-    frontend_address: str = "tcp://127.0.0.1:5555"  # the frontend's ROUTER; its PULL is on the next port
+    # The frontends' ROUTERs (each one's PULL is on the next port); the first exports this engine's metrics.
+    frontend_addresses: tuple[str, ...] = ("tcp://127.0.0.1:5555",)
     # KV cache GiB; None (the CLI's default): gpu_memory_utilization's share on CUDA, 1 GiB on the CPU
     kv_cache_gb: float | None = DEFAULT_CPU_KV_CACHE_GB
     gpu_memory_utilization: float = 0.9  # CUDA: this engine's fraction of the GPU (vLLM's flag)
@@ -166,12 +167,22 @@ class EngineConfig:
         spec = self.speculative
         if self.fake_model and spec is not None and spec.method in CHECKPOINT_METHODS:
             raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
-        if not self.frontend_address.startswith("tcp://") or ":" not in self.frontend_address[6:]:
-            raise ValueError(f"--frontend must look like tcp://HOST:PORT, got {self.frontend_address!r}")
+        object.__setattr__(self, "frontend_addresses", tuple(self.frontend_addresses))
+        if not self.frontend_addresses:
+            raise ValueError("--frontend needs at least one tcp://HOST:PORT")
+        for address in self.frontend_addresses:
+            engine_addresses(address)  # ValueError naming it when it is not tcp://HOST:PORT
+        if len(set(self.frontend_addresses)) != len(self.frontend_addresses):
+            raise ValueError(f"--frontend names an address twice: {' '.join(self.frontend_addresses)}")
+
+    @property
+    def frontend_address(self) -> str:
+        """The metrics frontend's ROUTER: the first ``--frontend``."""
+        return self.frontend_addresses[0]
 
     @property
     def output_address(self) -> str:
-        """The frontend's PULL socket (``protocol/addresses.py``: the port after its ROUTER's)."""
+        """The metrics frontend's PULL socket (``protocol/addresses.py``: the port after its ROUTER's)."""
         return engine_addresses(self.frontend_address).outputs
 
 

@@ -15,6 +15,7 @@ from openinfer.frontend.addresses import engine_addresses, engine_ports, is_loop
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.server_keys import load_server_keys
 from openinfer.frontend.flags import add_frontend_args, env_key, keep_alive_from_env
+from openinfer.frontend.metrics.api_servers import ApiServers
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.state_dir import StateDir, StateError
 from openinfer.frontend.openai.api_server import build_app, serve
@@ -64,7 +65,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "DIR/engines (keys made by openinfer-keys DIR)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_api_server_args(parser.add_argument_group("one of several api servers on one port (openinfer-serve)"))
     args = parser.parse_args(argv)
+    if args.api_server_count > 1:
+        if args.peers_dir is None or args.state_dir is None:
+            parser.error(
+                "--api-server-count > 1 needs --peers-dir and --state-dir (openinfer-serve gives both)"
+            )
+        args.state_dir = args.state_dir / f"api-server-{args.api_server_index}"
+    if not 0 <= args.api_server_index < args.api_server_count:
+        parser.error(f"--api-server-index must be in 0..{args.api_server_count - 1}")
     try:
         args.chat_parsers = chat_parsers(args)
     except ValueError as e:
@@ -72,6 +82,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.http_timeout_keep_alive is None:
         args.http_timeout_keep_alive = keep_alive_from_env(parser)
     return args
+
+
+def add_api_server_args(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="the frontends sharing --port over the same engines (vLLM's flag; openinfer-serve sets it): a "
+        "scrape of any shows all of them",
+    )
+    group.add_argument("--api-server-index", type=int, default=0, help="this frontend's index among them")
+    group.add_argument(
+        "--peers-dir",
+        type=Path,
+        help="a folder only this user can read, where the api servers answer each other on Unix sockets",
+    )
 
 
 def cors_policy(args: argparse.Namespace) -> CorsPolicy | None:
@@ -123,6 +149,9 @@ async def _run(args: argparse.Namespace) -> bool:
         max_queued_total=args.max_queued_total,
         curve_keys=curve_keys,
     )
+    api_servers = None
+    if args.api_server_count > 1:
+        api_servers = ApiServers(metrics, args.peers_dir, args.api_server_index, args.api_server_count)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -146,8 +175,12 @@ async def _run(args: argparse.Namespace) -> bool:
             args.host if is_loopback_host(args.host) else None,
             args.grammar_check_timeout,
             args.http_timeout_body,
+            api_servers,
         )
-        runner = await serve(app, args.host, args.port, args.http_timeout_keep_alive)
+        if api_servers is not None:
+            await api_servers.start()
+        shared = api_servers is not None
+        runner = await serve(app, args.host, args.port, args.http_timeout_keep_alive, reuse_port=shared)
         try:
             logger.info("openinfer frontend listening on http://%s:%d", args.host, args.port)
             logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
@@ -159,6 +192,8 @@ async def _run(args: argparse.Namespace) -> bool:
             logger.info("shutting down")
         finally:
             await runner.cleanup()
+            if api_servers is not None:
+                await api_servers.close()
     finally:
         spec_log.cancel()
         saver.cancel()

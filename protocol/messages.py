@@ -21,7 +21,7 @@ from openinfer.protocol.counters import MAX_SPEC_TOKENS, PrefixCacheCounters, Sp
 __all__ = ["MAX_SPEC_TOKENS", "PrefixCacheCounters", "SpecDecodeCounters"]  # re-exported: messages carry them
 
 # Bumped on any incompatible change to a message below; the hello carries it.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
@@ -202,6 +202,9 @@ class EngineHello(msgspec.Struct, tag="hello", array_like=True):
     tokenizer_json: bytes  # the model folder's tokenizer.json
     tokenizer_config_json: bytes  # its tokenizer_config.json (chat template, special tokens), or b"{}"
     load: LoadSnapshot
+    # True toward the engine's metrics frontend (its first --frontend), which alone exports the engine's
+    # counters and gauges; False toward the others (several frontends over the same engines)
+    exports_metrics: bool = True
 
 
 class DrafterReply(msgspec.Struct, tag="drafter_reply", array_like=True):

@@ -31,18 +31,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def free_port_pair() -> int:
-    """A port whose engine sockets' two ports (``protocol/addresses.py``) are both free on loopback."""
+def free_port_pair(frontends: int = 1) -> int:
+    """A port whose engine sockets' two ports (``protocol/addresses.py``) are both free on loopback; with
+    several ``frontends``, the two ports of each (``openinfer-serve``: the next two for each next one)."""
     for _ in range(100):
         port = free_port()
+        sockets: list[socket.socket] = []
         try:
-            with socket.socket() as a, socket.socket() as b:
-                requests, outputs = engine_ports(port)
-                a.bind((HOST, requests))
-                b.bind((HOST, outputs))
+            for frontend in range(frontends):
+                for each in engine_ports(port + 2 * frontend):
+                    sockets.append(socket.socket())
+                    sockets[-1].bind((HOST, each))
             return port
         except OSError:
             continue
+        finally:
+            for each_socket in sockets:
+                each_socket.close()
     raise RuntimeError("no free port pair on loopback")
 
 
@@ -154,8 +159,9 @@ class ProcessGroup:
 
 
 def serve_children(pid: int) -> dict[str, int]:
-    """The processes ``openinfer-serve`` (``pid``) runs now, by role: "frontend", "engine0", "engine1"...,
-    read from /proc (Linux): its restarted engines have new pids."""
+    """The processes ``openinfer-serve`` (``pid``) runs now, by role: "frontend" (with several api servers,
+    "api-server0", "api-server1"...), "engine0", "engine1"..., read from /proc (Linux): its restarted
+    children have new pids."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
     roles = {}
     for child in map(int, children.read_text().split() if children.exists() else []):
@@ -164,7 +170,8 @@ def serve_children(pid: int) -> dict[str, int]:
         except FileNotFoundError:
             continue
         if b"openinfer.frontend.main" in argv:
-            roles["frontend"] = child
+            index = next((t.split(b"=")[1] for t in argv if t.startswith(b"--api-server-index=")), None)
+            roles["frontend" if index is None else f"api-server{int(index)}"] = child
         elif b"--engine-index" in argv:
             roles[f"engine{int(argv[argv.index(b'--engine-index') + 1])}"] = child
     return roles
@@ -210,18 +217,50 @@ def wait_healthy(
 
 
 class LocalCluster(ProcessGroup):
-    """A frontend on free loopback ports and engines connecting to it, each logging under `log_dir`."""
+    """A frontend on free loopback ports and engines connecting to it, each logging under `log_dir`; with
+    ``frontends`` > 1, that many frontends over the same engines, each engine connecting to all of them
+    (:meth:`start_api_servers`: on one HTTP port; :meth:`start_frontend` with ``index``: each on its own)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, frontends: int = 1) -> None:
         super().__init__(log_dir)
         self.http_port = free_port()
-        self.engine_port = free_port_pair()
+        self.frontends = frontends
+        self.engine_port = free_port_pair(frontends)
         self.url = f"http://{HOST}:{self.http_port}"
         self.engine_address = f"tcp://{HOST}:{self.engine_port}"
 
-    def start_frontend(self, *extra: str, cpus: str | None = None) -> subprocess.Popen[bytes]:
-        args = ["--host", HOST, "--port", str(self.http_port), "--engine-bind", self.engine_address]
-        return self.spawn("frontend", python_module("openinfer.frontend.main", *args, *extra), cpus=cpus)
+    def frontend_address(self, index: int) -> str:
+        """Frontend ``index``'s engine address."""
+        return f"tcp://{HOST}:{self.engine_port + 2 * index}"
+
+    def start_frontend(
+        self, *extra: str, cpus: str | None = None, index: int = 0, http_port: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Frontend ``index`` (named "frontend", or "frontend<index>" when there are several) on
+        ``http_port`` (default: the cluster's)."""
+        port = str(http_port or self.http_port)
+        args = ["--host", HOST, "--port", port, "--engine-bind", self.frontend_address(index)]
+        name = "frontend" if self.frontends == 1 else f"frontend{index}"
+        return self.spawn(name, python_module("openinfer.frontend.main", *args, *extra), cpus=cpus)
+
+    def start_api_servers(self, *extra: str, cpus: str | None = None) -> None:
+        """Every frontend as api servers on the cluster's HTTP port, as ``openinfer-serve --api-server-count``
+        runs them (their peers folder and states under the log folder)."""
+        assert self.log_dir is not None
+        peers = self.log_dir / "api-servers"
+        peers.mkdir(mode=0o700, exist_ok=True)
+        count = str(self.frontends)
+        for index in range(self.frontends):
+            shared = [
+                "--api-server-count",
+                count,
+                "--api-server-index",
+                str(index),
+                "--peers-dir",
+                str(peers),
+            ]
+            shared += ["--state-dir", str(peers / "state")]
+            self.start_frontend(*shared, *extra, cpus=cpus, index=index)
 
     def start_engine(self, model: Path, index: int = 0, *extra: str) -> subprocess.Popen[bytes]:
         """A CPU engine serving `model` (`extra`: more engine flags)."""
@@ -244,6 +283,9 @@ class LocalCluster(ProcessGroup):
         wait_healthy(self.url, self, engines, timeout)
 
     def _engine(self, index: int, args: list[str], cpus: str | None) -> subprocess.Popen[bytes]:
-        base = ["--device", "cpu", "--engine-index", str(index), "--frontend", self.engine_address]
+        """Engine ``index``, connecting to every frontend; its first (its metrics frontend) is frontend
+        ``index`` mod the count, as ``openinfer-serve`` does."""
+        frontends = [self.frontend_address((index + i) % self.frontends) for i in range(self.frontends)]
+        base = ["--device", "cpu", "--engine-index", str(index), "--frontend", *frontends]
         argv = python_module("openinfer.engine_core.process.engine_cli", *base, *args)
         return self.spawn(f"engine{index}", argv, cpus=cpus)

@@ -12,6 +12,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
@@ -70,15 +71,23 @@ def describe_speculation(args: argparse.Namespace) -> str:
     return f"speculative decoding: {args.spec_method} K={args.num_spec_tokens}"
 
 
+def engine_bind(args: argparse.Namespace, api_server: int) -> str:
+    """Api server ``api_server``'s engine address: each binds two ports, the first after the one before's."""
+    return f"tcp://127.0.0.1:{args.engine_port + 2 * api_server}"
+
+
 def engine_command(args: argparse.Namespace, index: int) -> list[str]:
-    """Engine ``index``'s command line: its placement, the model and drafter resolved, then every engine
+    """Engine ``index``'s command line: its placement, its frontends (every api server; the first, which
+    exports its metrics, is api server ``index mod N``), the model and drafter resolved, then every engine
     flag as it was given."""
+    count = args.api_server_count
+    frontends = [engine_bind(args, (index + i) % count) for i in range(count)]
     command = python_module(
         "openinfer.engine_core.process.engine_cli",
         "--engine-index",
         str(index),
         "--frontend",
-        f"tcp://127.0.0.1:{args.engine_port}",
+        *frontends,
         "--log-level",
         args.log_level,
     )
@@ -98,9 +107,9 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
     return command + args.engine_argv
 
 
-def frontend_command(args: argparse.Namespace) -> list[str]:
-    """The frontend's command line: where it listens, then every frontend flag as it was given. Never the
-    API key: :func:`frontend_env` carries it."""
+def frontend_command(args: argparse.Namespace, api_server: int = 0) -> list[str]:
+    """Api server ``api_server``'s command line: where it listens, then every frontend flag as it was given.
+    Never the API key: :func:`frontend_env` carries it."""
     command = python_module(
         "openinfer.frontend.main",
         "--host",
@@ -108,12 +117,22 @@ def frontend_command(args: argparse.Namespace) -> list[str]:
         "--port",
         str(args.port),
         "--engine-bind",
-        f"tcp://127.0.0.1:{args.engine_port}",
+        engine_bind(args, api_server),
         "--log-level",
         args.log_level,
     )
     if args.zmq_curve_keys is not None:
         command.append(f"--zmq-curve-keys={args.zmq_curve_keys}")
+    if args.api_server_count > 1:
+        command += [
+            f"--api-server-count={args.api_server_count}",
+            f"--api-server-index={api_server}",
+            f"--peers-dir={args.peers_dir}",
+        ]
+        if (
+            args.state_dir is None
+        ):  # the view a scrape shows of a dead api server is one its restart continues
+            command.append(f"--state-dir={args.peers_dir / 'state'}")
     return command + args.frontend_argv
 
 
@@ -166,19 +185,25 @@ def private_curve_keys(engines: int) -> Path:
 
 
 def remove_private_keys(args: argparse.Namespace) -> None:
-    """Remove the keys :func:`prepare` made for this run, if it made them (never a --zmq-curve-keys DIR)."""
-    if args.private_keys is not None:
-        shutil.rmtree(args.private_keys, ignore_errors=True)
+    """Remove the keys :func:`prepare` made for this run, if it made them (never a --zmq-curve-keys DIR), and
+    the api servers' folder."""
+    for folder in (args.private_keys, args.peers_dir):
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def prepare(args: argparse.Namespace) -> None:
     """Resolve the built-in defaults, check an engine's flags as it will read them, and set up CurveZMQ:
     the keys in --zmq-curve-keys DIR (made there when it has none), else keys made for this run in a
-    private folder, ``args.private_keys``, which lasts as long as serve (restarted children use it too).
+    private folder, ``args.private_keys``, which lasts as long as serve (restarted children use it too); with
+    several api servers, their private folder ``args.peers_dir`` as well.
     ValueError or OSError for what cannot start."""
     resolve_builtin(args)
+    args.peers_dir = None
     config_from_args(engine_args(engine_command(args, 0)[3:]))  # after `python -m module`
     args.private_keys = None
+    if args.api_server_count > 1:  # their Unix sockets, views and (without --state-dir) states; 0700
+        args.peers_dir = Path(tempfile.mkdtemp(prefix="openinfer-api-servers-"))
     if args.zmq_curve_keys is not None:
         curve_keys(args.zmq_curve_keys, args.engines)
         return
@@ -209,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     children = ProcessGroup()  # they share this process's output
     try:
-        with ReadyPipe() as ready:
+        with ExitStack() as stack:
+            ready = [stack.enter_context(ReadyPipe()) for _ in range(args.api_server_count)]
             exit_code = run(args, Supervisor(children, args.restart_policy), ready, lambda: stopping)
     finally:
         children.stop()
@@ -219,22 +245,24 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(
-    args: argparse.Namespace, supervisor: Supervisor, ready: ReadyPipe, stopping: Callable[[], bool]
+    args: argparse.Namespace, supervisor: Supervisor, ready: list[ReadyPipe], stopping: Callable[[], bool]
 ) -> int:
     """Start the frontend and the engines and watch them until ``stopping()`` (exit status 0) or a reason to
     stop everything, logged (1). The caller stops the children."""
     url = f"http://{args.host}:{args.port}"
     # A frontend that dies once it listened is started again on the same ports; the engines keep running
     # and reconnect to it. One that dies before it listened cannot start (its log says why): everything stops.
-    listening = Readiness(f"listening on {url}", ready.said_ready)
 
     def supervise() -> None:  # an engine that dies while the others start is started again, as later
         if (reason := supervisor.poll()) is not None:
             raise RuntimeError(reason)
 
     try:
-        env = {**(frontend_env(args) or {}), **ready.env}
-        supervisor.start("the frontend", frontend_command(args), env, listening, ready.pass_fds)
+        for i, pipe in enumerate(ready):
+            env = {**(frontend_env(args) or {}), **pipe.env}
+            listening = Readiness(f"listening on {url}", pipe.said_ready)
+            name = "the frontend" if args.api_server_count == 1 else f"api server {i}"
+            supervisor.start(name, frontend_command(args, i), env, listening, pipe.pass_fds)
         for i in range(args.engines):
             supervisor.start(f"engine {i}", engine_command(args, i), None)
         if not wait_healthy(url, supervisor.group, args.engines, args.startup_timeout, stopping, supervise):
@@ -250,10 +278,11 @@ def run(
         )
         return 1
     logger.info(
-        "openinfer is serving %s at %s/v1 with %d engine(s), %s; Ctrl-C stops it",
+        "openinfer is serving %s at %s/v1 with %d engine(s) and %d api server(s), %s; Ctrl-C stops it",
         served_models(url, args),
         url,
         args.engines,
+        args.api_server_count,
         describe_speculation(args),
     )
     while not stopping():

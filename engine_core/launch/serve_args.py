@@ -96,6 +96,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[argparse.Action, str]]
 def add_launcher_args(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--engines", type=int, default=1, help="number of local engine processes")
     group.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="frontend processes sharing --port over the same engines, each relaying its own requests; a "
+        "scrape of /metrics on the port shows the whole server (vLLM's flag)",
+    )
+    group.add_argument(
         "--device", choices=["cpu", "cuda"], default="cpu", help="cpu, or cuda: engine i runs on GPU i"
     )
     group.add_argument("--host", default="127.0.0.1", help="the frontend's HTTP address")
@@ -159,6 +166,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Usage errors across flags, before anything starts."""
     if args.engines < 1:
         parser.error("--engines must be >= 1")
+    if args.api_server_count < 1:
+        parser.error("--api-server-count must be >= 1")
     if args.no_spec and (args.spec_method or args.num_spec_tokens is not None or args.draft_model):
         parser.error(
             "--no-spec turns speculation off: drop --spec-method, --num-spec-tokens and --draft-model"

@@ -52,9 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--frontend",
-        dest="frontend_address",
-        default="tcp://127.0.0.1:5555",
-        help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1)",
+        dest="frontend_addresses",
+        nargs="+",
+        metavar="ADDRESS",
+        default=["tcp://127.0.0.1:5555"],
+        help="the frontend's engine address tcp://HOST:PORT (outputs go to PORT+1); with several frontends "
+        "over the same engines, each one's: the first exports this engine's metrics",
     )
     parser.add_argument("--engine-index", type=int, default=0)
     parser.add_argument(

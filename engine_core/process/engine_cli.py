@@ -105,14 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: process.stop())
     logger.info(
-        "engine %d (incarnation %016x) serving %s on %s, %d KV blocks of %d; frontend %s",
+        "engine %d (incarnation %016x) serving %s on %s, %d KV blocks of %d; frontend(s) %s",
         config.engine_index,
         process.incarnation,
         config.served_model_name,
         config.device,
         core.facts.num_kv_blocks,
         config.block_size,
-        config.frontend_address,
+        " ".join(config.frontend_addresses),
     )
     process.run()
     if process.refusal is not None:

@@ -13,6 +13,7 @@ import zmq
 from openinfer import protocol
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.process.frontend_links import FrontendLink, FrontendLinks
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
@@ -33,7 +34,8 @@ class CurveClientKeys(NamedTuple):
 
 
 class EngineProcess:
-    """The socket loop around an :class:`EngineCore`: inputs from the DEALER, outputs to the PUSH."""
+    """The socket loop around an :class:`EngineCore`: inputs from each frontend's DEALER, outputs to the PUSH
+    of the frontend that sent the request (:class:`FrontendLinks`)."""
 
     def __init__(
         self, config: EngineConfig, core: EngineCore, curve_keys: CurveClientKeys | None = None
@@ -47,20 +49,13 @@ class EngineProcess:
         self.input_codec = protocol.EngineInputCodec()
         self.output_codec = protocol.EngineOutputCodec()
         self.context = zmq.Context()
-        self.requests = self._socket(zmq.DEALER)
-        self.requests.setsockopt(
-            zmq.ROUTING_ID, protocol.engine_identity(config.engine_index, self.incarnation)
-        )
-        self.requests.setsockopt(zmq.LINGER, 0)
-        self.requests.connect(config.frontend_address)
-        self.outputs = self._socket(zmq.PUSH)
-        self.outputs.setsockopt(zmq.LINGER, 1000)
-        self.outputs.connect(config.output_address)
+        identity = protocol.engine_identity(config.engine_index, self.incarnation)
+        self.frontends = FrontendLinks(config.frontend_addresses, self._socket, identity)
         self._stopping = False
         self.refusal: str | None = None  # why the frontend refused this engine (then run() returns)
         # A drafter being loaded in the background, and the command that asked for it.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-load")
-        self._pending_load: tuple[protocol.LoadDrafter, Future[SpecDecoder]] | None = None
+        self._pending_load: tuple[FrontendLink, protocol.LoadDrafter, Future[SpecDecoder]] | None = None
 
     def _socket(self, kind: int) -> zmq.Socket:
         """A socket that finds its frontend again by itself: after it restarts, or its host vanishes."""
@@ -79,24 +74,19 @@ class EngineProcess:
 
     def run(self) -> None:
         """Loop until stopped: read inputs, step while there is work, heartbeat when idle."""
-        self._send_hello()
-        last_sent = time.monotonic()
-        poller = zmq.Poller()
-        poller.register(self.requests, zmq.POLLIN)
+        for link in self.frontends.links:
+            self._send_hello(link)
         while not self._stopping:
             timeout_ms = 0 if self.core.has_work else int(self.config.heartbeat_interval * 1000)
-            if poller.poll(timeout_ms):
-                self._read_inputs()
+            for link in self.frontends.readable(timeout_ms):
+                self._read_inputs(link)
             busy = self.core.has_work
             try:
                 outputs = self.core.step()
             except Exception:  # noqa: BLE001 - one bad step must not take the engine (and its peers) down
                 logger.exception("an engine step failed; ending the requests it was running")
                 outputs = self.core.fail_running("the engine failed while running this request; see its log")
-            now = time.monotonic()
-            if outputs or now - last_sent >= self.config.heartbeat_interval:
-                self._send_outputs(outputs)
-                last_sent = now
+            self._send_outputs(outputs)
             # After the send: a drafter of a new K starts its counters from zero, so the step's drafts must
             # leave in a snapshot of the counters that hold them (its spec-log lines name that seq).
             self._finish_drafter_load()
@@ -105,27 +95,25 @@ class EngineProcess:
         self._loader.shutdown(wait=False, cancel_futures=True)
         self.context.destroy(linger=1000)
 
-    def _read_inputs(self) -> None:
-        while True:
-            try:
-                frame = self.requests.recv(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                return
+    def _read_inputs(self, link: FrontendLink) -> None:
+        for frame in self.frontends.frames(link):
             try:
                 message = self.input_codec.decode(frame)
             except protocol.ProtocolError as e:
                 self.num_protocol_errors += 1
-                logger.warning("dropped a bad frame from the frontend (%s)", e)
+                logger.warning("dropped a bad frame from the frontend at %s (%s)", link.address, e)
                 continue
             if isinstance(message, protocol.EngineCoreRequest):
+                self.frontends.took(message.request_id, link)
                 self.core.add_request(message)
             elif isinstance(message, protocol.AbortRequests):
                 self.core.abort(message.request_ids)
             elif isinstance(message, protocol.HelloRequest):
-                self._send_hello()
+                self._send_hello(link)
             elif isinstance(message, protocol.HelloRefused):  # final: the engine stops (exit status 3)
                 logger.error(
-                    "the frontend refused this engine, which stops (frontend protocol %d, engine %d): %s",
+                    "the frontend at %s refused this engine, which stops (frontend protocol %d, engine %d): %s",
+                    link.address,
                     message.protocol_version,
                     protocol.PROTOCOL_VERSION,
                     message.message,
@@ -133,25 +121,27 @@ class EngineProcess:
                 self.refusal = message.message
                 self._stopping = True
             else:
-                self._change_drafter(message)
+                self._change_drafter(message, link)
 
     @property
     def _start_anchor(self) -> str | None:
         """The engine's --dflash-anchor, kept for drafters loaded at run time that name none."""
         return self.config.speculative.dflash_anchor if self.config.speculative is not None else None
 
-    def _change_drafter(self, command: protocol.LoadDrafter | protocol.UnloadDrafter) -> None:
+    def _change_drafter(
+        self, command: protocol.LoadDrafter | protocol.UnloadDrafter, link: FrontendLink
+    ) -> None:
         """Unload now, or start loading in the background (heartbeats go on); answer with a DrafterReply."""
         if self._pending_load is not None:
             self._reply(
-                command, False, "a drafter is still loading on this engine; try again when it is done"
+                link, command, False, "a drafter is still loading on this engine; try again when it is done"
             )
         elif isinstance(command, protocol.UnloadDrafter):
             self.core.unload_drafter()
-            self._reply(command, True, "speculative decoding is off")
+            self._reply(link, command, True, "speculative decoding is off")
         elif command.draft_model and not is_allowed(command.draft_model, self.config.allowed_drafter_dirs):
             logger.warning("drafter load refused: %r is outside --allowed-drafter-dir", command.draft_model)
-            self._reply(command, False, NOT_ALLOWED.format(path=command.draft_model))
+            self._reply(link, command, False, NOT_ALLOWED.format(path=command.draft_model))
         else:
             try:
                 spec = DrafterSpec(
@@ -167,23 +157,29 @@ class EngineProcess:
                     command.enable_adaptive_verification,
                 )
             except ValueError as e:  # options that cannot go together: the caller's answer, never a crash
-                self._reply(command, False, str(e))
+                self._reply(link, command, False, str(e))
                 return
-            self._pending_load = (command, self._loader.submit(self.core.build_drafter, spec))
+            self._pending_load = (link, command, self._loader.submit(self.core.build_drafter, spec))
 
     def _finish_drafter_load(self) -> None:
         """Install a drafter whose background load finished, and answer; a failed load keeps the old one."""
-        if self._pending_load is None or not self._pending_load[1].done():
+        if self._pending_load is None or not self._pending_load[2].done():
             return
-        command, future = self._pending_load
+        link, command, future = self._pending_load
         self._pending_load = None
         try:
-            self._reply(command, True, f"loaded {self.core.install_drafter(future.result())}")
+            self._reply(link, command, True, f"loaded {self.core.install_drafter(future.result())}")
         except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
             logger.warning("drafter load refused: %s: %s", type(e).__name__, e)
-            self._reply(command, False, _load_failure(command, e))
+            self._reply(link, command, False, _load_failure(command, e))
 
-    def _reply(self, command: protocol.LoadDrafter | protocol.UnloadDrafter, ok: bool, message: str) -> None:
+    def _reply(
+        self,
+        link: FrontendLink,
+        command: protocol.LoadDrafter | protocol.UnloadDrafter,
+        ok: bool,
+        message: str,
+    ) -> None:
         spec_decoder = self.core.spec
         reply = protocol.DrafterReply(
             engine_index=self.config.engine_index,
@@ -195,9 +191,9 @@ class EngineProcess:
             num_spec_tokens=spec_decoder.num_spec_tokens if spec_decoder is not None else None,
             load=self.core.load_snapshot(),
         )
-        self.outputs.send(self.output_codec.encode(reply))
+        self._send(link, reply)
 
-    def _send_hello(self) -> None:
+    def _send_hello(self, link: FrontendLink) -> None:
         model_path = self.config.model_path
         tokenizer_config = model_path / "tokenizer_config.json"
         hello = protocol.EngineHello(
@@ -215,19 +211,30 @@ class EngineProcess:
             tokenizer_json=(model_path / "tokenizer.json").read_bytes(),
             tokenizer_config_json=read_tokenizer_config(tokenizer_config.parent),
             load=self.core.load_snapshot(),
+            exports_metrics=link.exports_metrics,
         )
-        self.outputs.send(self.output_codec.encode(hello))
+        self._send(link, hello)
 
     def _send_outputs(self, outputs: list[protocol.EngineCoreOutput]) -> None:
-        message = protocol.EngineCoreOutputs(
-            engine_index=self.config.engine_index,
-            incarnation=self.incarnation,
-            seq=self._next_seq(),
-            timestamp=time.time(),
-            outputs=outputs,
-            load=self.core.load_snapshot(),
-        )
-        self.outputs.send(self.output_codec.encode(message), copy=False)
+        """Each frontend's outputs to it, and a heartbeat to each that is due one; one load snapshot for all."""
+        due = self.frontends.by_link(outputs, self.config.heartbeat_interval)
+        if not due:
+            return
+        load = self.core.load_snapshot()
+        for link, mine in due:
+            message = protocol.EngineCoreOutputs(
+                engine_index=self.config.engine_index,
+                incarnation=self.incarnation,
+                seq=self._next_seq(),
+                timestamp=time.time(),
+                outputs=mine,
+                load=load,
+            )
+            self._send(link, message)
+
+    def _send(self, link: FrontendLink, message: protocol.EngineOutput) -> None:
+        link.outputs.send(self.output_codec.encode(message), copy=False)
+        link.last_sent = time.monotonic()
 
     def _next_seq(self) -> int:
         """The seq of the message about to be sent; its snapshot holds every spec-log line written so far."""

@@ -35,15 +35,16 @@ class EngineClient:
     ``bind_address`` is ``tcp://HOST:PORT``: requests leave through a ROUTER bound on PORT, outputs arrive on
     a PULL bound on PORT+1 (see :mod:`openinfer.frontend.addresses`).
 
-    Liveness (docs/design.md): an engine is marked down when it is silent for ``engine_timeout`` seconds, or
-    when the connection its outputs came over closes and it is not heard from again within about a second
-    (a killed process); its in-flight requests that got no output yet move to another live engine of the
-    model, the others end with an error saying why (:mod:`~openinfer.frontend.engines.departures`). A new
-    incarnation of an index ends the old one's the
-    same way, once the old one no longer holds the index (:mod:`~openinfer.frontend.engines.index_claims`:
-    while it is alive the newcomer is refused). One that comes back with the same incarnation (it was
-    paused) is taken back; outputs it sends for requests that already ended here are dropped and those
-    requests aborted on it.
+    Liveness (docs/design.md): an engine is down when silent for ``engine_timeout`` seconds, or when the
+    connection its outputs came over closes and it is not heard from again within about a second (a killed
+    process); its in-flight requests that got no output yet move to another live engine of the model, the
+    others end with an error saying why (:mod:`~openinfer.frontend.engines.departures`). A new incarnation
+    of an index ends the old one's the same way, once the old one no longer holds the index
+    (:mod:`~openinfer.frontend.engines.index_claims`). One back with the same incarnation (it was paused)
+    is taken back; its outputs for requests that already ended here are dropped and aborted on it.
+
+    Several frontends over the same engines: each gets its own requests' outputs; only the engine's metrics
+    frontend (its hello's ``exports_metrics``) publishes the engine's counters and gauges.
 
     Bounds: at most ``max_queued_total`` unfinished requests in all and ``max_queued_per_engine`` per
     engine; past them :meth:`add_request` raises :class:`EngineOverloadedError` at once. In-flight requests
@@ -261,15 +262,19 @@ class EngineClient:
             fd=fd,
         )
         previous = self.registry.install(record)
-        self.metrics.engine_joined(index, incarnation)
+        exports = record.exports_metrics
+        if exports:
+            self.metrics.engine_joined(index, incarnation)
         kv = f"{hello.kv_num_blocks} KV blocks of {hello.kv_block_size} tokens"
         spec = f"{hello.num_spec_tokens} spec tokens" if hello.num_spec_tokens else "no speculation"
+        spec += "" if exports else "; its metrics are exported by its first frontend"
         self._log.info(
             "joined", "%s joined: max_model_len %d, %s, %s", record.describe(), hello.max_model_len, kv, spec
         )
-        self.metrics.set_engine_up(index, True)
-        # (saved at once if the index is new here)
-        self.metrics.observe_message(index, incarnation, hello.seq, record.model_name, hello.load)
+        if exports:
+            self.metrics.set_engine_up(index, True)
+            # (saved at once if the index is new here)
+            self.metrics.observe_message(index, incarnation, hello.seq, record.model_name, hello.load)
         if previous is not None:
             self._departures.replaced(previous, record)
 
@@ -279,7 +284,7 @@ class EngineClient:
             return
         strays = [output.request_id for output in message.outputs if not self.router.route(record, output)]
         if strays:
-            await self._abort_strays(record, strays)
+            await self._departures.strays(record, strays)
 
     async def _sender(
         self, message: protocol.EngineCoreOutputs | protocol.DrafterReply, fd: int | None
@@ -311,22 +316,12 @@ class EngineClient:
             record.up = True
             record.disconnected_at = None
             self._log.info("back", "%s is back", record.describe())
-            self.metrics.set_engine_up(record.index, True)
-        self.metrics.observe_message(record.index, record.incarnation, seq, record.model_name, record.load)
-
-    async def _abort_strays(self, record: EngineRecord, request_ids: list[str]) -> None:
-        """An engine sends outputs for requests that ended here (it was paused past the timeout, or an
-        earlier frontend sent them): abort them there, once each."""
-        new = record.note_aborted(request_ids)
-        if not new:
-            return
-        self._log.info(
-            "strays",
-            "%s sent outputs for %d requests that ended here; aborting them",
-            record.describe(),
-            len(new),
-        )
-        await self._send(record.identity, protocol.AbortRequests(new))
+            if record.exports_metrics:
+                self.metrics.set_engine_up(record.index, True)
+        if record.exports_metrics:
+            self.metrics.observe_message(
+                record.index, record.incarnation, seq, record.model_name, record.load
+            )
 
     # ---- sending ----
 

@@ -172,7 +172,8 @@ class Departures:
 
     def _take_down(self, record: EngineRecord) -> None:
         """Mark a record down: no requests go to it, its load series are dropped."""
-        self._metrics.set_engine_up(record.index, False)
+        if record.exports_metrics:
+            self._metrics.set_engine_up(record.index, False)
         record.up = False
         record.disconnected_at = None
         self._metrics.forget_load(record.index, record.model_name)
@@ -184,3 +185,17 @@ class Departures:
         if self._metrics.forget_engine(record.index):
             self._registry.forget(record.index)
             self._log.info("forgotten", "%s: never heard from after its hello; forgotten", record.describe())
+
+    async def strays(self, record: EngineRecord, request_ids: list[str]) -> None:
+        """An engine sends outputs for requests that ended here (it was paused past the timeout, or an
+        earlier frontend sent them): abort them there, once each."""
+        new = record.note_aborted(request_ids)
+        if not new:
+            return
+        self._log.info(
+            "strays",
+            "%s sent outputs for %d requests that ended here; aborting them",
+            record.describe(),
+            len(new),
+        )
+        await self._send(record.identity, protocol.AbortRequests(new))

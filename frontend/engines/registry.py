@@ -72,6 +72,12 @@ class EngineRecord:
         return self.hello.model_name
 
     @property
+    def exports_metrics(self) -> bool:
+        """Whether this frontend exports the engine's counters and gauges: it is the engine's metrics frontend
+        (docs/design.md, several frontends); the others export only their own requests' metrics."""
+        return self.hello.exports_metrics
+
+    @property
     def load_score(self) -> int:
         """Requests it holds or will soon hold: the routing key (lower is better)."""
         return self.load.num_running_reqs + self.load.num_waiting_reqs + self.sent_since_snapshot

@@ -56,14 +56,15 @@ class CountedSeqsLog:
 
     def to_json(self) -> dict[str, list[dict[str, object]]]:
         """By engine index: ``{"incarnation": 16 hex digits (as in the spec log), "after_seq", "through_seq"}``."""
-        return {
-            str(index): [
-                {
-                    "incarnation": f"{r.incarnation:016x}",
-                    "after_seq": r.after_seq,
-                    "through_seq": r.through_seq,
-                }
-                for r in ranges
-            ]
-            for index, ranges in sorted(self._by_index.items())
-        }
+        return counted_json(self._by_index)
+
+
+def counted_json(by_index: dict[int, list[CountedSeqs]]) -> dict[str, list[dict[str, object]]]:
+    """Ranges by engine index as ``/admin/engines`` shows them (:meth:`CountedSeqsLog.to_json`)."""
+    return {
+        str(index): [
+            {"incarnation": f"{r.incarnation:016x}", "after_seq": r.after_seq, "through_seq": r.through_seq}
+            for r in ranges
+        ]
+        for index, ranges in sorted(by_index.items())
+    }

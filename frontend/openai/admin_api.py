@@ -27,6 +27,7 @@ from aiohttp import web
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord
+from openinfer.frontend.metrics.api_servers import ApiServers
 from openinfer.frontend.openai.body_read import read_body
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.request_body import Int64, decode_body
@@ -122,19 +123,31 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
 
 
 def add_admin_routes(
-    app: web.Application, client: EngineClient, drafter_timeout: float, body_timeout: float
+    app: web.Application,
+    client: EngineClient,
+    drafter_timeout: float,
+    body_timeout: float,
+    api_servers: ApiServers | None = None,
 ) -> None:
     """Add the admin routes to ``app``; drafter commands wait ``drafter_timeout`` seconds for the engine, and
-    a body not all in within ``body_timeout`` seconds is a 408."""
-    admin = _AdminApi(client, drafter_timeout, body_timeout)
+    a body not all in within ``body_timeout`` seconds is a 408. With ``api_servers``, the counted seqs are
+    those of every api server sharing the port."""
+    admin = _AdminApi(client, drafter_timeout, body_timeout, api_servers)
     app.router.add_get("/admin/engines", admin.engines)
     app.router.add_post(r"/admin/engines/{index:\d+}/drafter", admin.load_drafter)
     app.router.add_delete(r"/admin/engines/{index:\d+}/drafter", admin.unload_drafter)
 
 
 class _AdminApi:
-    def __init__(self, client: EngineClient, drafter_timeout: float, body_timeout: float) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        drafter_timeout: float,
+        body_timeout: float,
+        api_servers: ApiServers | None,
+    ) -> None:
         self._client = client
+        self._api_servers = api_servers
         self._timeout = drafter_timeout
         self._body_timeout = body_timeout
 
@@ -142,7 +155,10 @@ class _AdminApi:
         records = self._client.registry.records()
         engines = [_engine_json(record) for record in records]
         # which spec-log lines /metrics holds, per incarnation (openinfer-verify-log --engines-url reads it)
-        counted = self._client.metrics.counted_seqs.to_json()
+        servers = self._api_servers
+        counted = (
+            self._client.metrics.counted_seqs.to_json() if servers is None else await servers.counted_seqs()
+        )
         return web.json_response({"engines": engines, "counted_seqs": counted})
 
     async def load_drafter(self, request: web.Request) -> web.Response:

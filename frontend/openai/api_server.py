@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.metrics.api_servers import ApiServers
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.openai.admin_api import add_admin_routes
@@ -70,6 +71,7 @@ def build_app(
     loopback_host: str | None = None,
     grammar_check_timeout: float = 5.0,
     body_timeout: float = 60.0,
+    api_servers: ApiServers | None = None,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
     The /admin routes need ``admin_api_key`` (or, without it, ``api_key``) and are off without either.
@@ -82,7 +84,8 @@ def build_app(
     listens on, if it does, so that only requests addressed to a loopback name are served (DNS rebinding).
     A structured-outputs constraint that takes longer than ``grammar_check_timeout`` seconds to compile is a
     400 before it reaches an engine (one that waits as long for a free worker to check it, a 503). A request
-    body not all in within ``body_timeout`` seconds is a 408.
+    body not all in within ``body_timeout`` seconds is a 408. ``api_servers``: this frontend is one of
+    several sharing the port, and /metrics and /admin/engines show all of them.
     """
     # A check waits for a free worker at most as long as one may compile: past it, 503 busy.
     grammar_checks = GrammarCheckPool(grammar_check_timeout, wait_timeout=grammar_check_timeout)
@@ -96,6 +99,7 @@ def build_app(
         grammar_checks,
         census,
         body_timeout,
+        api_servers,
     )
     middlewares = [error_middleware]  # the first is the outermost
     if loopback_host is not None:
@@ -116,7 +120,7 @@ def build_app(
     app.router.add_get("/v1/models", api.models)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
-    add_admin_routes(app, client, drafter_timeout, body_timeout)
+    add_admin_routes(app, client, drafter_timeout, body_timeout, api_servers)
     add_utility_routes(app, api._body, api._model)
     return app
 
@@ -126,7 +130,9 @@ async def _close_workers(app: web.Application) -> None:
     await app[GRAMMAR_CHECKS].close()
 
 
-async def serve(app: web.Application, host: str, port: int, keep_alive_s: float = 5.0) -> web.AppRunner:
+async def serve(
+    app: web.Application, host: str, port: int, keep_alive_s: float = 5.0, reuse_port: bool = False
+) -> web.AppRunner:
     """Serve ``app`` (port 0: any free port, see ``runner.addresses``); stop with ``runner.cleanup()``.
 
     Handlers are cancelled when their client disconnects, which aborts the request on its engine. A connection
@@ -147,7 +153,7 @@ async def serve(app: web.Application, host: str, port: int, keep_alive_s: float 
         lingering_time=0.0,
     )
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()  # reuse: api servers share it
     return runner
 
 
@@ -164,8 +170,10 @@ class _OpenAIApi:
         grammar_checks: GrammarCheckPool,
         census: CensusWorker,
         body_timeout: float,
+        api_servers: ApiServers | None,
     ) -> None:
         self._client = client
+        self._api_servers = api_servers
         self._grammar_checks = grammar_checks
         self._census = census
         self._body_timeout = body_timeout
@@ -182,7 +190,9 @@ class _OpenAIApi:
         return web.json_response({"status": "ok", "engines_up": num_up})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        servers = self._api_servers
+        body = self._metrics.render() if servers is None else await servers.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
         """OpenAI's model list: every model name a live engine serves."""

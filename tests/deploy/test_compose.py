@@ -118,5 +118,5 @@ def test_commands_parse_with_the_real_clis() -> None:
             entrypoint, *args = argv(service)
             assert entrypoint == "openinfer-engine"
             parsed = engine_args(args)
-            assert parsed.frontend_address == "tcp://frontend:5555", name
+            assert parsed.frontend_addresses == ["tcp://frontend:5555"], name
             assert parsed.num_spec_tokens == 7, name

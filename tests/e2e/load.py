@@ -118,6 +118,8 @@ class Scraper:
 
     url: str
     interval_s: float = 0.2
+    # a connection per scrape: with api servers sharing the port, scrapes reach each of them in turn
+    new_connections: bool = False
     scrapes: int = 0
     decreases: list[str] = field(default_factory=list)
     last: Samples | None = None
@@ -161,7 +163,9 @@ class Scraper:
         return samples
 
     async def _run(self) -> None:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=self.new_connections)
+        ) as session:
             while True:
                 await self.scrape(session)
                 await asyncio.sleep(self.interval_s)

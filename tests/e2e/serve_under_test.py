@@ -13,8 +13,10 @@ from tests.e2e.processes import Cluster, serve_children
 class Serve:
     """``openinfer-serve`` under test; every child pid it was seen with is killed at the end if alive."""
 
-    def __init__(self, log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.cluster = Cluster(log_dir)
+    def __init__(
+        self, log_dir: Path, *flags: str, env: dict[str, str] | None = None, api_servers: int = 1
+    ) -> None:
+        self.cluster = Cluster(log_dir, api_servers)
         self.process = self.cluster.start_serve_fake(*flags, env=env)
         self.seen: set[int] = set()
 

@@ -45,6 +45,7 @@ class PeerConfig:
     vocab_size: int = 300  # the model's (its hello's); above the tiny tokenizer's 300 ids: padding rows
     protocol_version: int = protocol.PROTOCOL_VERSION
     fail_with: str | None = None  # end every request with this error message after its first token
+    fail_prefix: str = ""  # with fail_with: only the requests whose id starts with this fail
     # end every request at once, before any token, with this error as the client's fault (bad_request): an
     # engine refusing what a request asks, such as a grammar that does not compile
     refuse_with: str | None = None
@@ -59,6 +60,7 @@ class PeerConfig:
     tokenizer_json: bytes | None = None  # what its hello sends (None: the tiny tokenizer's)
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command
+    exports_metrics: bool = True  # its hello's: False, another frontend is its metrics frontend
 
 
 class EnginePeer:
@@ -148,6 +150,7 @@ class EnginePeer:
             tokenizer_json=c.tokenizer_json or tiny_tokenizer.tokenizer_json(),
             tokenizer_config_json=c.tokenizer_config_json or tiny_tokenizer.tokenizer_config_json(),
             load=self._load(),
+            exports_metrics=c.exports_metrics,
         )
 
     def _load(self) -> protocol.LoadSnapshot:
@@ -231,7 +234,8 @@ class EnginePeer:
         for i in range(params.max_tokens):
             await asyncio.sleep(self.config.token_delay_s)
             cached = self.config.num_cached_tokens if i == 0 else 0
-            if self.config.fail_with is not None and i == 1:
+            failing = request.request_id.startswith(self.config.fail_prefix)
+            if self.config.fail_with is not None and failing and i == 1:
                 await self._finish(request, [], protocol.FinishReason("error", message=self.config.fail_with))
                 return
             token = prompt[i % len(prompt)]

@@ -199,3 +199,40 @@ def test_a_drafter_folder_without_config_is_refused(tmp_path: Path) -> None:
 def test_verification_options_need_their_drafter(argv: list[str], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         config_from_args(engine_args(["--model", "/m", *argv]))
+
+
+def test_api_servers_share_the_port_and_every_engine_connects_to_all() -> None:
+    """--api-server-count 3: api server i binds the engine ports 5555 + 2i and gets its index, the count,
+    the peers folder and a state folder there; engine e connects to all three, api server e mod 3 first
+    (its metrics frontend)."""
+    args = parse_args(["/m", "--engines", "4", "--api-server-count", "3"])
+    resolve_builtin(args)
+    args.peers_dir = Path("/run/peers")  # prepare() makes it
+    frontends = [frontend_args(frontend_command(args, i)[3:]) for i in range(3)]
+    assert [f.engine_bind for f in frontends] == [f"tcp://127.0.0.1:{p}" for p in (5555, 5557, 5559)]
+    assert [(f.api_server_index, f.api_server_count, str(f.peers_dir)) for f in frontends] == [
+        (i, 3, "/run/peers") for i in range(3)
+    ]
+    assert [str(f.state_dir) for f in frontends] == [f"/run/peers/state/api-server-{i}" for i in range(3)]
+    assert {f.port for f in frontends} == {8000}
+    engines = [engine_args(engine_command(args, e)[3:]) for e in range(4)]
+    ports = [[int(a.rsplit(":", 1)[1]) for a in e.frontend_addresses] for e in engines]
+    assert ports == [[5555, 5557, 5559], [5557, 5559, 5555], [5559, 5555, 5557], [5555, 5557, 5559]]
+
+
+def test_a_given_state_dir_holds_each_api_servers_folder() -> None:
+    """With --state-dir DIR each api server keeps its state in DIR/api-server-i; one frontend keeps DIR."""
+    args = parse_args(["--api-server-count", "2", "--state-dir", "/state"])
+    args.peers_dir = Path("/run/peers")
+    assert [str(frontend_args(frontend_command(args, i)[3:]).state_dir) for i in range(2)] == [
+        "/state/api-server-0",
+        "/state/api-server-1",
+    ]
+    assert str(frontend_flags("--state-dir", "/state").state_dir) == "/state"
+
+
+def test_no_api_servers_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--api-server-count 0 is a usage error."""
+    with pytest.raises(SystemExit):
+        parse_args(["--api-server-count", "0"])
+    assert "--api-server-count must be >= 1" in capsys.readouterr().err

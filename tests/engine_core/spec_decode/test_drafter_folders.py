@@ -87,7 +87,7 @@ class EngineUnderTest:
         port = free_port_pair()
         config = EngineConfig(
             model_path=target, served_model_name="t", num_kv_blocks=64,
-            frontend_address=f"tcp://127.0.0.1:{port}", allowed_drafter_dirs=(allowed,),
+            frontend_addresses=(f"tcp://127.0.0.1:{port}",), allowed_drafter_dirs=(allowed,),
         )  # fmt: skip
         self.context = zmq.Context()
         self.router = self.context.socket(zmq.ROUTER)

@@ -1,0 +1,50 @@
+"""An engine's frontends: each request's outputs go back to the frontend that sent it, every frontend gets
+its heartbeat, and only the first is told it exports the engine's metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from openinfer.engine_core.process.frontend_links import FrontendLinks
+from openinfer.protocol import EngineCoreOutput, FinishReason
+from tests.e2e.processes import free_port_pair
+
+
+@pytest.fixture
+def links() -> Iterator[FrontendLinks]:
+    context = zmq.Context()
+    first = free_port_pair(2)  # nothing listens there: the sockets connect in the background
+    addresses = (f"tcp://127.0.0.1:{first}", f"tcp://127.0.0.1:{first + 2}")
+    yield FrontendLinks(addresses, context.socket, b"engine-0-0000000000000001")
+    context.destroy(linger=0)
+
+
+def test_outputs_go_to_the_frontend_that_sent_the_request(links: FrontendLinks) -> None:
+    """Request a from frontend 0 and b from frontend 1: each frontend's message carries only its own; a
+    finished request's origin is forgotten, so a later output of it (an abort's) goes nowhere."""
+    zero, one = links.links
+    assert (zero.exports_metrics, one.exports_metrics) == (True, False)
+    links.took("a", zero)
+    links.took("b", one)
+    now = time.monotonic()
+    zero.last_sent = one.last_sent = now  # no heartbeat due
+    a, b = EngineCoreOutput("a", [5]), EngineCoreOutput("b", [6], FinishReason("length"))
+    assert links.by_link([a, b], heartbeat_interval=60.0) == [(zero, [a]), (one, [b])]
+    late = EngineCoreOutput("b", [], FinishReason("abort"))
+    assert links.by_link([late], heartbeat_interval=60.0) == []
+
+
+def test_a_frontend_without_outputs_gets_its_heartbeat_when_due(links: FrontendLinks) -> None:
+    """With outputs for frontend 0 only, frontend 1 gets a message (its load) once its interval has passed."""
+    zero, one = links.links
+    links.took("a", zero)
+    zero.last_sent = time.monotonic()
+    one.last_sent = time.monotonic() - 2.0
+    a = EngineCoreOutput("a", [5])
+    assert links.by_link([a], heartbeat_interval=1.0) == [(zero, [a]), (one, [])]
+    one.last_sent = time.monotonic()
+    assert links.by_link([a], heartbeat_interval=1.0) == [(zero, [a])]
