@@ -163,13 +163,17 @@ class EngineCore:
         )
         return request.take_output()
 
-    def abort(self, request_ids: list[str]) -> None:
-        """End these requests now (unknown or already ended ids are ignored)."""
+    def abort(self, request_ids: list[str], error: str | None = None) -> None:
+        """End these requests now (unknown or already ended ids are ignored): aborted, or with ``error``."""
         for request_id in request_ids:
             request = self.requests.get(request_id)
-            if request is not None:
+            if request is None:
+                continue
+            if error is None:
                 self._end(request, RequestStatus.FINISHED_ABORTED)
-                self._ended.append(request.take_output())
+            else:
+                self._end(request, RequestStatus.FINISHED_ERROR, FinishReason("error", message=error))
+            self._ended.append(request.take_output())
 
     # ---- the step -----------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -13,7 +14,7 @@ import zmq
 from openinfer import protocol
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.process.frontend_links import FrontendLink, FrontendLinks
+from openinfer.engine_core.process.frontend_links import STALLED, FrontendLink, FrontendLinks
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
@@ -104,8 +105,8 @@ class EngineProcess:
                 logger.warning("dropped a bad frame from the frontend at %s (%s)", link.address, e)
                 continue
             if isinstance(message, protocol.EngineCoreRequest):
-                self.frontends.took(message.request_id, link)
-                self.core.add_request(message)
+                if self.frontends.took(message.request_id, link):
+                    self.core.add_request(message)
             elif isinstance(message, protocol.AbortRequests):
                 self.core.abort(message.request_ids)
             elif isinstance(message, protocol.HelloRequest):
@@ -230,11 +231,14 @@ class EngineProcess:
                 outputs=mine,
                 load=load,
             )
-            self._send(link, message)
+            self._send(link, message, mine)
 
-    def _send(self, link: FrontendLink, message: protocol.EngineOutput) -> None:
-        link.outputs.send(self.output_codec.encode(message), copy=False)
-        link.last_sent = time.monotonic()
+    def _send(
+        self, link: FrontendLink, message: protocol.EngineOutput, outputs: Sequence[protocol.EngineCoreOutput] = ()
+    ) -> None:
+        """Send without blocking; a stalled frontend's requests end with an error (delivered when it reads)."""
+        if not self.frontends.send(link, self.output_codec.encode(message), outputs):
+            self.core.abort(self.frontends.requests_of(link), error=STALLED)
 
     def _next_seq(self) -> int:
         """The seq of the message about to be sent; its snapshot holds every spec-log line written so far."""

@@ -48,3 +48,33 @@ def test_a_frontend_without_outputs_gets_its_heartbeat_when_due(links: FrontendL
     assert links.by_link([a], heartbeat_interval=1.0) == [(zero, [a]), (one, [])]
     one.last_sent = time.monotonic()
     assert links.by_link([a], heartbeat_interval=1.0) == [(zero, [a])]
+
+
+def test_a_frontend_that_stops_reading_is_stalled_not_waited_for() -> None:
+    """Sends never block: past the queue's bound the frontend is stalled (its finishes kept, new requests
+    refused with an error finish); once a send goes through it is not stalled and the finishes left."""
+    context = zmq.Context()
+    try:
+        port = free_port_pair()  # nothing listens: every message queues
+        links = FrontendLinks((f"tcp://127.0.0.1:{port}",), context.socket, b"engine-0-1", send_hwm=2)
+        (link,) = links.links
+        links.took("a", link)
+        done = EngineCoreOutput("b", [7], FinishReason("stop"))
+        sent = [links.send(link, b"x", [EngineCoreOutput("a", [5]), done]) for _ in range(4)]
+        assert sent[0] and not sent[-1] and link.stalled
+        assert link.pending == [done] and links.requests_of(link) == ["a"]
+        assert not links.took("c", link)  # refused while stalled: its error finish waits too
+        assert [(o.request_id, o.finish.kind) for o in link.pending if o.finish] == [
+            ("b", "stop"),
+            ("c", "error"),
+        ]
+        pull = context.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVTIMEO, 5000)  # a failure, never a hang
+        pull.bind(f"tcp://127.0.0.1:{port + 1}")  # the frontend reads again
+        deadline = time.monotonic() + 10
+        while not links.send(link, b"y", link.pending):
+            assert time.monotonic() < deadline, "the queue never drained"
+            pull.recv()
+        assert not link.stalled and link.pending == []
+    finally:
+        context.destroy(linger=0)
