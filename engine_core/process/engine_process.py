@@ -234,7 +234,10 @@ class EngineProcess:
             self._send(link, message, mine)
 
     def _send(
-        self, link: FrontendLink, message: protocol.EngineOutput, outputs: Sequence[protocol.EngineCoreOutput] = ()
+        self,
+        link: FrontendLink,
+        message: protocol.EngineOutput,
+        outputs: Sequence[protocol.EngineCoreOutput] = (),
     ) -> None:
         """Send without blocking; a stalled frontend's requests end with an error (delivered when it reads)."""
         if not self.frontends.send(link, self.output_codec.encode(message), outputs):

@@ -31,7 +31,9 @@ logger = logging.getLogger("openinfer.engine")
 # Messages queued for one frontend before it counts as stalled: over an hour of idle heartbeats, or tens of
 # seconds of a busy engine's steps that the frontend did not read.
 SEND_HWM = 10_000
-STALLED = "the engine's outputs to this frontend backed up (it stopped reading them), so it ended this request"
+STALLED = (
+    "the engine's outputs to this frontend backed up (it stopped reading them), so it ended this request"
+)
 
 
 @dataclass
