@@ -39,6 +39,7 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 40.0, 80.0)  # fmt: skip
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 
 _MODEL_ENGINE = ("model_name", "engine")
 
@@ -105,6 +106,12 @@ class FrontendMetrics:
             "Seconds from a request's arrival to its last output token.",
             ("model_name",),
             _E2E_BUCKETS,
+        )
+        self.request_params_n = t.histogram(
+            "vllm:request_params_n",
+            "The n request parameter (choices) of each request, observed once when it ends.",
+            ("model_name",),
+            _N_BUCKETS,
         )
 
         # Engine health and the wire.
@@ -295,6 +302,10 @@ class FrontendMetrics:
         self.request_success.inc((model_name, str(engine_index), finished_reason))
         if e2e_latency is not None:
             self.e2e_request_latency.observe((model_name,), e2e_latency)
+
+    def observe_request_params_n(self, model_name: str, n: int) -> None:
+        """A request of ``n`` choices ended (each choice is a request of its own to the other metrics)."""
+        self.request_params_n.observe((model_name,), n)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, after saving the state it shows."""

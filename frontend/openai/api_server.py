@@ -26,10 +26,11 @@ from openinfer.frontend.openai.admin_api import add_admin_routes
 from openinfer.frontend.openai.body_limits import BodyLimits
 from openinfer.frontend.openai.census_worker import CensusWorker
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
+from openinfer.frontend.openai.choices import Choices
 from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
-from openinfer.frontend.openai.generation import EngineRequestError, Generation
+from openinfer.frontend.openai.generation import EngineRequestError
 from openinfer.frontend.openai.grammar_pool import GrammarCheckPool
 from openinfer.frontend.openai.host_check import host_check_middleware
 from openinfer.frontend.openai.http_logs import QuietAccessLogger, server_logger
@@ -43,11 +44,7 @@ from openinfer.frontend.openai.middleware import (
     request_id_middleware,
 )
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from openinfer.frontend.openai.response_format import (
-    FormatContext,
-    ResponseExtras,
-    ResponseIds,
-)
+from openinfer.frontend.openai.response_format import ResponseIds
 from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
 from openinfer.frontend.openai.utility_routes import add_utility_routes
 
@@ -226,7 +223,7 @@ class _OpenAIApi:
         self, request: web.Request, parsed: CompletionRequest | ChatRequest, arrival: float
     ) -> web.StreamResponse:
         """Run a parsed request on its model: its constraint checked (the one place the frontend compiles
-        one), then prepared once into its engine request and response format."""
+        one), then prepared once into its engine request and response format, run as its ``n`` choices."""
         model = self._model(parsed.model)
         options = parsed.options
         if options.structured is not None:
@@ -237,25 +234,14 @@ class _OpenAIApi:
             prepared = await asyncio.to_thread(parsed.prepare, model, request_id)
         else:
             prepared = parsed.prepare(model, request_id)
-        engine_request = prepared.engine_request
-        extras = ResponseExtras(options.include_usage, self._spec_metrics)
-        context = FormatContext(
-            ids, model.tokenizer, engine_request.prompt_token_ids, options.return_token_ids, extras
-        )
-        generation = Generation(
-            self._client,
-            self._metrics,
-            model,
-            engine_request,
-            options,
-            arrival,
-            prepared.response_format(context),
+        choices = Choices(
+            self._client, self._metrics, model, prepared, options, arrival, ids, self._spec_metrics
         )
         try:
-            async with generation:
+            async with choices:
                 if options.stream:
-                    return await self._stream(request, generation)
-                return await self._complete(generation)
+                    return await self._stream(request, choices)
+                return await self._complete(choices)
         except NoEngineError as e:
             raise no_engine(str(e)) from None
 
@@ -279,45 +265,45 @@ class _OpenAIApi:
             raise ApiError(404, message, param="model", code="model_not_found")
         return model
 
-    async def _complete(self, generation: Generation) -> web.Response:
+    async def _complete(self, choices: Choices) -> web.Response:
         try:
-            return _json(await generation.response())
+            return _json(await choices.response())
         except EngineRequestError as e:
-            raise _engine_error(generation, e) from None
+            raise _engine_error(choices, e) from None
 
-    async def _stream(self, request: web.Request, generation: Generation) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, choices: Choices) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         try:
             await response.prepare(request)  # the client may be gone already: the headers cannot go out
-            async with aclosing(_stream_events(generation)) as events:
+            async with aclosing(_stream_events(choices)) as events:
                 async for event in events:
                     await response.write(_sse(event))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
-        except ConnectionError:  # the client went away; leaving the generation aborts it on the engine
-            logger.debug("the client of request %s disconnected from its stream", generation.request_id)
+        except ConnectionError:  # the client went away; leaving the choices aborts them on the engine
+            logger.debug("the client of request %s disconnected from its stream", choices.request_id)
         return response
 
 
-async def _stream_events(generation: Generation) -> AsyncGenerator[dict[str, Any]]:
-    """The generation's chunks; an engine error becomes an error event (a refusal's is a 400's body)."""
+async def _stream_events(choices: Choices) -> AsyncGenerator[dict[str, Any]]:
+    """The choices' chunks; an engine error becomes an error event (a refusal's is a 400's body)."""
     try:
-        async for chunk in generation.chunks():
+        async for chunk in choices.chunks():
             yield chunk
     except EngineRequestError as e:
-        yield _engine_error(generation, e).body()
+        yield _engine_error(choices, e).body()
 
 
-def _engine_error(generation: Generation, error: EngineRequestError) -> ApiError:
+def _engine_error(choices: Choices, error: EngineRequestError) -> ApiError:
     """What the client is told of an engine's error finish: a 400 where the engine refused what the request
     asks, else a 500 (a stream's error event carries its body)."""
     # Logged with %r: the engine's words may quote the request's own text, whose newlines could forge lines.
     if error.bad_request:
-        logger.info("request %s refused by its engine: %r", generation.request_id, str(error))
+        logger.info("request %s refused by its engine: %r", choices.request_id, str(error))
         return invalid_request(str(error))
-    logger.warning("request %s failed on its engine: %r", generation.request_id, str(error))
+    logger.warning("request %s failed on its engine: %r", choices.request_id, str(error))
     return engine_failed(str(error))
 
 

@@ -47,7 +47,7 @@ class ChatFormat:
         if self._first:
             self._first = False
             role = {
-                "index": 0,
+                "index": self._context.index,
                 "delta": {"role": "assistant", "content": ""},
                 "logprobs": None,
                 "finish_reason": None,
@@ -61,7 +61,7 @@ class ChatFormat:
         *earlier, last = self._delta_messages(parsed)
         for message in earlier:
             choice = {
-                "index": 0,
+                "index": self._context.index,
                 "delta": message,
                 "logprobs": None,
                 "finish_reason": None,
@@ -95,7 +95,7 @@ class ChatFormat:
         if delta.finish_reason is not None:
             finish_reason = self._output.finish_reason(delta.finish_reason)
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": self._context.index,
             key: message,
             "logprobs": None if logprobs is None else {"content": self._logprobs(token_ids, logprobs)},
             "finish_reason": finish_reason,

@@ -17,6 +17,7 @@ from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.parsers.qwen3_reasoning import THINK_END, Qwen3ReasoningParser
 from openinfer.frontend.openai.prepared_request import PreparedRequest
 from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
+from openinfer.frontend.openai.response_format import FormatContext
 from openinfer.frontend.openai.sampling_options import (
     TYPE_MESSAGES,
     UNSUPPORTED,
@@ -97,7 +98,8 @@ class ChatRequest:
 
     def prepare(self, model: ServedModel, request_id: str) -> PreparedRequest:
         """Render the model's chat template (special tokens come from it, none are added) and tokenize; the
-        prompt opens the request's one reasoning parser, which places the constraint and reads the output."""
+        prompt says whether the output opens in reasoning, which places the constraint and starts each
+        choice's reasoning parser."""
         prompt = render_chat_prompt(
             model, self.messages, self.add_generation_prompt, self.template_kwargs, self.tools.tools
         )
@@ -116,13 +118,20 @@ class ChatRequest:
         engine_request = self.options.engine_request(
             model, prompt_token_ids, request_id, prompt_param="messages", structured_start_after=start_after
         )
+        in_reasoning = None if reasoning is None else reasoning.in_reasoning
+        return PreparedRequest(engine_request, functools.partial(self._format, in_reasoning=in_reasoning))
+
+    def _format(self, context: FormatContext, in_reasoning: bool | None) -> ChatFormat:
+        """One choice's format, reading its output with a reasoning parser of its own (None: no reasoning
+        split), which starts in reasoning where the prompt left it open."""
+        reasoning = None if in_reasoning is None else Qwen3ReasoningParser(in_reasoning=in_reasoning)
         output = ChatOutput(
             reasoning,
             self.tools,
             reasoning_fields=self.parsers.reasoning_parser is not None,
             include_reasoning=self.include_reasoning,
         )
-        return PreparedRequest(engine_request, functools.partial(ChatFormat, output=output))
+        return ChatFormat(context, output)
 
 
 def render_chat_prompt(

@@ -49,7 +49,7 @@ class CompletionFormat:
         self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None, delta: CompletionDelta
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": self._context.index,
             "text": text,
             "logprobs": None if logprobs is None else self._logprobs(token_ids, logprobs),
             "finish_reason": delta.finish_reason,

@@ -6,14 +6,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any, get_args
+from typing import get_args
 
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.frontend.openai.completion_delta import CompletionDelta, FinishKind, Usage
-from openinfer.frontend.openai.response_format import ResponseFormat
+from openinfer.frontend.openai.completion_delta import CompletionDelta, FinishKind
 from openinfer.frontend.openai.sampling_options import SamplingOptions
 from openinfer.frontend.openai.stop_strings import StopStringMatcher
 from openinfer.frontend.tokenizer import IncrementalDetokenizer
@@ -37,8 +36,9 @@ class EngineRequestError(Exception):
 
 
 class Generation:
-    """One request from admission to its last chunk: sends it, turns its outputs into
-    :class:`CompletionDelta` s, hands them to its endpoint's format and observes its metrics.
+    """One engine request from admission to its last delta: sends it, turns its outputs into
+    :class:`CompletionDelta` s and observes its metrics (one choice of an HTTP request: see
+    :class:`~openinfer.frontend.openai.choices.Choices`).
 
     Use as ``async with``: entering sends the request (``NoEngineError`` if no engine takes it); leaving
     before the last delta (the client went away, the handler was cancelled) aborts it on the engine. A stop
@@ -53,10 +53,8 @@ class Generation:
         request: EngineCoreRequest,
         options: SamplingOptions,
         arrival: float,
-        response_format: ResponseFormat,
     ) -> None:
         self._client = client
-        self._format = response_format
         self._metrics = metrics
         self._model = model
         self._request = request
@@ -81,25 +79,6 @@ class Generation:
     @property
     def prompt_token_ids(self) -> list[int]:
         return self._request.prompt_token_ids
-
-    @property
-    def usage(self) -> Usage:
-        return Usage(self.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
-
-    async def response(self) -> dict[str, Any]:
-        """The whole response body (non-streamed); raises :class:`EngineRequestError` as :meth:`deltas`."""
-        deltas = [delta async for delta in self.deltas()]
-        assert deltas and deltas[-1].finish_reason is not None
-        return self._format.response(deltas, self.usage)
-
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """The stream's chunks, finished (usage and metrics included), the usage chunk last if asked."""
-        async for delta in self.deltas():
-            for chunk in self._format.chunks(delta):
-                yield chunk
-        usage_chunk = self._format.usage_chunk(self.usage)
-        if usage_chunk is not None:
-            yield usage_chunk
 
     async def __aenter__(self) -> Generation:
         self._stream = await self._client.add_request(self._request, self._model.name)

@@ -13,8 +13,9 @@ from openinfer.protocol import EngineCoreRequest
 @dataclass(frozen=True)
 class PreparedRequest:
     """What one request runs as (``engine_request``) and how its output is shaped: ``response_format``
-    builds the endpoint's :class:`ResponseFormat` once the response ids and prompt are known. A chat's holds
-    the request's reasoning parser, which keeps state as the output streams: prepare once per request."""
+    builds the endpoint's :class:`ResponseFormat` of one choice once the response ids and prompt are known;
+    each call makes a new one (a chat's with a reasoning parser of its own, which keeps state as the output
+    streams)."""
 
     engine_request: EngineCoreRequest
     response_format: Callable[[FormatContext], ResponseFormat]

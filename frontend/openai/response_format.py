@@ -15,15 +15,15 @@ MIN_LOGPROB = -9999.0
 
 
 class ResponseFormat(Protocol):
-    """One endpoint's shapes for one request: /v1/completions or /v1/chat/completions.
+    """One endpoint's shapes for one choice of a request: /v1/completions or /v1/chat/completions.
 
     What it returns is finished: usage and spec-decode metrics included, nothing changes it after. Formats
     keep state across a stream (chat's role chunk goes first, completions' logprob text offsets run on), so
-    use a new one per request.
+    use a new one per choice.
     """
 
     def response(self, deltas: list[CompletionDelta], usage: Usage) -> dict[str, Any]:
-        """The whole response to a non-streamed request."""
+        """The whole response to a non-streamed request, holding this one choice (``usage``: the request's)."""
         ...
 
     def chunks(self, delta: CompletionDelta) -> list[dict[str, Any]]:
@@ -41,6 +41,8 @@ class ResponseExtras:
 
     include_usage: bool  # streams: every chunk has "usage" (None), the final usage chunk fills it
     spec_metrics: PerRequestSpecMetrics  # what the final response or chunk tells of speculative decoding
+    # n > 1: each choice carries its own "metrics" (its finishing choice in a stream); else the body does
+    metrics_per_choice: bool = False
 
     def finish_body(self, body: dict[str, Any], last: CompletionDelta, usage: Usage) -> dict[str, Any]:
         """A whole response: with its usage, and its metrics if it has any."""
@@ -49,7 +51,8 @@ class ResponseExtras:
         return body
 
     def finish_chunks(self, chunks: list[dict[str, Any]], delta: CompletionDelta) -> list[dict[str, Any]]:
-        """One delta's chunks: the metrics on the one with finish_reason; usage None on each if asked."""
+        """One delta's chunks: the metrics on the one with finish_reason (the last); usage None on each if
+        asked."""
         if chunks and delta.finish_reason is not None:
             self._add_metrics(chunks[-1], delta)
         if self.include_usage:
@@ -64,9 +67,11 @@ class ResponseExtras:
         return envelope
 
     def _add_metrics(self, body: dict[str, Any], delta: CompletionDelta) -> None:
+        """``body``'s metrics: its own, or, per choice, its one choice's."""
         metrics = self.spec_metrics.response_metrics(delta.spec_stats)
         if metrics is not None:
-            body["metrics"] = metrics
+            [choice] = body["choices"] if self.metrics_per_choice else [body]
+            choice["metrics"] = metrics
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class FormatContext:
     prompt_token_ids: list[int]
     return_token_ids: bool  # vLLM extension: prompt and output token ids in the choices
     extras: ResponseExtras
+    index: int = 0  # the choice's, in [0, n)
 
 
 def clamp_logprob(logprob: float) -> float:

@@ -19,20 +19,20 @@ from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 MAX_LOGPROBS = 20  # alternatives per token, at most (OpenAI's chat limit, vLLM's default --max-logprobs)
+# Choices per request, at most: each is an engine request of its own (vLLM's bound is 16384 by default).
+MAX_N = 128
+GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy (the engine's rule, vLLM's _SAMPLING_EPS)
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 T = TypeVar("T")
 
-_ONE_CHOICE = (
-    "openinfer returns one choice per request: send `{}` = 1 (or leave it out) and make several requests"
-)
 _GUIDED = 'vLLM\'s deprecated `guided_{0}` is not supported: send `structured_outputs: {{"{0}": ...}}`'
 
 # OpenAI / vLLM parameters of both endpoints that openinfer does not support, with the values that mean
 # "not used" and what to say about any other value: it is refused rather than silently ignored.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((None, 1), _ONE_CHOICE.format("n")),
-    "best_of": ((None, 1), _ONE_CHOICE.format("best_of")),
+    "best_of": ((None, 1), "`best_of` is not supported by openinfer: send `n` for several choices"),
+    "use_beam_search": ((None, False), "beam search is not supported by openinfer"),
     "echo": ((None, False), "`echo` is not supported by openinfer"),
     "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
     "allowed_token_ids": ((None,), "`allowed_token_ids` is not supported by openinfer: use `logit_bias`"),
@@ -64,6 +64,7 @@ class SamplingBody(LogitsBody):
     top_p: float | None = None  # default 1
     top_k: Int64 | None = None  # -1, 0 or None: the whole vocabulary
     seed: Int64 | None = None  # vLLM's range
+    n: Int64 | None = None  # default 1: choices, in [1, MAX_N]
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -74,8 +75,8 @@ class SamplingBody(LogitsBody):
     response_format: Any = None
     structured_outputs: Any = None
     # Refused unless neutral (UNSUPPORTED); typed Any so that any value reaches its own message.
-    n: Any = None
     best_of: Any = None
+    use_beam_search: Any = None
     echo: Any = None
     prompt_logprobs: Any = None
     allowed_token_ids: Any = None
@@ -106,6 +107,7 @@ class SamplingOptions:
     logits: LogitsOptions = LogitsOptions()  # penalties, min_tokens, logit_bias, bad words, min_p
     structured: StructuredConstraint | None = None  # response_format / structured_outputs; None: free
     max_tokens_param: str = "max_tokens"  # the body field max_tokens came from (chat: max_completion_tokens)
+    n: int = 1  # choices: engine requests of the same prompt, choice i seeded with seed + i
 
     @classmethod
     def from_body(
@@ -140,6 +142,7 @@ class SamplingOptions:
         if top_k is not None and top_k < -1:
             raise invalid_request(f"`top_k` must be -1 or 0 (off) or positive, got {top_k}", param="top_k")
         include_usage = body.stream_options is not None and _or(body.stream_options.include_usage, False)
+        n = _choices(_or(body.n, 1), temperature, body.seed)
         return cls(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -158,6 +161,7 @@ class SamplingOptions:
             logits=LogitsOptions.from_body(body, max_tokens_field, max_tokens),
             structured=structured,
             max_tokens_param=max_tokens_field,
+            n=n,
         )
 
     def check_before_tokenizing(self, model: ServedModel, prompt_text: str | None, prompt_param: str) -> None:
@@ -223,6 +227,21 @@ def check_logprobs_count(value: int | None, name: str) -> int | None:
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
         raise invalid_request(f"`{name}` must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
     return value
+
+
+def _choices(n: int, temperature: float, seed: int | None) -> int:
+    """``n`` when it is a number of choices openinfer serves for these sampling options; else 400."""
+    if not 1 <= n <= MAX_N:
+        more = "; make several requests for more choices" if n > MAX_N else ""
+        raise invalid_request(f"`n` must be in [1, {MAX_N}], got {n}{more}", param="n")
+    if n > 1 and temperature < GREEDY_TEMPERATURE:  # vLLM's refusal: n identical choices
+        raise invalid_request(f"`n` must be 1 when using greedy sampling (temperature 0), got {n}", param="n")
+    if seed is not None and seed + n - 1 > INT64_MAX:
+        raise invalid_request(
+            f"`seed` must be at most {INT64_MAX - n + 1} with `n` = {n}: choice i samples with seed + i",
+            param="seed",
+        )
+    return n
 
 
 def _or(value: T | None, default: T) -> T:

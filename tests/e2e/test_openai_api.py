@@ -199,12 +199,30 @@ def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
     assert len(texts) == 1
 
 
-def test_n_other_than_one_is_400(client: openai.OpenAI) -> None:
-    """n=2 is refused on both endpoints with a message saying one choice is served."""
-    with pytest.raises(openai.BadRequestError, match="one choice per request"):
-        client.completions.create(model="tiny", prompt=PROMPT, n=2)
-    with pytest.raises(openai.BadRequestError, match="one choice per request"):
-        client.chat.completions.create(model="tiny", messages=MESSAGES, n=2)  # type: ignore[arg-type]
+def test_n_choices_are_the_requests_seeded_seed_plus_i(client: openai.OpenAI) -> None:
+    """n=3 sampled with a seed (vLLM's children): three choices, not all alike, each the text of the n=1
+    request seeded seed + i, the same on a second request and, by index, in a stream; chat's n=2 alike."""
+    sampled = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 21}
+    whole = client.completions.create(n=3, **sampled)  # type: ignore[call-overload]
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    texts = [c.text for c in whole.choices]
+    assert len(set(texts)) > 1
+    singles = [client.completions.create(**{**sampled, "seed": 21 + i}).choices[0].text for i in range(3)]  # type: ignore[call-overload]
+    assert singles == texts
+    assert [c.text for c in client.completions.create(n=3, **sampled).choices] == texts  # type: ignore[call-overload]
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(n=3, stream=True, **sampled):  # type: ignore[call-overload]
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == texts
+
+    chat = {"model": "tiny", "messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "seed": 4}
+    answer = client.chat.completions.create(n=2, **chat)  # type: ignore[call-overload]
+    contents = [c.message.content for c in answer.choices]
+    assert contents == [
+        client.chat.completions.create(**{**chat, "seed": 4 + i}).choices[0].message.content  # type: ignore[call-overload]
+        for i in range(2)
+    ]
 
 
 def test_wrong_api_key_is_401(api_cluster: Cluster) -> None:

@@ -203,10 +203,16 @@ def test_http_routes_survive_fuzzed_requests(harness: Harness) -> None:
         "vllm:time_to_first_token",
         "vllm:inter_token_latency",
         "vllm:e2e_request_latency",
+        "vllm:request_params_n",
     )
     assert all(name.startswith(request_families) for name in moved), moved
-    successes = sum(v for (name, _), v in after.items() if name == "vllm:request_success_total") - sum(
-        v for (name, _), v in before.items() if name == "vllm:request_success_total"
-    )
-    assert successes == succeeded["generations"]
+
+    def moved_by(family: str) -> float:
+        return sum(v for (name, _), v in after.items() if name == family) - sum(
+            v for (name, _), v in before.items() if name == family
+        )
+
+    # vLLM's counts: n once per request; each of its n choices is a request to request_success.
+    assert moved_by("vllm:request_params_n_count") == succeeded["generations"]
+    assert moved_by("vllm:request_success_total") == moved_by("vllm:request_params_n_sum")
     harness.completes()

@@ -44,6 +44,7 @@ def metrics_with_every_family() -> FrontendMetrics:
     metrics.observe_first_token("m", 0, num_prompt_tokens=4, time_to_first_token=0.1)
     metrics.observe_output("m", 0, num_tokens=2, inter_token_latency=0.01)
     metrics.observe_finish("m", 0, "length", e2e_latency=0.2)
+    metrics.observe_request_params_n("m", 1)
     metrics.count_protocol_error("undecodable")
     metrics.count_hello_refused(0, "engine_alive")
     return metrics

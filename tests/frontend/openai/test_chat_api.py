@@ -133,7 +133,7 @@ async def test_chat_carries_per_request_spec_metrics(
             "messages",
             "text-only",
         ),  # fmt: skip
-        ({"messages": MESSAGES, "n": 2}, "n", "one choice per request"),
+        ({"messages": MESSAGES, "n": 129}, "n", "`n` must be in [1, 128]"),
         ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function", "Missing required"),
         ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs", "`logprobs: true`"),
         ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),

@@ -68,7 +68,7 @@ def test_prompt_forms(prompt: object, expected: object) -> None:
         ({"prompt": "a", "top_k": -2}, "top_k"),
         ({"prompt": "a", "stream": "yes"}, "stream"),
         ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
-        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "n": 0}, "n"),
         ({"prompt": "a", "best_of": 3}, "best_of"),
         ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, "stop"),  # at most 4
         ({"prompt": "a", "stop": 3}, "stop"),
@@ -182,13 +182,6 @@ def test_neutral_values_of_unsupported_params_are_accepted() -> None:
         prompt="a", n=1, logprobs=None, repetition_penalty=1.0, echo=False, stop=[], user="me", x_new={"a": 1}
     )
     assert neutral == parse(prompt="a")
-
-
-def test_n_above_one_says_what_to_do() -> None:
-    """n=2 is refused with a message that says only one choice is served and how to get more."""
-    with pytest.raises(ApiError) as raised:
-        parse(prompt="a", n=2)
-    assert "one choice per request" in raised.value.message and "`n` = 1" in raised.value.message
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def nested(depth: int) -> str:
 NESTING_PLACES = [
     ("/v1/completions", "response_format", '{"prompt": "hi", "response_format": %s}', 1),
     ("/v1/completions", "structured_outputs", '{"prompt": "hi", "structured_outputs": {"json": %s}}', 2),
-    ("/v1/completions", "n", '{"prompt": "hi", "n": %s}', 1),
+    ("/v1/completions", "best_of", '{"prompt": "hi", "best_of": %s}', 1),
     ("/v1/completions", "suffix", '{"prompt": "hi", "suffix": %s}', 1),
     ("/v1/chat/completions", "messages", '{"messages": [{"role": "user", "content": "hi", "x": %s}]}', 3),
     ("/v1/chat/completions", "chat_template_kwargs", CHAT + '"chat_template_kwargs": {"a": %s}}', 2),
