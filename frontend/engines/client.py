@@ -141,8 +141,11 @@ class EngineClient:
     def served_model(self, name: str) -> ServedModel | None:
         return next((model for model in self.served_models() if model.name == name), None)
 
-    async def add_request(self, request: protocol.EngineCoreRequest, model_name: str) -> RequestStream:
-        """Send ``request`` to the least-loaded live engine serving ``model_name``.
+    async def add_request(
+        self, request: protocol.EngineCoreRequest, model_name: str, prefer: int | None = None
+    ) -> RequestStream:
+        """Send ``request`` to engine ``prefer`` when it can take it, else to the least-loaded live engine
+        serving ``model_name``.
 
         Raises :class:`NoEngineError` if none serves it or it could not be sent (its engine is not connected
         to the request socket, or died meanwhile), :class:`EngineOverloadedError` past the bounds on queued
@@ -150,7 +153,7 @@ class EngineClient:
         here when the engine dies later. Nothing admitted outlives a failure here: the request leaves the
         router whatever is raised (a bug, a value the wire cannot hold, the caller's cancellation).
         """
-        record, stream = self.router.admit(request, model_name)
+        record, stream = self.router.admit(request, model_name, prefer)
         try:
             await self._deliver(record, stream)
         except BaseException:  # the client left while we waited for the engine to be routable, or a bug

@@ -44,8 +44,11 @@ class Router:
             return None
         return stream
 
-    def admit(self, request: EngineCoreRequest, model_name: str) -> tuple[EngineRecord, RequestStream]:
-        """A new request, in flight on the least-loaded live engine serving ``model_name``.
+    def admit(
+        self, request: EngineCoreRequest, model_name: str, prefer: int | None = None
+    ) -> tuple[EngineRecord, RequestStream]:
+        """A new request, in flight on engine ``prefer`` if it is live, serves ``model_name`` and has room
+        (a choice of a request whose prompt it cached), else on the least-loaded live engine serving it.
 
         Raises :class:`NoEngineError` if none serves it, :class:`EngineOverloadedError` past the bounds.
         """
@@ -56,7 +59,7 @@ class Router:
                 f"the server holds {len(self._streams)} unfinished requests, its limit "
                 "(--max-queued-total); retry later"
             )
-        record = self.pick(model_name)
+        record = self.pick(model_name, prefer)
         if record is None:
             if not self.registry.serves(model_name):
                 raise NoEngineError(f"no live engine serves model {model_name!r}")
@@ -68,16 +71,26 @@ class Router:
         self.assign(record, stream)
         return record, stream
 
-    def pick(self, model_name: str) -> EngineRecord | None:
-        """The least-loaded live engine serving ``model_name`` below the per-engine bound, if any."""
+    def pick(self, model_name: str, prefer: int | None = None) -> EngineRecord | None:
+        """Engine ``prefer`` if it is live, serves ``model_name`` and is below the per-engine bound, else the
+        least-loaded such engine, if any."""
         counts: dict[tuple[int, int | None], int] = {}
         for stream in self._streams.values():
             key = (stream.engine_index, stream.incarnation)
             counts[key] = counts.get(key, 0) + 1
-        return self.registry.pick(
-            model_name,
-            lambda record: counts.get((record.index, record.incarnation), 0) < self.max_queued_per_engine,
-        )
+
+        def has_room(record: EngineRecord) -> bool:
+            return counts.get((record.index, record.incarnation), 0) < self.max_queued_per_engine
+
+        preferred = self.registry.get(prefer) if prefer is not None else None
+        if (
+            preferred is not None
+            and preferred.up
+            and preferred.model_name == model_name
+            and has_room(preferred)
+        ):
+            return preferred
+        return self.registry.pick(model_name, has_room)
 
     def assign(self, record: EngineRecord, stream: RequestStream) -> None:
         """Put ``stream`` in flight on ``record`` (at once, so that the bounds see it)."""

@@ -58,7 +58,8 @@ class Choices:
 
     Use as ``async with``. Entering sends choice 0; with n > 1 it waits until choice 0's first output, the
     sign that its prompt was computed and its full blocks are in the engine's prefix cache with the drafter's
-    context, then sends the others, which start from those blocks. (The engine caches a block when the step
+    context, then sends the others to that engine when it can take them (another one when it cannot: past
+    its queue bound, or gone), where they start from those blocks. (The engine caches a block when the step
     that computes it is scheduled, but a block drafter's context is written after that step, so children
     admitted in choice 0's own step would compute the prompt again.) Every child is sent before the response
     starts: an engine that refuses one (overloaded, gone) is the whole request's 503, never a broken stream.
@@ -140,6 +141,7 @@ class Choices:
                 for index, generation in enumerate(self._generations[1:], start=1):
                     if self._failed:  # the request fails with choice 0's error: send no more
                         break
+                    generation.prefer_engine = self._generations[0].engine_index  # where its prompt is cached
                     await self._exits.enter_async_context(generation)
                     self._pump(index)
         except BaseException:

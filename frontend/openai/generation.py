@@ -64,6 +64,7 @@ class Generation:
         self._stops = StopStringMatcher(options.stop, options.include_stop_str_in_output)
         self._arrival = arrival  # time.monotonic() when the HTTP request came in
         self._stream: RequestStream | None = None
+        self.prefer_engine: int | None = None  # sent there when it can take it (n > 1: choice 0's engine)
         self._finished = False
         self.num_output_tokens = 0  # tokens of the completion: up to the one that completed a stop string
         self.num_cached_tokens = 0  # prompt tokens found in the answering engine's prefix cache
@@ -71,6 +72,11 @@ class Generation:
     @property
     def request_id(self) -> str:
         return self._request.request_id
+
+    @property
+    def engine_index(self) -> int | None:
+        """The engine it was sent to; None before it was."""
+        return None if self._stream is None else self._stream.engine_index
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -81,7 +87,7 @@ class Generation:
         return self._request.prompt_token_ids
 
     async def __aenter__(self) -> Generation:
-        self._stream = await self._client.add_request(self._request, self._model.name)
+        self._stream = await self._client.add_request(self._request, self._model.name, self.prefer_engine)
         return self
 
     async def __aexit__(

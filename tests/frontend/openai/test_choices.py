@@ -58,6 +58,19 @@ async def test_whole_completion_holds_n_choices_each_its_own_engine_request(
     assert seeds == {f"{i}_{answer['id']}": 10 + i for i in range(3)}
 
 
+async def test_choices_go_to_the_engine_that_cached_the_prompt(
+    frontend: Frontend, start_peer: PeerFactory
+) -> None:
+    """n=4 over two idle engines: every child goes where choice 0 went (its prompt's blocks are cached
+    there), though the least-loaded engine, the other one, would take each while choice 0 runs."""
+    slow = 0.05  # seconds per token: choice 0 still runs when the others are sent
+    peers = [await start_peer(frontend, PeerConfig(engine_index=i, token_delay_s=slow)) for i in range(2)]
+    status, answer = await post(frontend, {"prompt": PROMPT, "max_tokens": 4, "n": 4, "seed": 1})
+    assert status == 200, answer
+    children = {f"{i}_{answer['id']}" for i in range(4)}
+    assert [set(peer.requests) for peer in peers] in ([children, set()], [set(), children])
+
+
 async def test_without_a_seed_children_sample_unseeded(frontend: Frontend, peer: EnginePeer) -> None:
     """n=2 without a seed: both children are sent with none (each draws from the engine's generator)."""
     status, answer = await post(frontend, {"prompt": PROMPT, "max_tokens": 2, "n": 2})
