@@ -306,16 +306,22 @@ def test_drafter_load_and_unload_at_run_time(target: Path, baseline: list[list[i
     [
         (DrafterSpec("ngram", 33), "MAX_SPEC_TOKENS=32"),
         (DrafterSpec("ngram", 0), "MAX_SPEC_TOKENS=32"),
-        (DrafterSpec("dflash", 7), "--draft-model"),
         (DrafterSpec("eagle", 7), "unknown --spec-method"),
     ],
 )
 def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -> None:
-    """K > 32 (never clamped), a missing draft model or an unknown method: a clear error, old drafter kept."""
+    """K > 32 (never clamped) or an unknown method: a clear error, old drafter kept."""
     core = make_core(target, speculative=DrafterSpec("ngram", 4))
     with pytest.raises(ValueError, match=message):
         core.load_drafter(spec)
     assert core.spec is not None and core.spec.num_spec_tokens == 4
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_a_checkpoint_drafter_without_its_folder_is_refused(method: str) -> None:
+    """A DFlash or DSpark drafter needs its checkpoint folder: refused where it is named, saying which flag."""
+    with pytest.raises(ValueError, match="--draft-model PATH"):
+        DrafterSpec(method, 7)
 
 
 @pytest.mark.gpu
