@@ -113,7 +113,7 @@ class EngineProcess:
                 self._send_hello(link)
             elif isinstance(message, protocol.HelloRefused):  # final: the engine stops (exit status 3)
                 logger.error(
-                    "the frontend at %s refused this engine, which stops (frontend protocol %d, engine %d): %s",
+                    "the frontend refused this engine, which stops (frontend %s, protocol %d, engine %d): %s",
                     link.address,
                     message.protocol_version,
                     protocol.PROTOCOL_VERSION,

@@ -136,10 +136,18 @@ def add_utility_routes(app: web.Application, read_body: ReadBody, find_model: Fi
     """Serve /tokenize, /detokenize and /version on ``app``. ``read_body``: a request's body, within the
     served models' bounds (503 while no engine is up: the tokenizers come from the engines' hellos);
     ``find_model``: the served model a request names (404 for an unknown one)."""
-    routes = _UtilityRoutes(read_body, find_model, importlib.metadata.version("openinfer"))
+    routes = _UtilityRoutes(read_body, find_model, _package_version())
     app.router.add_post("/tokenize", routes.tokenize)
     app.router.add_post("/detokenize", routes.detokenize)
     app.router.add_get("/version", routes.version)
+
+
+def _package_version() -> str:
+    """openinfer's installed version; "unknown" for sources that were never installed (no metadata)."""
+    try:
+        return importlib.metadata.version("openinfer")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _UtilityRoutes:

@@ -81,6 +81,10 @@ class ImageOnlyPathFinder:
     def invalidate_caches(self) -> None:
         self._inner.invalidate_caches()
 
+    def find_distributions(self, *args: Any, **kwargs: Any) -> Any:
+        """Installed distributions' metadata, as the image has it (its openinfer is pip-installed)."""
+        return self._inner.find_distributions(*args, **kwargs)
+
 
 def _importer() -> str:
     """The module whose code asked for the import: the first frame outside importlib and this file."""
