@@ -1,4 +1,4 @@
-"""The facts about a Qwen3 checkpoint that the engine needs, read from its Hugging Face folder."""
+"""The facts about a Qwen3 (dense or MoE) checkpoint that the engine needs, read from its Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -13,12 +13,48 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """The mixture-of-experts part of a Qwen3-MoE config.json (transformers' `Qwen3MoeConfig`)."""
+
+    num_experts: int  # experts per sparse layer (`num_experts`, or transformers 5's `num_local_experts`)
+    num_experts_per_tok: int  # top-k: experts each token is routed to
+    moe_intermediate_size: int  # width of each expert's SwiGLU MLP
+    norm_topk_prob: bool  # the top-k softmax probabilities are renormalised to sum to 1
+    decoder_sparse_step: int  # layer i is sparse when (i + 1) % step == 0 (and not in mlp_only_layers)
+    mlp_only_layers: tuple[int, ...]  # layers with a dense MLP of intermediate_size whatever the step
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"model config: num_experts_per_tok ({self.num_experts_per_tok}) must be in "
+                f"1..num_experts ({self.num_experts})"
+            )
+        if self.moe_intermediate_size < 1 or self.decoder_sparse_step < 1:
+            raise ValueError("model config: moe_intermediate_size and decoder_sparse_step must be >= 1")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) has experts, as transformers' Qwen3MoeDecoderLayer decides."""
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> MoeConfig:
+        return cls(
+            num_experts=int(config.get("num_experts", config.get("num_local_experts", 0))),
+            num_experts_per_tok=_required(config, "num_experts_per_tok"),
+            moe_intermediate_size=_required(config, "moe_intermediate_size"),
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(config.get("decoder_sparse_step", 1)),
+            mlp_only_layers=tuple(int(i) for i in config.get("mlp_only_layers") or ()),
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """A Qwen3 dense model's architecture, from `config.json` (+ `generation_config.json` if present)."""
+    """A Qwen3 model's architecture, from `config.json` (+ `generation_config.json` if present)."""
 
     vocab_size: int  # rows of the embedding and of the LM head
     hidden_size: int  # width of the residual stream
-    intermediate_size: int  # width of the SwiGLU MLP
+    intermediate_size: int  # width of the SwiGLU MLP (of a MoE model's dense layers)
     num_hidden_layers: int  # decoder layers
     num_attention_heads: int  # query heads
     num_key_value_heads: int  # key/value heads (GQA: divides num_attention_heads)
@@ -30,6 +66,7 @@ class ModelConfig:
     attention_bias: bool  # q/k/v/o projections carry biases
     eos_token_ids: tuple[int, ...]  # end-of-sequence ids, config.json's first, then generation_config.json's
     torch_dtype: torch.dtype | None  # dtype the weights were saved in, None when the config does not say
+    moe: MoeConfig | None = None  # the experts of a Qwen3-MoE model (model_type qwen3_moe); None: dense
 
     def __post_init__(self) -> None:
         for name in (
@@ -92,8 +129,11 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from the parsed JSON of config.json (and generation_config.json)."""
         model_type = config.get("model_type")
-        if model_type != "qwen3":
-            raise ValueError(f"model_type is {model_type!r}; only 'qwen3' (dense Qwen3) models are supported")
+        if model_type not in ("qwen3", "qwen3_moe"):
+            raise ValueError(
+                f"model_type is {model_type!r}; only 'qwen3' (dense Qwen3) and 'qwen3_moe' (Qwen3-MoE) "
+                "models are supported"
+            )
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported; Qwen3 uses 'silu'")
         if config.get("use_sliding_window", False):
@@ -116,6 +156,7 @@ class ModelConfig:
             attention_bias=bool(config.get("attention_bias", False)),
             eos_token_ids=_eos_token_ids(config, generation_config or {}),
             torch_dtype=_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None,
+            moe=MoeConfig.from_dict(config) if model_type == "qwen3_moe" else None,
         )
 
 

@@ -6,7 +6,7 @@ one matrix each (`PackedLinear`, stored transposed); `load_weights` still reads 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -186,11 +186,17 @@ class Qwen3PackedMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+# The MLP of decoder layer i (a MoE model's sparse block), or None for the dense `Qwen3PackedMLP`.
+MlpForLayer = Callable[[int], nn.Module | None]
+
+
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, attn_backend: AttentionBackend, mlp: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(config, attn_backend)
-        self.mlp = Qwen3PackedMLP(config)
+        self.mlp = mlp if mlp is not None else Qwen3PackedMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -202,7 +208,9 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, attn_backend: AttentionBackend, mlp_for_layer: MlpForLayer = lambda i: None
+    ) -> None:
         super().__init__()
         # Tied: the embedding is the LM head too, held transposed for the head's matmul (VocabMatrix).
         # Untied: a plain row-major embedding; given its (uninitialised) weight, nn.Embedding skips its random
@@ -217,7 +225,7 @@ class Qwen3Model(nn.Module):
             )
         )
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(config, attn_backend) for _ in range(config.num_hidden_layers)
+            Qwen3DecoderLayer(config, attn_backend, mlp_for_layer(i)) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
@@ -249,10 +257,12 @@ class Qwen3ForCausalLM(nn.Module):
     `kv_caches` holds one tensor per layer, (2, num_blocks, block_size, num_kv_heads, head_dim).
     """
 
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, attn_backend: AttentionBackend, mlp_for_layer: MlpForLayer = lambda i: None
+    ) -> None:
         super().__init__()
         self.config = config
-        self.model = Qwen3Model(config, attn_backend)
+        self.model = Qwen3Model(config, attn_backend, mlp_for_layer)
         # Tied checkpoints have no lm_head.weight: the embedding matrix serves as the head.
         self.lm_head = (
             None if config.tie_word_embeddings else VocabMatrix(config.vocab_size, config.hidden_size)

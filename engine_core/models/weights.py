@@ -70,3 +70,12 @@ def _copy_in_memory_order(target: Tensor, tensor: Tensor) -> None:
         target.t().copy_(tensor.t())
     else:
         target.copy_(tensor)
+
+
+def checkpoint_names(folder: Path) -> list[str]:
+    """The names of every tensor in the folder's safetensors (read from the headers, no tensor data)."""
+    names: list[str] = []
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            names.extend(f.keys())
+    return names

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 # The largest logit gap below HF's argmax a produced token may have: a float near-tie, the only allowed
 # difference between our kernels and HF's (docs/design.md, invariant 1).
@@ -13,7 +13,7 @@ NEAR_TIE = 1e-3
 
 
 @torch.inference_mode()
-def teacher_forced_logits(hf: Qwen3ForCausalLM, prompt: list[int], output: list[int]) -> torch.Tensor:
+def teacher_forced_logits(hf: PreTrainedModel, prompt: list[int], output: list[int]) -> torch.Tensor:
     """HF's logits, as float32 (len(output), vocab): row i is what HF predicts for output[i]."""
     logits = hf(torch.tensor([prompt + output])).logits[0].float()  # (len(prompt) + len(output), vocab)
     return logits[len(prompt) - 1 : len(prompt) - 1 + len(output)]
@@ -22,7 +22,7 @@ def teacher_forced_logits(hf: Qwen3ForCausalLM, prompt: list[int], output: list[
 def assert_hf_greedy(folder: Path, prompts: list[list[int]], outputs: list[list[int]]) -> None:
     """Teacher-forced: each produced token is HF's argmax at its position, or within NEAR_TIE of it.
     Raises AssertionError naming the first token that is not."""
-    hf = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # Qwen3 or Qwen3-MoE
     for prompt, output in zip(prompts, outputs, strict=True):
         for i, (token, row) in enumerate(zip(output, teacher_forced_logits(hf, prompt, output), strict=True)):
             gap = (row.max() - row[token]).item()

@@ -83,7 +83,7 @@ def make_tiny_checkpoint(
             param.data = param.data.to(dtype)  # drawn in float32, saved in dtype
     model.save_pretrained(folder)
     if num_shards > 1:
-        _shard(folder, num_shards)
+        shard_safetensors(folder, num_shards)
     for name in _TOKENIZER_FILES:
         source = files("openinfer.engine_core") / "builtin" / name
         if source.is_file():
@@ -91,7 +91,7 @@ def make_tiny_checkpoint(
     return folder
 
 
-def _shard(folder: Path, num_shards: int) -> None:
+def shard_safetensors(folder: Path, num_shards: int) -> None:
     """Split folder/model.safetensors into `num_shards` files plus the index that names each tensor's."""
     from safetensors.torch import load_file, save_file
 

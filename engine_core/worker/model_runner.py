@@ -14,6 +14,7 @@ from openinfer.engine_core.config import ModelDtype
 from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
 from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
@@ -32,7 +33,7 @@ class _StepInputs:
 
 
 class ModelRunner:
-    """Loads a Qwen3 folder onto `device` and runs batched steps over a paged KV cache of
+    """Loads a Qwen3 (dense or MoE) folder onto `device` and runs batched steps over a paged KV cache of
     `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch block
     past them for padding), attending through the `attention_backend` that `select_backend` names (auto:
     Triton on CUDA, torch on the CPU).
@@ -62,7 +63,9 @@ class ModelRunner:
         self.model_config = config = ModelConfig.from_folder(model_path)
         self.attn_backend = select_backend(self.device, attention_backend, block_size)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
-            model = Qwen3ForCausalLM(config, self.attn_backend)
+            # config.json's model_type qwen3_moe (architectures Qwen3MoeForCausalLM) gives it experts
+            model_class = Qwen3ForCausalLM if config.moe is None else Qwen3MoeForCausalLM
+            model = model_class(config, self.attn_backend)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):
