@@ -1,14 +1,15 @@
 """Compiles every Triton kernel of the project for sm_90 (H100/H200) and sm_80 (A100), at the specializations
 the engine launches, on a machine without a GPU (ptxas ships in Triton's wheel), and prints a markdown table
 of registers, spills and shared memory per launch. Exits non-zero on a compile error, a spill in an attention
-kernel, or shared memory past the target's per-block limit.
+or MoE kernel, or shared memory past the target's per-block limit.
 
     python -m openinfer.benchmarks.triton_compile [--targets 90 80] [--subset ci]
 
 The launches come from the backends' own launch builders (`write_kv_launch`, `attention_launches`,
-`block_attention_launch`) applied to small example tensors shaped as the engine shapes them (q/k/v views of
-one projection, int64 block tables), so the signature, integer specializations and constexprs are the ones a
-real launch computes. TRITON_INTERPRET must be unset (the interpreter compiles nothing).
+`block_attention_launch`, the fused-MoE `moe_launches`) applied to small example tensors shaped as the engine
+shapes them (q/k/v views of one projection, int64 block tables), so the signature, integer specializations
+and constexprs are the ones a real launch computes. TRITON_INTERPRET must be unset (the interpreter compiles
+nothing).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from openinfer.kernels.attention import AttentionMetadata
 from openinfer.kernels.triton_attention import attention_launches, write_kv_launch
 from openinfer.kernels.triton_dflash_attention import block_attention_launch
 from openinfer.kernels.triton_launch import CompiledLaunch, KernelLaunch, compile_launch
+from openinfer.kernels.triton_moe import moe_launches
 
 SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}  # bytes of shared memory one block may use
 NUM_KV_HEADS = 8  # every Qwen3 size; num_heads = GROUP * 8
@@ -58,9 +60,24 @@ class Spec:
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """One specialization of the fused-MoE kernels: a Qwen3-30B-A3B layer's sizes (over 2 of its experts: the
+    expert count is a grid size, not a specialization) at a dtype and a step size."""
+
+    dtype: str  # the model's dtype, a DTYPES key
+    num_tokens: int  # 1: decode's 16-row blocks; 8 (64 pairs over 2 experts): prefill's 64-row blocks
+    hidden_size: int = 2048
+    inter_size: int = 768  # moe_intermediate_size
+    top_k: int = 8
+
+    def __str__(self) -> str:
+        return f"H{self.hidden_size} I{self.inter_size} k{self.top_k} T{self.num_tokens} {self.dtype}"
+
+
+@dataclass(frozen=True)
 class Row:
     kernel: str
-    spec: Spec
+    spec: Spec | MoeSpec
     target: int
     result: CompiledLaunch | None
     error: str | None
@@ -69,7 +86,7 @@ class Row:
         """Why this row fails the check, or None."""
         if self.result is None:
             return f"compile error: {self.error}"
-        if self.result.spill_bytes and "attention" in self.kernel:
+        if self.result.spill_bytes and ("attention" in self.kernel or self.kernel.startswith("moe")):
             return f"{self.result.spill_bytes} bytes spilled"
         if self.result.shared_bytes > SHARED_LIMIT[self.target]:
             return f"{self.result.shared_bytes} bytes of shared memory > {SHARED_LIMIT[self.target]}"
@@ -131,6 +148,35 @@ def launches(spec: Spec) -> Iterator[tuple[str, KernelLaunch]]:
     )
 
 
+def moe_specs() -> Iterator[MoeSpec]:
+    """The fused-MoE kernels at the 16-bit dtypes the MoE targets ship in, decode and prefill block rows."""
+    for dtype, num_tokens in itertools.product(("bf16", "fp16"), (1, 8)):
+        yield MoeSpec(dtype, num_tokens)
+
+
+def moe_kernel_launches(spec: MoeSpec) -> Iterator[tuple[str, KernelLaunch]]:
+    """fused_experts_triton's two launches at `spec`, from CPU example tensors (every pair on expert 0)."""
+    dtype, t, h, i, k = DTYPES[spec.dtype], spec.num_tokens, spec.hidden_size, spec.inter_size, spec.top_k
+    experts = 2
+    hidden = torch.empty(t, h, dtype=dtype)
+    w13, w2 = torch.empty(experts, 2 * i, h, dtype=dtype), torch.empty(experts, h, i, dtype=dtype)
+    weights, ids = torch.empty(t, k), torch.zeros(t, k, dtype=torch.int64)
+    act, out = torch.empty(t * k, i, dtype=dtype), torch.empty(t * k, h)
+    gate_up, down = moe_launches(hidden, w13, w2, weights, ids, act, out)
+    yield "moe_gate_up", gate_up
+    yield "moe_down", down
+
+
+def all_launches(subset: Subset) -> Iterator[tuple[Spec | MoeSpec, str, KernelLaunch]]:
+    """The attention kernels' launches over the subset's specs, then the fused-MoE kernels'."""
+    for spec in specs(subset):
+        for kernel, launch in launches(spec):
+            yield spec, kernel, launch
+    for moe_spec in moe_specs():
+        for kernel, launch in moe_kernel_launches(moe_spec):
+            yield moe_spec, kernel, launch
+
+
 def specialization(launch: KernelLaunch) -> tuple[object, ...]:
     """What tells two launches' compilations apart: the constexprs, the tensors' dtypes and the integers as
     Triton specializes them (equal to 1, a multiple of 16, or neither)."""
@@ -148,19 +194,18 @@ def specialization(launch: KernelLaunch) -> tuple[object, ...]:
 def check(targets: list[int], subset: Subset) -> list[Row]:
     """Every launch of every spec compiled for every target; a failed compile is a row with its error."""
     rows, seen = [], set()
-    for spec in specs(subset):
-        for kernel, launch in launches(spec):
-            for target in targets:
-                key = (kernel, target, specialization(launch))
-                if key in seen:  # write_kv and combine_splits do not depend on the GQA group, say
-                    continue
-                seen.add(key)
-                try:
-                    rows.append(Row(kernel, spec, target, compile_launch(launch, target), None))
-                except Exception as error:  # noqa: BLE001 - any compile failure is a row of the report
-                    rows.append(
-                        Row(kernel, spec, target, None, f"{type(error).__name__}: {error}".splitlines()[0])
-                    )
+    for spec, kernel, launch in all_launches(subset):
+        for target in targets:
+            key = (kernel, target, specialization(launch))
+            if key in seen:  # write_kv and combine_splits do not depend on the GQA group, say
+                continue
+            seen.add(key)
+            try:
+                rows.append(Row(kernel, spec, target, compile_launch(launch, target), None))
+            except Exception as error:  # noqa: BLE001 - any compile failure is a row of the report
+                rows.append(
+                    Row(kernel, spec, target, None, f"{type(error).__name__}: {error}".splitlines()[0])
+                )
     return rows
 
 
