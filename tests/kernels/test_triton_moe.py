@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from openinfer.kernels.moe import grouped_experts
 from openinfer.kernels.triton_moe import align_block_size, block_m, fused_experts_triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -78,6 +79,16 @@ def test_float32_equals_the_oracle(case: tuple[int, int, int, int, int, int]) ->
 def test_16bit_equals_the_oracle(case: tuple[int, int, int, int, int, int], dtype: torch.dtype) -> None:
     """float16 and bfloat16 are the float32 oracle's within two output ulps, at ragged sizes and 64-row blocks."""
     check(case, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_equals_the_torch_grouped_path(dtype: torch.dtype) -> None:
+    """The kernels equal kernels/moe.py's grouped torch path (the CPU's) on a routing with unpicked experts."""
+    layer = make_layer(CASES[2], dtype, seed=3)
+    got, expected = fused_experts_triton(*layer).float(), grouped_experts(*layer).float()
+    # each is within TOLERANCE of the float32 oracle (both round to dtype), so within twice it of the other
+    error = (got - expected).abs().max().item()
+    assert error <= 2 * TOLERANCE[dtype] * expected.abs().max().item(), error
 
 
 def test_align_pads_each_expert_to_whole_blocks() -> None:
