@@ -2,7 +2,7 @@
 
 On CUDA it calls the Triton fused-MoE kernel (`triton_moe.py`); elsewhere, and as its reference, a torch path
 whose cost follows the experts the batch routes to: the (token, expert) pairs are sorted by expert and each
-expert that has tokens runs one matmul over all of them.
+expert that has tokens runs one gate/up and one down matmul over all of its tokens.
 """
 
 from __future__ import annotations
@@ -28,25 +28,29 @@ def fused_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
 def grouped_experts(
     hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor
 ) -> Tensor:
-    """`fused_experts` in torch: one gate/up and one down matmul per expert present in topk_ids, in
-    ascending expert order (transformers' order, so float32 sums match it), accumulated in float32."""
+    """`fused_experts` in torch: the (token, expert) pairs sorted by expert, one gate/up and one down matmul per
+    expert present in topk_ids, then one weighting and one scatter-add for all pairs. The adds reach each
+    token in ascending expert order (transformers' order, so float32 sums match it), in float32."""
     num_tokens, top_k = topk_ids.shape
-    flat_ids = topk_ids.reshape(-1)  # (T * k,): pair p is token p // k's j-th choice, j = p % k
+    flat_ids = topk_ids.reshape(-1)  # (T * k,): pair p is token p // k's choice p % k
     order = flat_ids.argsort(stable=True)  # pairs grouped by expert
     counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()  # (E,) pairs per expert
     token_of_pair = order // top_k  # (T * k,) in expert order
-    weight_of_pair = topk_weights.reshape(-1)[order]  # (T * k,) float32
-    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    x = hidden.index_select(0, token_of_pair)  # (T * k, H) each pair's token row, in expert order
+    down = torch.empty_like(x)  # (T * k, H) each pair's expert output
+    width = w13.shape[1] // 2  # I
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:  # an expert no token picked costs nothing but this test
             continue
-        tokens = token_of_pair[start : start + count]  # (n,) token rows routed to this expert
-        gate, up = F.linear(hidden[tokens], w13[expert]).chunk(2, dim=-1)  # (n, I) each
-        down = F.linear(F.silu(gate) * up, w2[expert])  # (n, H)
-        out.index_add_(0, tokens, down.float() * weight_of_pair[start : start + count, None])
-        start += count
-    return out.to(hidden.dtype)
+        end = start + count
+        gate_up = F.linear(x[start:end], w13[expert])  # (n, 2 * I)
+        act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])  # (n, I)
+        torch.mm(act, w2[expert].t(), out=down[start:end])  # (n, H)
+        start = end
+    weighted = down.float().mul_(topk_weights.reshape(-1)[order, None])  # (T * k, H) float32
+    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    return out.index_add_(0, token_of_pair, weighted).to(hidden.dtype)
 
 
 def naive_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:

@@ -1,16 +1,19 @@
-"""Speculative decoding and prefix caching over a Qwen3-MoE target: lossless at temperature 0."""
+"""Speculative decoding, prefix caching, penalties and structured outputs over a Qwen3-MoE target: lossless at
+temperature 0."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
-from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core, spec_prompts
+from openinfer.engine_core.testing.engine_cores import generate_greedy, generate_with, make_core, spec_prompts
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
+from openinfer.protocol import StructuredOutputs
 
 K = 7
 MAX_TOKENS = 24
@@ -54,3 +57,17 @@ def test_prefix_cache_hits_on_moe_keep_the_tokens(target: Path, baseline: list[l
     assert generate_greedy(core, spec_prompts(), MAX_TOKENS) == baseline
     counters = core.load_snapshot().prefix_cache
     assert counters is not None and counters.hits > 0  # the second batch read cached blocks
+
+
+def test_penalties_and_a_choice_constraint_on_moe_are_lossless_with_ngram(target: Path) -> None:
+    """Penalties and bias, then a choice constraint: n-gram K=7 gives the tokens of a run without a drafter."""
+    penalties = {"repetition_penalty": 1.2, "frequency_penalty": -0.5, "logit_bias": {7: 2.0}}
+    choice = {
+        "structured_outputs": StructuredOutputs("choice", json.dumps(["thou art", "ROMEO"])),
+        "ignore_eos": False,
+    }
+    for options in (penalties, choice):
+        base = generate_with(make_core(target), spec_prompts(), **options)
+        core = make_core(target, speculative=DrafterSpec("ngram", K))
+        assert generate_with(core, spec_prompts(), **options) == base
+        assert core.spec is not None and core.spec.counters.num_drafts > 0
