@@ -63,3 +63,13 @@ def test_per_expert_and_stacked_checkpoints_serve_the_same_tokens(tmp_path: Path
         generate_greedy(make_core(f, dtype="float32"), prompts, max_tokens=8) for f in (per_expert, stacked)
     ]
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_moe_greedy_matches_transformers_on_cuda(tmp_path: Path) -> None:
+    """On CUDA in float32 (the Triton fused-MoE kernel, decode in CUDA graphs) the batch's tokens are HF's."""
+    folder = make_tiny_moe_checkpoint(tmp_path / "moe", seed=3, overrides={"num_experts_per_tok": 3})
+    prompts = make_prompts(8)
+    core = make_core(folder, device="cuda:0", dtype="float32", max_num_batched_tokens=64)
+    assert_hf_greedy(folder, prompts, generate_greedy(core, prompts, max_tokens=16))
