@@ -10,6 +10,7 @@ import pytest
 
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.engine_cores import generate_greedy, generate_with, make_core, spec_prompts
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
@@ -38,12 +39,15 @@ def test_ngram_on_moe_is_lossless(target: Path, baseline: list[list[int]]) -> No
     assert core.spec is not None and core.spec.counters.num_draft_tokens > 0  # it drafted
 
 
-def test_dflash_on_moe_is_lossless(target: Path, baseline: list[list[int]], tmp_path: Path) -> None:
-    """A random DFlash drafter fed layers 0 (dense) and 1 (sparse) through forward_with_aux: HF's tokens."""
-    draft = make_tiny_dflash_checkpoint(
-        tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0, 1)
-    )
-    core = make_core(target, speculative=DrafterSpec("dflash", K, draft))
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_block_drafters_on_moe_are_lossless(
+    target: Path, baseline: list[list[int]], tmp_path: Path, method: str
+) -> None:
+    """A random DFlash or DSpark drafter fed layers 0 (dense) and 1 (sparse) through forward_with_aux: the
+    tokens of a run without a drafter, which are HF's."""
+    make = make_tiny_dflash_checkpoint if method == "dflash" else make_tiny_dspark_checkpoint
+    draft = make(tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(0, 1))
+    core = make_core(target, speculative=DrafterSpec(method, K, draft))
     outputs = generate_greedy(core, spec_prompts(), MAX_TOKENS)
     assert outputs == baseline
     assert core.spec is not None and core.spec.counters.num_draft_tokens > 0
