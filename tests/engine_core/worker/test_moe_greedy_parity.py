@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 
-from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
@@ -30,25 +29,6 @@ def test_moe_greedy_matches_transformers(tmp_path: Path, overrides: dict[str, An
     outputs = generate_greedy(make_core(folder, max_num_batched_tokens=64), prompts, max_tokens=16)
     assert sum(len(set(o)) for o in outputs) > 8 * 4  # not one repeated token per request
     assert_hf_greedy(folder, prompts, outputs)
-
-
-def test_layers_are_sparse_as_transformers_decides() -> None:
-    """mlp_only_layers and decoder_sparse_step choose the sparse layers; num_local_experts is read too."""
-    base = {
-        "model_type": "qwen3_moe", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
-        "num_hidden_layers": 6, "num_attention_heads": 1, "max_position_embeddings": 8, "rope_theta": 1e4,
-        "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 4,
-    }  # fmt: skip
-    moe = ModelConfig.from_dict({**base, "decoder_sparse_step": 2, "mlp_only_layers": [3]}).moe
-    assert moe is not None and moe.num_experts == 4
-    assert [moe.is_sparse(i) for i in range(6)] == [
-        False,
-        True,
-        False,
-        False,
-        False,
-        True,
-    ]  # (i+1) % 2 == 0, not 3
 
 
 def test_per_expert_and_stacked_checkpoints_serve_the_same_tokens(tmp_path: Path) -> None:
