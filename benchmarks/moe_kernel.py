@@ -24,24 +24,11 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from openinfer.benchmarks.gpu_step import copy_bandwidth
 from openinfer.kernels.moe import grouped_experts
 from openinfer.kernels.triton_moe import fused_experts_triton
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8  # Qwen3-30B-A3B
-
-
-def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
-    """Bytes read + written per second by a device-to-device copy of ``num_bytes``."""
-    source = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    for _ in range(3):
-        target.copy_(source)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        target.copy_(source)
-    torch.cuda.synchronize()
-    return 2 * num_bytes * 10 / (time.perf_counter() - start)
 
 
 def median_ms(fn: Callable[[], object], iters: int) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG, shard_safetensors
+from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG, random_model, shard_safetensors
 
 # transformers' Qwen3MoeConfig arguments of a small MoE model over the built-in tokenizer's vocabulary (512):
 # 2 layers, 8 experts of width 32, top-2, every layer sparse (read-only).
@@ -56,18 +56,7 @@ def make_tiny_moe_checkpoint(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = Qwen3MoeConfig(**{**SMALL_QWEN3_MOE, "initializer_range": init_std, **(overrides or {})})
-    with torch.device("meta"):  # transformers' own init skipped: every parameter is written below
-        model = Qwen3MoeForCausalLM(config)
-    model.to_empty(device="cpu")
-    model.tie_weights()  # to_empty gave every parameter new storage: a tied head shares the embedding again
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():  # tied weights are listed once
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, init_std, generator=generator)
-            param.data = param.data.to(dtype)  # drawn in float32, saved in dtype
+    model = random_model(Qwen3MoeForCausalLM, config, seed, init_std, dtype)
     model.save_pretrained(folder)  # per expert: transformers 5 splits the stacked experts on saving
     if stacked_experts:
         tensors = {name: param.detach().contiguous() for name, param in model.named_parameters()}

@@ -42,6 +42,25 @@ SMALL_TEXT_QWEN3: MappingProxyType[str, Any] = MappingProxyType(
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+def random_model(model_class: Any, config: Any, seed: int, init_std: float, dtype: torch.dtype) -> Any:
+    """A transformers model of ``model_class`` whose every matrix is drawn from N(0, init_std) by a generator
+    seeded with ``seed`` (every norm weight 1), in ``dtype``. Built on the meta device: transformers' own init
+    (seconds at real widths, and draws from the global RNG) is skipped, since every parameter is written."""
+    with torch.device("meta"):
+        model = model_class(config)
+    model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gave every parameter new storage: a tied head shares the embedding again
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # tied weights are listed once
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, init_std, generator=generator)  # = randn(shape) * init_std
+            param.data = param.data.to(dtype)  # drawn in float32, saved in dtype
+    return model
+
+
 def make_tiny_checkpoint(
     folder: Path | str,
     *,
@@ -67,20 +86,7 @@ def make_tiny_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     kwargs = {**TINY_QWEN3_CONFIG, "tie_word_embeddings": tie_word_embeddings, "initializer_range": init_std}
     config = Qwen3Config(**{**kwargs, **(overrides or {})})
-    # Built on the meta device: transformers' own init (seconds at real widths, and draws from the global
-    # RNG) is skipped, since every parameter is written below.
-    with torch.device("meta"):
-        model = HFQwen3ForCausalLM(config)
-    model.to_empty(device="cpu")
-    model.tie_weights()  # to_empty gave every parameter new storage: a tied head shares the embedding again
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():  # tied weights are listed once
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, init_std, generator=generator)  # = randn(shape) * init_std
-            param.data = param.data.to(dtype)  # drawn in float32, saved in dtype
+    model = random_model(HFQwen3ForCausalLM, config, seed, init_std, dtype)
     model.save_pretrained(folder)
     if num_shards > 1:
         shard_safetensors(folder, num_shards)

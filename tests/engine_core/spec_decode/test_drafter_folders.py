@@ -13,7 +13,7 @@ import zmq
 
 from openinfer import protocol
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
-from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.launch.local_cluster import free_port_pair
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
@@ -178,3 +178,10 @@ def test_unloadable_checkpoints_inside_say_nothing_of_the_files(
     reply = process.load(path)
     assert not reply.ok and reply.num_spec_tokens == 3  # the drafter loaded before
     assert reply.message == f"cannot load a drafter from the path given ({path!r}); the engine's log says why"
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_a_checkpoint_drafter_without_its_folder_is_refused(method: str) -> None:
+    """A DFlash or DSpark drafter needs its checkpoint folder: refused where it is named, saying which flag."""
+    with pytest.raises(ValueError, match="--draft-model PATH"):
+        DrafterSpec(method, 7)

@@ -317,13 +317,6 @@ def test_bad_drafter_is_refused(target: Path, spec: DrafterSpec, message: str) -
     assert core.spec is not None and core.spec.num_spec_tokens == 4
 
 
-@pytest.mark.parametrize("method", ["dflash", "dspark"])
-def test_a_checkpoint_drafter_without_its_folder_is_refused(method: str) -> None:
-    """A DFlash or DSpark drafter needs its checkpoint folder: refused where it is named, saying which flag."""
-    with pytest.raises(ValueError, match="--draft-model PATH"):
-        DrafterSpec(method, 7)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_speculation_is_lossless_on_cuda(target: Path, tmp_path: Path) -> None:
