@@ -7,13 +7,16 @@ The MoE model is the built-in model's architecture (4 layers, hidden 256, vocabu
 width 192 on every layer, top-4: 4 * 192 = 768 active MLP columns per token, the dense model's
 intermediate_size, so both do the same MLP arithmetic per token (the router's 32 x 256 aside); the MoE model
 holds 8x the MLP weights. Steps are `model_step.py`'s: decode of B requests at ~64 tokens of context, and a
-256-token prefill; each cell the median milliseconds of `--iters` calls (prefill: a tenth).
+256-token prefill; each cell the median milliseconds of `--iters` calls (prefill: a tenth). The kernel tables
+time one layer's experts: the tiny model's, and a Qwen3-30B-A3B-shaped layer's in float32, the CPU's dtype
+(128 experts of 768 over hidden 2048, top-8; `moe_kernel.py` times the same layer on CUDA in bfloat16).
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from openinfer.benchmarks.model_step import (
     median_ms,
     prefill_step,
 )
+from openinfer.benchmarks.moe_kernel import EXPERTS, HIDDEN, INTER, TOP_K
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -42,6 +46,7 @@ MOE = {
     "norm_topk_prob": True,
 }  # fmt: skip
 KERNEL_TOKENS = (1, 8, 32, 256)
+A3B_TOKENS = (1, 8, 64)  # a Qwen3-30B-A3B-shaped layer: decode of 1 and 8, a 64-token chunk
 
 
 def all_experts_loop(
@@ -66,21 +71,38 @@ def step_rows(folder: Path, warmup: int, iters: int) -> dict[str, float]:
     return rows
 
 
-def kernel_rows(warmup: int, iters: int) -> dict[str, tuple[float, float, float]]:
+@dataclass(frozen=True)
+class ExpertShape:
+    """One MoE layer's experts: E experts of width I over hidden H, top-k, in a dtype."""
+
+    experts: int
+    hidden: int
+    width: int
+    top_k: int
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        name = str(self.dtype).removeprefix("torch.")
+        return f"H {self.hidden}, {self.experts} x {self.width}, top-{self.top_k}, {name}"
+
+
+TINY_LAYER = ExpertShape(
+    MOE["num_experts"], MOE["hidden_size"], MOE["moe_intermediate_size"], 4, torch.float32
+)
+A3B_LAYER = ExpertShape(EXPERTS, HIDDEN, INTER, TOP_K, torch.float32)  # Qwen3-30B-A3B's (2.4 GB a layer)
+
+
+def kernel_rows(
+    shape: ExpertShape, token_counts: tuple[int, ...], warmup: int, iters: int
+) -> dict[str, tuple[float, float, float]]:
     """Per token count: ms of the grouped path, the all-experts loop and the per-token loop (one MoE layer)."""
     g = torch.Generator().manual_seed(0)
-    experts, hidden_size, width, top_k = (
-        MOE["num_experts"],
-        MOE["hidden_size"],
-        MOE["moe_intermediate_size"],
-        4,
-    )
-    w13 = torch.randn(experts, 2 * width, hidden_size, generator=g) * 0.05
-    w2 = torch.randn(experts, hidden_size, width, generator=g) * 0.05
+    w13 = (torch.randn(shape.experts, 2 * shape.width, shape.hidden, generator=g) * 0.05).to(shape.dtype)
+    w2 = (torch.randn(shape.experts, shape.hidden, shape.width, generator=g) * 0.05).to(shape.dtype)
     rows: dict[str, tuple[float, float, float]] = {}
-    for tokens in KERNEL_TOKENS:
-        x = torch.randn(tokens, hidden_size, generator=g)
-        weights, ids = torch.rand(tokens, experts, generator=g).softmax(-1).topk(top_k, dim=-1)
+    for tokens in token_counts:
+        x = torch.randn(tokens, shape.hidden, generator=g).to(shape.dtype)
+        weights, ids = torch.rand(tokens, shape.experts, generator=g).softmax(-1).topk(shape.top_k, dim=-1)
         args = (x, w13, w2, weights, ids)
         grouped, loop, naive = (
             median_ms(partial(path, *args), warmup, iters)
@@ -88,6 +110,15 @@ def kernel_rows(warmup: int, iters: int) -> dict[str, tuple[float, float, float]
         )
         rows[f"T={tokens}"] = (grouped, loop, naive)
     return rows
+
+
+def print_kernel_table(shape: ExpertShape, token_counts: tuple[int, ...], warmup: int, iters: int) -> None:
+    print(f"\nkernels/moe.py, one layer's experts ({shape}), ms (median)\n")
+    print(
+        "| tokens | grouped (experts routed) | loop over all experts | loop over tokens |\n|---|---:|---:|---:|"
+    )
+    for name, (grouped, loop, naive) in kernel_rows(shape, token_counts, warmup, iters).items():
+        print(f"| {name} | {grouped:.3f} | {loop:.3f} | {naive:.3f} |")
 
 
 def main() -> None:
@@ -107,12 +138,8 @@ def main() -> None:
     print("| step | dense (MLP 768) | MoE (32 x 192, top-4) | MoE / dense |\n|---|---:|---:|---:|")
     for name, ms in dense_ms.items():
         print(f"| {name} | {ms:.2f} | {moe_ms[name]:.2f} | {moe_ms[name] / ms:.2f}x |")
-    print("\nkernels/moe.py, one layer's experts (H 256, 32 x 192, top-4), float32, ms (median)\n")
-    print(
-        "| tokens | grouped (experts routed) | loop over all experts | loop over tokens |\n|---|---:|---:|---:|"
-    )
-    for name, (grouped, loop, naive) in kernel_rows(args.warmup, args.iters).items():
-        print(f"| {name} | {grouped:.3f} | {loop:.3f} | {naive:.3f} |")
+    print_kernel_table(TINY_LAYER, KERNEL_TOKENS, args.warmup, args.iters)
+    print_kernel_table(A3B_LAYER, A3B_TOKENS, args.warmup // 4, max(1, args.iters // 6))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ def grouped_experts(
     expert present in topk_ids, then one weighting and one scatter-add for all pairs. The adds reach each
     token in ascending expert order (transformers' order, so float32 sums match it), in float32."""
     num_tokens, top_k = topk_ids.shape
+    if num_tokens == 1:  # one decoding request: its k experts directly, no sort, gather or scatter
+        return _one_token_experts(hidden, w13, w2, topk_weights, topk_ids)
     flat_ids = topk_ids.reshape(-1)  # (T * k,): pair p is token p // k's choice p % k
     order = flat_ids.argsort(stable=True)  # pairs grouped by expert
     counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()  # (E,) pairs per expert
@@ -51,6 +53,21 @@ def grouped_experts(
     weighted = down.float().mul_(topk_weights.reshape(-1)[order, None])  # (T * k, H) float32
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     return out.index_add_(0, token_of_pair, weighted).to(hidden.dtype)
+
+
+def _one_token_experts(
+    hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor
+) -> Tensor:
+    """`grouped_experts` of a single token: one gate/up and one down matmul per choice, added in ascending
+    expert order in float32 (the grouped path's order and precision)."""
+    width = w13.shape[1] // 2  # I
+    out = torch.zeros(1, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    ids, choices = topk_ids[0].sort()
+    for expert, choice in zip(ids.tolist(), choices.tolist(), strict=True):
+        gate_up = F.linear(hidden, w13[expert])  # (1, 2 * I)
+        act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])  # (1, I)
+        out.add_(F.linear(act, w2[expert]).float().mul_(topk_weights[0, choice]))
+    return out.to(hidden.dtype)
 
 
 def naive_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, step_of_chunks
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -60,11 +61,20 @@ def test_padding_writes_only_the_scratch_block() -> None:
     assert step.block_tables.tolist() == [[2, 7], [10, 10]]  # the 2 columns positions 0..7 need
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_padded_steps_give_the_same_logits(target: Path, backend: str) -> None:
+@pytest.fixture(scope="module")
+def moe_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_moe_checkpoint(tmp_path_factory.mktemp("moe") / "t", seed=3)
+
+
+@pytest.mark.parametrize(
+    ("model", "backend"), [("target", "torch"), ("target", "triton"), ("moe_target", "torch")]
+)
+def test_padded_steps_give_the_same_logits(model: str, backend: str, request: pytest.FixtureRequest) -> None:
     """Prefill three prompts, then decode and verify-shaped steps of mixed lengths: the padded path's
     logits and aux hidden states equal the eager path's, and the real KV blocks end up the same. With the
-    Triton kernels (under the interpreter on the CPU) the padded step is the one graphs replay on CUDA."""
+    Triton kernels (under the interpreter on the CPU) the padded step is the one graphs replay on CUDA; on
+    a Qwen3-MoE target the padding tokens are routed to experts too, and must change no real token's output."""
+    target: Path = request.getfixturevalue(model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     eager = ModelRunner(target, device, NUM_BLOCKS, BLOCK_SIZE, torch.float32, "torch", enforce_eager=True)
     pad = padded(
