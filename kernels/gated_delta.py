@@ -1,0 +1,221 @@
+"""The linear-attention layers of Qwen3.5 (Gated DeltaNet) over a packed batch: `causal_conv1d` and
+`gated_delta_rule`, each reading and writing per-request state slots through a `StateIndex`.
+
+Semantics are transformers' (`causal_conv1d_fn` / `causal_conv1d_update` with SiLU and no bias;
+`torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule` with use_qk_l2norm_in_kernel=True), run on
+each request's tokens alone from the state its read slot holds.
+
+Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`):
+- short steps (decode, verification) run every request together on a (B, max_query_len) padded grid, one
+  position at a time. This form reads only device tensors and shapes: no host sync, nothing data-dependent, so
+  it can be captured in a CUDA graph for a fixed (B, max_query_len, N) and replayed with new slot contents;
+- long steps run request by request, the chunked form (`gated_delta_chunk.py`) for requests longer than the
+  threshold, using the host copies of the slots.
+
+Every initial state is gathered (copied) before anything is written, so a write slot may equal any read slot.
+A write slot of -1 stores nothing; see `masked_store` for how that works without a host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from openinfer.kernels.gated_delta_chunk import chunk_gated_delta
+
+# Steps whose longest request has at most this many tokens run the batched recurrent form (decode q=1,
+# verification q<=16); longer steps run per request, chunked past this length.
+RECURRENT_MAX_QUERY_LEN = 16
+L2NORM_EPS = 1e-6  # transformers' (and FLA's) l2norm eps
+
+
+@dataclass(frozen=True)
+class StateIndex:
+    """Which state slot each request of a step starts from and where each token's state goes.
+
+    Slot -1 means "none": a read slot of -1 starts the request from zeros (its position 0), a write slot of -1
+    stores nothing for that token. The padded-grid tensors are derived from query_start_loc by `build`.
+    """
+
+    query_start_loc: list[int]  # (B + 1,) host ints: request b's tokens are [loc[b], loc[b+1]) of the step
+    read_slots: Tensor  # (B,) int64 on the device: slot holding the state before request b's first token
+    write_slots: Tensor  # (N,) int64 on the device: slot to store the state *after* token t
+    host_read_slots: list[int]  # read_slots on the host (the per-request long path)
+    host_write_slots: list[int]  # write_slots on the host (the chunked form stores states by slot)
+    max_query_len: int  # L, the longest request's token count
+    padded_tokens: Tensor  # (B, L) int64: token of request b's position i; its first token where i >= len
+    padded_write_slots: Tensor  # (B, L) int64: write slot of (b, i), -1 at padded positions
+    token_positions: Tensor  # (N,) int64: b * L + i for token t, its place on the flattened grid
+
+    @classmethod
+    def build(
+        cls, query_start_loc: list[int], read_slots: list[int], write_slots: list[int], device: torch.device
+    ) -> StateIndex:
+        num_requests, num_tokens = len(query_start_loc) - 1, query_start_loc[-1]
+        if num_requests < 1 or query_start_loc[0] != 0:
+            raise ValueError(
+                f"query_start_loc must start at 0 and hold B + 1 >= 2 entries, got {query_start_loc}"
+            )
+        lens = [query_start_loc[b + 1] - query_start_loc[b] for b in range(num_requests)]
+        if min(lens) < 1:
+            raise ValueError(f"every request needs at least one token, got lengths {lens}")
+        if len(read_slots) != num_requests or len(write_slots) != num_tokens:
+            raise ValueError(
+                f"need one read slot per request ({num_requests}) and one write slot per token ({num_tokens}), "
+                f"got {len(read_slots)} and {len(write_slots)}"
+            )
+        max_len = max(lens)
+        starts = torch.tensor(query_start_loc[:-1])  # (B,)
+        lengths = torch.tensor(lens)  # (B,)
+        offsets = torch.arange(max_len)  # (L,)
+        valid = offsets[None, :] < lengths[:, None]  # (B, L)
+        tokens = torch.where(valid, starts[:, None] + offsets[None, :], starts[:, None])  # (B, L)
+        writes = torch.tensor(write_slots, dtype=torch.int64)  # (N,)
+        token_request = torch.repeat_interleave(torch.arange(num_requests), lengths)  # (N,)
+        token_offset = torch.arange(num_tokens) - starts[token_request]  # (N,) i of token t
+        return cls(
+            query_start_loc=list(query_start_loc),
+            read_slots=torch.tensor(read_slots, dtype=torch.int64, device=device),
+            write_slots=writes.to(device),
+            host_read_slots=list(read_slots),
+            host_write_slots=list(write_slots),
+            max_query_len=max_len,
+            padded_tokens=tokens.to(device),
+            padded_write_slots=torch.where(valid, writes[tokens], -1).to(device),
+            token_positions=(token_request * max_len + token_offset).to(device),
+        )
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.query_start_loc) - 1
+
+
+def masked_store(dest: Tensor, slots: Tensor, rows: Tensor) -> None:
+    """dest[slots[m]] = rows[m] for every m with slots[m] >= 0; nothing else of dest changes; no host sync.
+
+    One index_copy_ over all M rows: a skipped row is redirected to the first kept row's slot with that row's
+    value (or, when no row is kept, to slot 0 with slot 0's current value). Duplicate targets then carry
+    identical values, so whichever copy lands last the result is the same. Kept rows must not share a slot.
+    """
+    keep = slots >= 0  # (M,)
+    first = keep.to(torch.int32).argmax()  # () the first kept row; 0 when none is kept
+    any_kept = keep.any()  # () bool
+    fill_slot = torch.where(any_kept, slots[first], 0)  # ()
+    fill_row = torch.where(any_kept, rows[first], dest[0])  # dest's row shape
+    targets = torch.where(keep, slots, fill_slot)  # (M,)
+    mask = keep.view(-1, *([1] * (rows.dim() - 1)))
+    dest.index_copy_(0, targets, torch.where(mask, rows, fill_row))
+
+
+def read_states(states: Tensor, slots: Tensor) -> Tensor:
+    """A copy of states[slots[b]] for each b, zeros where slots[b] == -1 (never reads such a slot's values)."""
+    gathered = states.index_select(0, slots.clamp(min=0))  # (B, *state_shape), a copy
+    mask = (slots >= 0).view(-1, *([1] * (states.dim() - 1)))
+    return torch.where(mask, gathered, torch.zeros((), dtype=states.dtype, device=states.device))
+
+
+def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateIndex) -> Tensor:
+    """x (N, C) packed tokens (the in_proj_qkv output), weight (C, W) depthwise kernel, conv_state (S, C, W-1) in
+    x's dtype: per request, a causal depthwise conv over [state inputs, its tokens] then SiLU; returns (N, C) in
+    x's dtype. conv_state[s] holds the W-1 inputs before a request's next token (zeros when read_slots[b] == -1).
+    After the call conv_state[write_slots[t]] holds the W-1 inputs ending at token t (inclusive)."""
+    init = read_states(conv_state, index.read_slots)  # (B, C, W-1)
+    if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
+        grid = x[index.padded_tokens]  # (B, L, C)
+        out, windows = _conv_grid(grid, init, weight)  # (B, L, C), (B, L, C, W-1)
+        flat = index.token_positions
+        masked_store(conv_state, index.write_slots, windows.flatten(0, 1)[flat])
+        return out.flatten(0, 1)[flat]
+    out = torch.empty_like(x)
+    loc = index.query_start_loc
+    for b in range(index.num_requests):
+        lo, hi = loc[b], loc[b + 1]
+        request_out, windows = _conv_grid(x[None, lo:hi], init[b : b + 1], weight)
+        out[lo:hi] = request_out[0]
+        masked_store(conv_state, index.write_slots[lo:hi], windows[0])
+    return out
+
+
+def _conv_grid(grid: Tensor, init: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """grid (B, L, C) tokens, init (B, C, W-1) the inputs before them, weight (C, W): the SiLU conv output
+    (B, L, C) in grid's dtype (computed in weight's dtype, as transformers does) and, per position, the W-1
+    inputs ending there (B, L, C, W-1)."""
+    width = weight.shape[1]
+    seq = torch.cat([init, grid.transpose(1, 2)], dim=2)  # (B, C, W-1 + L)
+    out = F.conv1d(seq.to(weight.dtype), weight[:, None, :], groups=weight.shape[0])  # (B, C, L)
+    out = F.silu(out).to(grid.dtype).transpose(1, 2)  # (B, L, C)
+    windows = seq.unfold(2, width - 1, 1)[:, :, 1:]  # (B, C, L, W-1): window i+1 ends at token i
+    return out, windows.transpose(1, 2)
+
+
+def l2norm(x: Tensor) -> Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, in x's dtype (transformers' l2norm)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+
+
+def gated_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, index: StateIndex
+) -> Tensor:
+    """q, k (N, Hk, Dk); v (N, Hv, Dv) (Hv a multiple of Hk: each q/k head serves Hv/Hk consecutive v heads,
+    repeat_interleave); g (N, Hv) float32 log-decay; beta (N, Hv); state (S, Hv, Dk, Dv) float32.
+    q and k are L2-normalised here in float32 (eps 1e-6, transformers' l2norm), q scaled by Dk**-0.5.
+    Returns (N, Hv, Dv) in v's dtype. Reads/writes state slots as causal_conv1d does (the recurrent state after
+    token t)."""
+    groups = v.shape[1] // k.shape[1]
+    q32 = l2norm(q.float()) * q.shape[-1] ** -0.5  # (N, Hk, Dk)
+    k32 = l2norm(k.float())
+    if groups > 1:
+        q32, k32 = q32.repeat_interleave(groups, dim=1), k32.repeat_interleave(groups, dim=1)  # (N, Hv, Dk)
+    v32, g32, beta32 = v.float(), g.float(), beta.float()
+    h0 = read_states(state, index.read_slots)  # (B, Hv, Dk, Dv) float32, every read before any write
+    if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
+        # Padded positions come after their request's last token: what they do to its state is never stored
+        # (their write slots are -1) and their outputs are never gathered.
+        tokens = index.padded_tokens  # (B, L)
+        grid = (q32[tokens], k32[tokens], v32[tokens], g32[tokens].exp(), beta32[tokens])
+        out = _recurrent(*grid, h0, state, index.padded_write_slots)  # (B, L, Hv, Dv)
+        return out.flatten(0, 1)[index.token_positions].to(v.dtype)
+    out = torch.empty_like(v32)  # (N, Hv, Dv)
+    loc = index.query_start_loc
+    for b in range(index.num_requests):
+        lo, hi = loc[b], loc[b + 1]
+        if hi - lo <= RECURRENT_MAX_QUERY_LEN:
+            decay = g32[None, lo:hi].exp()
+            args = (q32[None, lo:hi], k32[None, lo:hi], v32[None, lo:hi], decay, beta32[None, lo:hi])
+            out[lo:hi] = _recurrent(*args, h0[b : b + 1], state, index.write_slots[None, lo:hi])[0]
+            continue
+        writes = [(t - lo, s) for t, s in enumerate(index.host_write_slots[lo:hi], start=lo) if s >= 0]
+        args = (q32[lo:hi], k32[lo:hi], v32[lo:hi], g32[lo:hi], beta32[lo:hi])
+        out[lo:hi] = chunk_gated_delta(*args, h0[b], state, writes)
+    return out.to(v.dtype)
+
+
+def _recurrent(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    decay: Tensor,
+    beta: Tensor,
+    h0: Tensor,
+    state: Tensor,
+    write_slots: Tensor,
+) -> Tensor:
+    """The recurrent form over B sequences of L positions, float32: q, k (B, L, H, Dk), v (B, L, H, Dv), decay
+    (= exp(g)) and beta (B, L, H), h0 (B, H, Dk, Dv) (consumed: updated in place). After position i,
+    state[write_slots[b, i]] = h[b] where write_slots[b, i] >= 0. Returns the outputs (B, L, H, Dv)."""
+    batch, length, heads, dk = k.shape
+    dv = v.shape[-1]
+    h = h0.view(batch * heads, dk, dv)
+    out = torch.empty_like(v)
+    for i in range(length):
+        h.mul_(decay[:, i].reshape(-1, 1, 1))
+        k_i = k[:, i].reshape(-1, 1, dk)  # (B * H, 1, Dk)
+        predicted = torch.bmm(k_i, h)  # (B * H, 1, Dv) what the decayed state recalls for k_i
+        delta = (v[:, i].reshape(-1, 1, dv) - predicted) * beta[:, i].reshape(-1, 1, 1)
+        h.baddbmm_(k_i.transpose(1, 2), delta)  # h += k_i delta^T
+        out[:, i] = torch.bmm(q[:, i].reshape(-1, 1, dk), h).view(batch, heads, dv)
+        masked_store(state, write_slots[:, i], h.view(batch, heads, dk, dv))
+    return out
