@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from torch import Tensor
 
 from openinfer.kernels.backend_name import BackendName as BackendName  # re-exported: backends name themselves
 from openinfer.kernels.cpu_attention import BlockRun, in_place_attention, in_place_pays
+
+if TYPE_CHECKING:
+    from openinfer.kernels.gated_delta import StateIndex
 
 
 def host_to_device(
@@ -65,6 +68,8 @@ class AttentionMetadata:
     # per request, the runs of consecutive block ids holding its keys, in table order (the CPU path reads a
     # long run as a view of the cache); found on the host for CPU steps, None on other devices
     block_runs: list[list[BlockRun]] | None
+    # a hybrid model's step: the state slots its Gated DeltaNet layers read and write (None otherwise)
+    states: StateIndex | None = None
 
     @classmethod
     def build(

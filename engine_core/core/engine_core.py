@@ -37,11 +37,23 @@ class EngineCore:
         self.runner = runner
         self.facts = RuntimeFacts.found(config, runner)
         facts = self.facts
-        self.kv_cache = KVCacheManager(facts.num_kv_blocks, facts.block_size, config.enable_prefix_caching)
+        states = runner.state_geometry  # a hybrid model's state slots: a group per running request
+        self.kv_cache = KVCacheManager(
+            facts.num_kv_blocks,
+            facts.block_size,
+            config.enable_prefix_caching,
+            num_state_groups=states.num_groups if states is not None else 0,
+        )
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         # Requests without a seed of their own draw from this one (no global RNG state).
         self.generator = torch.Generator(device=runner.device).manual_seed(config.seed)
-        self.worker = Worker(runner, Sampler(self.generator), config.max_num_seqs, facts.max_model_len)
+        self.worker = Worker(
+            runner,
+            Sampler(self.generator),
+            config.max_num_seqs,
+            facts.max_model_len,
+            states.group_size if states is not None else 0,
+        )
         self.requests: dict[str, Request] = {}
         # Requests whose grammar is compiling (the compiler is built for the first one)
         tokenizer_json = config.model_path / "tokenizer.json"
@@ -75,6 +87,13 @@ class EngineCore:
             raise ValueError(
                 "adaptive verification needs the step costs an engine measures at start: start the engine with "
                 "--enable-adaptive-verification"
+            )
+        states = self.runner.state_geometry
+        if states is not None and spec.num_spec_tokens + 1 > states.group_size:
+            raise ValueError(
+                f"this hybrid model keeps {states.group_size} states per request (1 + the start drafter's "
+                f"speculative tokens), too few to verify {spec.num_spec_tokens} drafts: start the engine with a "
+                f"drafter of at least {spec.num_spec_tokens} speculative tokens"
             )
         return SpecDecoder(spec, self.runner, self.spec_log)
 

@@ -19,6 +19,8 @@ Prefix caching has vLLM's semantics, so the numbers agree:
   in the same block ids) is not this manager's to know: a ``hit_filter`` predicate, when set, says which
   cached blocks may serve a hit (the drafter's own record of the blocks whose context it wrote); where it
   says no, the chain stops there and the request computes the rest.
+- A hybrid model's requests also hold a state group each (``num_state_groups`` of them, see StateGeometry):
+  taken at admission (no free group, no admission), given back when the request lets go of its blocks.
 - Queries and hits are counted in tokens when a request is admitted for the first time (never again after a
   preemption): ``counters``, cumulative for the engine's life, None when caching is off.
 """
@@ -47,7 +49,9 @@ NO_HIT = PrefixHit((), 0)
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool = True, num_state_groups: int = 0
+    ) -> None:
         check_kv_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -59,6 +63,8 @@ class KVCacheManager:
         self.hit_filter: Callable[[int], bool] | None = None
         self.enable_caching = enable_caching
         self.counters = PrefixCacheCounters() if enable_caching else None
+        self.num_state_groups = num_state_groups  # 0: the model keeps no state beside its KV
+        self._free_groups = list(range(num_state_groups - 1, -1, -1))  # popped from the end: 0 first
 
     @property
     def num_free_blocks(self) -> int:
@@ -68,6 +74,10 @@ class KVCacheManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
+    @property
+    def num_used_state_groups(self) -> int:
+        return self.num_state_groups - len(self._free_groups)
+
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` slots."""
         return -(-num_tokens // self.block_size)
@@ -76,7 +86,7 @@ class KVCacheManager:
 
     def lookup(self, request: Request) -> PrefixHit:
         """The longest chain of cached blocks ``request`` can start from, ending before its last token."""
-        if not self.enable_caching:
+        if not self.enable_caching or self.num_state_groups:  # a hybrid model's state is not cached (yet)
             return NO_HIT
         blocks: list[int] = []
         num_blocks = (request.num_tokens - 1) // self.block_size
@@ -94,8 +104,10 @@ class KVCacheManager:
         assert not request.block_ids, "a waiting request holds no blocks"
         needed = self.num_blocks_for(hit.num_tokens + num_new_tokens) - len(hit.blocks)
         idle_hits = sum(1 for block in hit.blocks if self._refs[block] == 0)  # counted in the free queue
-        if needed + idle_hits > len(self._free):
+        if needed + idle_hits > len(self._free) or (self.num_state_groups and not self._free_groups):
             return False
+        if self.num_state_groups:
+            request.state_group = self._free_groups.pop()
         for block in hit.blocks:
             if self._refs[block] == 0:
                 del self._free[block]
@@ -158,6 +170,9 @@ class KVCacheManager:
             self._release(block)
         request.block_ids.clear()
         request.num_cached_blocks = 0
+        if request.state_group is not None:
+            self._free_groups.append(request.state_group)
+            request.state_group = None
 
     def reset(self) -> None:
         """Forget every cached block (a step failed: what it wrote is unknown)."""

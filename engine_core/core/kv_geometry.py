@@ -1,6 +1,9 @@
-"""The one check of a KV cache's geometry, shared by the flags, the runners and the KV-cache manager."""
+"""The one check of a KV cache's geometry, shared by the flags, the runners and the KV-cache manager; and the
+geometry of a hybrid model's state slots."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
@@ -10,3 +13,30 @@ def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
             "a KV cache needs at least one block of at least one slot: --num-kv-blocks (or the memory "
             f"--kv-cache-gb buys) and --block-size must be >= 1, got {num_kv_blocks} blocks of {block_size}"
         )
+
+
+@dataclass(frozen=True)
+class StateGeometry:
+    """A hybrid model's state slots (Qwen3.5's Gated DeltaNet layers): each running request holds a group of
+    `group_size` consecutive slots (1 + the most drafts a step verifies: a verification keeps the state
+    after each of its tokens, and the next step starts from the accepted one); group g is slots
+    g * group_size ... (g + 1) * group_size - 1; one more slot past them is the padding steps' scratch."""
+
+    num_groups: int  # requests that can hold state at once (the KV manager hands groups out)
+    group_size: int  # slots per group
+
+    def __post_init__(self) -> None:
+        if self.num_groups < 1 or self.group_size < 1:
+            raise ValueError(
+                f"a hybrid model needs at least one state group of at least one slot, got {self.num_groups} "
+                f"groups of {self.group_size}: raise --kv-cache-gb (or --gpu-memory-utilization)"
+            )
+
+    @property
+    def num_slots(self) -> int:
+        """Slots in all, the scratch slot included."""
+        return self.num_groups * self.group_size + 1
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.num_groups * self.group_size

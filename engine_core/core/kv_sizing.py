@@ -11,6 +11,12 @@ activations a bound on one step's peak (below). Both are logged at start.
 A block is one page of every layer's keys and values: the target's and, with a start-time DFlash or DSpark
 drafter, the drafter's context cache, which holds the same pages (vLLM, likewise, sizes the KV cache over the
 draft model's layers too). The budget buys whole blocks of both.
+
+A hybrid model (Qwen3.5) keeps a KV page for its full-attention layers only, and a state group per running
+request for its Gated DeltaNet layers (`StateGeometry`: 1 + K slots, each the conv and the float32 recurrent
+state of every DeltaNet layer). The groups come out of the same budget first: one per --max-num-seqs, or as
+many as half the budget holds when that is fewer (logged: the engine then runs at most that many requests at
+once); the blocks get the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from safetensors import safe_open
 
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
+from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 
@@ -115,7 +122,7 @@ def checkpoint_bytes(folder: Path, dtype: torch.dtype) -> int:
 
 def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one page of ``block_size`` tokens takes across ``model``'s layers (keys and values)."""
-    per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim
+    per_token = 2 * model.num_kv_layers * model.num_key_value_heads * model.head_dim
     return per_token * block_size * dtype.itemsize
 
 
@@ -137,16 +144,54 @@ def kv_block_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtype)
     return block
 
 
-def num_kv_blocks(
-    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, block_bytes: int, gpu: GpuMemory | None
-) -> int:
-    """The engine's KV block count (see the module's docstring): ``block_bytes`` is one block's bytes, the
-    target's and the drafter's pages together; ``gpu`` is None on the CPU."""
+def state_slot_bytes(model: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes one state slot takes across a hybrid model's DeltaNet layers: the conv state (kernel - 1 rows of
+    q/k/v at ``dtype``) and the float32 recurrent state (value heads x key dim x value dim); 0 for Qwen3."""
+    hybrid = model.hybrid
+    if hybrid is None:
+        return 0
+    conv = hybrid.conv_dim * (hybrid.linear_conv_kernel_dim - 1) * dtype.itemsize
+    recurrent = hybrid.linear_num_value_heads * hybrid.linear_key_head_dim * hybrid.linear_value_head_dim * 4
+    return len(hybrid.linear_layers) * (conv + recurrent)
+
+
+def state_geometry(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, gpu: GpuMemory | None
+) -> StateGeometry | None:
+    """A hybrid model's state groups (see the module's docstring); None for a model without state. With
+    --num-kv-blocks the groups are one per --max-num-seqs, beside the blocks."""
+    if model.hybrid is None:
+        return None
+    spec = config.speculative
+    size = 1 + (spec.num_spec_tokens if spec is not None else 0)
+    slot = state_slot_bytes(model, dtype)
+    budget = _cache_budget(config, model, dtype, gpu)
+    groups = config.max_num_seqs
+    if budget is not None and (budget // 2 - slot) // (size * slot) < groups:
+        groups = (budget // 2 - slot) // (size * slot)
+        logger.info(
+            "hybrid model: %d state groups of %d slots (%.1f MiB each) take half the cache budget: at most %d "
+            "requests run at once (--max-num-seqs %d)",
+            groups, size, size * slot / 2**20, groups, config.max_num_seqs,
+        )  # fmt: skip
+    return StateGeometry(groups, size)
+
+
+def _cache_budget(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, gpu: GpuMemory | None
+) -> int | None:
+    """The bytes the KV blocks and a hybrid model's states share; None when --num-kv-blocks fixes the blocks."""
     if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
+        return None
     if config.kv_cache_gb is not None or gpu is None:
         gib = config.kv_cache_gb if config.kv_cache_gb is not None else DEFAULT_CPU_KV_CACHE_GB
-        return int(gib * GIB // block_bytes)
+        return int(gib * GIB)
+    return _cuda_budget(config, model, dtype, gpu).kv_bytes
+
+
+def _cuda_budget(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, gpu: GpuMemory
+) -> CudaKvBudget:
     weights = checkpoint_bytes(config.model_path, dtype)
     drafter = drafter_checkpoint(config)
     if drafter is not None:
@@ -154,10 +199,32 @@ def num_kv_blocks(
     spec = config.speculative
     k = spec.num_spec_tokens if spec is not None else 0
     activations = activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs, k, dtype)
-    budget = cuda_kv_budget(gpu, config.gpu_memory_utilization, weights, activations)
-    blocks = budget.kv_bytes // block_bytes
+    return cuda_kv_budget(gpu, config.gpu_memory_utilization, weights, activations)
+
+
+def num_kv_blocks(
+    config: EngineConfig,
+    model: ModelConfig,
+    dtype: torch.dtype,
+    block_bytes: int,
+    gpu: GpuMemory | None,
+    states: StateGeometry | None = None,
+) -> int:
+    """The engine's KV block count (see the module's docstring): ``block_bytes`` is one block's bytes, the
+    target's and the drafter's pages together; ``gpu`` is None on the CPU; ``states``, a hybrid model's
+    state slots, are taken from the budget first."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    state_bytes = 0 if states is None else states.num_slots * state_slot_bytes(model, dtype)
+    if config.kv_cache_gb is not None or gpu is None:
+        budget = _cache_budget(config, model, dtype, gpu)
+        assert budget is not None
+        return int((budget - state_bytes) // block_bytes)
+    cuda = _cuda_budget(config, model, dtype, gpu)
+    blocks = (cuda.kv_bytes - state_bytes) // block_bytes
     logger.info(
-        "%s (--gpu-memory-utilization %g): %d blocks of %d KiB (a drafter's context-cache pages included)",
-        budget.describe(), config.gpu_memory_utilization, blocks, block_bytes // 1024,
+        "%s (--gpu-memory-utilization %g): %d blocks of %d KiB (a drafter's context-cache pages included)%s",
+        cuda.describe(), config.gpu_memory_utilization, blocks, block_bytes // 1024,
+        "" if states is None else f", after {state_bytes / GIB:.2f} GiB of state slots",
     )  # fmt: skip
     return blocks

@@ -66,6 +66,8 @@ class Request:
     # tokens of all_token_ids whose K/V are in this request's blocks
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    # a hybrid model's state group (StateGeometry) while it runs, the KV manager's to hand out; else None
+    state_group: int | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish: FinishReason | None = None
     # seeded generator when sampling_params.seed is set; it survives preemption

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -175,9 +176,9 @@ class Qwen3PackedMLP(nn.Module):
     """`Qwen3MLP`'s math with gate and up packed into one matmul (`PackedLinear`, loaded through
     `checkpoint_views`)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        width = config.intermediate_size
+        width = intermediate_size or config.intermediate_size
         self.gate_up_proj = PackedLinear(config.hidden_size, {"gate_proj": width, "up_proj": width}, False)
         self.down_proj = PackedLinear(width, {"down_proj": config.hidden_size}, False)
 
@@ -251,6 +252,22 @@ class Qwen3Model(nn.Module):
         return hidden, [aux[i] for i in aux_layer_ids]
 
 
+class DecoderStack(Protocol):
+    """What a causal LM needs of its decoder stack (`Qwen3Model`, or Qwen3.5's hybrid `Qwen3_5Model`)."""
+
+    embed_tokens: VocabMatrix | nn.Embedding
+    layers: nn.ModuleList
+
+    def __call__(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[Tensor],
+        attn: AttentionMetadata,
+        aux_layer_ids: Sequence[int] = (),
+    ) -> tuple[Tensor, list[Tensor]]: ...
+
+
 class Qwen3ForCausalLM(nn.Module):
     """Qwen3 dense causal LM over a paged KV cache; every request's new tokens are packed into one batch.
 
@@ -258,11 +275,18 @@ class Qwen3ForCausalLM(nn.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, attn_backend: AttentionBackend, mlp_for_layer: MlpForLayer = lambda i: None
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        mlp_for_layer: MlpForLayer = lambda i: None,
+        model: DecoderStack | None = None,
     ) -> None:
         super().__init__()
         self.config = config
-        self.model = Qwen3Model(config, attn_backend, mlp_for_layer)
+        # `model`: another decoder stack with Qwen3Model's interface (Qwen3.5's hybrid one)
+        self.model: DecoderStack = (
+            model if model is not None else Qwen3Model(config, attn_backend, mlp_for_layer)
+        )
         # Tied checkpoints have no lm_head.weight: the embedding matrix serves as the head.
         self.lm_head = (
             None if config.tie_word_embeddings else VocabMatrix(config.vocab_size, config.hidden_size)

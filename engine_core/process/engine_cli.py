@@ -17,7 +17,7 @@ import zmq.auth
 
 from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.core.kv_sizing import GpuMemory, kv_block_bytes, num_kv_blocks
+from openinfer.engine_core.core.kv_sizing import GpuMemory, kv_block_bytes, num_kv_blocks, state_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
 from openinfer.engine_core.process.engine_process import CurveClientKeys, EngineProcess
@@ -70,7 +70,9 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     else:
         model_config = ModelConfig.from_folder(config.model_path)
     gpu = GpuMemory(*torch.cuda.mem_get_info(device)) if device.type == "cuda" else None
-    num_blocks = num_kv_blocks(config, model_config, dtype, kv_block_bytes(config, model_config, dtype), gpu)
+    states = state_geometry(config, model_config, dtype, gpu)  # a hybrid model's; None for Qwen3
+    block_bytes = kv_block_bytes(config, model_config, dtype)
+    num_blocks = num_kv_blocks(config, model_config, dtype, block_bytes, gpu, states)
     if config.fake_model:
         return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
     return ModelRunner(
@@ -82,6 +84,7 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
         config.attention_backend,
         config.enforce_eager,
         config.max_num_seqs,
+        states,
     )
 
 

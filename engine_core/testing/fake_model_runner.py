@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.kv_geometry import check_kv_geometry
+from openinfer.engine_core.core.kv_geometry import StateGeometry, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.worker.executor import ForwardOutput
 from openinfer.engine_core.worker.step_batch import StepBatch
@@ -66,6 +66,7 @@ class FakeModelRunner:
     block_size: int = 16
     dtype: torch.dtype = torch.float32
     model_config: ModelConfig = field(default=FAKE_MODEL_CONFIG, init=False)
+    state_geometry: StateGeometry | None = field(default=None, init=False)  # no state: not a hybrid model
 
     def __post_init__(self) -> None:
         check_kv_geometry(self.num_kv_blocks, self.block_size)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -19,10 +21,19 @@ def teacher_forced_logits(hf: PreTrainedModel, prompt: list[int], output: list[i
     return logits[len(prompt) - 1 : len(prompt) - 1 + len(output)]
 
 
-def assert_hf_greedy(folder: Path, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+def assert_hf_greedy(
+    folder: Path,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    load: Callable[[Path], Any] | None = None,
+) -> None:
     """Teacher-forced: each produced token is HF's argmax at its position, or within NEAR_TIE of it.
-    Raises AssertionError naming the first token that is not."""
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # Qwen3 or Qwen3-MoE
+    Raises AssertionError naming the first token that is not. ``load`` builds HF's model from the folder
+    (default: AutoModelForCausalLM in float32, Qwen3 or Qwen3-MoE)."""
+    if load is None:
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    else:
+        hf = load(folder)
     for prompt, output in zip(prompts, outputs, strict=True):
         for i, (token, row) in enumerate(zip(output, teacher_forced_logits(hf, prompt, output), strict=True)):
             gap = (row.max() - row[token]).item()

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import ModelDtype
+from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class ModelExecutor(Protocol):
     block_size: int  # tokens per KV block
     num_kv_blocks: int  # KV blocks the runner holds (block ids are in [0, num_kv_blocks))
     model_config: ModelConfig  # the target's architecture (vocabulary, EOS ids, max positions)
+    state_geometry: StateGeometry | None  # a hybrid model's state slots; None for a model without state
 
     def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """Run the step: its logits and, when ``aux_layer_ids`` names decoder layers, their outputs

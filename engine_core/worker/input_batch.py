@@ -13,6 +13,12 @@ What keeps it true, and who writes it:
   step, and marks the tables the KV manager cut short (a cut table may grow back to the same length with
   other blocks) to be rewritten.
 
+A hybrid model's rows also say where each request's state is (``state_group_size`` > 0): its state group (the
+KV manager's, written by ``add``) and the chunk its last step ran (start, length), from which the next step
+finds the slot holding the state at its start: a chunk of q tokens keeps the state after each of its last
+min(q, group size) tokens, in its group's slots 0, 1, ..., so the state after the tokens the step verified is
+in one of them (a verification's q is at most the group size).
+
 The rows are the input batch's own record (``Request`` knows nothing of them): whether a request still runs
 is its status, never whether it holds a row.
 """
@@ -27,9 +33,17 @@ from openinfer.engine_core.worker.step_batch import Int64s, StepBatch, expand_ru
 
 
 class InputBatch:
-    def __init__(self, max_num_seqs: int, max_tokens: int, block_size: int) -> None:
-        """Rows for ``max_num_seqs`` requests of up to ``max_tokens`` tokens each, drafts included."""
+    def __init__(
+        self, max_num_seqs: int, max_tokens: int, block_size: int, state_group_size: int = 0
+    ) -> None:
+        """Rows for ``max_num_seqs`` requests of up to ``max_tokens`` tokens each, drafts included;
+        ``state_group_size`` > 0 for a hybrid model's (its StateGeometry's group size)."""
         self.block_size = block_size
+        self.state_group_size = state_group_size
+        # each row's state group, and the start and length of the chunk its last step ran (start -1: none yet)
+        self.state_group = np.zeros(max_num_seqs, dtype=np.int64)
+        self.last_start = np.full(max_num_seqs, -1, dtype=np.int64)
+        self.last_query = np.zeros(max_num_seqs, dtype=np.int64)
         self.token_ids = np.zeros((max_num_seqs, max_tokens), dtype=np.int64)
         self.block_tables = np.zeros((max_num_seqs, -(-max_tokens // block_size)), dtype=np.int64)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # -1: stale, rewritten when next scheduled
@@ -43,6 +57,11 @@ class InputBatch:
         self.token_ids[row, : len(request.all_token_ids)] = request.all_token_ids
         self.num_written[row] = len(request.all_token_ids)
         self._write_table(row, request.block_ids)
+        if self.state_group_size:
+            if request.state_group is None:
+                raise ValueError(f"request {request.request_id} runs on a hybrid model without a state group")
+            self.state_group[row] = request.state_group
+            self.last_start[row] = -1
         return row
 
     def remove(self, request: Request) -> None:
@@ -112,13 +131,16 @@ class InputBatch:
         block_size = self.block_size
         longest_query = int(query_lens.max())
         if longest_query == 1:  # all decodes: one token each, at its request's start
-            token_rows, positions = rows, starts
+            chunk_of, token_rows, positions = None, rows, starts
         else:
             chunk_of, positions = expand_runs(starts, query_lens)  # (N,) each: its request, its position
             token_rows = rows[chunk_of]
         num_blocks = self.num_blocks[rows]
         seq_lens = starts + query_lens
         slots = self.block_tables[token_rows, positions // block_size] * block_size + positions % block_size
+        state_read = state_write = None
+        if self.state_group_size:
+            state_read, state_write = self._state_slots(rows, starts, query_lens, chunk_of, positions)
         return StepBatch(
             token_ids=self.token_ids[token_rows, positions],
             positions=positions,
@@ -132,4 +154,32 @@ class InputBatch:
             max_query_len=longest_query,
             max_seq_len=int(seq_lens.max()),
             logits_for_every_token=bool((num_logits == query_lens).all()),
+            state_read=state_read,
+            state_write=state_write,
         )
+
+    def _state_slots(
+        self, rows: Int64s, starts: Int64s, query_lens: Int64s, chunk_of: Int64s | None, positions: Int64s
+    ) -> tuple[Int64s, Int64s]:
+        """The slot each chunk's state starts from (-1: zeros, at position 0) and the slot each token's state
+        is kept in (-1: none), ``chunk_of`` (N,) being each token's chunk (None: one token each); then the
+        rows remember the chunks for the next step."""
+        size = self.state_group_size
+        base = self.state_group[rows] * size  # (B,) each request's slot 0
+        last_start, last_query = self.last_start[rows], self.last_query[rows]
+        # the state at `start` is the one kept after token start - 1 of the last chunk, which kept its last
+        # min(q, size) tokens' states in slots 0, 1, ...
+        index = starts - 1 - last_start - (last_query - np.minimum(last_query, size))
+        if np.any((starts > 0) & ((last_start < 0) | (index < 0) | (index >= size))):
+            bad = int(np.argmax((starts > 0) & ((last_start < 0) | (index < 0) | (index >= size))))
+            raise AssertionError(
+                f"no state slot holds position {starts[bad]} (last chunk: {last_start[bad]}, {last_query[bad]})"
+            )
+        state_read = np.where(starts > 0, base + index, -1)
+        kept_from = query_lens - np.minimum(query_lens, size)  # (B,) the first token whose state is kept
+        if chunk_of is None:
+            chunk_of = np.arange(len(rows))
+        write_index = positions - starts[chunk_of] - kept_from[chunk_of]  # (N,) token's place from kept_from
+        state_write = np.where(write_index >= 0, base[chunk_of] + write_index, -1)
+        self.last_start[rows], self.last_query[rows] = starts, query_lens
+        return state_read, state_write

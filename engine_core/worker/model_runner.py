@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +11,17 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import ModelDtype
-from openinfer.engine_core.core.kv_geometry import check_kv_geometry
+from openinfer.engine_core.core.kv_geometry import StateGeometry, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
 from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, BackendName, host_to_device_parts, select_backend
 from openinfer.kernels.cpu_matmul import cpu_packing_available
+from openinfer.kernels.gated_delta import StateIndex
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class ModelRunner:
         attention_backend: BackendName = BackendName.AUTO,
         enforce_eager: bool = False,
         max_num_seqs: int = 256,
+        state_geometry: StateGeometry | None = None,
     ) -> None:
         check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
@@ -63,19 +66,29 @@ class ModelRunner:
         self.model_config = config = ModelConfig.from_folder(model_path)
         self.attn_backend = select_backend(self.device, attention_backend, block_size)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
-            # config.json's model_type qwen3_moe (architectures Qwen3MoeForCausalLM) gives it experts
-            model_class = Qwen3ForCausalLM if config.moe is None else Qwen3MoeForCausalLM
-            model = model_class(config, self.attn_backend)
+            model = _model_class(config)(config, self.attn_backend)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):
             self.model.pack_for_cpu()
-        # (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer.
-        # Block num_kv_blocks is the scratch block padded steps write into.
+        # (KV layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer
+        # (a hybrid model's full-attention layers only). Block num_kv_blocks is the scratch block padded steps
+        # write into.
         cache_shape = (2, num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
-        caches = torch.zeros((config.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device)
+        caches = torch.zeros((config.num_kv_layers, *cache_shape), dtype=self.dtype, device=self.device)
         self.kv_caches: list[Tensor] = list(caches.unbind(0))
-        capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
+        # A hybrid model's state slots: a group per request it can hold, one slot per request by default.
+        self.state_geometry: StateGeometry | None = None
+        if isinstance(self.model, Qwen3_5ForCausalLM):
+            self.state_geometry = state_geometry or StateGeometry(max_num_seqs, 1)
+            self.model.allocate_states(self.state_geometry.num_slots, self.device)
+        # Hybrid models run eagerly until their state slots are part of the padded steps.
+        capture = (
+            self.device.type == "cuda"
+            and not enforce_eager
+            and self.attn_backend.cuda_graphs
+            and self.state_geometry is None
+        )
         self.step_graphs: StepGraphs | None = None
         if capture:
             self.step_graphs = StepGraphs(
@@ -145,4 +158,24 @@ class ModelRunner:
             step.max_query_len,
             step.max_seq_len,
         )
+        if self.state_geometry is not None:
+            if step.state_read is None or step.state_write is None:
+                raise ValueError(
+                    "a hybrid model's step must name its state slots (StepBatch.state_read/write)"
+                )
+            states = StateIndex.build(
+                step.query_start_loc.tolist(),
+                step.state_read.tolist(),
+                step.state_write.tolist(),
+                self.device,
+            )
+            attn = replace(attn, states=states)
         return _StepInputs(input_ids, positions, attn, logits_indices[0] if logits_indices else None)
+
+
+def _model_class(config: ModelConfig) -> type[Qwen3ForCausalLM]:
+    """The model of a config: Qwen3.5 (hybrid, dense or MoE) by its layer_types, else Qwen3-MoE
+    (model_type qwen3_moe) by its experts, else dense Qwen3."""
+    if config.hybrid is not None:
+        return Qwen3_5ForCausalLM
+    return Qwen3ForCausalLM if config.moe is None else Qwen3MoeForCausalLM

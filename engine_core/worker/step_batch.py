@@ -35,6 +35,10 @@ class StepBatch:
     max_query_len: int
     max_seq_len: int  # the longest context after the step
     logits_for_every_token: bool  # decode and verify steps: logits_indices is 0..N-1
+    # a hybrid model's state slots (StateGeometry): the slot each chunk starts from, -1 for zeros (position 0)
+    # (B,); the slot each token's state is kept in, -1 for none (N,). None for models without state.
+    state_read: Int64s | None = None
+    state_write: Int64s | None = None
 
     def check(self, max_positions: int, num_kv_blocks: int) -> None:
         """Refuse what a runner cannot run: logits a chunk lacks, positions past the model's, tables too short
@@ -106,6 +110,9 @@ class SeqChunk:
     start_pos: int  # tokens of this request already in its KV cache (position of token_ids[0])
     block_ids: list[int]  # the request's block table, covering start_pos + len(token_ids) slots
     num_logits: int = 1  # logits wanted for the LAST num_logits tokens (0 for a mid-prompt prefill chunk)
+    # a hybrid model's state slot of this request: read before its first token (unless start_pos is 0), and
+    # where its last token's state is kept
+    state_slot: int | None = None
 
 
 def chunk_step(chunks: Sequence[SeqChunk], runner: ChunkRunner) -> StepBatch:
@@ -144,6 +151,12 @@ def step_of_chunks(chunks: Sequence[SeqChunk], block_size: int) -> StepBatch:
             f"{chunks[bad].start_pos + len(chunks[bad].token_ids)} tokens"
         )
     slots = tables[chunk_of, block_index] * block_size + positions % block_size
+    state_read = state_write = None
+    if any(c.state_slot is not None for c in chunks):
+        state = np.array([-1 if c.state_slot is None else c.state_slot for c in chunks], dtype=np.int64)
+        state_read = np.where(context_lens > 0, state, -1)
+        state_write = np.full(num_tokens, -1, dtype=np.int64)
+        state_write[np.cumsum(query_lens) - 1] = state  # each chunk's last token
     return StepBatch(
         token_ids,
         positions,
@@ -157,4 +170,6 @@ def step_of_chunks(chunks: Sequence[SeqChunk], block_size: int) -> StepBatch:
         max_query_len=int(query_lens.max()),
         max_seq_len=int((context_lens + query_lens).max()),
         logits_for_every_token=bool((num_logits == query_lens).all()),
+        state_read=state_read,
+        state_write=state_write,
     )

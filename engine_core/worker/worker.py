@@ -37,12 +37,17 @@ class Worker:
     :class:`Sampler`; the engine core hands it each decision and books what it returns."""
 
     def __init__(
-        self, runner: ModelExecutor, sampler: Sampler, max_num_seqs: int, max_model_len: int
+        self,
+        runner: ModelExecutor,
+        sampler: Sampler,
+        max_num_seqs: int,
+        max_model_len: int,
+        state_group_size: int = 0,
     ) -> None:
         self.runner = runner
         self.sampler = sampler
         # Drafts never run past the model length, so a row holds max_model_len tokens.
-        self.input_batch = InputBatch(max_num_seqs, max_model_len, runner.block_size)
+        self.input_batch = InputBatch(max_num_seqs, max_model_len, runner.block_size, state_group_size)
 
     def execute(self, decided: SchedulerOutput, drafter: StepDrafter | None = None) -> ModelRunnerOutput:
         """Run the decided step, sample it and (when a drafter is given) let it take the step's hidden states

@@ -1,0 +1,114 @@
+"""Qwen3.5's Gated DeltaNet layer (linear attention with a recurrent state), numerically mirroring
+transformers' `Qwen3_5GatedDeltaNet`, over state slots instead of a per-sequence cache.
+
+Per token: one packed projection gives the mixed q/k/v (``in_proj_qkv``), the output gate z (``in_proj_z``), b
+and a (``in_proj_b``/``in_proj_a``, one value per value head); q/k/v pass a depthwise causal conv1d (SiLU); then
+the gated delta rule with beta = sigmoid(b) and log-decay g = -exp(A_log) * softplus(a + dt_bias), q and k
+L2-normalised; the output is RMS-normalised per value head and gated by SiLU(z), then projected back.
+
+A request's conv state (the last kernel - 1 mixed q/k/v rows) and recurrent state ((value heads, key dim,
+value dim), float32) live in slots of this layer's state tensors (`allocate_states`); which slot each request
+reads and which each token writes is the step's `StateIndex` (kernels/gated_delta.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from openinfer.engine_core.models.hybrid_config import HybridConfig
+from openinfer.engine_core.models.qwen3 import PackedLinear, rms_normalize
+from openinfer.kernels.gated_delta import StateIndex, causal_conv1d, gated_delta_rule
+
+
+class GatedRMSNorm(nn.Module):
+    """weight * (x / rms(x)) * silu(gate) over the last dim (transformers' `Qwen3_5RMSNormGated`: normalised
+    in float32, scaled in the input's dtype, gated in float32)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        scaled = self.weight * rms_normalize(x.float(), self.eps).to(x.dtype)
+        return (scaled * F.silu(gate.float())).to(x.dtype)
+
+
+class DepthwiseConv(nn.Module):
+    """The checkpoint's `conv1d.weight` (channels, 1, kernel): a depthwise causal convolution, no bias."""
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, hidden_size: int, hybrid: HybridConfig, eps: float) -> None:
+        super().__init__()
+        self.num_k_heads, self.num_v_heads = hybrid.linear_num_key_heads, hybrid.linear_num_value_heads
+        self.head_k_dim, self.head_v_dim = hybrid.linear_key_head_dim, hybrid.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_kernel = hybrid.linear_conv_kernel_dim
+        self.in_proj = PackedLinear(
+            hidden_size,
+            {
+                "in_proj_qkv": self.conv_dim,
+                "in_proj_z": self.value_dim,
+                "in_proj_b": self.num_v_heads,
+                "in_proj_a": self.num_v_heads,
+            },
+            False,
+        )
+        self.conv1d = DepthwiseConv(self.conv_dim, self.conv_kernel)
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, eps)
+        self.out_proj = PackedLinear(self.value_dim, {"out_proj": hidden_size}, False)
+        # Set by `allocate_states`: (num_slots, conv_dim, kernel - 1) in the weights' dtype and
+        # (num_slots, value heads, key dim, value dim) float32.
+        self.conv_state: Tensor | None = None
+        self.recurrent_state: Tensor | None = None
+
+    def allocate_states(self, num_slots: int, device: torch.device) -> None:
+        """Zeroed state slots for `num_slots` states (each request's slots come from the KV manager)."""
+        dtype = self.dt_bias.dtype
+        self.conv_state = torch.zeros(
+            num_slots, self.conv_dim, self.conv_kernel - 1, dtype=dtype, device=device
+        )
+        self.recurrent_state = torch.zeros(
+            num_slots, self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32, device=device
+        )
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one slot's conv and recurrent state at the weights' dtype."""
+        conv = self.conv_dim * (self.conv_kernel - 1) * self.dt_bias.element_size()
+        return conv + self.num_v_heads * self.head_k_dim * self.head_v_dim * 4
+
+    def forward(self, x: Tensor, states: StateIndex) -> Tensor:
+        """(n, hidden) -> (n, hidden); reads and writes the state slots `states` names."""
+        if self.conv_state is None or self.recurrent_state is None:
+            raise RuntimeError("GatedDeltaNet has no state slots: call allocate_states first")
+        n = x.shape[0]
+        mixed, z, b, a = self.in_proj(x).split(
+            [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1
+        )
+        mixed = causal_conv1d(mixed, self.conv1d.weight[:, 0], self.conv_state, states)  # (n, conv_dim)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        beta = b.sigmoid()  # (n, v heads)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (n, v heads) float32
+        out = gated_delta_rule(
+            q.reshape(n, self.num_k_heads, self.head_k_dim),
+            k.reshape(n, self.num_k_heads, self.head_k_dim),
+            v.reshape(n, self.num_v_heads, self.head_v_dim),
+            g,
+            beta,
+            self.recurrent_state,
+            states,
+        )  # (n, v heads, v dim)
+        out = self.norm(out, z.reshape(n, self.num_v_heads, self.head_v_dim))
+        return self.out_proj(out.reshape(n, self.value_dim))

@@ -1,0 +1,236 @@
+"""Qwen3.5 text decoder (dense and MoE) in plain torch, numerically mirroring transformers' `Qwen3_5ForCausalLM`
+and `Qwen3_5MoeForCausalLM`: a hybrid of Gated DeltaNet layers (gated_deltanet.py) and gated full-attention
+layers, `layer_types` saying which.
+
+Beside Qwen3 (qwen3.py): every RMSNorm but the DeltaNet's output norm is zero-centred, x / rms(x) * (1 + w);
+a full-attention layer's query projection also yields a per-head output gate, sigmoid(gate) * attention, and
+RoPE turns only the first `rotary_dim` dims of each head (text positions make mRoPE plain 1-D RoPE); the MoE
+variant's every layer routes to experts (always renormalised) and adds a shared expert gated by
+sigmoid(shared_expert_gate(x)).
+
+Released checkpoints are vision-language: the text weights are read under `model.language_model.*`, the
+vision tower (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
+from openinfer.engine_core.models.hybrid_config import HybridConfig, text_weight_name
+from openinfer.engine_core.models.qwen3 import (
+    PackedLinear,
+    Qwen3ForCausalLM,
+    Qwen3PackedMLP,
+    RotaryEmbedding,
+    apply_rope,
+    rms_normalize,
+)
+from openinfer.engine_core.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseBlock
+from openinfer.engine_core.models.vocab_matrix import VocabMatrix
+from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
+from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """(x / rms(x)) * (1 + weight) over the last dim, all in float32, cast back (transformers'
+    `Qwen3_5RMSNorm`: the checkpoint's weight is the offset from 1)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (rms_normalize(x.float(), self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedAttention(nn.Module):
+    """Full attention whose query projection also yields a per-head output gate (q_proj's rows alternate
+    per head: head_dim query rows, then head_dim gate rows)."""
+
+    def __init__(self, config: ModelConfig, hybrid: HybridConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.rotary_dim = config.head_dim, hybrid.rotary_dim
+        self.scale = config.attention_scale
+        q_width, kv_width, bias = config.q_width, config.kv_width, config.attention_bias
+        self.qkv_proj = PackedLinear(
+            config.hidden_size, {"q_proj": 2 * q_width, "k_proj": kv_width, "v_proj": kv_width}, bias
+        )
+        self.o_proj = PackedLinear(q_width, {"o_proj": config.hidden_size}, bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.attn_backend = attn_backend
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, attn: AttentionMetadata
+    ) -> Tensor:
+        n, heads, dim = x.shape[0], self.num_heads, self.head_dim
+        query_gate, k, v = self.qkv_proj(x).split(
+            [2 * heads * dim, self.num_kv_heads * dim, self.num_kv_heads * dim], dim=-1
+        )
+        q, gate = query_gate.view(n, heads, 2 * dim).chunk(2, dim=-1)  # (n, heads, head_dim) each
+        q = self._rope(self.q_norm(q), cos, sin)
+        k = self._rope(self.k_norm(k.view(n, self.num_kv_heads, dim)), cos, sin)
+        out = self.attn_backend.forward(
+            q, k, v.view(n, self.num_kv_heads, dim), kv_cache, attn, self.scale
+        )  # (n, heads, head_dim)
+        out = out.reshape(n, heads * dim) * torch.sigmoid(gate.reshape(n, heads * dim))
+        return self.o_proj(out)
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """RoPE on the first rotary_dim dims of each head, the rest passed through; (n, h, head_dim)."""
+        if self.rotary_dim == self.head_dim:
+            return apply_rope(x, cos, sin)
+        return torch.cat((apply_rope(x[..., : self.rotary_dim], cos, sin), x[..., self.rotary_dim :]), dim=-1)
+
+
+class SharedExpertMoe(Qwen3MoeSparseBlock):
+    """Qwen3.5-MoE's block: Qwen3-MoE's router and experts (its config always renormalises the top-k) plus a
+    shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        moe = config.moe
+        assert moe is not None
+        super().__init__(config.hidden_size, moe)
+        self.shared_expert = Qwen3PackedMLP(config, moe.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        hybrid = config.hybrid
+        assert hybrid is not None
+        self.is_linear = hybrid.is_linear(layer)
+        self.linear_attn = (
+            GatedDeltaNet(config.hidden_size, hybrid, config.rms_norm_eps) if self.is_linear else None
+        )
+        self.self_attn = None if self.is_linear else GatedAttention(config, hybrid, attn_backend)
+        self.mlp: nn.Module = SharedExpertMoe(config) if config.moe is not None else Qwen3PackedMLP(config)
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, hidden: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor | None, attn: AttentionMetadata
+    ) -> Tensor:
+        x = self.input_layernorm(hidden)
+        if self.linear_attn is not None:
+            if attn.states is None:
+                raise ValueError("a Gated DeltaNet layer needs the step's state slots (attn.states)")
+            mixed = self.linear_attn(x, attn.states)
+        else:
+            assert self.self_attn is not None and kv_cache is not None
+            mixed = self.self_attn(x, cos, sin, kv_cache, attn)
+        hidden = hidden + mixed
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Qwen3_5Model(nn.Module):
+    """Embedding, hybrid layers, final norm. `kv_caches` holds the full-attention layers' caches only, in
+    layer order; the DeltaNet layers keep their state in their own slots."""
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        hybrid = config.hybrid
+        assert hybrid is not None
+        self.embed_tokens: VocabMatrix | nn.Embedding = (
+            VocabMatrix(config.vocab_size, config.hidden_size)
+            if config.tie_word_embeddings
+            else nn.Embedding(
+                config.vocab_size,
+                config.hidden_size,
+                _weight=torch.empty(config.vocab_size, config.hidden_size),
+            )
+        )
+        self.layers = nn.ModuleList(
+            HybridDecoderLayer(config, i, attn_backend) for i in range(config.num_hidden_layers)
+        )
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(hybrid.rotary_dim, config.rope_theta, config.max_position_embeddings)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[Tensor],
+        attn: AttentionMetadata,
+        aux_layer_ids: Sequence[int] = (),
+    ) -> tuple[Tensor, list[Tensor]]:
+        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, rotary_dim) each
+        caches = iter(kv_caches)
+        aux: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, cos, sin, None if layer.is_linear else next(caches), attn)
+            if i in aux_layer_ids:
+                aux[i] = hidden
+        hidden = self.norm(hidden)
+        if len(self.layers) - 1 in aux:  # transformers' last hidden state is taken after the final norm
+            aux[len(self.layers) - 1] = hidden
+        return hidden, [aux[i] for i in aux_layer_ids]
+
+
+class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
+    """Qwen3.5 (dense or MoE) causal LM: `Qwen3ForCausalLM`'s interface (forward, aux layers, logits, CPU
+    packing) over a hybrid stack. `allocate_states` gives the DeltaNet layers their state slots."""
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        if config.hybrid is None:
+            raise ValueError("Qwen3_5ForCausalLM needs a Qwen3.5 config (layer_types); this one is Qwen3")
+        super().__init__(config, attn_backend, model=Qwen3_5Model(config, attn_backend))
+
+    @property
+    def linear_layers(self) -> list[GatedDeltaNet]:
+        return [layer.linear_attn for layer in self.model.layers if layer.linear_attn is not None]
+
+    def allocate_states(self, num_slots: int, device: torch.device) -> None:
+        """Zeroed conv and recurrent states for `num_slots` slots in every DeltaNet layer."""
+        for layer in self.linear_layers:
+            layer.allocate_states(num_slots, device)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes one state slot takes across all DeltaNet layers."""
+        return sum(layer.state_bytes for layer in self.linear_layers)
+
+    def load_weights(self, folder: Path) -> None:
+        """Copy the text weights of a released (vision-language) or a text-only checkpoint, the experts in
+        whichever form it holds them; the vision tower and the MTP head are skipped."""
+        folder = Path(folder)
+        names = checkpoint_names(folder)
+        stacked = any(name.endswith(".mlp.experts.gate_up_proj") for name in names)
+        targets = self.checkpoint_tensors(stacked_experts=stacked)
+        # keyed by the checkpoint's names; a text tensor the checkpoint lacks keeps its name (reported missing)
+        renamed = {name: targets[text] for name in names if (text := text_weight_name(name)) in targets}
+        present = {text_weight_name(name) for name in names}
+        renamed.update((text, target) for text, target in targets.items() if text not in present)
+        load_checkpoint(
+            folder,
+            renamed,
+            unexpected_hint=" (is this a Qwen3.5 checkpoint of this config.json?)",
+            skip=lambda name: (
+                text_weight_name(name) is None or (name == "lm_head.weight" and self.lm_head is None)
+            ),
+        )
+
+    def checkpoint_tensors(self, stacked_experts: bool = True) -> dict[str, Tensor]:
+        """Every text tensor by its name in a text-only checkpoint (`model.layers.N...`), the experts stacked
+        (transformers 5's names) or per expert (`mlp.experts.E.gate_proj.weight`, ...)."""
+        targets = super().checkpoint_tensors()
+        if stacked_experts:
+            return targets
+        for path, module in self.named_modules():
+            if isinstance(module, Qwen3MoeExperts):
+                del targets[f"{path}.gate_up_proj"], targets[f"{path}.down_proj"]
+                targets.update((f"{path}.{name}", view) for name, view in module.per_expert_views())
+        return targets
