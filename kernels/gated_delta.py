@@ -7,13 +7,14 @@ each request's tokens alone from the state its read slot holds.
 
 Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`):
 - short steps (decode, verification) run every request together on a (B, max_query_len) padded grid, one
-  position at a time. This form reads only device tensors and shapes: no host sync, nothing data-dependent, so
-  it can be captured in a CUDA graph for a fixed (B, max_query_len, N) and replayed with new slot contents;
+  position at a time. This form reads only StateIndex's device tensors and shapes: no host sync, nothing
+  data-dependent (tests run it on meta tensors). A CUDA graph captured for a fixed (B, max_query_len, N) replays
+  any slots once new values are copied into those same tensors (read_slots, write_slots, padded_tokens,
+  padded_write_slots, token_positions); slot -1 stores nothing through `masked_store`;
 - long steps run request by request, the chunked form (`gated_delta_chunk.py`) for requests longer than the
-  threshold, using the host copies of the slots.
+  threshold; they store only the tokens whose host write slot is >= 0.
 
 Every initial state is gathered (copied) before anything is written, so a write slot may equal any read slot.
-A write slot of -1 stores nothing; see `masked_store` for how that works without a host sync.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ class StateIndex:
     query_start_loc: list[int]  # (B + 1,) host ints: request b's tokens are [loc[b], loc[b+1]) of the step
     read_slots: Tensor  # (B,) int64 on the device: slot holding the state before request b's first token
     write_slots: Tensor  # (N,) int64 on the device: slot to store the state *after* token t
-    host_read_slots: list[int]  # read_slots on the host (the per-request long path)
-    host_write_slots: list[int]  # write_slots on the host (the chunked form stores states by slot)
+    host_write_slots: list[int]  # write_slots on the host: the long path stores only the tokens that have one
     max_query_len: int  # L, the longest request's token count
     padded_tokens: Tensor  # (B, L) int64: token of request b's position i; its first token where i >= len
     padded_write_slots: Tensor  # (B, L) int64: write slot of (b, i), -1 at padded positions
@@ -80,7 +80,6 @@ class StateIndex:
             query_start_loc=list(query_start_loc),
             read_slots=torch.tensor(read_slots, dtype=torch.int64, device=device),
             write_slots=writes.to(device),
-            host_read_slots=list(read_slots),
             host_write_slots=list(write_slots),
             max_query_len=max_len,
             padded_tokens=tokens.to(device),
@@ -96,25 +95,26 @@ class StateIndex:
 def masked_store(dest: Tensor, slots: Tensor, rows: Tensor) -> None:
     """dest[slots[m]] = rows[m] for every m with slots[m] >= 0; nothing else of dest changes; no host sync.
 
-    One index_copy_ over all M rows: a skipped row is redirected to the first kept row's slot with that row's
-    value (or, when no row is kept, to slot 0 with slot 0's current value). Duplicate targets then carry
-    identical values, so whichever copy lands last the result is the same. Kept rows must not share a slot.
+    Skipped rows are sent to one "fill" slot, the first kept row's (slot 0 when no row is kept), by the same
+    index_copy_ as the kept rows; whichever of them lands there last, a one-row copy then puts the right value
+    back: the first kept row, or slot 0's value from before. So the store costs one copy of the M rows, with no
+    masked pass over them. Kept rows must not share a slot.
     """
     keep = slots >= 0  # (M,)
-    first = keep.to(torch.int32).argmax()  # () the first kept row; 0 when none is kept
+    # index_select, not slots[first]: a 0-dim index tensor is read on the host (.item(), a sync).
+    first = keep.to(torch.int32).argmax().view(1)  # (1,) the first kept row; row 0 when none is kept
     any_kept = keep.any()  # () bool
-    fill_slot = torch.where(any_kept, slots[first], 0)  # ()
-    fill_row = torch.where(any_kept, rows[first], dest[0])  # dest's row shape
-    targets = torch.where(keep, slots, fill_slot)  # (M,)
-    mask = keep.view(-1, *([1] * (rows.dim() - 1)))
-    dest.index_copy_(0, targets, torch.where(mask, rows, fill_row))
+    fill_slot = torch.where(any_kept, slots.index_select(0, first), 0)  # (1,)
+    # (1, *row_shape): the first kept row, or slot 0's value read before the copy below
+    fill_row = torch.where(any_kept, rows.index_select(0, first), dest[:1])
+    dest.index_copy_(0, torch.where(keep, slots, fill_slot), rows)
+    dest.index_copy_(0, fill_slot, fill_row)
 
 
 def read_states(states: Tensor, slots: Tensor) -> Tensor:
-    """A copy of states[slots[b]] for each b, zeros where slots[b] == -1 (never reads such a slot's values)."""
+    """A copy of states[slots[b]] for each b, zeros where slots[b] == -1 (whatever that slot holds, NaN too)."""
     gathered = states.index_select(0, slots.clamp(min=0))  # (B, *state_shape), a copy
-    mask = (slots >= 0).view(-1, *([1] * (states.dim() - 1)))
-    return torch.where(mask, gathered, torch.zeros((), dtype=states.dtype, device=states.device))
+    return gathered.masked_fill_((slots < 0).view(-1, *([1] * (states.dim() - 1))), 0)
 
 
 def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateIndex) -> Tensor:
@@ -135,7 +135,10 @@ def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateInd
         lo, hi = loc[b], loc[b + 1]
         request_out, windows = _conv_grid(x[None, lo:hi], init[b : b + 1], weight)
         out[lo:hi] = request_out[0]
-        masked_store(conv_state, index.write_slots[lo:hi], windows[0])
+        writes = [(t - lo, s) for t, s in enumerate(index.host_write_slots[lo:hi], start=lo) if s >= 0]
+        if writes:  # copy only the windows stored (a prefill chunk typically stores its last one)
+            offsets, slots = (torch.tensor(column, device=x.device) for column in zip(*writes, strict=True))
+            conv_state.index_copy_(0, slots, windows[0, offsets])
     return out
 
 
@@ -157,13 +160,21 @@ def l2norm(x: Tensor) -> Tensor:
 
 
 def gated_delta_rule(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, index: StateIndex
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    index: StateIndex,
+    *,
+    recurrent_max_query_len: int = RECURRENT_MAX_QUERY_LEN,
 ) -> Tensor:
     """q, k (N, Hk, Dk); v (N, Hv, Dv) (Hv a multiple of Hk: each q/k head serves Hv/Hk consecutive v heads,
     repeat_interleave); g (N, Hv) float32 log-decay; beta (N, Hv); state (S, Hv, Dk, Dv) float32.
     q and k are L2-normalised here in float32 (eps 1e-6, transformers' l2norm), q scaled by Dk**-0.5.
     Returns (N, Hv, Dv) in v's dtype. Reads/writes state slots as causal_conv1d does (the recurrent state after
-    token t)."""
+    token t). recurrent_max_query_len moves the threshold between the forms (benchmarks compare them with it)."""
     groups = v.shape[1] // k.shape[1]
     q32 = l2norm(q.float()) * q.shape[-1] ** -0.5  # (N, Hk, Dk)
     k32 = l2norm(k.float())
@@ -171,7 +182,7 @@ def gated_delta_rule(
         q32, k32 = q32.repeat_interleave(groups, dim=1), k32.repeat_interleave(groups, dim=1)  # (N, Hv, Dk)
     v32, g32, beta32 = v.float(), g.float(), beta.float()
     h0 = read_states(state, index.read_slots)  # (B, Hv, Dk, Dv) float32, every read before any write
-    if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
+    if index.max_query_len <= recurrent_max_query_len:
         # Padded positions come after their request's last token: what they do to its state is never stored
         # (their write slots are -1) and their outputs are never gathered.
         tokens = index.padded_tokens  # (B, L)
@@ -182,7 +193,7 @@ def gated_delta_rule(
     loc = index.query_start_loc
     for b in range(index.num_requests):
         lo, hi = loc[b], loc[b + 1]
-        if hi - lo <= RECURRENT_MAX_QUERY_LEN:
+        if hi - lo <= recurrent_max_query_len:
             decay = g32[None, lo:hi].exp()
             args = (q32[None, lo:hi], k32[None, lo:hi], v32[None, lo:hi], decay, beta32[None, lo:hi])
             out[lo:hi] = _recurrent(*args, h0[b : b + 1], state, index.write_slots[None, lo:hi])[0]

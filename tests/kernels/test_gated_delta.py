@@ -233,6 +233,23 @@ def test_split_sequence_continues_exactly() -> None:
     torch.testing.assert_close(state_split[read], state_whole[0], atol=1e-5, rtol=1e-5)
 
 
+def test_short_path_runs_on_meta_tensors() -> None:
+    """A decode/verify-sized step runs on the meta device, which refuses .item() and data-dependent shapes: the
+    recurrent path has no host sync, as CUDA graph capture needs."""
+    meta = torch.device("meta")
+    index = StateIndex.build([0, 1, 4, 6], [-1, 2, 3], [5, -1, -1, 7, -1, 8], meta)
+    conv_out = causal_conv1d(
+        torch.empty(6, CHANNELS, device=meta),
+        torch.empty(CHANNELS, WIDTH, device=meta),
+        torch.empty(NUM_SLOTS, CHANNELS, WIDTH - 1, device=meta),
+        index,
+    )
+    q, k = torch.empty(6, HK, DK, device=meta), torch.empty(6, HK, DK, device=meta)
+    v, gates = torch.empty(6, HV, DV, device=meta), torch.empty(6, HV, device=meta)
+    out = gated_delta_rule(q, k, v, gates, gates, torch.empty(NUM_SLOTS, HV, DK, DV, device=meta), index)
+    assert (conv_out.shape, out.shape) == ((6, CHANNELS), (6, HV, DV))
+
+
 def test_masked_store() -> None:
     """Rows with slot -1 store nothing, whether some rows are kept or none."""
     dest = torch.arange(6.0)[:, None].repeat(1, 2)  # row s holds [s, s]
