@@ -254,22 +254,26 @@ REPETITIVE_VOCAB = 64
 REPETITIVE_EMBED_SCALE = 9.0
 
 
-def make_repetitive_qwen3_5_checkpoint(folder: Path | str, *, seed: int = 3, moe: bool = False) -> Path:
-    """A Qwen3.5 checkpoint (causal_lm layout, 64-token vocabulary, tied embeddings) whose greedy output runs in
-    repeats, so that prompt lookup's drafts are accepted at every length, and rejected too: the embedding is
-    scaled by REPETITIVE_EMBED_SCALE, which makes the current token's own embedding the residual stream's
-    largest part about as often as not (the LM head is that embedding: it then predicts the same token again);
-    where it is not, the DeltaNet and attention layers choose the next token. Random weights alone almost
-    never repeat, and a drafter's tokens are then rejected at their first position."""
+def make_repetitive_qwen3_5_checkpoint(
+    folder: Path | str, *, seed: int = 3, moe: bool = False, layout: Layout = "causal_lm"
+) -> Path:
+    """A Qwen3.5 checkpoint (64-token vocabulary, tied embeddings) whose greedy output runs in repeats, so that
+    prompt lookup's drafts are accepted at every length, and rejected too: the embedding is scaled by
+    REPETITIVE_EMBED_SCALE, which makes the current token's own embedding the residual stream's largest part
+    about as often as not (the LM head is that embedding: it then predicts the same token again); where it is
+    not, the DeltaNet and attention layers choose the next token. Random weights alone almost never repeat,
+    and a drafter's tokens are then rejected at their first position. `layout` is make_tiny_qwen3_5_checkpoint's
+    (the text weights are the same in both)."""
     folder = make_tiny_qwen3_5_checkpoint(
         folder,
         seed=seed,
         moe=moe,
-        layout="causal_lm",
+        layout=layout,
         overrides={"vocab_size": REPETITIVE_VOCAB, "tie_word_embeddings": True},
     )
     tensors = load_file(folder / "model.safetensors")
     tensors.pop("lm_head.weight", None)  # tied: the embedding is the head
-    tensors["model.embed_tokens.weight"] *= REPETITIVE_EMBED_SCALE
+    prefix = "model.language_model." if layout == "conditional" else "model."
+    tensors[prefix + "embed_tokens.weight"] *= REPETITIVE_EMBED_SCALE
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     return folder

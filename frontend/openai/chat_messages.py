@@ -10,6 +10,20 @@ from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.parsers.tool_call import load_json
 
 _MESSAGES = "`messages` must be a non-empty list of messages"
+# Content part types of OpenAI's chat and Responses APIs (and vLLM's) that carry media, with what they carry.
+_MEDIA_PARTS = {
+    "image_url": "an image",
+    "input_image": "an image",
+    "image": "an image",
+    "video_url": "a video",
+    "input_video": "a video",
+    "video": "a video",
+    "input_audio": "an audio",
+    "audio_url": "an audio",
+    "audio": "an audio",
+    "file": "a file",
+    "input_file": "a file",
+}
 
 
 def template_messages(value: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -83,19 +97,24 @@ def _text_content(content: object, index: int) -> str:
         return content
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+                continue
+            kind = part.get("type") if isinstance(part, dict) else None
+            where = f"`messages[{index}].content[{j}]`"
+            media = _MEDIA_PARTS.get(kind) if isinstance(kind, str) else None
+            if media is not None:
                 raise invalid_request(
-                    f"`messages[{index}].content` holds a {kind!r} part; openinfer serves text-only "
-                    'models and takes parts of type "text" with a string `text`',
+                    f"{where} is {media} part ({kind!r}): this server serves text only and takes no image, "
+                    'video or audio input; send the message\'s content as a string or parts of type "text"',
                     param="messages",
                 )
-            texts.append(part["text"])
+            raise invalid_request(
+                f'{where} must be a part of type "text" with a string `text`, got '
+                f"{kind if isinstance(kind, str) else type(part).__name__!r}",
+                param="messages",
+            )
         return "\n".join(texts)
     raise invalid_request(
         f"`messages[{index}].content` must be a string or a list of text parts", param="messages"

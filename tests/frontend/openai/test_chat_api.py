@@ -131,7 +131,12 @@ async def test_chat_carries_per_request_spec_metrics(
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages",
-            "text-only",
+            "`messages[0].content[0]` is an image part ('image_url'): this server serves text only",
+        ),  # fmt: skip
+        (
+            {"messages": [{"role": "user", "content": ["hi", {"type": "input_audio"}]}]},
+            "messages",
+            "`messages[0].content[0]` must be a part of type \"text\" with a string `text`, got 'str'",
         ),  # fmt: skip
         ({"messages": MESSAGES, "n": 129}, "n", "`n` must be in [1, 128]"),
         ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function", "Missing required"),
