@@ -9,6 +9,7 @@ import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
+from openinfer.engine_core.core.prefix_states import PrefixStates
 from openinfer.engine_core.core.request import Request, RequestStatus
 from openinfer.engine_core.core.request_checks import refusal
 from openinfer.engine_core.core.scheduler import RequestUpdate, Scheduler
@@ -43,6 +44,11 @@ class EngineCore:
             facts.block_size,
             config.enable_prefix_caching,
             num_state_groups=states.num_groups if states is not None else 0,
+            prefix_states=(
+                PrefixStates(states.num_prefix_slots, states.prefix_interval)
+                if states is not None and states.num_prefix_slots
+                else None
+            ),
         )
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         # Requests without a seed of their own draw from this one (no global RNG state).
@@ -52,7 +58,7 @@ class EngineCore:
             Sampler(self.generator),
             config.max_num_seqs,
             facts.max_model_len,
-            states.group_size if states is not None else 0,
+            states,
         )
         self.requests: dict[str, Request] = {}
         # Requests whose grammar is compiling (the compiler is built for the first one)

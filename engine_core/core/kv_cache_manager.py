@@ -20,7 +20,10 @@ Prefix caching has vLLM's semantics, so the numbers agree:
   cached blocks may serve a hit (the drafter's own record of the blocks whose context it wrote); where it
   says no, the chain stops there and the request computes the rest.
 - A hybrid model's requests also hold a state group each (``num_state_groups`` of them, see StateGeometry):
-  taken at admission (no free group, no admission), given back when the request lets go of its blocks.
+  taken at admission (no free group, no admission), given back when the request lets go of its blocks. Its
+  prefix hits need the state after the prefix too (``PrefixStates``, prefix_states.py): a hit is cut back
+  to the longest cached prefix whose state is kept, and a step running a request past a position whose state
+  may be kept stores it (``plan_state_captures``, then ``commit_state_captures`` once the step has run).
 - Queries and hits are counted in tokens when a request is admitted for the first time (never again after a
   preemption): ``counters``, cumulative for the engine's life, None when caching is off.
 """
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from openinfer.engine_core.core.kv_geometry import check_kv_geometry
+from openinfer.engine_core.core.prefix_states import PrefixStates
 from openinfer.engine_core.core.request import Request
 from openinfer.protocol import PrefixCacheCounters
 
@@ -43,6 +47,7 @@ class PrefixHit(NamedTuple):
 
     blocks: tuple[int, ...]
     num_tokens: int  # the tokens they hold: the request computes from here on
+    state: int | None = None  # a hybrid model's prefix state slot holding the state after them
 
 
 NO_HIT = PrefixHit((), 0)
@@ -50,7 +55,12 @@ NO_HIT = PrefixHit((), 0)
 
 class KVCacheManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_caching: bool = True, num_state_groups: int = 0
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        num_state_groups: int = 0,
+        prefix_states: PrefixStates | None = None,
     ) -> None:
         check_kv_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
@@ -65,6 +75,8 @@ class KVCacheManager:
         self.counters = PrefixCacheCounters() if enable_caching else None
         self.num_state_groups = num_state_groups  # 0: the model keeps no state beside its KV
         self._free_groups = list(range(num_state_groups - 1, -1, -1))  # popped from the end: 0 first
+        # a hybrid model's kept prefix states (None: its prefixes are never hit)
+        self.prefix_states = prefix_states if enable_caching and num_state_groups else None
 
     @property
     def num_free_blocks(self) -> int:
@@ -86,7 +98,7 @@ class KVCacheManager:
 
     def lookup(self, request: Request) -> PrefixHit:
         """The longest chain of cached blocks ``request`` can start from, ending before its last token."""
-        if not self.enable_caching or self.num_state_groups:  # a hybrid model's state is not cached (yet)
+        if not self.enable_caching:
             return NO_HIT
         blocks: list[int] = []
         num_blocks = (request.num_tokens - 1) // self.block_size
@@ -96,6 +108,16 @@ class KVCacheManager:
             if block is None or not self._is_hit(block):
                 break
             blocks.append(block)
+        if self.num_state_groups:  # a hybrid model: only as far as a kept state
+            found = (
+                None
+                if self.prefix_states is None
+                else self.prefix_states.find(keys, len(blocks), self.block_size)
+            )
+            if found is None:
+                return NO_HIT
+            num_hit, state = found
+            return PrefixHit(tuple(blocks[:num_hit]), num_hit * self.block_size, state)
         return PrefixHit(tuple(blocks), len(blocks) * self.block_size)
 
     def admit(self, request: Request, hit: PrefixHit, num_new_tokens: int, counted: bool) -> bool:
@@ -108,6 +130,7 @@ class KVCacheManager:
             return False
         if self.num_state_groups:
             request.state_group = self._free_groups.pop()
+            request.prefix_state = hit.state
         for block in hit.blocks:
             if self._refs[block] == 0:
                 del self._free[block]
@@ -173,12 +196,42 @@ class KVCacheManager:
         if request.state_group is not None:
             self._free_groups.append(request.state_group)
             request.state_group = None
+            request.prefix_state = None
+
+    # ---- a hybrid model's prefix states ----
+
+    def begin_step(self) -> None:
+        """A step is being decided: the prefix states the last one read or wrote are no longer pinned."""
+        if self.prefix_states is not None:
+            self.prefix_states.unpin_all()
+
+    def plan_state_captures(self, request: Request, start: int, num_new: int) -> tuple[tuple[int, int], ...]:
+        """The (position, prefix state slot) pairs where a step running ``num_new`` of the request's tokens
+        from ``start`` keeps the state after position - 1 (position a multiple of the interval, its prefix's
+        state not kept yet, a slot to spare)."""
+        if self.prefix_states is None:
+            return ()
+        captures = []
+        for position in self.prefix_states.positions(start, start + num_new):
+            key = self._keys(request, position // self.block_size)[position // self.block_size - 1]
+            slot = self.prefix_states.plan(key)
+            if slot is not None:
+                captures.append((position, slot))
+        return tuple(captures)
+
+    def commit_state_captures(self, request: Request, captures: tuple[tuple[int, int], ...]) -> None:
+        """The step that stored these states has run: they serve hits from now on."""
+        if self.prefix_states is not None:
+            for position, slot in captures:
+                self.prefix_states.commit(request.prefix_keys[position // self.block_size - 1], slot)
 
     def reset(self) -> None:
         """Forget every cached block (a step failed: what it wrote is unknown)."""
         for block in self._cached.values():
             self._key_of[block] = None
         self._cached.clear()
+        if self.prefix_states is not None:
+            self.prefix_states.reset()
 
     # ---- internals ----
 

@@ -158,23 +158,35 @@ def state_slot_bytes(model: ModelConfig, dtype: torch.dtype) -> int:
 def state_geometry(
     config: EngineConfig, model: ModelConfig, dtype: torch.dtype, gpu: GpuMemory | None
 ) -> StateGeometry | None:
-    """A hybrid model's state groups (see the module's docstring); None for a model without state. With
-    --num-kv-blocks the groups are one per --max-num-seqs, beside the blocks."""
+    """A hybrid model's state groups and, with prefix caching, its prefix state slots (one per group) and
+    their interval (see the module's docstring); None for a model without state. With --num-kv-blocks the
+    groups are one per --max-num-seqs, beside the blocks."""
     if model.hybrid is None:
         return None
     spec = config.speculative
     size = 1 + (spec.num_spec_tokens if spec is not None else 0)
     slot = state_slot_bytes(model, dtype)
+    per_group = (size + config.enable_prefix_caching) * slot  # its slots and, caching, one prefix slot
     budget = _cache_budget(config, model, dtype, gpu)
     groups = config.max_num_seqs
-    if budget is not None and (budget // 2 - slot) // (size * slot) < groups:
-        groups = (budget // 2 - slot) // (size * slot)
+    if budget is not None and (budget // 2 - slot) // per_group < groups:
+        groups = (budget // 2 - slot) // per_group
         logger.info(
             "hybrid model: %d state groups of %d slots (%.1f MiB each) take half the cache budget: at most %d "
             "requests run at once (--max-num-seqs %d)",
-            groups, size, size * slot / 2**20, groups, config.max_num_seqs,
+            groups, size, per_group / 2**20, groups, config.max_num_seqs,
         )  # fmt: skip
-    return StateGeometry(groups, size)
+    if not config.enable_prefix_caching:
+        return StateGeometry(groups, size)
+    return StateGeometry(groups, size, groups, prefix_interval(model, config.block_size, dtype))
+
+
+def prefix_interval(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Tokens between two positions whose state a hybrid model's prefix cache keeps: the fewest whole blocks
+    whose KV pages take at least one state's bytes, so that a kept state costs no more than the tokens it
+    serves (vLLM likewise sizes a hybrid model's blocks to its state)."""
+    pages = -(-state_slot_bytes(model, dtype) // page_bytes(model, block_size, dtype))
+    return block_size * max(1, pages)
 
 
 def _cache_budget(

@@ -68,6 +68,8 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     # a hybrid model's state group (StateGeometry) while it runs, the KV manager's to hand out; else None
     state_group: int | None = None
+    # the prefix state slot its admission's prefix hit starts from (a hybrid model's); None: from position 0
+    prefix_state: int | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish: FinishReason | None = None
     # seeded generator when sampling_params.seed is set; it survives preemption

@@ -59,6 +59,7 @@ class Scheduler:
         # prefill); a decode is the one-token case of the same path, and verification is a decode with the
         # drafts appended.
         budget = self.max_num_batched_tokens
+        self.kv_cache.begin_step()
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
 
@@ -104,8 +105,10 @@ class Scheduler:
     def _scheduled(self, request: Request, num_new: int, admitted: bool = False) -> ScheduledRequest:
         """Schedule ``num_new`` tokens of a request that holds blocks for them; the blocks they fill are
         cached now, so a request admitted later in this step can already share them."""
-        self.kv_cache.cache_blocks(request, request.num_computed_tokens + num_new)
-        return ScheduledRequest.of(request, num_new, admitted)
+        start = request.num_computed_tokens
+        self.kv_cache.cache_blocks(request, start + num_new)
+        captures = self.kv_cache.plan_state_captures(request, start, num_new)
+        return ScheduledRequest.of(request, num_new, admitted, captures)
 
     def _allocate_or_preempt(self, request: Request, num_slots: int, preempted: list[Request]) -> bool:
         """Grow the request's blocks to ``num_slots`` slots, preempting the latest-admitted requests until
@@ -151,6 +154,8 @@ class Scheduler:
         updates = []
         for s in decided.scheduled:
             request = s.request
+            if s.state_captures:
+                self.kv_cache.commit_state_captures(request, s.state_captures)
             block_ids = request.block_ids
             num_valid = s.num_new_tokens  # tokens whose KV is now valid
             num_kept = num_accepted = 0

@@ -24,14 +24,24 @@ class ScheduledRequest(NamedTuple):
     admitted: bool  # its first step since it left the queue: its context from `start` on is computed anew
     # the drafts proposed for the round spec_token_ids verify (>= their number; the rest go unverified)
     num_proposed: int = 0
+    # a hybrid model's prefix states this step keeps: (position, prefix state slot), the state after
+    # token position - 1 (one of the new tokens, never a draft)
+    state_captures: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, request: Request, num_new_tokens: int, admitted: bool = False) -> ScheduledRequest:
+    def of(
+        cls,
+        request: Request,
+        num_new_tokens: int,
+        admitted: bool = False,
+        state_captures: tuple[tuple[int, int], ...] = (),
+    ) -> ScheduledRequest:
         """Schedule `num_new_tokens` of `request` and, when they complete it, its pending drafts."""
         samples = request.num_computed_tokens + num_new_tokens == request.num_tokens
         drafts = request.spec_token_ids if samples else ()
         proposed = request.num_proposed_drafts if samples else 0
-        return cls(request, request.num_computed_tokens, num_new_tokens, drafts, samples, admitted, proposed)
+        start = request.num_computed_tokens
+        return cls(request, start, num_new_tokens, drafts, samples, admitted, proposed, state_captures)
 
     @property
     def num_tokens(self) -> int:

@@ -198,6 +198,13 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
         for layer in self.linear_layers:
             layer.allocate_states(num_slots, device)
 
+    def copy_states(self, sources: Tensor, destinations: Tensor) -> None:
+        """Slot destinations[m] takes slot sources[m]'s state in every DeltaNet layer ((M,) int64 each)."""
+        for layer in self.linear_layers:
+            assert layer.conv_state is not None and layer.recurrent_state is not None
+            layer.conv_state.index_copy_(0, destinations, layer.conv_state.index_select(0, sources))
+            layer.recurrent_state.index_copy_(0, destinations, layer.recurrent_state.index_select(0, sources))
+
     @property
     def state_bytes(self) -> int:
         """Bytes one state slot takes across all DeltaNet layers."""

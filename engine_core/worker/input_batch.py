@@ -13,11 +13,14 @@ What keeps it true, and who writes it:
   step, and marks the tables the KV manager cut short (a cut table may grow back to the same length with
   other blocks) to be rewritten.
 
-A hybrid model's rows also say where each request's state is (``state_group_size`` > 0): its state group (the
-KV manager's, written by ``add``) and the chunk its last step ran (start, length), from which the next step
-finds the slot holding the state at its start: a chunk of q tokens keeps the state after each of its last
+A hybrid model's rows also say where each request's state is (``states``, its StateGeometry): its state group
+(the KV manager's, written by ``add``) and the chunk its last step ran (start, length), from which the next
+step finds the slot holding the state at its start: a chunk of q tokens keeps the state after each of its last
 min(q, group size) tokens, in its group's slots 0, 1, ..., so the state after the tokens the step verified is
-in one of them (a verification's q is at most the group size).
+in one of them (a verification's q is at most the group size). A request admitted on a prefix hit starts from
+the hit's prefix state slot. A step that keeps a prefix state (``ScheduledRequest.state_captures``) has the
+token before its position write it into the prefix slot, or, when that token's state goes to a group slot
+already, copies it there after the forward (``StepBatch.state_copies``).
 
 The rows are the input batch's own record (``Request`` knows nothing of them): whether a request still runs
 is its status, never whether it holds a row.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.worker.step_batch import Int64s, StepBatch, expand_runs
@@ -34,14 +38,17 @@ from openinfer.engine_core.worker.step_batch import Int64s, StepBatch, expand_ru
 
 class InputBatch:
     def __init__(
-        self, max_num_seqs: int, max_tokens: int, block_size: int, state_group_size: int = 0
+        self, max_num_seqs: int, max_tokens: int, block_size: int, states: StateGeometry | None = None
     ) -> None:
-        """Rows for ``max_num_seqs`` requests of up to ``max_tokens`` tokens each, drafts included;
-        ``state_group_size`` > 0 for a hybrid model's (its StateGeometry's group size)."""
+        """Rows for ``max_num_seqs`` requests of up to ``max_tokens`` tokens each, drafts included; ``states``
+        for a hybrid model's."""
         self.block_size = block_size
-        self.state_group_size = state_group_size
-        # each row's state group, and the start and length of the chunk its last step ran (start -1: none yet)
+        self.states = states
+        self.state_group_size = states.group_size if states is not None else 0
+        # each row's state group, the slot holding the state at its first start (-1: none, it starts at 0),
+        # and the start and length of the chunk its last step ran (start -1: none yet)
         self.state_group = np.zeros(max_num_seqs, dtype=np.int64)
+        self.start_slot = np.full(max_num_seqs, -1, dtype=np.int64)
         self.last_start = np.full(max_num_seqs, -1, dtype=np.int64)
         self.last_query = np.zeros(max_num_seqs, dtype=np.int64)
         self.token_ids = np.zeros((max_num_seqs, max_tokens), dtype=np.int64)
@@ -57,10 +64,12 @@ class InputBatch:
         self.token_ids[row, : len(request.all_token_ids)] = request.all_token_ids
         self.num_written[row] = len(request.all_token_ids)
         self._write_table(row, request.block_ids)
-        if self.state_group_size:
+        if self.states is not None:
             if request.state_group is None:
                 raise ValueError(f"request {request.request_id} runs on a hybrid model without a state group")
             self.state_group[row] = request.state_group
+            hit = request.prefix_state
+            self.start_slot[row] = -1 if hit is None else self.states.prefix_slot(hit)
             self.last_start[row] = -1
         return row
 
@@ -96,7 +105,9 @@ class InputBatch:
         tokens: list[int] = []
         table_lens = self.num_blocks.tolist()  # one read of the numpy array, not one per request
         num_written, row_of = self.num_written, self.rows
-        for request, start, num_new, drafts, samples, *_ in scheduled:
+        captures: list[tuple[int, int, int]] = []  # (chunk, position, prefix state slot) of kept states
+        for chunk, (request, start, num_new, drafts, samples, *_, kept) in enumerate(scheduled):
+            captures += ((chunk, position, slot) for position, slot in kept)
             row = row_of.get(request)
             if row is None:
                 row = self.add(request)
@@ -122,11 +133,12 @@ class InputBatch:
             facts += (row, start, num_new + len(drafts), 1 + len(drafts) if samples else 0)
         if rows:
             self.token_ids[rows, positions] = tokens
-        return self.step_batch(np.array(facts, dtype=np.int64).reshape(len(scheduled), 4))
+        return self.step_batch(np.array(facts, dtype=np.int64).reshape(len(scheduled), 4), captures)
 
-    def step_batch(self, facts: Int64s) -> StepBatch:
+    def step_batch(self, facts: Int64s, captures: list[tuple[int, int, int]] | None = None) -> StepBatch:
         """The step of B requests, ``facts`` (B, 4): each one's row, the position of its first token run
-        (tokens before it are cached), how many tokens it runs, and for how many of its last it wants logits."""
+        (tokens before it are cached), how many tokens it runs, and for how many of its last it wants logits;
+        ``captures``, a hybrid model's prefix states to keep: (chunk, position, prefix state index)."""
         rows, starts, query_lens, num_logits = facts.T
         block_size = self.block_size
         longest_query = int(query_lens.max())
@@ -138,9 +150,11 @@ class InputBatch:
         num_blocks = self.num_blocks[rows]
         seq_lens = starts + query_lens
         slots = self.block_tables[token_rows, positions // block_size] * block_size + positions % block_size
-        state_read = state_write = None
-        if self.state_group_size:
+        state_read = state_write = state_copies = None
+        if self.states is not None:
             state_read, state_write = self._state_slots(rows, starts, query_lens, chunk_of, positions)
+            if captures:
+                state_copies = self._capture(captures, rows, starts, query_lens, state_write)
         return StepBatch(
             token_ids=self.token_ids[token_rows, positions],
             positions=positions,
@@ -156,6 +170,7 @@ class InputBatch:
             logits_for_every_token=bool((num_logits == query_lens).all()),
             state_read=state_read,
             state_write=state_write,
+            state_copies=state_copies,
         )
 
     def _state_slots(
@@ -170,12 +185,15 @@ class InputBatch:
         # the state at `start` is the one kept after token start - 1 of the last chunk, which kept its last
         # min(q, size) tokens' states in slots 0, 1, ...
         index = starts - 1 - last_start - (last_query - np.minimum(last_query, size))
-        if np.any((starts > 0) & ((last_start < 0) | (index < 0) | (index >= size))):
-            bad = int(np.argmax((starts > 0) & ((last_start < 0) | (index < 0) | (index >= size))))
+        first = last_start < 0  # (B,) its first step since admission: from its hit's slot, or from zeros
+        state_read = np.where(first, self.start_slot[rows], base + index)
+        lost = (starts > 0) & np.where(first, state_read < 0, (index < 0) | (index >= size))
+        if lost.any():
+            bad = int(np.argmax(lost))
             raise AssertionError(
                 f"no state slot holds position {starts[bad]} (last chunk: {last_start[bad]}, {last_query[bad]})"
             )
-        state_read = np.where(starts > 0, base + index, -1)
+        state_read = np.where(starts > 0, state_read, -1)
         kept_from = query_lens - np.minimum(query_lens, size)  # (B,) the first token whose state is kept
         if chunk_of is None:
             chunk_of = np.arange(len(rows))
@@ -183,3 +201,28 @@ class InputBatch:
         state_write = np.where(write_index >= 0, base[chunk_of] + write_index, -1)
         self.last_start[rows], self.last_query[rows] = starts, query_lens
         return state_read, state_write
+
+    def _capture(
+        self,
+        captures: list[tuple[int, int, int]],
+        rows: Int64s,
+        starts: Int64s,
+        query_lens: Int64s,
+        state_write: Int64s,
+    ) -> Int64s | None:
+        """Keep each captured prefix state, the state after token position - 1: that token writes it into the
+        prefix slot (``state_write``, in place), or, when the token's state goes to a group slot already, it
+        is copied from there after the forward: the (source, destination) slot pairs, or None."""
+        assert self.states is not None
+        size, states = self.state_group_size, self.states
+        token_starts = np.cumsum(query_lens) - query_lens  # (B,) each chunk's first token
+        copies = []
+        for chunk, position, index in captures:
+            offset = position - 1 - int(starts[chunk])  # the token's place in its chunk
+            kept_from = int(query_lens[chunk]) - min(int(query_lens[chunk]), size)
+            if offset >= kept_from:
+                group_slot = int(self.state_group[rows[chunk]]) * size + offset - kept_from
+                copies.append((group_slot, states.prefix_slot(index)))
+            else:
+                state_write[int(token_starts[chunk]) + offset] = states.prefix_slot(index)
+        return np.array(copies, dtype=np.int64).reshape(-1, 2) if copies else None

@@ -39,6 +39,8 @@ class StepBatch:
     # (B,); the slot each token's state is kept in, -1 for none (N,). None for models without state.
     state_read: Int64s | None = None
     state_write: Int64s | None = None
+    # (M, 2): after the forward, slot [m, 1] takes slot [m, 0]'s state (a prefix state kept from a group slot)
+    state_copies: Int64s | None = None
 
     def check(self, max_positions: int, num_kv_blocks: int) -> None:
         """Refuse what a runner cannot run: logits a chunk lacks, positions past the model's, tables too short

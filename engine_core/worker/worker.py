@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.spec_decode.drafter import DeviceDrafts
@@ -42,12 +43,12 @@ class Worker:
         sampler: Sampler,
         max_num_seqs: int,
         max_model_len: int,
-        state_group_size: int = 0,
+        states: StateGeometry | None = None,
     ) -> None:
         self.runner = runner
         self.sampler = sampler
         # Drafts never run past the model length, so a row holds max_model_len tokens.
-        self.input_batch = InputBatch(max_num_seqs, max_model_len, runner.block_size, state_group_size)
+        self.input_batch = InputBatch(max_num_seqs, max_model_len, runner.block_size, states)
 
     def execute(self, decided: SchedulerOutput, drafter: StepDrafter | None = None) -> ModelRunnerOutput:
         """Run the decided step, sample it and (when a drafter is given) let it take the step's hidden states
