@@ -266,7 +266,7 @@ class EngineCore:
 
     def load_snapshot(self) -> LoadSnapshot:
         return LoadSnapshot(
-            kv_used_blocks=self.kv_cache.num_used_blocks,
+            kv_used_blocks=self.kv_cache.num_busy_blocks,
             kv_total_blocks=self.kv_cache.num_blocks,
             num_running_reqs=len(self.scheduler.running),
             num_waiting_reqs=len(self.scheduler.waiting),

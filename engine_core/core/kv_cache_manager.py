@@ -90,6 +90,16 @@ class KVCacheManager:
     def num_used_state_groups(self) -> int:
         return self.num_state_groups - len(self._free_groups)
 
+    @property
+    def num_busy_blocks(self) -> int:
+        """The used blocks as the load snapshot reports them: for a hybrid model, whose requests also hold
+        state groups, the larger of the used blocks and the same share of the blocks as of the groups (the
+        groups may run out first: a full engine then reads as full)."""
+        if not self.num_state_groups:
+            return self.num_used_blocks
+        groups_share = -(-self.num_used_state_groups * self.num_blocks // self.num_state_groups)
+        return max(self.num_used_blocks, groups_share)
+
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` slots."""
         return -(-num_tokens // self.block_size)
