@@ -97,9 +97,9 @@ class EngineCore:
         states = self.runner.state_geometry
         if states is not None and spec.num_spec_tokens + 1 > states.group_size:
             raise ValueError(
-                f"this hybrid model keeps {states.group_size} states per request (1 + the start drafter's "
-                f"speculative tokens), too few to verify {spec.num_spec_tokens} drafts: start the engine with a "
-                f"drafter of at least {spec.num_spec_tokens} speculative tokens"
+                f"this hybrid model keeps {states.group_size} state slot(s) per request (1 + the start "
+                f"drafter's speculative tokens), too few to verify {spec.num_spec_tokens} drafts: restart the "
+                f"engine with a drafter of at least {spec.num_spec_tokens} speculative tokens"
             )
         return SpecDecoder(spec, self.runner, self.spec_log)
 

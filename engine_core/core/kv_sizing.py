@@ -176,9 +176,16 @@ def state_geometry(
             "requests run at once (--max-num-seqs %d)",
             groups, size, per_group / 2**20, groups, config.max_num_seqs,
         )  # fmt: skip
-    if not config.enable_prefix_caching:
-        return StateGeometry(groups, size)
-    return StateGeometry(groups, size, groups, prefix_interval(model, config.block_size, dtype))
+    geometry = StateGeometry(groups, size)
+    if config.enable_prefix_caching:
+        geometry = StateGeometry(groups, size, groups, prefix_interval(model, config.block_size, dtype))
+    logger.info(
+        "hybrid model: %d state groups of %d slot(s) and %d prefix state slots (every %d tokens), %.1f MiB of "
+        "states (%.2f MiB a slot)",
+        groups, size, geometry.num_prefix_slots, geometry.prefix_interval, geometry.num_slots * slot / 2**20,
+        slot / 2**20,
+    )  # fmt: skip
+    return geometry
 
 
 def prefix_interval(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -113,7 +113,7 @@ async def test_a_dflash_drafter_loaded_at_run_time_is_lossless(
             assert r.status == 200, await r.text()
             assert (await r.json())["num_spec_tokens"] == K
     assert too_many[0] == 400, too_many
-    assert "keeps 8 states per request" in too_many[1]["error"]["message"], too_many  # 1 + K
+    assert "keeps 8 state slot(s) per request" in too_many[1]["error"]["message"], too_many  # 1 + K
     assert await greedy(served.cluster.url) == ngram_outputs
     text, after = await settled_logs(served)
     assert tally_metrics(text)[0].bins(K, K + 1) == after.engines[0].bins(K, K + 1)

@@ -81,7 +81,7 @@ def test_a_smaller_k_than_the_state_groups_hold(target: Path) -> None:
     """State groups are sized for the start drafter's K: a later drafter of larger K is refused, saying
     what to do; one of smaller K loads."""
     core = make_core(target, speculative=DrafterSpec("ngram", 2))
-    with pytest.raises(ValueError, match="keeps 3 states per request"):
+    with pytest.raises(ValueError, match=r"keeps 3 state slot\(s\) per request"):
         core.load_drafter(DrafterSpec("ngram", 3))
     core.load_drafter(DrafterSpec("ngram", 1))
 
