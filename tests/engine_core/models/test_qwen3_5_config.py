@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.hybrid_config import text_weight_name
 from openinfer.engine_core.testing.qwen3_5_checkpoint import (
     load_hf_text_model,
@@ -251,3 +252,37 @@ def test_incremental_decoding_matches_the_full_sequence(tmp_path: Path, moe: boo
             pieces.append(out.logits[0])
     torch.testing.assert_close(torch.cat(pieces), full, atol=1e-4, rtol=1e-4)
     assert full.std() > 1  # init_std 0.2 makes logits that vary, so the comparison means something
+
+
+def test_a_zlab_dflash_drafter_for_a_32_layer_qwen3_5() -> None:
+    """z-lab's Qwen3.5 DFlash layout (a dense Qwen3 drafter, block_size 16, mask_token_id 248070,
+    target_layer_ids [1, 8, 15, 22, 29] for the 32-layer sizes) read from its config and fitted to a 32-layer
+    Qwen3.5 of its width: the layers it names are DeltaNet (1, 8, 22, 29) and full-attention (15) ones; a
+    target of another depth is refused."""
+    text = {**TEXT, "num_hidden_layers": 32, "layer_types": None}  # interval 4: layers 3, 7, ... are full
+    target = ModelConfig.from_dict({**RELEASED, "text_config": text})
+    drafter = DFlashConfig.from_dict(
+        {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 5120,
+            "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "intermediate_size": 17408, "vocab_size": 248320, "max_position_embeddings": 262144,
+            "rope_theta": 10000000, "block_size": 16, "num_target_layers": 32,
+            "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 8, 15, 22, 29]},
+        }
+    )  # fmt: skip
+    assert (drafter.block_size, drafter.mask_token_id, drafter.target_layer_ids) == (
+        16,
+        248070,
+        (1, 8, 15, 22, 29),
+    )
+    drafter.check_target(target)
+    hybrid = target.hybrid
+    assert hybrid is not None and [hybrid.is_linear(i) for i in drafter.target_layer_ids] == [
+        True,
+        True,
+        False,
+        True,
+        True,
+    ]
+    with pytest.raises(ValueError, match="trained on a 32-layer target, this one has 4"):
+        drafter.check_target(ModelConfig.from_dict(RELEASED))
