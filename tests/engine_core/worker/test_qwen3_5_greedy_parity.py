@@ -61,3 +61,14 @@ def test_a_missing_text_tensor_is_named(tmp_path: Path) -> None:
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"layers\.0\.linear_attn\.A_log"):
         make_core(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_matches_transformers_in_the_same_dtype(tmp_path: Path, dtype: torch.dtype) -> None:
+    """A checkpoint served in bf16 or fp16 (weights, conv state and activations in it, the recurrent state in
+    float32 as transformers keeps it): transformers' greedy tokens run in that dtype, teacher-forced."""
+    folder = make_tiny_qwen3_5_checkpoint(tmp_path / "q", seed=3, dtype=dtype)
+    prompts = make_prompts(4)
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    outputs = generate_greedy(make_core(folder, dtype=name), prompts, max_tokens=10)
+    assert_hf_greedy(folder, prompts, outputs, lambda f: load_hf_text_model(f).to(dtype))
