@@ -35,13 +35,15 @@ class _StepInputs:
 
 
 class ModelRunner:
-    """Loads a Qwen3 (dense or MoE) folder onto `device` and runs batched steps over a paged KV cache of
-    `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch block
-    past them for padding), attending through the `attention_backend` that `select_backend` names (auto:
-    Triton on CUDA, torch on the CPU).
+    """Loads a Qwen3 or Qwen3.5 (dense or MoE) folder onto `device` and runs batched steps over a paged KV
+    cache of `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch
+    block past them for padding), attending through the `attention_backend` that `select_backend` names
+    (auto: Triton on CUDA, torch on the CPU); a Qwen3.5 model's Gated DeltaNet layers keep their state in
+    the slots of `state_geometry` (its scratch slot the padded steps').
 
-    Decode and verify steps run as padded fixed shapes from CUDA graphs on CUDA when the attention backend
-    allows it, unless ``enforce_eager`` (see :mod:`step_graphs`); everything else runs eagerly.
+    Decode and verify steps (a hybrid model's of up to 16 tokens a request) run as padded fixed shapes from
+    CUDA graphs on CUDA when the attention backend allows it, unless ``enforce_eager`` (see
+    :mod:`step_graphs`); everything else runs eagerly.
     """
 
     def __init__(
@@ -82,18 +84,12 @@ class ModelRunner:
         if isinstance(self.model, Qwen3_5ForCausalLM):
             self.state_geometry = state_geometry or StateGeometry(max_num_seqs, 1)
             self.model.allocate_states(self.state_geometry.num_slots, self.device)
-        # Hybrid models run eagerly until their state slots are part of the padded steps.
-        capture = (
-            self.device.type == "cuda"
-            and not enforce_eager
-            and self.attn_backend.cuda_graphs
-            and self.state_geometry is None
-        )
+        capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
         self.step_graphs: StepGraphs | None = None
         if capture:
             self.step_graphs = StepGraphs(
                 self.model, self.kv_caches, block_size, num_kv_blocks, config.max_position_embeddings,
-                max_num_seqs, capture=True,
+                max_num_seqs, capture=True, state_geometry=self.state_geometry,
             )  # fmt: skip
 
     def embed(self, token_ids: Tensor) -> Tensor:
