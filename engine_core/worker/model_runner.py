@@ -109,6 +109,14 @@ class ModelRunner:
         tokens, in chunk order; and with ``aux_layer_ids`` aux (num_tokens, len(aux_layer_ids) * hidden), the
         chosen layers' outputs concatenated in order, rows in chunk order (a drafter's context features).
         """
+        output = self._forward(step, aux_layer_ids)
+        if step.state_copies is not None:  # prefix states kept from group slots, after the forward wrote them
+            assert isinstance(self.model, Qwen3_5ForCausalLM)
+            copies = torch.from_numpy(step.state_copies).to(self.device)
+            self.model.copy_states(copies[:, 0], copies[:, 1])
+        return output
+
+    def _forward(self, step: StepBatch, aux_layer_ids: Sequence[int]) -> ForwardOutput:
         padded = self.step_graphs.fits(step) if self.step_graphs is not None else None
         if self.step_graphs is not None and padded is not None:
             return ForwardOutput(*self.step_graphs.run(step, *padded, aux_layer_ids))

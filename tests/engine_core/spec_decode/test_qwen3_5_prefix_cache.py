@@ -13,6 +13,7 @@ import torch
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.kv_sizing import prefix_interval
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 
@@ -91,3 +92,19 @@ def test_ngram_with_prefix_hits_is_lossless(target: Path) -> None:
         assert generate_greedy(core, prompts, MAX_TOKENS) == expected
     counters = core.load_snapshot().prefix_cache
     assert counters is not None and counters.hits > 0
+
+
+def test_dflash_with_prefix_hits_is_lossless(target: Path, tmp_path: Path) -> None:
+    """A random DFlash drafter (its context keys in the same blocks: it hits only blocks whose context it
+    wrote) on a core whose second batch hits the kept states: the uncached tokens, and hits counted."""
+    draft = make_tiny_dflash_checkpoint(
+        tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(1, 3)
+    )
+    prompts = shared_prefix_prompts(300, seed=2)
+    expected = uncached(target, prompts)
+    # 2048 tokens a step: the first batch is admitted at once and hits nothing, the second 288 tokens each
+    core = make_core(target, speculative=DrafterSpec("dflash", 7, draft), max_num_batched_tokens=2048)
+    for _ in range(2):
+        assert generate_greedy(core, prompts, MAX_TOKENS) == expected
+    counters = core.load_snapshot().prefix_cache
+    assert counters is not None and counters.hits == 3 * 2 * 144
