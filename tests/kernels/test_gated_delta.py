@@ -257,25 +257,3 @@ def test_masked_store() -> None:
     assert dest[:, 0].tolist() == [0.0, 1.0, 2.0, 9.0, 4.0, 9.0]
     masked_store(dest, torch.tensor([-1, -1]), torch.full((2, 2), 7.0))
     assert dest[:, 0].tolist() == [0.0, 1.0, 2.0, 9.0, 4.0, 9.0]
-
-
-def test_fla_fused_recurrent_varlen() -> None:
-    """flash-linear-attention's fused recurrent kernel (Triton; on the CPU under TRITON_INTERPRET=1), on the packed
-    batch with cu_seqlens and its own GQA (Hk q/k heads), gives our outputs and final states (skipped where `fla`
-    is not installed)."""
-    fla_ops = pytest.importorskip("fla.ops.gated_delta_rule")
-    lengths = [3, 1, 5]
-    batch = make_batch(lengths, every_token=False)
-    q, k, v, g, beta = delta_inputs(sum(lengths), torch.float32, seed=11)
-    states = random_states(seed=11)
-    h0 = torch.stack([states[r] if r >= 0 else torch.zeros_like(states[0]) for r in batch.read_slots])
-    out_fla, final_fla = fla_ops.fused_recurrent_gated_delta_rule(
-        q[None], k[None], v[None], g=g[None], beta=beta[None], initial_state=h0, output_final_state=True,
-        use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(batch.index.query_start_loc),
-    )  # fmt: skip
-    out = gated_delta_rule(q, k, v, g, beta, states, batch.index)
-    torch.testing.assert_close(out, out_fla[0], atol=1e-5, rtol=1e-5)
-    for b in range(len(lengths)):
-        torch.testing.assert_close(
-            states[batch.write_slots[batch.span(b)][-1]], final_fla[b], atol=1e-5, rtol=1e-5
-        )
