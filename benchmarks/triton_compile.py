@@ -1,15 +1,15 @@
 """Compiles every Triton kernel of the project for sm_90 (H100/H200) and sm_80 (A100), at the specializations
 the engine launches, on a machine without a GPU (ptxas ships in Triton's wheel), and prints a markdown table
-of registers, spills and shared memory per launch. Exits non-zero on a compile error, a spill in an attention
-or MoE kernel, or shared memory past the target's per-block limit.
+of registers, spills and shared memory per launch. Exits non-zero on a compile error, a spill in an attention,
+MoE or gated delta kernel, or shared memory past the target's per-block limit.
 
     python -m openinfer.benchmarks.triton_compile [--targets 90 80] [--subset ci]
 
 The launches come from the backends' own launch builders (`write_kv_launch`, `attention_launches`,
-`block_attention_launch`, the fused-MoE `moe_launches`) applied to small example tensors shaped as the engine
-shapes them (q/k/v views of one projection, int64 block tables), so the signature, integer specializations
-and constexprs are the ones a real launch computes. TRITON_INTERPRET must be unset (the interpreter compiles
-nothing).
+`block_attention_launch`, the fused-MoE `moe_launches`, the gated delta rule's `gated_delta_launches`) applied
+to small example tensors shaped as the engine shapes them (q/k/v views of one projection, int64 block tables),
+so the signature, integer specializations and constexprs are the ones a real launch computes. TRITON_INTERPRET
+must be unset (the interpreter compiles nothing).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from dataclasses import dataclass
 import torch
 
 from openinfer.kernels.attention import AttentionMetadata
+from openinfer.kernels.gated_delta import StateIndex
 from openinfer.kernels.triton_attention import attention_launches, write_kv_launch
 from openinfer.kernels.triton_dflash_attention import block_attention_launch
+from openinfer.kernels.triton_gated_delta import gated_delta_launches, read_conflicts
 from openinfer.kernels.triton_launch import CompiledLaunch, KernelLaunch, compile_launch
 from openinfer.kernels.triton_moe import moe_launches
 
@@ -75,9 +77,28 @@ class MoeSpec:
 
 
 @dataclass(frozen=True)
+class GatedDeltaSpec:
+    """One specialization of the recurrent gated delta rule: a Qwen3.5-4B linear-attention layer's heads at a
+    dtype and a step's longest request (decode's 1, verification's 8)."""
+
+    dtype: str  # the model's dtype, a DTYPES key (the state is float32 whatever it is)
+    max_query_len: int
+    key_heads: int = 16
+    value_heads: int = 32
+    head_dim: int = 128  # Dk = Dv
+
+    def __str__(self) -> str:
+        heads = f"Hk{self.key_heads} Hv{self.value_heads} D{self.head_dim}"
+        return f"{heads} L{self.max_query_len} {self.dtype}"
+
+
+AnySpec = Spec | MoeSpec | GatedDeltaSpec
+
+
+@dataclass(frozen=True)
 class Row:
     kernel: str
-    spec: Spec | MoeSpec
+    spec: AnySpec
     target: int
     result: CompiledLaunch | None
     error: str | None
@@ -86,7 +107,8 @@ class Row:
         """Why this row fails the check, or None."""
         if self.result is None:
             return f"compile error: {self.error}"
-        if self.result.spill_bytes and ("attention" in self.kernel or self.kernel.startswith("moe")):
+        spill_checked = ("attention", "moe", "gated_delta")
+        if self.result.spill_bytes and any(name in self.kernel for name in spill_checked):
             return f"{self.result.spill_bytes} bytes spilled"
         if self.result.shared_bytes > SHARED_LIMIT[self.target]:
             return f"{self.result.shared_bytes} bytes of shared memory > {SHARED_LIMIT[self.target]}"
@@ -167,14 +189,40 @@ def moe_kernel_launches(spec: MoeSpec) -> Iterator[tuple[str, KernelLaunch]]:
     yield "moe_down", down
 
 
-def all_launches(subset: Subset) -> Iterator[tuple[Spec | MoeSpec, str, KernelLaunch]]:
-    """The attention kernels' launches over the subset's specs, then the fused-MoE kernels'."""
+def gated_delta_specs() -> Iterator[GatedDeltaSpec]:
+    """The recurrent gated delta rule at the 16-bit dtypes the Qwen3.5 targets ship in, decode and verify."""
+    for dtype, max_query_len in itertools.product(("bf16", "fp16"), (1, 8)):
+        yield GatedDeltaSpec(dtype, max_query_len)
+
+
+def gated_delta_kernel_launches(spec: GatedDeltaSpec) -> Iterator[tuple[str, KernelLaunch]]:
+    """gated_delta_rule_triton's two launches at `spec`, for 2 requests of max_query_len tokens each, from CPU
+    example tensors (q/k/v views of one projection, as the model splits it)."""
+    dtype, d, length = DTYPES[spec.dtype], spec.head_dim, spec.max_query_len
+    hk, hv, n = spec.key_heads, spec.value_heads, 2 * length
+    mixed = torch.empty(n, (2 * hk + hv) * d, dtype=dtype)
+    q, k, v = (x.view(n, -1, d) for x in mixed.split([hk * d, hk * d, hv * d], dim=1))
+    g, beta = torch.empty(n, hv), torch.empty(n, hv, dtype=dtype)
+    state = torch.empty(4, hv, d, d)
+    index = StateIndex.build([0, length, n], [0, 1], [2] * length + [3] * length, torch.device("cpu"))
+    out, saved = torch.empty(n, hv, d, dtype=dtype), torch.empty(2, hv, d, d)
+    save, recur = gated_delta_launches(q, k, v, g, beta, state, index, out, saved, read_conflicts(index))
+    yield "gated_delta_save", save
+    yield "gated_delta_recurrent", recur
+
+
+def all_launches(subset: Subset) -> Iterator[tuple[AnySpec, str, KernelLaunch]]:
+    """The attention kernels' launches over the subset's specs, then the fused-MoE kernels', then the gated
+    delta rule's."""
     for spec in specs(subset):
         for kernel, launch in launches(spec):
             yield spec, kernel, launch
     for moe_spec in moe_specs():
         for kernel, launch in moe_kernel_launches(moe_spec):
             yield moe_spec, kernel, launch
+    for delta_spec in gated_delta_specs():
+        for kernel, launch in gated_delta_kernel_launches(delta_spec):
+            yield delta_spec, kernel, launch
 
 
 def specialization(launch: KernelLaunch) -> tuple[object, ...]:

@@ -5,7 +5,7 @@ Semantics are transformers' (`causal_conv1d_fn` / `causal_conv1d_update` with Si
 `torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule` with use_qk_l2norm_in_kernel=True), run on
 each request's tokens alone from the state its read slot holds.
 
-Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`):
+Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`), each with a CUDA kernel:
 - short steps (decode, verification) run every request together on a (B, max_query_len) padded grid, one
   position at a time. This form reads only StateIndex's device tensors and shapes: no host sync, nothing
   data-dependent (tests run it on meta tensors). A CUDA graph captured for a fixed (B, max_query_len, N) replays
@@ -14,11 +14,17 @@ Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`):
 - long steps run request by request, the chunked form (`gated_delta_chunk.py`) for requests longer than the
   threshold; they store only the tokens whose host write slot is >= 0.
 
-Every initial state is gathered (copied) before anything is written, so a write slot may equal any read slot.
+On CUDA the short form is a Triton kernel (`triton_gated_delta.py`) and the long one flash-linear-attention's
+chunked kernel where `fla` is installed (`fla_gated_delta.py`; the torch forms otherwise); the CPU runs torch.
+`causal_conv1d` is torch everywhere.
+
+Every initial state is read before anything is written (gathered by the torch forms and fla's; the Triton kernel
+copies the few another request overwrites first), so a write slot may equal any read slot.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +37,9 @@ from openinfer.kernels.gated_delta_chunk import chunk_gated_delta
 # verification q<=16); longer steps run per request, chunked past this length.
 RECURRENT_MAX_QUERY_LEN = 16
 L2NORM_EPS = 1e-6  # transformers' (and FLA's) l2norm eps
+# flash-linear-attention (the `gdn` extra) runs long steps on CUDA where installed; never in the CPU test venv,
+# where transformers would swap its Qwen3.5 reference functions for fla's.
+FLA_AVAILABLE = importlib.util.find_spec("fla") is not None
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,16 @@ def gated_delta_rule(
     q and k are L2-normalised here in float32 (eps 1e-6, transformers' l2norm), q scaled by Dk**-0.5.
     Returns (N, Hv, Dv) in v's dtype. Reads/writes state slots as causal_conv1d does (the recurrent state after
     token t). recurrent_max_query_len moves the threshold between the forms (benchmarks compare them with it)."""
+    short = index.max_query_len <= recurrent_max_query_len
+    if q.is_cuda and short:
+        # imported here: Triton only where CUDA runs it
+        from openinfer.kernels.triton_gated_delta import gated_delta_rule_triton
+
+        return gated_delta_rule_triton(q, k, v, g, beta, state, index)
+    if q.is_cuda and FLA_AVAILABLE:
+        from openinfer.kernels.fla_gated_delta import gated_delta_rule_fla
+
+        return gated_delta_rule_fla(q, k, v, g, beta, state, index)
     groups = v.shape[1] // k.shape[1]
     q32 = l2norm(q.float()) * q.shape[-1] ** -0.5  # (N, Hk, Dk)
     k32 = l2norm(k.float())
@@ -182,7 +201,7 @@ def gated_delta_rule(
         q32, k32 = q32.repeat_interleave(groups, dim=1), k32.repeat_interleave(groups, dim=1)  # (N, Hv, Dk)
     v32, g32, beta32 = v.float(), g.float(), beta.float()
     h0 = read_states(state, index.read_slots)  # (B, Hv, Dk, Dv) float32, every read before any write
-    if index.max_query_len <= recurrent_max_query_len:
+    if short:
         # Padded positions come after their request's last token: what they do to its state is never stored
         # (their write slots are -1) and their outputs are never gathered.
         tokens = index.padded_tokens  # (B, L)
