@@ -10,7 +10,9 @@
 #      eager and from CUDA graphs (benchmarks/gpu_step.py);
 #   6. the engine's host overhead per step on this machine's CPU, batch 1, 8, 64 (benchmarks/engine_step.py);
 #   7. the Triton fused-MoE kernel on a Qwen3-30B-A3B-shaped bfloat16 layer, decode 1-64 and prefill 256/2048
-#      tokens, against its memory floor, eager and from a CUDA graph (benchmarks/moe_kernel.py).
+#      tokens, against its memory floor, eager and from a CUDA graph (benchmarks/moe_kernel.py);
+#   8. decode-step time of a random Qwen3.5-4B-shaped bfloat16 model (24 Gated DeltaNet and 8 full-attention
+#      layers) at batch 1, 8, 64 against its HBM floor, eager and from CUDA graphs (benchmarks/gpu_step.py).
 # Arguments pick steps (default: all), e.g. `bash benchmarks/gpu_check.sh 1 4`.
 # Everything printed also goes to $OUT/gpu_check.log and the other logs into $OUT/logs.tar.gz (default OUT:
 # /tmp/gpu_check): two files to bring back. Run it with a 480 s limit; each step has its own timeout.
@@ -20,7 +22,7 @@
 # Without CUDA it stops at once with exit status 2.
 #   bash benchmarks/gpu_check.sh [STEP...]
 set -uo pipefail
-steps=" ${*:-1 2 3 4 5 6 7} "
+steps=" ${*:-1 2 3 4 5 6 7 8} "
 want() { [[ $steps == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_check}
@@ -117,4 +119,8 @@ fi
 if want 7; then
   echo "== 7. fused-MoE kernel, Qwen3-30B-A3B layer shape, bfloat16"
   timeout 45 python3 benchmarks/moe_kernel.py --iters 10
+fi
+if want 8; then
+  echo "== 8. decode step, random Qwen3.5-4B shape (hybrid Gated DeltaNet), bfloat16"
+  timeout 150 python3 benchmarks/gpu_step.py --qwen3-5-4b /tmp/qwen3_5-4b --batch-sizes 1 8 64
 fi
