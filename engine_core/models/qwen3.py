@@ -213,18 +213,7 @@ class Qwen3Model(nn.Module):
         self, config: ModelConfig, attn_backend: AttentionBackend, mlp_for_layer: MlpForLayer = lambda i: None
     ) -> None:
         super().__init__()
-        # Tied: the embedding is the LM head too, held transposed for the head's matmul (VocabMatrix).
-        # Untied: a plain row-major embedding; given its (uninitialised) weight, nn.Embedding skips its random
-        # init (load_weights fills it; normal_ would import torch._dynamo, ~1.5 s of every engine's start-up).
-        self.embed_tokens: VocabMatrix | nn.Embedding = (
-            VocabMatrix(config.vocab_size, config.hidden_size)
-            if config.tie_word_embeddings
-            else nn.Embedding(
-                config.vocab_size,
-                config.hidden_size,
-                _weight=torch.empty(config.vocab_size, config.hidden_size),
-            )
-        )
+        self.embed_tokens = vocab_embedding(config)
         self.layers = nn.ModuleList(
             Qwen3DecoderLayer(config, attn_backend, mlp_for_layer(i)) for i in range(config.num_hidden_layers)
         )
@@ -246,10 +235,28 @@ class Qwen3Model(nn.Module):
             hidden = layer(hidden, cos, sin, kv_cache, attn)
             if i in aux_layer_ids:
                 aux[i] = hidden
-        hidden = self.norm(hidden)
-        if len(self.layers) - 1 in aux:  # transformers' last hidden state is taken after the final norm
-            aux[len(self.layers) - 1] = hidden
-        return hidden, [aux[i] for i in aux_layer_ids]
+        return final_norm(self.norm, hidden, aux, len(self.layers), aux_layer_ids)
+
+
+def vocab_embedding(config: ModelConfig) -> VocabMatrix | nn.Embedding:
+    """The token embedding. Tied: it is the LM head too, held transposed for the head's matmul (VocabMatrix).
+    Untied: a plain row-major embedding; given its (uninitialised) weight, nn.Embedding skips its random init
+    (load_weights fills it; normal_ would import torch._dynamo, ~1.5 s of every engine's start-up)."""
+    if config.tie_word_embeddings:
+        return VocabMatrix(config.vocab_size, config.hidden_size)
+    weight = torch.empty(config.vocab_size, config.hidden_size)
+    return nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
+
+
+def final_norm(
+    norm: nn.Module, hidden: Tensor, aux: dict[int, Tensor], num_layers: int, aux_layer_ids: Sequence[int]
+) -> tuple[Tensor, list[Tensor]]:
+    """The final norm of the last layer's output, and the aux layers' outputs in the order asked:
+    transformers' last hidden state is taken after the final norm, so the last layer's aux is too."""
+    hidden = norm(hidden)
+    if num_layers - 1 in aux:
+        aux[num_layers - 1] = hidden
+    return hidden, [aux[i] for i in aux_layer_ids]
 
 
 class DecoderStack(Protocol):

@@ -29,10 +29,15 @@ from openinfer.engine_core.models.qwen3 import (
     Qwen3PackedMLP,
     RotaryEmbedding,
     apply_rope,
+    final_norm,
     rms_normalize,
+    vocab_embedding,
 )
-from openinfer.engine_core.models.qwen3_moe import Qwen3MoeExperts, Qwen3MoeSparseBlock
-from openinfer.engine_core.models.vocab_matrix import VocabMatrix
+from openinfer.engine_core.models.qwen3_moe import (
+    Qwen3MoeSparseBlock,
+    holds_stacked_experts,
+    per_expert_targets,
+)
 from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
 
@@ -143,15 +148,7 @@ class Qwen3_5Model(nn.Module):
         super().__init__()
         hybrid = config.hybrid
         assert hybrid is not None
-        self.embed_tokens: VocabMatrix | nn.Embedding = (
-            VocabMatrix(config.vocab_size, config.hidden_size)
-            if config.tie_word_embeddings
-            else nn.Embedding(
-                config.vocab_size,
-                config.hidden_size,
-                _weight=torch.empty(config.vocab_size, config.hidden_size),
-            )
-        )
+        self.embed_tokens = vocab_embedding(config)
         self.layers = nn.ModuleList(
             HybridDecoderLayer(config, i, attn_backend) for i in range(config.num_hidden_layers)
         )
@@ -174,10 +171,7 @@ class Qwen3_5Model(nn.Module):
             hidden = layer(hidden, cos, sin, None if layer.is_linear else next(caches), attn)
             if i in aux_layer_ids:
                 aux[i] = hidden
-        hidden = self.norm(hidden)
-        if len(self.layers) - 1 in aux:  # transformers' last hidden state is taken after the final norm
-            aux[len(self.layers) - 1] = hidden
-        return hidden, [aux[i] for i in aux_layer_ids]
+        return final_norm(self.norm, hidden, aux, len(self.layers), aux_layer_ids)
 
 
 class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
@@ -215,8 +209,7 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
         whichever form it holds them; the vision tower and the MTP head are skipped."""
         folder = Path(folder)
         names = checkpoint_names(folder)
-        stacked = any(name.endswith(".mlp.experts.gate_up_proj") for name in names)
-        targets = self.checkpoint_tensors(stacked_experts=stacked)
+        targets = self.checkpoint_tensors(stacked_experts=holds_stacked_experts(names))
         # keyed by the checkpoint's names; a text tensor the checkpoint lacks keeps its name (reported missing)
         renamed = {name: targets[text] for name in names if (text := text_weight_name(name)) in targets}
         present = {text_weight_name(name) for name in names}
@@ -234,10 +227,4 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
         """Every text tensor by its name in a text-only checkpoint (`model.layers.N...`), the experts stacked
         (transformers 5's names) or per expert (`mlp.experts.E.gate_proj.weight`, ...)."""
         targets = super().checkpoint_tensors()
-        if stacked_experts:
-            return targets
-        for path, module in self.named_modules():
-            if isinstance(module, Qwen3MoeExperts):
-                del targets[f"{path}.gate_up_proj"], targets[f"{path}.down_proj"]
-                targets.update((f"{path}.{name}", view) for name, view in module.per_expert_views())
-        return targets
+        return targets if stacked_experts else per_expert_targets(self, targets)

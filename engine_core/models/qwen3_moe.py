@@ -78,10 +78,9 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def load_weights(self, folder: Path) -> None:
         """As `Qwen3ForCausalLM.load_weights`, the experts in whichever form the checkpoint holds them."""
         folder = Path(folder)
-        stacked = any(name.endswith(".mlp.experts.gate_up_proj") for name in checkpoint_names(folder))
         load_checkpoint(
             folder,
-            self.checkpoint_tensors(stacked_experts=stacked),
+            self.checkpoint_tensors(stacked_experts=holds_stacked_experts(checkpoint_names(folder))),
             unexpected_hint=" (is this a Qwen3-MoE checkpoint of this config.json?)",
             skip=lambda name: name == "lm_head.weight" and self.lm_head is None,
         )
@@ -90,10 +89,19 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         """Every tensor of a Hugging Face checkpoint of this model by its name there, the experts stacked
         (transformers 5's names) or, with `stacked_experts=False`, per expert (the released names)."""
         targets = super().checkpoint_tensors()
-        if stacked_experts:
-            return targets
-        for path, module in self.named_modules():
-            if isinstance(module, Qwen3MoeExperts):
-                del targets[f"{path}.gate_up_proj"], targets[f"{path}.down_proj"]
-                targets.update((f"{path}.{name}", view) for name, view in module.per_expert_views())
-        return targets
+        return targets if stacked_experts else per_expert_targets(self, targets)
+
+
+def holds_stacked_experts(names: list[str]) -> bool:
+    """Whether a checkpoint's tensor names hold the experts stacked (transformers 5), not per expert."""
+    return any(name.endswith(".mlp.experts.gate_up_proj") for name in names)
+
+
+def per_expert_targets(model: nn.Module, targets: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``targets`` (a model's checkpoint tensors, experts stacked) with every `Qwen3MoeExperts`' stacked
+    tensors replaced by views of each expert's projections under the released names."""
+    for path, module in model.named_modules():
+        if isinstance(module, Qwen3MoeExperts):
+            del targets[f"{path}.gate_up_proj"], targets[f"{path}.down_proj"]
+            targets.update((f"{path}.{name}", view) for name, view in module.per_expert_views())
+    return targets
