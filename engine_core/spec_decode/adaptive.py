@@ -129,6 +129,8 @@ def profile_step_costs(
     sizes = sorted({*(2**i for i in range(largest.bit_length()) if 2**i <= largest), largest})
     page = runner.block_size
     context = min(4 * page, runner.model_config.max_position_embeddings - width - 1)
+    # a hybrid model's chunks all read and write the scratch state slot: what they store is never read
+    scratch = runner.state_geometry.scratch_slot if runner.state_geometry is not None else None
     points = {}
     for n in sizes:
         lengths = [width] * (n // width) + ([n % width] if n % width else [])
@@ -137,7 +139,7 @@ def profile_step_costs(
             blocks = -(-(context + q) // page)
             ids = [(next_block + j) % runner.num_kv_blocks for j in range(blocks)]
             next_block += blocks
-            chunks.append(SeqChunk([1] * q, context, ids, num_logits=q))
+            chunks.append(SeqChunk([1] * q, context, ids, num_logits=q, state_slot=scratch))
         step = step_of_chunks(chunks, page)
         runner.execute(step).logits[-1, -1].item()  # warm-up
         times = []

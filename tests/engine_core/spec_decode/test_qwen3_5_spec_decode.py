@@ -96,3 +96,10 @@ def test_block_drafters_are_lossless(
     draft = make(tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(1, 3))
     outputs, _ = run_checked(target, DrafterSpec(method, 7, draft))
     assert outputs == baseline
+
+
+def test_adaptive_verification_is_lossless(target: Path, baseline: list[list[int]]) -> None:
+    """Prompt lookup with adaptive verification: the engine times verify-shaped steps at start (their state
+    in the scratch slot), then verifies a share of each round's drafts: the tokens of the run without one."""
+    outputs, _ = run_checked(target, DrafterSpec("ngram", K, adaptive_verification=True))
+    assert outputs == baseline
