@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything GPU-related in one run of at most ~8 minutes on one CUDA device, printing tables:
 #   1. the gpu-marked tests (a --gpu 0 engine behind the frontend; DFlash and DSpark drafts from CUDA graphs);
-#   2. the Triton kernel tests (paged and DFlash block attention, fused MoE, the recurrent gated delta rule),
-#      compiled for this GPU (fla's gated delta test, gpu-marked in step 1, skips unless `.[gdn]` is installed);
+#   2. the Triton kernel tests (paged and DFlash block attention, fused MoE, the recurrent gated delta rule,
+#      the causal conv), compiled for this GPU (fla's gated delta test, gpu-marked in step 1, skips unless
+#      `.[gdn]` is installed);
 #   3. the Triton kernels' largest error against the torch paths (benchmarks/attention_check.py);
 #   4. the built-in target's output tok/s at concurrency 1 and 8: no drafter, n-gram, DFlash, DSpark (their
 #      drafts from CUDA graphs too), DSpark with adaptive verification;

@@ -1,12 +1,13 @@
 """Compiles every Triton kernel of the project for sm_90 (H100/H200) and sm_80 (A100), at the specializations
 the engine launches, on a machine without a GPU (ptxas ships in Triton's wheel), and prints a markdown table
 of registers, spills and shared memory per launch. Exits non-zero on a compile error, a spill in an attention,
-MoE or gated delta kernel, or shared memory past the target's per-block limit.
+MoE, gated delta or causal conv kernel, or shared memory past the target's per-block limit.
 
     python -m openinfer.benchmarks.triton_compile [--targets 90 80] [--subset ci]
 
 The launches come from the backends' own launch builders (`write_kv_launch`, `attention_launches`,
-`block_attention_launch`, the fused-MoE `moe_launches`, the gated delta rule's `gated_delta_launches`) applied
+`block_attention_launch`, the fused-MoE `moe_launches`, the gated delta rule's `gated_delta_launches`, the causal conv's
+`causal_conv1d_launches`) applied
 to small example tensors shaped as the engine shapes them (q/k/v views of one projection, int64 block tables),
 so the signature, integer specializations and constexprs are the ones a real launch computes. TRITON_INTERPRET
 must be unset (the interpreter compiles nothing).
@@ -27,6 +28,7 @@ import torch
 from openinfer.kernels.attention import AttentionMetadata
 from openinfer.kernels.gated_delta import StateIndex
 from openinfer.kernels.triton_attention import attention_launches, write_kv_launch
+from openinfer.kernels.triton_causal_conv1d import causal_conv1d_launches
 from openinfer.kernels.triton_dflash_attention import block_attention_launch
 from openinfer.kernels.triton_gated_delta import gated_delta_launches, read_conflicts
 from openinfer.kernels.triton_launch import CompiledLaunch, KernelLaunch, compile_launch
@@ -92,7 +94,22 @@ class GatedDeltaSpec:
         return f"{heads} L{self.max_query_len} {self.dtype}"
 
 
-AnySpec = Spec | MoeSpec | GatedDeltaSpec
+@dataclass(frozen=True)
+class CausalConvSpec:
+    """One specialization of the causal conv: a Qwen3.5-4B linear-attention layer's q/k/v channels (2 * 16 * 128
+    + 32 * 128) at a dtype and a step's longest request (decode's 1, verification's 8)."""
+
+    dtype: str  # the model's dtype, a DTYPES key (the conv state's too)
+    max_query_len: int
+    channels: int = 8192
+    width: int = 4  # conv kernel size
+    projection: int = 8192 + 4096 + 2 * 32  # in_proj's output row: conv channels, z, b, a
+
+    def __str__(self) -> str:
+        return f"C{self.channels} W{self.width} L{self.max_query_len} {self.dtype}"
+
+
+AnySpec = Spec | MoeSpec | GatedDeltaSpec | CausalConvSpec
 
 
 @dataclass(frozen=True)
@@ -107,7 +124,7 @@ class Row:
         """Why this row fails the check, or None."""
         if self.result is None:
             return f"compile error: {self.error}"
-        spill_checked = ("attention", "moe", "gated_delta")
+        spill_checked = ("attention", "moe", "gated_delta", "causal_conv1d")
         if self.result.spill_bytes and any(name in self.kernel for name in spill_checked):
             return f"{self.result.spill_bytes} bytes spilled"
         if self.result.shared_bytes > SHARED_LIMIT[self.target]:
@@ -211,9 +228,30 @@ def gated_delta_kernel_launches(spec: GatedDeltaSpec) -> Iterator[tuple[str, Ker
     yield "gated_delta_recurrent", recur
 
 
+def causal_conv_specs() -> Iterator[CausalConvSpec]:
+    """The causal conv at the 16-bit dtypes the Qwen3.5 targets ship in, decode and verify."""
+    for dtype, max_query_len in itertools.product(("bf16", "fp16"), (1, 8)):
+        yield CausalConvSpec(dtype, max_query_len)
+
+
+def causal_conv_kernel_launches(spec: CausalConvSpec) -> Iterator[tuple[str, KernelLaunch]]:
+    """causal_conv1d_triton's two launches at `spec`, for 2 requests of max_query_len tokens each, from CPU
+    example tensors (x a view of the in_proj output, the weight a view of the conv1d's (C, 1, W) one)."""
+    dtype, c, width, length = DTYPES[spec.dtype], spec.channels, spec.width, spec.max_query_len
+    n = 2 * length
+    x = torch.empty(n, spec.projection, dtype=dtype)[:, :c]
+    weight = torch.empty(c, 1, width, dtype=dtype)[:, 0]
+    conv_state = torch.empty(4, c, width - 1, dtype=dtype)
+    index = StateIndex.build([0, length, n], [0, 1], [2] * length + [3] * length, torch.device("cpu"))
+    out, saved = torch.empty(n, c, dtype=dtype), torch.empty(2, c, width - 1, dtype=dtype)
+    save, conv = causal_conv1d_launches(x, weight, conv_state, index, out, saved, read_conflicts(index))
+    yield "causal_conv1d_save", save
+    yield "causal_conv1d", conv
+
+
 def all_launches(subset: Subset) -> Iterator[tuple[AnySpec, str, KernelLaunch]]:
     """The attention kernels' launches over the subset's specs, then the fused-MoE kernels', then the gated
-    delta rule's."""
+    delta rule's, then the causal conv's."""
     for spec in specs(subset):
         for kernel, launch in launches(spec):
             yield spec, kernel, launch
@@ -223,6 +261,9 @@ def all_launches(subset: Subset) -> Iterator[tuple[AnySpec, str, KernelLaunch]]:
     for delta_spec in gated_delta_specs():
         for kernel, launch in gated_delta_kernel_launches(delta_spec):
             yield delta_spec, kernel, launch
+    for conv_spec in causal_conv_specs():
+        for kernel, launch in causal_conv_kernel_launches(conv_spec):
+            yield conv_spec, kernel, launch
 
 
 def specialization(launch: KernelLaunch) -> tuple[object, ...]:

@@ -14,12 +14,12 @@ Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`), eac
 - long steps run request by request, the chunked form (`gated_delta_chunk.py`) for requests longer than the
   threshold; they store only the tokens whose host write slot is >= 0.
 
-On CUDA the short form is a Triton kernel (`triton_gated_delta.py`) and the long one flash-linear-attention's
-chunked kernel where `fla` is installed (`fla_gated_delta.py`; the torch forms otherwise); the CPU runs torch.
-`causal_conv1d` is torch everywhere.
+On CUDA the short form is a Triton kernel (`triton_gated_delta.py`, `triton_causal_conv1d.py`) and the gated
+delta rule's long one flash-linear-attention's chunked kernel where `fla` is installed (`fla_gated_delta.py`; the
+torch forms otherwise); the CPU runs torch, and so does a long step's conv.
 
-Every initial state is read before anything is written (gathered by the torch forms and fla's; the Triton kernel
-copies the few another request overwrites first), so a write slot may equal any read slot.
+Every initial state is read before anything is written (gathered by the torch forms and fla's; the Triton kernels
+copy the few another request overwrites first), so a write slot may equal any read slot.
 """
 
 from __future__ import annotations
@@ -131,6 +131,11 @@ def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateInd
     x's dtype: per request, a causal depthwise conv over [state inputs, its tokens] then SiLU; returns (N, C) in
     x's dtype. conv_state[s] holds the W-1 inputs before a request's next token (zeros when read_slots[b] == -1).
     After the call conv_state[write_slots[t]] holds the W-1 inputs ending at token t (inclusive)."""
+    if x.is_cuda and index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
+        # imported here: Triton only where CUDA runs it
+        from openinfer.kernels.triton_causal_conv1d import causal_conv1d_triton
+
+        return causal_conv1d_triton(x, weight, conv_state, index)
     init = read_states(conv_state, index.read_slots)  # (B, C, W-1)
     if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
         grid = x[index.padded_tokens]  # (B, L, C)

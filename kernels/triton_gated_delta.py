@@ -17,7 +17,7 @@ reads, in an order the GPU does not fix. Hence two launches:
 So a step without such a conflict (the engine's usual one) moves each state once in and once out, where a gather
 of every initial state (the torch path's index_select) would move it twice more; the scratch buffer is B states
 as that gather's was, allocated but untouched. Nothing reads back to the host and every shape follows (B, L,
-N): both launches replay in a CUDA graph. The conv (`causal_conv1d`) stays torch (a few small ops a layer).
+N): both launches replay in a CUDA graph. The conv (`triton_causal_conv1d.py`) reads its slots the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +31,16 @@ from openinfer.kernels.gated_delta import L2NORM_EPS, StateIndex
 from openinfer.kernels.triton_launch import KernelLaunch
 
 BLOCK_V = 8  # value columns per program: a 128 x 8 float32 state tile is 32 registers a thread of one warp
+
+
+@triton.jit
+def request_length(padded_tokens_ptr, grid_row, max_len, BLOCK_L: tl.constexpr):
+    """The token count of the request whose (L,) row of StateIndex.padded_tokens starts at grid_row: positions
+    past its length hold its first token again, and its tokens are distinct."""
+    positions = tl.arange(0, BLOCK_L)
+    first = tl.load(padded_tokens_ptr + grid_row)
+    tokens = tl.load(padded_tokens_ptr + grid_row + positions, mask=positions < max_len, other=first)  # (L,)
+    return 1 + tl.sum(((positions > 0) & (tokens != first)).to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -104,13 +114,8 @@ def _recurrent_kernel(
         read_rows = tl.where(read >= 0, dk, 0)  # no row of slot -1 is read: zeros
         read_mask = (rows[:, None] < read_rows) & col_ok[None, :]
         s = tl.load(state_ptr + tl.maximum(read, 0) * slot_size + offsets, mask=read_mask, other=0.0)
-    # The request's length: positions past it hold its first token again (StateIndex.padded_tokens).
     grid_row = b.to(tl.int64) * max_len
-    positions = tl.arange(0, BLOCK_L)
-    in_grid = positions < max_len
-    first = tl.load(padded_tokens_ptr + grid_row)
-    tokens = tl.load(padded_tokens_ptr + grid_row + positions, mask=in_grid, other=first)  # (L,)
-    length = 1 + tl.sum(((positions > 0) & (tokens != first)).to(tl.int32), axis=0)
+    length = request_length(padded_tokens_ptr, grid_row, max_len, BLOCK_L)
     kh = h // GROUP
     for i in range(0, length):
         t = tl.load(padded_tokens_ptr + grid_row + i)

@@ -2,8 +2,9 @@
 
 Runs benchmarks/triton_compile.py's CI subset (head_dim 128, the heaviest, at every cache dtype and GQA groups
 1 and 8: 48 compiles, about 75 s on 2 CPUs; the full matrix is the benchmark's; then the fused-MoE kernels'
-16, about 15 s; then the recurrent gated delta rule's 10, about 5 s) in a fresh interpreter, since
-tests/conftest.py sets TRITON_INTERPRET for this one and the interpreter compiles nothing."""
+16, about 15 s; then the recurrent gated delta rule's 10, about 5 s; then the causal conv's 12, about 5 s) in a
+fresh interpreter, since tests/conftest.py sets TRITON_INTERPRET for this one and the interpreter compiles
+nothing."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ KERNELS = [
     "moe_down",
     "gated_delta_save",
     "gated_delta_recurrent",
+    "causal_conv1d_save",
+    "causal_conv1d",
 ]
 
 
@@ -64,7 +67,8 @@ def test_every_kernel_compiles_for_sm90_and_sm80() -> None:
     assert all(row.endswith("| ok |") for row in rows)
     # 24 attention launches per target (the subset's), 8 MoE ones (2 kernels, bf16/fp16, decode/prefill rows)
     # and 5 gated delta ones (the float32 state copy once; the recurrence at bf16/fp16, decode/verify lengths)
-    assert "74 launches compiled, 0 failing the check" in done.stdout
+    # and 6 causal conv ones (the state copy at bf16/fp16; the conv at bf16/fp16, decode/verify lengths)
+    assert "86 launches compiled, 0 failing the check" in done.stdout
 
 
 # Real launches of the engine's kernels compiled with bad options, each beside the backend's own: the varlen
