@@ -7,8 +7,9 @@ milliseconds of `--iters` timed calls after `--warmup` untimed ones:
 
 Decode rows run one new token for each of B requests whose prompts (64 tokens, less b % 8 for request b,
 so that contexts differ as in serving) were prefilled first; every timed call rewrites the same slots, so
-the contexts stay put. The prefill row runs one 256-token prompt from position 0. `--profile` also prints
-torch.profiler's table of aten ops for one batch-1 decode step (op counts and self CPU time).
+the contexts stay put. The prefill row runs one 256-token prompt from position 0. A hybrid model's (Qwen3.5's)
+request b keeps its state in slot b, the prefill's in slot 0 (`hybrid_step.py` times those). `--profile` also
+prints torch.profiler's table of aten ops for one batch-1 decode step (op counts and self CPU time).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import ModelDtype
-from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, decoding_requests
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, decoding_requests, step_of_chunks
 from openinfer.engine_core.worker.executor import resolve_dtype
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -36,22 +37,35 @@ DECODE_BATCHES = (1, 8, 32)
 
 
 def decode_step(runner: ModelRunner, batch: int) -> Callable[[], object]:
-    """Prefill `batch` prompts of CONTEXT_LEN - b % 8 tokens; return a call decoding one token for each."""
+    """Prefill `batch` prompts of CONTEXT_LEN - b % 8 tokens; return a call decoding one token for each. A hybrid
+    model's runner needs `batch` state groups: request b reads and rewrites slot b."""
     blocks_per_request = -(-(CONTEXT_LEN + 1) // BLOCK_SIZE)
     tables = [list(range(b * blocks_per_request, (b + 1) * blocks_per_request)) for b in range(batch)]
     vocab = runner.model_config.vocab_size
     prompts = [[(7 * b + 3 * i) % vocab for i in range(CONTEXT_LEN - b % 8)] for b in range(batch)]
-    runner.execute(chunk_step([SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)], runner))
+    slots = list(range(batch)) if runner.state_geometry is not None else [None] * batch
+    chunks = [SeqChunk(p, 0, t, state_slot=s) for p, t, s in zip(prompts, tables, slots, strict=True)]
+    runner.execute(chunk_step(chunks, runner))
+    if runner.state_geometry is not None:
+        # InputBatch finds a request's state from the chunk its row ran last, so it cannot replay one decode
+        # step; the step is built from chunks instead, each call (a few numpy operations either way).
+        decodes = [
+            SeqChunk(c.token_ids[-1:], len(c.token_ids), c.block_ids, state_slot=c.state_slot) for c in chunks
+        ]
+        return lambda: runner.execute(step_of_chunks(decodes, BLOCK_SIZE))
     # Each decode step's inputs are gathered as the engine gathers them: from the input batch's rows.
     scheduled = decoding_requests([[*p, p[-1]] for p in prompts], tables)
     rows = InputBatch(batch, CONTEXT_LEN + 1, BLOCK_SIZE)
     return lambda: runner.execute(rows.step_of(scheduled))
 
 
-def prefill_step(runner: ModelRunner) -> Callable[[], object]:
-    """One PREFILL_LEN-token prompt from position 0."""
-    table = list(range(-(-PREFILL_LEN // BLOCK_SIZE)))
-    chunk = SeqChunk([(5 * i) % runner.model_config.vocab_size for i in range(PREFILL_LEN)], 0, table)
+def prefill_step(runner: ModelRunner, length: int = PREFILL_LEN) -> Callable[[], object]:
+    """One `length`-token prompt from position 0 (a hybrid model's state kept in slot 0)."""
+    table = list(range(-(-length // BLOCK_SIZE)))
+    slot = 0 if runner.state_geometry is not None else None
+    chunk = SeqChunk(
+        [(5 * i) % runner.model_config.vocab_size for i in range(length)], 0, table, state_slot=slot
+    )
     return lambda: runner.execute(chunk_step([chunk], runner))
 
 
