@@ -19,7 +19,9 @@ delta rule's long one flash-linear-attention's chunked kernel where `fla` is ins
 torch forms otherwise); the CPU runs torch, and so does a long step's conv.
 
 Every initial state is read before anything is written (gathered by the torch forms and fla's; the Triton kernels
-copy the few another request overwrites first), so a write slot may equal any read slot.
+copy the few another request overwrites first), so a write slot may equal any read slot. On the CPU, where
+StateIndex's host facts are trusted, a decode whose requests own a block of consecutive slots (each reads and
+writes its own, nobody else's) updates that block in place, and a gather skips its zero fill when no read is -1.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from openinfer.kernels.gated_delta_chunk import chunk_gated_delta
 # Steps whose longest request has at most this many tokens run the batched recurrent form (decode q=1,
 # verification q<=16); longer steps run per request, chunked past this length.
 RECURRENT_MAX_QUERY_LEN = 16
+# CPU convs of at most this many outputs (B * L * C) sum their taps instead of calling conv1d: on one core the
+# sum takes 13 us at 512 outputs against conv1d's 82, breaks even near 16K, and is 2x conv1d's 0.8 ms at 256K.
+CONV_SUM_MAX_OUTPUTS = 16384
 L2NORM_EPS = 1e-6  # transformers' (and FLA's) l2norm eps
 # flash-linear-attention (the `gdn` extra) runs long steps on CUDA where installed; never in the CPU test venv,
 # where transformers would swap its Qwen3.5 reference functions for fla's.
@@ -54,6 +59,12 @@ class StateIndex:
     read_slots: Tensor  # (B,) int64 on the device: slot holding the state before request b's first token
     write_slots: Tensor  # (N,) int64 on the device: slot to store the state *after* token t
     host_write_slots: list[int]  # write_slots on the host: the long path stores only the tokens that have one
+    # Host facts about the slots, for the CPU's torch forms (the CUDA kernels read neither): whether some read
+    # slot is -1 (a gathered state is zero-filled only then), and for a decode whose requests each read and
+    # write one slot of their own, together a block of consecutive slots, that block's first slot and the
+    # requests in slot order (the CPU then updates the block in place); None for any other step.
+    zero_reads: bool
+    own_block: tuple[int, list[int]] | None
     max_query_len: int  # L, the longest request's token count
     padded_tokens: Tensor  # (B, L) int64: token of request b's position i; its first token where i >= len
     padded_write_slots: Tensor  # (B, L) int64: write slot of (b, i), -1 at padded positions
@@ -90,6 +101,8 @@ class StateIndex:
             read_slots=torch.tensor(read_slots, dtype=torch.int64, device=device),
             write_slots=writes.to(device),
             host_write_slots=list(write_slots),
+            zero_reads=min(read_slots) < 0,
+            own_block=own_block(read_slots, write_slots, max_len),
             max_query_len=max_len,
             padded_tokens=tokens.to(device),
             padded_write_slots=torch.where(valid, writes[tokens], -1).to(device),
@@ -99,6 +112,19 @@ class StateIndex:
     @property
     def num_requests(self) -> int:
         return len(self.query_start_loc) - 1
+
+
+def own_block(
+    read_slots: list[int], write_slots: list[int], max_query_len: int
+) -> tuple[int, list[int]] | None:
+    """(first slot, requests in slot order) when each request has one token, reads and writes the same slot, and
+    the slots are distinct and consecutive (no other request touches them); None otherwise."""
+    if max_query_len != 1 or read_slots != write_slots or min(read_slots) < 0:
+        return None
+    first = min(read_slots)
+    if sorted(read_slots) != list(range(first, first + len(read_slots))):
+        return None
+    return first, sorted(range(len(read_slots)), key=read_slots.__getitem__)
 
 
 def masked_store(dest: Tensor, slots: Tensor, rows: Tensor) -> None:
@@ -120,9 +146,12 @@ def masked_store(dest: Tensor, slots: Tensor, rows: Tensor) -> None:
     dest.index_copy_(0, fill_slot, fill_row)
 
 
-def read_states(states: Tensor, slots: Tensor) -> Tensor:
-    """A copy of states[slots[b]] for each b, zeros where slots[b] == -1 (whatever that slot holds, NaN too)."""
+def read_states(states: Tensor, slots: Tensor, *, zero_reads: bool = True) -> Tensor:
+    """A copy of states[slots[b]] for each b, zeros where slots[b] == -1 (whatever that slot holds, NaN too).
+    zero_reads=False, for a caller that knows on the host that no slot is -1, skips the masked pass."""
     gathered = states.index_select(0, slots.clamp(min=0))  # (B, *state_shape), a copy
+    if not zero_reads:
+        return gathered
     return gathered.masked_fill_((slots < 0).view(-1, *([1] * (states.dim() - 1))), 0)
 
 
@@ -136,7 +165,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateInd
         from openinfer.kernels.triton_causal_conv1d import causal_conv1d_triton
 
         return causal_conv1d_triton(x, weight, conv_state, index)
-    init = read_states(conv_state, index.read_slots)  # (B, C, W-1)
+    zero_reads = index.zero_reads or x.device.type != "cpu"  # the host facts are trusted on the CPU only
+    init = read_states(conv_state, index.read_slots, zero_reads=zero_reads)  # (B, C, W-1)
     if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
         grid = x[index.padded_tokens]  # (B, L, C)
         out, windows = _conv_grid(grid, init, weight)  # (B, L, C), (B, L, C, W-1)
@@ -162,7 +192,12 @@ def _conv_grid(grid: Tensor, init: Tensor, weight: Tensor) -> tuple[Tensor, Tens
     inputs ending there (B, L, C, W-1)."""
     width = weight.shape[1]
     seq = torch.cat([init, grid.transpose(1, 2)], dim=2)  # (B, C, W-1 + L)
-    out = F.conv1d(seq.to(weight.dtype), weight[:, None, :], groups=weight.shape[0])  # (B, C, L)
+    if grid.device.type == "cpu" and grid.numel() <= CONV_SUM_MAX_OUTPUTS:
+        # mkldnn conv1d's fixed cost (~80 us on one core) dwarfs a small step: sum the taps in float32
+        taps = seq.to(weight.dtype).float().unfold(2, width, 1)  # (B, C, L, W)
+        out = (taps * weight.float()[:, None, :]).sum(dim=-1).to(weight.dtype)  # (B, C, L)
+    else:
+        out = F.conv1d(seq.to(weight.dtype), weight[:, None, :], groups=weight.shape[0])  # (B, C, L)
     out = F.silu(out).to(grid.dtype).transpose(1, 2)  # (B, L, C)
     windows = seq.unfold(2, width - 1, 1)[:, :, 1:]  # (B, C, L, W-1): window i+1 ends at token i
     return out, windows.transpose(1, 2)
@@ -205,7 +240,12 @@ def gated_delta_rule(
     if groups > 1:
         q32, k32 = q32.repeat_interleave(groups, dim=1), k32.repeat_interleave(groups, dim=1)  # (N, Hv, Dk)
     v32, g32, beta32 = v.float(), g.float(), beta.float()
-    h0 = read_states(state, index.read_slots)  # (B, Hv, Dk, Dv) float32, every read before any write
+    on_cpu = q.device.type == "cpu"  # the host facts are trusted on the CPU only (never graph-captured)
+    if on_cpu and index.own_block is not None:
+        return _decode_in_place(q32, k32, v32, g32, beta32, state, *index.own_block).to(v.dtype)
+    zero_reads = index.zero_reads or not on_cpu
+    # (B, Hv, Dk, Dv) float32, every read before any write
+    h0 = read_states(state, index.read_slots, zero_reads=zero_reads)
     if short:
         # Padded positions come after their request's last token: what they do to its state is never stored
         # (their write slots are -1) and their outputs are never gathered.
@@ -228,6 +268,19 @@ def gated_delta_rule(
     return out.to(v.dtype)
 
 
+def _decode_in_place(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, first: int, order: list[int]
+) -> Tensor:
+    """One token a request (q, k (B, Hv, Dk); v (B, Hv, Dv); g, beta (B, Hv), float32), request order[j] reading
+    and writing slot first + j and no other request touching it: the recurrence updates state[first : first + B]
+    in place (no gather, no store). Returns the outputs (B, Hv, Dv) in request order."""
+    rows = torch.tensor(order, device=q.device)  # (B,) the requests in slot order
+    grid = (q[rows, None], k[rows, None], v[rows, None], g[rows, None].exp(), beta[rows, None])  # (B, 1, ...)
+    block = state[first : first + len(order)]  # (B, Hv, Dk, Dv), a view of the requests' own slots
+    by_slot = _recurrent(*grid, block, state, None)[:, 0]  # (B, Hv, Dv) in slot order
+    return torch.empty_like(by_slot).index_copy_(0, rows, by_slot)
+
+
 def _recurrent(
     q: Tensor,
     k: Tensor,
@@ -236,11 +289,12 @@ def _recurrent(
     beta: Tensor,
     h0: Tensor,
     state: Tensor,
-    write_slots: Tensor,
+    write_slots: Tensor | None,
 ) -> Tensor:
     """The recurrent form over B sequences of L positions, float32: q, k (B, L, H, Dk), v (B, L, H, Dv), decay
     (= exp(g)) and beta (B, L, H), h0 (B, H, Dk, Dv) (consumed: updated in place). After position i,
-    state[write_slots[b, i]] = h[b] where write_slots[b, i] >= 0. Returns the outputs (B, L, H, Dv)."""
+    state[write_slots[b, i]] = h[b] where write_slots[b, i] >= 0; write_slots None: h0 is a view of the state
+    slots themselves, nothing to store. Returns the outputs (B, L, H, Dv)."""
     batch, length, heads, dk = k.shape
     dv = v.shape[-1]
     h = h0.view(batch * heads, dk, dv)
@@ -252,5 +306,6 @@ def _recurrent(
         delta = (v[:, i].reshape(-1, 1, dv) - predicted) * beta[:, i].reshape(-1, 1, 1)
         h.baddbmm_(k_i.transpose(1, 2), delta)  # h += k_i delta^T
         out[:, i] = torch.bmm(q[:, i].reshape(-1, 1, dk), h).view(batch, heads, dv)
-        masked_store(state, write_slots[:, i], h.view(batch, heads, dk, dv))
+        if write_slots is not None:
+            masked_store(state, write_slots[:, i], h.view(batch, heads, dk, dv))
     return out

@@ -250,6 +250,8 @@ class StepGraphs:
             read_slots=self._state_read[:batch],
             write_slots=writes,
             host_write_slots=[],
+            zero_reads=True,  # the CPU's safe general path: the host facts would be stale on a replay
+            own_block=None,
             max_query_len=query_len,
             padded_tokens=grid.view(batch, query_len),
             padded_write_slots=writes.view(batch, query_len),

@@ -257,3 +257,60 @@ def test_masked_store() -> None:
     assert dest[:, 0].tolist() == [0.0, 1.0, 2.0, 9.0, 4.0, 9.0]
     masked_store(dest, torch.tensor([-1, -1]), torch.full((2, 2), 7.0))
     assert dest[:, 0].tolist() == [0.0, 1.0, 2.0, 9.0, 4.0, 9.0]
+
+
+@pytest.mark.parametrize(
+    ("reads", "writes", "block"),
+    [
+        ([5, 3, 4, 6], [5, 3, 4, 6], (3, [1, 2, 0, 3])),  # own slots 3..6: updated in place, in slot order
+        ([3, 4, 5], [4, 3, 5], None),  # 0 and 1 swap: each writes the slot the other reads
+        ([3, 5], [3, 5], None),  # own slots, not consecutive
+        ([-1, 4], [3, 4], None),  # request 0 starts from zeros
+    ],
+    ids=["own-block", "swap", "gap", "from-zeros"],
+)
+def test_decode_state_slots(reads: list[int], writes: list[int], block: tuple[int, list[int]] | None) -> None:
+    """A decode step (one token a request) matches transformers on each request alone whichever CPU path its
+    slots take (in place on a block of its own slots, or gathered and stored), and leaves other slots bit for
+    bit; a step with a read slot another request writes never takes the in-place path."""
+    loc = list(range(len(reads) + 1))
+    batch = Batch([1] * len(reads), reads, writes, StateIndex.build(loc, reads, writes, DEVICE))
+    assert batch.index.own_block == block
+    assert batch.index.zero_reads == (min(reads) < 0)
+    inputs = delta_inputs(len(reads), torch.float32, seed=11)
+    states = random_states(seed=11)
+    before = states.clone()
+    out = gated_delta_rule(*inputs, states, batch.index)
+    x, weight, conv_state = conv_inputs(len(reads), torch.float32, seed=11)
+    conv_before = conv_state.clone()
+    conv_out = causal_conv1d(x, weight, conv_state, batch.index)
+    for b, (read, write) in enumerate(zip(reads, writes, strict=True)):
+        expected, final, _ = reference_delta(batch, b, inputs, before)
+        torch.testing.assert_close(out[b : b + 1], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states[write], final, atol=1e-5, rtol=1e-5)
+        history = torch.zeros(1, CHANNELS, WIDTH - 1) if read < 0 else conv_before[read : read + 1].clone()
+        expected_conv = hf_conv_update(x[b : b + 1].T[None], history, weight, None, activation="silu")
+        torch.testing.assert_close(conv_out[b : b + 1], expected_conv[0].T, atol=1e-5, rtol=1e-5)
+        assert torch.equal(conv_state[write], history[0])
+    untouched = [s for s in range(NUM_SLOTS) if s not in writes]
+    assert torch.equal(states[untouched], before[untouched])
+    assert torch.equal(conv_state[untouched], conv_before[untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch_size", [8, 9], ids=["tap-sum", "conv1d"])
+def test_conv_forms_match_transformers(batch_size: int, dtype: torch.dtype) -> None:
+    """Both forms of the short conv match transformers' causal_conv1d_update: 8 requests x 2048 channels =
+    16384 outputs (CONV_SUM_MAX_OUTPUTS) sum the taps, 9 x 2048 call conv1d."""
+    channels, g = 2048, torch.Generator().manual_seed(13)
+    x = torch.randn(batch_size, channels, generator=g).to(dtype)
+    weight = (torch.randn(channels, WIDTH, generator=g) * 0.5).to(dtype)
+    conv_state = torch.randn(batch_size, channels, WIDTH - 1, generator=g).to(dtype)
+    before = conv_state.clone()
+    slots = list(range(batch_size))
+    out = causal_conv1d(
+        x, weight, conv_state, StateIndex.build(list(range(batch_size + 1)), slots, slots, DEVICE)
+    )
+    expected = hf_conv_update(x[:, :, None], before.clone(), weight, None, activation="silu")  # (B, C, 1)
+    torch.testing.assert_close(out, expected[:, :, 0], **tolerance(dtype))
+    assert torch.equal(conv_state, torch.cat([before[:, :, 1:], x[:, :, None]], dim=2))
