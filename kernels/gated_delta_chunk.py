@@ -48,10 +48,10 @@ def chunk_gated_delta(
     )  # (H,n,C,C)
     k_beta = kc * bc[..., None]
     system = (k_beta @ kc.transpose(-1, -2)) * pair_decay  # (H, n, C, C); only its strict lower part is used
-    # one solve for both right-hand sides, side by side: (H, n, C, Dv + Dk)
-    rhs = torch.cat([vc * bc[..., None], k_beta * cum.exp()[..., None]], dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    new_values, k_cumdecay = solved.split([vc.shape[-1], kc.shape[-1]], dim=-1)
+    new_values = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(
+        system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True
+    )
     intra = (qc @ kc.transpose(-1, -2)) * pair_decay  # (H, n, C, C) within-chunk attention, causal
     q_decayed = qc * cum.exp()[..., None]  # reads S_0 decayed to each position
     k_to_end = kc * (cum[..., -1:] - cum).exp()[..., None]  # each key decayed to the chunk's end
