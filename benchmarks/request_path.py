@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 
 from openinfer import engine_core, frontend, kernels, protocol
-from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import free_ports
 
 ROOTS = {
     Path(next(iter(package.__path__))): package.__name__
@@ -190,7 +190,7 @@ async def trace_request(max_tokens: int) -> PathTracer:
     """Serve, warm up, then trace one streamed request."""
     from openinfer.frontend import main as frontend_main
 
-    http_port, engine_port = free_port(), free_port_pair()
+    (http_port,), engine_port = free_ports()
     args = frontend_main.parse_args(
         ["--host", "127.0.0.1", "--port", str(http_port), "--engine-bind", f"tcp://127.0.0.1:{engine_port}"]
     )

@@ -51,6 +51,19 @@ def free_port_pair(frontends: int = 1) -> int:
     raise RuntimeError("no free port pair on loopback")
 
 
+def free_ports(num_http: int = 1, frontends: int = 1) -> tuple[list[int], int]:
+    """``num_http`` free TCP ports and an engine port (``free_port_pair``'s, for ``frontends``), all distinct:
+    the HTTP ports stay bound while the others are picked (a port just closed may be handed out again)."""
+    sockets = [socket.socket() for _ in range(num_http)]
+    try:
+        for each in sockets:
+            each.bind((HOST, 0))
+        return [int(each.getsockname()[1]) for each in sockets], free_port_pair(frontends)
+    finally:
+        for each in sockets:
+            each.close()
+
+
 def python_module(module: str, *args: str) -> list[str]:
     """The argv that runs `module` with this interpreter."""
     return [sys.executable, "-m", module, *args]
@@ -221,11 +234,12 @@ class LocalCluster(ProcessGroup):
     ``frontends`` > 1, that many frontends over the same engines, each engine connecting to all of them
     (:meth:`start_api_servers`: on one HTTP port; :meth:`start_frontend` with ``index``: each on its own)."""
 
-    def __init__(self, log_dir: Path, frontends: int = 1) -> None:
+    def __init__(self, log_dir: Path, frontends: int = 1, num_http_ports: int = 1) -> None:
         super().__init__(log_dir)
-        self.http_port = free_port()
         self.frontends = frontends
-        self.engine_port = free_port_pair(frontends)
+        # ``http_ports[0]`` the frontend's (or the api servers'); more for frontends on ports of their own
+        self.http_ports, self.engine_port = free_ports(num_http_ports, frontends)
+        self.http_port = self.http_ports[0]
         self.url = f"http://{HOST}:{self.http_port}"
         self.engine_address = f"tcp://{HOST}:{self.engine_port}"
 

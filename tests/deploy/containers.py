@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from openinfer.engine_core.launch.local_cluster import HOST, free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import HOST, free_ports
 from tests.deploy.images import Storage
 from tests.deploy.stack import PROMETHEUS_DIR, LiveFrontend, Prometheus
 
@@ -81,9 +81,9 @@ class FrontendContainers(LiveFrontend):
     with its DFlash drafter; their spec logs land in ``log_dir`` (writable by the images' user)."""
 
     def __init__(self, containers: Containers, image: str, log_dir: Path) -> None:
-        super().__init__(free_port())
+        (http_port,), self.engine_port = free_ports()
+        super().__init__(http_port)
         self.containers = containers
-        self.engine_port = free_port_pair()
         self.log_dir = log_dir
         log_dir.mkdir(exist_ok=True)
         log_dir.chmod(0o777)

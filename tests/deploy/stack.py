@@ -19,7 +19,12 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
-from openinfer.engine_core.launch.local_cluster import HOST, ProcessGroup, free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import (
+    HOST,
+    ProcessGroup,
+    free_port,
+    free_ports,
+)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -69,10 +74,10 @@ class Frontend(LiveFrontend):
     """A slim frontend (tests/deploy/slim_frontend.py) and its CPU engines with n-gram speculation."""
 
     def __init__(self, processes: ProcessGroup, name: str) -> None:
-        super().__init__(free_port())
+        (http_port,), self.engine_port = free_ports()
+        super().__init__(http_port)
         self.processes = processes
         self.name = name
-        self.engine_port = free_port_pair()
         processes.spawn(
             name,
             [

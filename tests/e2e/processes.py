@@ -11,6 +11,7 @@ from openinfer.engine_core.launch.local_cluster import (
     LocalCluster,
     free_port,
     free_port_pair,
+    free_ports,
     serve_children,
 )
 
@@ -22,6 +23,7 @@ __all__ = [
     "cmdline",
     "free_port",
     "free_port_pair",
+    "free_ports",
     "serve_children",
 ]
 

@@ -23,7 +23,7 @@ from openinfer.frontend.metrics.api_servers import ApiServerView
 from openinfer.tools.spec_tally import read_spec_logs, tally_metrics
 from tests.e2e.fault_checks import admin_engines, assert_requests_ended, counted_logs, engines_idle, wait_for
 from tests.e2e.load import CYCLE_PROMPT, Load, Scraper
-from tests.e2e.processes import ADMIN_KEY, Cluster, cmdline, free_port
+from tests.e2e.processes import ADMIN_KEY, Cluster, cmdline
 from tests.e2e.serve_under_test import Serve
 
 K = 4
@@ -118,8 +118,8 @@ async def test_frontends_started_apart_sum_to_each_engine_once(tmp_path: Path) -
     """Two openinfer-frontends over two engines, each on its own port: each engine's counters and gauges
     are at its metrics frontend only, and the two scrapes summed equal the spec logs; requests sent to
     either frontend are answered by it."""
-    c = Cluster(tmp_path, frontends=2)
-    ports = [free_port(), free_port()]
+    c = Cluster(tmp_path, frontends=2, num_http_ports=2)
+    ports = c.http_ports
     try:
         for index in range(2):
             c.start_frontend(index=index, http_port=ports[index])

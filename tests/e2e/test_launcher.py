@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from openinfer.engine_core.launch.local_cluster import LocalCluster
-from tests.e2e.processes import HOST, Cluster, cmdline, free_port, free_port_pair, serve_children
+from tests.e2e.processes import HOST, Cluster, cmdline, free_ports, serve_children
 
 
 def child_pids(pid: int) -> list[int]:
@@ -28,7 +28,7 @@ def child_pids(pid: int) -> list[int]:
 def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
     """With no model it serves the built-in tiny model with its DFlash drafter (K=7); SIGTERM stops the
     frontend and both engines."""
-    port, engine_port = free_port(), free_port_pair()
+    (port,), engine_port = free_ports()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
     serve = subprocess.Popen(

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import free_port, free_ports
 from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
@@ -81,11 +81,11 @@ async def test_bad_engine_address_is_a_usage_error() -> None:
 
 async def test_engine_port_in_use_exits_1_with_a_clear_message() -> None:
     """A taken engine port stops the process with exit 1 and a log line saying it could not start."""
-    port = free_port_pair()
+    (http_port,), port = free_ports()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + 1))
         taken.listen()
-        process = await run_main("--port", str(free_port()), "--engine-bind", f"tcp://127.0.0.1:{port}")
+        process = await run_main("--port", str(http_port), "--engine-bind", f"tcp://127.0.0.1:{port}")
         try:
             assert await asyncio.wait_for(process.wait(), timeout=10) == 1
             assert process.stdout is not None
@@ -110,8 +110,9 @@ async def test_unusable_state_dir_or_keys_exit_1_saying_why(tmp_path: Path) -> N
     ]
     try:
         for args, message in cases:
-            engine_bind = f"tcp://127.0.0.1:{free_port_pair()}"
-            process = await run_main("--port", str(free_port()), "--engine-bind", engine_bind, *args)
+            (http_port,), engine_port = free_ports()
+            engine_bind = f"tcp://127.0.0.1:{engine_port}"
+            process = await run_main("--port", str(http_port), "--engine-bind", engine_bind, *args)
             try:
                 assert await asyncio.wait_for(process.wait(), timeout=10) == 1
                 assert process.stdout is not None

@@ -12,7 +12,7 @@ import sys
 import aiohttp
 import pytest
 
-from openinfer.engine_core.launch.local_cluster import free_port, free_port_pair
+from openinfer.engine_core.launch.local_cluster import free_ports
 from openinfer.frontend.addresses import is_loopback_host
 from openinfer.frontend.main import cors_policy, parse_args
 from openinfer.frontend.openai.cors import CorsPolicy
@@ -119,7 +119,7 @@ async def stop(process: asyncio.subprocess.Process) -> str:
 async def test_off_host_listening_without_keys_warns_loudly() -> None:
     """Engine ports on 0.0.0.0 without --zmq-curve-keys, HTTP on 0.0.0.0 without a key: a SECURITY warning
     each, naming the fix (the HTTP one also says that, the Host check being off, DNS rebinding is open)."""
-    http_port, engine_port = free_port(), free_port_pair()
+    (http_port,), engine_port = free_ports()
     process = await run_frontend(
         {}, "--host", "0.0.0.0", "--port", str(http_port), "--engine-bind", f"tcp://0.0.0.0:{engine_port}"
     )
@@ -138,7 +138,7 @@ async def test_env_key_guards_the_api_and_opens_admin_and_loopback_warns_of_engi
     """$VLLM_API_KEY alone (no flag, so not in `ps`): /v1 and /admin need it, /health does not; on loopback
     with a key HTTP is not warned about, the engine sockets without --zmq-curve-keys are (any local process
     could join as an engine), naming the fix."""
-    http_port, engine_port = free_port(), free_port_pair()
+    (http_port,), engine_port = free_ports()
     url = f"http://127.0.0.1:{http_port}"
     argv = [
         "--host",
@@ -193,7 +193,7 @@ def test_no_cors_without_allowed_origins() -> None:
 async def test_loopback_frontend_refuses_other_hosts_and_answers_allowed_origins() -> None:
     """openinfer-frontend on 127.0.0.1 with --allowed-origins: a request for Host evil.example is a 400
     saying how to listen elsewhere; one from the allowed origin is told so; a text/plain body is refused."""
-    http_port, engine_port = free_port(), free_port_pair()
+    (http_port,), engine_port = free_ports()
     url = f"http://127.0.0.1:{http_port}"
     argv = [
         "--host",
@@ -223,7 +223,7 @@ async def test_loopback_frontend_refuses_other_hosts_and_answers_allowed_origins
 
 async def test_any_origin_without_a_key_warns_loudly() -> None:
     """--allowed-origins '["*"]' and no API key: a SECURITY warning that any web page can use the API."""
-    http_port, engine_port = free_port(), free_port_pair()
+    (http_port,), engine_port = free_ports()
     argv = [
         "--host",
         "127.0.0.1",
