@@ -40,6 +40,16 @@ def shared_prefix_prompts(prefix_len: int, seed: int = 0) -> list[list[int]]:
     return [prefix + [rng.randrange(3, 512) for _ in range(tail)] for tail in (1, 2, 20)]
 
 
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return shared_prefix_prompts(300)
+
+
+@pytest.fixture(scope="module")
+def expected(target: Path, prompts: list[list[int]]) -> list[list[int]]:
+    return uncached(target, prompts)
+
+
 def uncached(target: Path, prompts: list[list[int]]) -> list[list[int]]:
     """Each prompt alone on a core without prefix caching."""
     return [
@@ -51,15 +61,18 @@ def uncached(target: Path, prompts: list[list[int]]) -> list[list[int]]:
     ("budget", "first_hits"), [(2048, 0), (48, 2)], ids=["one-chunk", "chunks-ending-on-the-interval"]
 )
 def test_a_repeated_batch_hits_at_the_kept_states(
-    target: Path, interval: int, budget: int, first_hits: int
+    target: Path,
+    interval: int,
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    budget: int,
+    first_hits: int,
 ) -> None:
     """Three 300+-token prompts sharing 300 tokens, twice on one core. Every prompt may hit 288 tokens (2
     intervals: the states kept at 144 and 288, mid-chunk in one 2048-token step, or at the end of a 48-token
     chunk, copied from its group slot) once a step has kept them: in one 2048-token step the first batch is
     admitted at once and hits nothing; 48 tokens a step admit the second and third prompts after the first
     one's prefill, and they hit. The second batch hits 288 tokens each. Every token is the uncached run's."""
-    prompts = shared_prefix_prompts(300)
-    expected = uncached(target, prompts)
     core = make_core(target, max_num_batched_tokens=budget)
     assert generate_greedy(core, prompts, MAX_TOKENS) == expected
     counters = core.load_snapshot().prefix_cache
@@ -83,10 +96,10 @@ def test_a_next_turn_hits_the_state_kept_while_decoding(target: Path, interval: 
     assert counters is not None and counters.hits == interval
 
 
-def test_ngram_with_prefix_hits_is_lossless(target: Path) -> None:
+def test_ngram_with_prefix_hits_is_lossless(
+    target: Path, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
     """Prompt lookup K=4 on a core whose second batch hits the kept states: the uncached tokens."""
-    prompts = shared_prefix_prompts(300, seed=1)
-    expected = uncached(target, prompts)
     core = make_core(target, speculative=DrafterSpec("ngram", 4))
     for _ in range(2):
         assert generate_greedy(core, prompts, MAX_TOKENS) == expected
@@ -94,14 +107,14 @@ def test_ngram_with_prefix_hits_is_lossless(target: Path) -> None:
     assert counters is not None and counters.hits > 0
 
 
-def test_dflash_with_prefix_hits_is_lossless(target: Path, tmp_path: Path) -> None:
+def test_dflash_with_prefix_hits_is_lossless(
+    target: Path, prompts: list[list[int]], expected: list[list[int]], tmp_path: Path
+) -> None:
     """A random DFlash drafter (its context keys in the same blocks: it hits only blocks whose context it
     wrote) on a core whose second batch hits the kept states: the uncached tokens, and hits counted."""
     draft = make_tiny_dflash_checkpoint(
         tmp_path / "draft", target, seed=1, block_size=8, target_layer_ids=(1, 3)
     )
-    prompts = shared_prefix_prompts(300, seed=2)
-    expected = uncached(target, prompts)
     # 2048 tokens a step: the first batch is admitted at once and hits nothing, the second 288 tokens each
     core = make_core(target, speculative=DrafterSpec("dflash", 7, draft), max_num_batched_tokens=2048)
     for _ in range(2):

@@ -70,5 +70,5 @@ def test_half_precision_matches_transformers_in_the_same_dtype(tmp_path: Path, d
     folder = make_tiny_qwen3_5_checkpoint(tmp_path / "q", seed=3, dtype=dtype)
     prompts = make_prompts(4)
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
-    outputs = generate_greedy(make_core(folder, dtype=name), prompts, max_tokens=10)
+    outputs = generate_greedy(make_core(folder, dtype=name), prompts, max_tokens=6)
     assert_hf_greedy(folder, prompts, outputs, lambda f: load_hf_text_model(f).to(dtype))
