@@ -86,6 +86,14 @@ def generate_with(
     return [outputs[str(i)] for i in range(len(prompts))], [finishes[str(i)] for i in range(len(prompts))]
 
 
+def mixed_length_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Up to eight prompts over the built-in vocabulary (ids 3..511), of lengths 1, 3, 7, 16, 17, 33, 50 and 90:
+    under, at and over 16-token block boundaries."""
+    rng = random.Random(seed)
+    lengths = [1, 3, 7, 16, 17, 33, 50, 90][:n]
+    return [[rng.randrange(3, 512) for _ in range(length)] for length in lengths]
+
+
 def spec_prompts(seed: int = 0) -> list[list[int]]:
     """Eight prompts of mixed lengths; half of them repeat a phrase, so that prompt lookup hits."""
     rng = random.Random(seed)

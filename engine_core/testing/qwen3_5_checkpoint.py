@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
@@ -277,3 +278,9 @@ def make_repetitive_qwen3_5_checkpoint(
     tensors[prefix + "embed_tokens.weight"] *= REPETITIVE_EMBED_SCALE
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
+
+
+def repetitive_prompts() -> list[list[int]]:
+    """Eight prompts for the token-repeating checkpoint (ids 1..63 of its 64), of mixed lengths up to 60."""
+    rng = random.Random(0)
+    return [[rng.randrange(1, REPETITIVE_VOCAB) for _ in range(n)] for n in (3, 9, 17, 30, 12, 45, 6, 60)]

@@ -18,11 +18,11 @@ from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_5_checkpoint import (
     load_hf_text_model,
     make_repetitive_qwen3_5_checkpoint,
+    repetitive_prompts,
 )
 from openinfer.tools.spec_tally import SpecLogTally, tally_metrics
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 from tests.e2e.settled_metrics import metrics_matching_logs
-from tests.engine_core.spec_decode.test_qwen3_5_spec_decode import prompts
 
 K = 7  # the start drafter's K: the state groups keep K + 1 states per request
 MAX_TOKENS = 24
@@ -69,7 +69,7 @@ async def greedy(url: str) -> list[list[int]]:
         return list(answer["choices"][0]["token_ids"])
 
     async with aiohttp.ClientSession() as session:
-        return await asyncio.gather(*(one(session, p) for p in prompts()))
+        return await asyncio.gather(*(one(session, p) for p in repetitive_prompts()))
 
 
 async def settled_logs(served: Served) -> tuple[str, SpecLogTally]:
@@ -82,7 +82,7 @@ def ngram_outputs(served: Served) -> list[list[int]]:
     """The prompts' greedy tokens served with prompt lookup: transformers' greedy, teacher-forced."""
     outputs = asyncio.run(greedy(served.cluster.url))
     assert all(len(output) == MAX_TOKENS for output in outputs)
-    assert_hf_greedy(served.target, prompts(), outputs, load_hf_text_model)
+    assert_hf_greedy(served.target, repetitive_prompts(), outputs, load_hf_text_model)
     return outputs
 
 

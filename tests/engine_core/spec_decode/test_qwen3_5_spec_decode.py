@@ -4,7 +4,6 @@ of its tokens, the next step starts from the accepted one, so the tokens are tho
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,14 @@ from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_che
 from openinfer.engine_core.testing.engine_cores import CheckedSteps, generate_greedy, make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_5_checkpoint import (
-    REPETITIVE_VOCAB,
     load_hf_text_model,
     make_repetitive_qwen3_5_checkpoint,
+    repetitive_prompts,
 )
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 K = 4
 MAX_TOKENS = 40
-
-
-def prompts() -> list[list[int]]:
-    rng = random.Random(0)
-    return [[rng.randrange(1, REPETITIVE_VOCAB) for _ in range(n)] for n in (3, 9, 17, 30, 12, 45, 6, 60)]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +31,8 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def baseline(target: Path) -> list[list[int]]:
-    outputs = generate_greedy(make_core(target), prompts(), MAX_TOKENS)
-    assert_hf_greedy(target, prompts(), outputs, load_hf_text_model)
+    outputs = generate_greedy(make_core(target), repetitive_prompts(), MAX_TOKENS)
+    assert_hf_greedy(target, repetitive_prompts(), outputs, load_hf_text_model)
     return outputs
 
 
@@ -47,9 +41,9 @@ def run_checked(target: Path, spec: DrafterSpec, **overrides: object) -> tuple[l
     accepted-length histogram."""
     core = make_core(target, speculative=spec, **overrides)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    for i, prompt in enumerate(prompts()):
+    for i, prompt in enumerate(repetitive_prompts()):
         core.add_request(EngineCoreRequest(str(i), prompt, params))
-    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts()))}
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(repetitive_prompts()))}
     steps = CheckedSteps(core)
     for _ in range(2_000):  # bounded: every request ends within MAX_TOKENS steps of its prompt
         for out in steps.step():
@@ -57,7 +51,9 @@ def run_checked(target: Path, spec: DrafterSpec, **overrides: object) -> tuple[l
         if not core.has_work:
             break
     assert core.spec is not None
-    return [outputs[str(i)] for i in range(len(prompts()))], core.spec.counters.accepted_length_hist
+    return [
+        outputs[str(i)] for i in range(len(repetitive_prompts()))
+    ], core.spec.counters.accepted_length_hist
 
 
 def test_ngram_is_lossless_at_every_acceptance_length(target: Path, baseline: list[list[int]]) -> None:

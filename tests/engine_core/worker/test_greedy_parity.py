@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
+from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core, mixed_length_prompts
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 
 SMALL = SMALL_TEXT_QWEN3  # small enough for 2 CPU cores, wide enough (init_std) that output varies
 
 
-def make_prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    lengths = [1, 3, 7, 16, 17, 33, 50, 90][:n]  # mixed: under, at and over block boundaries (16)
-    return [[rng.randrange(3, 512) for _ in range(length)] for length in lengths]
-
-
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_greedy_matches_transformers(tmp_path: Path, tied: bool) -> None:
     """8 mixed prompts in one concurrent batch, chunked prefill on: every token is HF's greedy token."""
     folder = make_tiny_checkpoint(tmp_path / "ckpt", seed=1, tie_word_embeddings=tied, overrides=SMALL)
-    prompts = make_prompts(8)
+    prompts = mixed_length_prompts(8)
     outputs = generate_greedy(make_core(folder, max_num_batched_tokens=64), prompts, max_tokens=24)
     assert sum(len(set(o)) for o in outputs) > 8 * 4  # not one repeated token per request
     assert_hf_greedy(folder, prompts, outputs)
@@ -34,7 +27,7 @@ def test_greedy_matches_transformers(tmp_path: Path, tied: bool) -> None:
 def test_greedy_matches_transformers_under_preemption(tmp_path: Path) -> None:
     """A KV cache too small for the batch forces preemption by recompute; the tokens stay HF's."""
     folder = make_tiny_checkpoint(tmp_path / "ckpt", seed=2, overrides=SMALL)
-    prompts = make_prompts(8)
+    prompts = mixed_length_prompts(8)
     # 16 blocks of 16 = 256 slots; the batch needs ~8*24 + 207 prompt tokens = ~400, so some must wait and
     # running requests are preempted when decoding outgrows the cache.
     core = make_core(folder, num_kv_blocks=16, max_num_batched_tokens=128)
@@ -59,7 +52,7 @@ def test_greedy_matches_transformers_under_preemption(tmp_path: Path) -> None:
 def test_greedy_matches_transformers_on_cuda(tmp_path: Path) -> None:
     """On CUDA in float32 (flash-attn if installed, else torch) the batch's tokens are HF's greedy tokens."""
     folder = make_tiny_checkpoint(tmp_path / "ckpt", seed=1, overrides=SMALL)
-    prompts = make_prompts(8)
+    prompts = mixed_length_prompts(8)
     core = make_core(folder, device="cuda:0", dtype="float32", max_num_batched_tokens=64)
     outputs = generate_greedy(core, prompts, max_tokens=24)
     assert_hf_greedy(folder, prompts, outputs)

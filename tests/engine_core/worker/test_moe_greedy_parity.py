@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
+from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core, mixed_length_prompts
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
-from tests.engine_core.worker.test_greedy_parity import make_prompts
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "topk2-normalised": {"norm_topk_prob": True},
@@ -25,7 +24,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def test_moe_greedy_matches_transformers(tmp_path: Path, overrides: dict[str, Any]) -> None:
     """8 mixed prompts in one batch, prefill chunked (64 tokens a step) among decodes: HF's greedy tokens."""
     folder = make_tiny_moe_checkpoint(tmp_path / "moe", seed=3, overrides=overrides)
-    prompts = make_prompts(8)
+    prompts = mixed_length_prompts(8)
     outputs = generate_greedy(make_core(folder, max_num_batched_tokens=64), prompts, max_tokens=16)
     assert sum(len(set(o)) for o in outputs) > 8 * 4  # not one repeated token per request
     assert_hf_greedy(folder, prompts, outputs)
@@ -38,7 +37,7 @@ def test_per_expert_and_stacked_checkpoints_serve_the_same_tokens(tmp_path: Path
     per_expert = make_tiny_moe_checkpoint(tmp_path / "per_expert", num_shards=2, **kwargs)
     stacked = make_tiny_moe_checkpoint(tmp_path / "stacked", stacked_experts=True, **kwargs)
     assert (per_expert / "model.safetensors.index.json").is_file()
-    prompts = make_prompts(4)
+    prompts = mixed_length_prompts(4)
     tokens = [
         generate_greedy(make_core(f, dtype="float32"), prompts, max_tokens=8) for f in (per_expert, stacked)
     ]
@@ -50,6 +49,6 @@ def test_per_expert_and_stacked_checkpoints_serve_the_same_tokens(tmp_path: Path
 def test_moe_greedy_matches_transformers_on_cuda(tmp_path: Path) -> None:
     """On CUDA in float32 (the Triton fused-MoE kernel, decode in CUDA graphs) the batch's tokens are HF's."""
     folder = make_tiny_moe_checkpoint(tmp_path / "moe", seed=3, overrides={"num_experts_per_tok": 3})
-    prompts = make_prompts(8)
+    prompts = mixed_length_prompts(8)
     core = make_core(folder, device="cuda:0", dtype="float32", max_num_batched_tokens=64)
     assert_hf_greedy(folder, prompts, generate_greedy(core, prompts, max_tokens=16))

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
+from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core, mixed_length_prompts
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_5_checkpoint import load_hf_text_model, make_tiny_qwen3_5_checkpoint
-from tests.engine_core.worker.test_greedy_parity import make_prompts
 
 LINEAR, FULL = "linear_attention", "full_attention"
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -31,7 +30,7 @@ def test_qwen3_5_greedy_matches_transformers(tmp_path: Path, case: dict[str, Any
     """8 mixed prompts in one batch, prefill chunked (64 tokens a step) among decodes, every norm weight
     random (the zero-centred 1 + w): transformers' greedy tokens, teacher-forced."""
     folder = make_tiny_qwen3_5_checkpoint(tmp_path / "q", seed=3, **case)
-    prompts = make_prompts(8)
+    prompts = mixed_length_prompts(8)
     outputs = generate_greedy(make_core(folder, max_num_batched_tokens=64), prompts, max_tokens=16)
     assert sum(len(set(o)) for o in outputs) > 8 * 4  # not one repeated token per request
     assert_hf_greedy(folder, prompts, outputs, load_hf_text_model)
@@ -44,7 +43,7 @@ def test_released_and_text_only_layouts_serve_the_same_tokens(tmp_path: Path) ->
     released = make_tiny_qwen3_5_checkpoint(tmp_path / "released", num_shards=2, **kwargs)
     text_only = make_tiny_qwen3_5_checkpoint(tmp_path / "text", layout="causal_lm", **kwargs)
     assert (released / "model.safetensors.index.json").is_file()
-    prompts = make_prompts(4)
+    prompts = mixed_length_prompts(4)
     tokens = [
         generate_greedy(make_core(f, dtype="float32"), prompts, max_tokens=8) for f in (released, text_only)
     ]
@@ -68,7 +67,7 @@ def test_half_precision_matches_transformers_in_the_same_dtype(tmp_path: Path, d
     """A checkpoint served in bf16 or fp16 (weights, conv state and activations in it, the recurrent state in
     float32 as transformers keeps it): transformers' greedy tokens run in that dtype, teacher-forced."""
     folder = make_tiny_qwen3_5_checkpoint(tmp_path / "q", seed=3, dtype=dtype)
-    prompts = make_prompts(4)
+    prompts = mixed_length_prompts(4)
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     outputs = generate_greedy(make_core(folder, dtype=name), prompts, max_tokens=6)
     assert_hf_greedy(folder, prompts, outputs, lambda f: load_hf_text_model(f).to(dtype))
