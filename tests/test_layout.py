@@ -1,8 +1,10 @@
 """docs/design.md's layout table, row by row: every module of a package imports, in a fresh interpreter, none of
-the modules its row forbids (the launcher included: it reads the frontend's flags from frontend/flags.py)."""
+the modules its row forbids (the launcher included: it reads the frontend's flags from frontend/flags.py); and
+no test file imports another."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
@@ -85,3 +87,50 @@ def test_the_probe_sees_a_forbidden_import() -> None:
     """The same probe finds aiohttp and prometheus_client once a module that loads them is imported (the
     frontend's main), so an empty answer above means the imports were absent."""
     assert {"aiohttp", "prometheus_client"} <= loaded_after_importing(["openinfer.frontend.main"])
+
+
+def imported_test_modules(tree: ast.Module, root: Path) -> list[str]:
+    """The ``test_*`` modules of the tests package that a parsed file imports: ``from tests.x.test_y import``,
+    ``import tests.x.test_y``, and ``from tests.x import test_y`` where ``root``/tests/x/test_y.py is a file
+    (not a name a harness module defines)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            folder = root.joinpath(*node.module.split("."))
+            names = [node.module]
+            names += [f"{node.module}.{a.name}" for a in node.names if (folder / f"{a.name}.py").is_file()]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[0] == "tests" and n.split(".")[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_file_imports_another() -> None:
+    """No tests/**/test_*.py imports another test_*.py module: what tests share lives in plain harness modules
+    beside them or in engine_core/testing/ (docs/design.md's layout table)."""
+    root = Path(__file__).parent.parent
+    offenders = {
+        str(path.relative_to(root)): imported
+        for path in sorted((root / "tests").rglob("test_*.py"))
+        if (imported := imported_test_modules(ast.parse(path.read_text(), str(path)), root))
+    }
+    assert offenders == {}
+
+
+def test_the_import_check_sees_each_form() -> None:
+    """The three ways of importing a test module are found; a harness module, a name imported from one, and a
+    module outside tests are not."""
+    source = (
+        "from tests.engine_core.spec_decode.test_dflash import draft_checkpoint\n"
+        "import tests.engine_core.spec_decode.test_dspark\n"
+        "from tests.engine_core.spec_decode import test_ngram, plain_dflash\n"
+        "from tests.engine_core.spec_decode.plain_dflash import test_looking_name\n"
+        "import test_elsewhere\n"
+    )
+    assert imported_test_modules(ast.parse(source), Path(__file__).parent.parent) == [
+        "tests.engine_core.spec_decode.test_dflash",
+        "tests.engine_core.spec_decode.test_dspark",
+        "tests.engine_core.spec_decode.test_ngram",
+    ]

@@ -13,9 +13,9 @@ import pytest
 
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.tools.spec_tally import tally_metrics, total
+from tests.e2e.fault_checks import admin_engines, wait_for
 from tests.e2e.processes import ADMIN_KEY, Cluster
 from tests.e2e.settled_metrics import metrics_matching_logs
-from tests.e2e.test_chaos import admin_engines, wait_for
 
 K = 7  # the checkpoint's block_size: the engine takes it from the folder
 

@@ -21,7 +21,7 @@ from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
 from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 from openinfer.protocol import SpecDecodeCounters
-from tests.engine_core.spec_decode.test_spec_decode import K, run
+from tests.engine_core.spec_decode.spec_runs import K, run
 
 
 def rate(lengths: tuple[int, ...], survival: list[list[float]], costs: StepCosts, base: int) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -16,33 +15,21 @@ from torch import Tensor, nn
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead, MarkovHeadType
-from openinfer.engine_core.testing.deepspec_reference import (
-    DeepSpecReference,
-    Round,
-    speculators_dspark_heads,
-)
+from openinfer.engine_core.testing.deepspec_reference import DeepSpecReference, Round
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.engine_cores import CheckedSteps, make_core
 from openinfer.engine_core.testing.spec_logs import read_spec_log
-from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
+from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
-from tests.engine_core.spec_decode.test_dflash import LAYER_IDS
-
-SMALL = {**SMALL_QWEN3, "num_hidden_layers": 3}  # layers 0 and 1 feed the drafter, as in test_dflash
-PAGE, NUM_PAGES = 4, 48
-HEAD_TYPES = list(MarkovHeadType)
-
-
-def speculators_heads() -> ModuleType:
-    """speculators' DSpark heads (MarkovHead, ConfidenceHead), loaded from their file."""
-    module = speculators_dspark_heads()
-    if module is None:
-        pytest.skip(
-            "PyPI speculators is not installed: `pip install --no-deps speculators==0.9.0` (its declared "
-            "dependencies pin an older transformers; the heads need only torch)"
-        )
-    return module
+from tests.engine_core.spec_decode.plain_dflash import SMALL
+from tests.engine_core.spec_decode.tiny_dspark import (
+    HEAD_TYPES,
+    NUM_PAGES,
+    PAGE,
+    dspark_checkpoint,
+    speculators_heads,
+)
 
 
 def stepped_bias(head: MarkovHead, prev: Tensor, hidden: Tensor) -> Tensor:
@@ -108,22 +95,6 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runner(target: Path) -> ModelRunner:
     return ModelRunner(target, torch.device("cpu"), NUM_PAGES, PAGE)
-
-
-def dspark_checkpoint(
-    folder: Path, target: Path, head_type: MarkovHeadType, block_size: int = 6, markov_rank: int = 8
-) -> Path:
-    return make_tiny_dspark_checkpoint(
-        folder,
-        target,
-        seed=2,
-        num_layers=2,
-        block_size=block_size,
-        target_layer_ids=LAYER_IDS,
-        markov_rank=markov_rank,
-        markov_head_type=head_type,
-        init_std=0.3,
-    )
 
 
 def test_deepspec_config_is_read(target: Path, tmp_path: Path) -> None:

@@ -17,12 +17,11 @@ from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceDrafts, DeviceQueries, DraftQuery
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from tests.engine_core.spec_decode.test_dflash import WIDTH, reference_block_hidden
-from tests.engine_core.spec_decode.test_dspark import (
+from tests.engine_core.spec_decode.plain_dflash import SMALL, WIDTH, reference_block_hidden
+from tests.engine_core.spec_decode.tiny_dspark import (
     HEAD_TYPES,
     NUM_PAGES,
     PAGE,
-    SMALL,
     dspark_checkpoint,
     speculators_heads,
 )

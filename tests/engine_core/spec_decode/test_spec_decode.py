@@ -22,29 +22,7 @@ from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.kernels.verification import accepted_prefix_length
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
-
-K = 7
-# Per prompt: max_tokens, several of them cut a 7-token draft short.
-MAX_TOKENS = [40, 5, 13, 40, 2, 9, 31, 17]
-
-
-def run(core: EngineCore, prompts: list[list[int]], stop_token_ids: list[list[int]] | None = None):
-    """All prompts as one batch at temperature 0; checks docs/design.md's counter invariants on every snapshot."""
-    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    stats = {}
-    for i, prompt in enumerate(prompts):
-        stops = stop_token_ids[i] if stop_token_ids else []
-        params = SamplingParams(
-            max_tokens=MAX_TOKENS[i], temperature=0.0, ignore_eos=True, stop_token_ids=stops
-        )
-        core.add_request(EngineCoreRequest(str(i), prompt, params))
-    steps = CheckedSteps(core)
-    while core.has_work:
-        for out in steps.step():
-            outputs[out.request_id].extend(out.new_token_ids)
-            if out.finish is not None:
-                stats[out.request_id] = out.spec_stats
-    return [outputs[str(i)] for i in range(len(prompts))], stats
+from tests.engine_core.spec_decode.spec_runs import MAX_TOKENS, K, run
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.protocol import SpecDecodeCounters
-from tests.frontend.metrics.test_state_dir import counters, drafts, load, value
+from tests.frontend.metrics.metrics_samples import counters, drafts, load, value
 
 
 def test_baselines_of_a_release_without_reached_counts(tmp_path: Path) -> None:
