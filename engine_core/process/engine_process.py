@@ -105,7 +105,7 @@ class EngineProcess:
                 logger.warning("dropped a bad frame from the frontend at %s (%s)", link.address, e)
                 continue
             if isinstance(message, protocol.EngineCoreRequest):
-                if self.frontends.took(message.request_id, link):
+                if self.frontends.accept(message.request_id, link):
                     self.core.add_request(message)
             elif isinstance(message, protocol.AbortRequests):
                 self.core.abort(message.request_ids)

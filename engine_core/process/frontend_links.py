@@ -92,7 +92,7 @@ class FrontendLinks:
             except zmq.Again:
                 return
 
-    def took(self, request_id: str, link: FrontendLink) -> bool:
+    def accept(self, request_id: str, link: FrontendLink) -> bool:
         """``link``'s frontend sent this request: its outputs go back there. False when that frontend is
         stalled: the request is refused (its finish is pending), not run."""
         if link.stalled:

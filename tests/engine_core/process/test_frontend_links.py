@@ -28,8 +28,8 @@ def test_outputs_go_to_the_frontend_that_sent_the_request(links: FrontendLinks) 
     finished request's origin is forgotten, so a later output of it (an abort's) goes nowhere."""
     zero, one = links.links
     assert (zero.exports_metrics, one.exports_metrics) == (True, False)
-    links.took("a", zero)
-    links.took("b", one)
+    links.accept("a", zero)
+    links.accept("b", one)
     now = time.monotonic()
     zero.last_sent = one.last_sent = now  # no heartbeat due
     a, b = EngineCoreOutput("a", [5]), EngineCoreOutput("b", [6], FinishReason("length"))
@@ -41,7 +41,7 @@ def test_outputs_go_to_the_frontend_that_sent_the_request(links: FrontendLinks) 
 def test_a_frontend_without_outputs_gets_its_heartbeat_when_due(links: FrontendLinks) -> None:
     """With outputs for frontend 0 only, frontend 1 gets a message (its load) once its interval has passed."""
     zero, one = links.links
-    links.took("a", zero)
+    links.accept("a", zero)
     zero.last_sent = time.monotonic()
     one.last_sent = time.monotonic() - 2.0
     a = EngineCoreOutput("a", [5])
@@ -58,12 +58,12 @@ def test_a_frontend_that_stops_reading_is_stalled_not_waited_for() -> None:
         port = free_port_pair()  # nothing listens: every message queues
         links = FrontendLinks((f"tcp://127.0.0.1:{port}",), context.socket, b"engine-0-1", send_hwm=2)
         (link,) = links.links
-        links.took("a", link)
+        links.accept("a", link)
         done = EngineCoreOutput("b", [7], FinishReason("stop"))
         sent = [links.send(link, b"x", [EngineCoreOutput("a", [5]), done]) for _ in range(4)]
         assert sent[0] and not sent[-1] and link.stalled
         assert link.pending == [done] and links.requests_of(link) == ["a"]
-        assert not links.took("c", link)  # refused while stalled: its error finish waits too
+        assert not links.accept("c", link)  # refused while stalled: its error finish waits too
         assert [(o.request_id, o.finish.kind) for o in link.pending if o.finish] == [
             ("b", "stop"),
             ("c", "error"),
