@@ -15,7 +15,7 @@ from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
-from openinfer.engine_core.models.qwen3 import apply_rope
+from openinfer.engine_core.models.rotary import apply_rope
 from openinfer.tools.dflash_data import Distillation
 
 

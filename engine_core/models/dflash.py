@@ -50,12 +50,8 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
-from openinfer.engine_core.models.qwen3 import (
-    Qwen3MLP,
-    RMSNorm,
-    RotaryEmbedding,
-    apply_rope,
-)
+from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
+from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention import write_kv_cache
 

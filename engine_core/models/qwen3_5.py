@@ -27,8 +27,6 @@ from openinfer.engine_core.models.qwen3 import (
     PackedLinear,
     Qwen3ForCausalLM,
     Qwen3PackedMLP,
-    RotaryEmbedding,
-    apply_rope,
     final_norm,
     rms_normalize,
     vocab_embedding,
@@ -38,6 +36,7 @@ from openinfer.engine_core.models.qwen3_moe import (
     holds_stacked_experts,
     per_expert_targets,
 )
+from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
 from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
 
