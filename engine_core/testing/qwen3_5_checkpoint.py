@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from openinfer.engine_core.models.hybrid_config import text_weight_name
-from openinfer.engine_core.testing.tiny_model import shard_safetensors
+from openinfer.engine_core.testing.tiny_model import shard_safetensors, unfilled_model
 
 # transformers' Qwen3_5TextConfig arguments of a small hybrid model over the built-in tokenizer's vocabulary
 # (512): 3 Gated DeltaNet layers then 1 full-attention layer (full_attention_interval 4), 2 query heads over 1
@@ -163,10 +163,7 @@ def random_text_model(model_class: Any, config: Any, seed: int, init_std: float)
     zero-centred RMSNorms (x * (1 + w): layer, final, q_norm, k_norm) get w ~ N(0, init_std), the Gated
     DeltaNet's gated norm (x * w, not zero-centred) w ~ 1 + N(0, init_std), and A_log, dt_bias and the conv
     weights are random too. Built on the meta device, so transformers' own init is skipped."""
-    with torch.device("meta"):
-        model = model_class(config)
-    model.to_empty(device="cpu")
-    model.tie_weights()  # to_empty gave every parameter new storage: a tied head shares the embedding again
+    model = unfilled_model(model_class, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights are listed once

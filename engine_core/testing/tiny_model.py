@@ -42,14 +42,21 @@ SMALL_TEXT_QWEN3: MappingProxyType[str, Any] = MappingProxyType(
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def random_model(model_class: Any, config: Any, seed: int, init_std: float, dtype: torch.dtype) -> Any:
-    """A transformers model of ``model_class`` whose every matrix is drawn from N(0, init_std) by a generator
-    seeded with ``seed`` (every norm weight 1), in ``dtype``. Built on the meta device: transformers' own init
-    (seconds at real widths, and draws from the global RNG) is skipped, since every parameter is written."""
+def unfilled_model(model_class: Any, config: Any) -> Any:
+    """A transformers model of ``model_class`` on the CPU with uninitialised parameters (built on the meta
+    device: transformers' own init, seconds at real widths and draws from the global RNG, is skipped), its
+    tied weights tied again; the caller writes every parameter."""
     with torch.device("meta"):
         model = model_class(config)
     model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gave every parameter new storage: a tied head shares the embedding again
+    return model
+
+
+def random_model(model_class: Any, config: Any, seed: int, init_std: float, dtype: torch.dtype) -> Any:
+    """A transformers model of ``model_class`` whose every matrix is drawn from N(0, init_std) by a generator
+    seeded with ``seed`` (every norm weight 1), in ``dtype`` (see ``unfilled_model``)."""
+    model = unfilled_model(model_class, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights are listed once

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from openinfer.kernels import triton_causal_conv1d
-from openinfer.kernels.gated_delta import StateIndex, causal_conv1d
+from openinfer.kernels.gated_delta import causal_conv1d
 from openinfer.kernels.triton_causal_conv1d import causal_conv1d_triton
+from tests.kernels.slot_batches import fresh_writes, make_index
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CPU = torch.device("cpu")
@@ -22,24 +23,6 @@ LENGTHS = [1, 16, 4, 2, 7]  # max 16: the short path
 # nearest as torch does, the interpreter truncates, so an output may land an ulp of the sum (2^-8..2^-7 of it)
 # from torch's at each rounding. SiLU's slope is at most 1.1, and under 0.3 where the sum is negative.
 OUT_TOLERANCE = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (2**-8, 2**-6)}  # (atol, rtol)
-
-
-def make_index(lengths: list[int], reads: list[int], writes: list[int], device: torch.device) -> StateIndex:
-    loc = [0]
-    for n in lengths:
-        loc.append(loc[-1] + n)
-    return StateIndex.build(loc, reads, writes, device)
-
-
-def fresh_writes(lengths: list[int], every_token: bool) -> list[int]:
-    """Every token (verification) or each request's last (decode) writes a slot of its own, from 8 on."""
-    writes, slot = [], 8
-    for n in lengths:
-        for i in range(n):
-            keep = every_token or i == n - 1
-            writes.append(slot if keep else -1)
-            slot += keep
-    return writes
 
 
 def make_inputs(num_tokens: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor, Tensor]:

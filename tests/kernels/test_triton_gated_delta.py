@@ -14,8 +14,9 @@ from torch import Tensor
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from openinfer.kernels.fla_gated_delta import Segment, gated_delta_rule_fla, segment_rounds
-from openinfer.kernels.gated_delta import StateIndex, gated_delta_rule
+from openinfer.kernels.gated_delta import gated_delta_rule
 from openinfer.kernels.triton_gated_delta import gated_delta_rule_triton, read_conflicts
+from tests.kernels.slot_batches import fresh_writes, make_index
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CPU = torch.device("cpu")
@@ -24,24 +25,6 @@ NUM_SLOTS = 40
 LENGTHS = [1, 16, 4, 2, 7]  # max 16: the short path
 # Both compute in float32; bfloat16 outputs are rounded once, so they may differ by one ulp (2^-8 relative).
 OUT_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-
-
-def make_index(lengths: list[int], reads: list[int], writes: list[int], device: torch.device) -> StateIndex:
-    loc = [0]
-    for n in lengths:
-        loc.append(loc[-1] + n)
-    return StateIndex.build(loc, reads, writes, device)
-
-
-def fresh_writes(lengths: list[int], every_token: bool) -> list[int]:
-    """Every token (verification) or each request's last (decode) writes a slot of its own, from 8 on."""
-    writes, slot = [], 8
-    for n in lengths:
-        for i in range(n):
-            keep = every_token or i == n - 1
-            writes.append(slot if keep else -1)
-            slot += keep
-    return writes
 
 
 def make_inputs(num_tokens: int, dtype: torch.dtype, seed: int) -> list[Tensor]:
