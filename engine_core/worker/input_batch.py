@@ -107,7 +107,8 @@ class InputBatch:
         num_written, row_of = self.num_written, self.rows
         captures: list[tuple[int, int, int]] = []  # (chunk, position, prefix state slot) of kept states
         for chunk, (request, start, num_new, drafts, samples, *_, kept) in enumerate(scheduled):
-            captures += ((chunk, position, slot) for position, slot in kept)
+            if kept:  # a hybrid model's prefix states (rare: one every prefix interval)
+                captures += ((chunk, position, slot) for position, slot in kept)
             row = row_of.get(request)
             if row is None:
                 row = self.add(request)
