@@ -184,6 +184,8 @@ class EngineClient:
         )
         record = self.registry.get(stream.engine_index)
         if record is not None and record.incarnation == stream.incarnation:
+            # remembered: outputs the engine sent before it read this are strays, not to be aborted again
+            record.note_aborted([request_id])
             await self._send(record.identity, protocol.AbortRequests([request_id]))
 
     # ---- receiving ----

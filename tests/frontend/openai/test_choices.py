@@ -171,7 +171,8 @@ async def test_one_failing_choice_fails_the_request_and_aborts_the_others(
     frontend: Frontend, start_peer: PeerFactory, streamed: bool
 ) -> None:
     """Choice 1's engine error ends the request with its message (a 500, or the stream's error event before
-    [DONE]), and the two other children are aborted on the engine at once."""
+    [DONE]), and every other child sent is aborted on the engine at once: choice 0, and choice 2 when it was
+    sent before choice 1 failed (after that no child is sent, so whether it was is a matter of timing)."""
     peer = await start_peer(
         frontend, PeerConfig(token_delay_s=0.05, fail_with="CUDA error", fail_prefix="1_")
     )
@@ -188,8 +189,8 @@ async def test_one_failing_choice_fails_the_request_and_aborts_the_others(
         )
 
     def others_aborted() -> bool:
-        others = [request_id for request_id in peer.requests if not request_id.startswith("1_")]
-        return len(others) == 2 and sorted(peer.aborted) == sorted(others)
+        others = sorted(request_id for request_id in peer.requests if not request_id.startswith("1_"))
+        return any(r.startswith("0_") for r in others) and sorted(peer.aborted) == others
 
     await wait_until(others_aborted)
     assert len(frontend.client.router) == 0
