@@ -250,7 +250,11 @@ def test_incremental_decoding_matches_the_full_sequence(tmp_path: Path, moe: boo
         for start, end in [(5, 8), *((i, i + 1) for i in range(8, 12))]:
             out = model(ids[:, start:end], cache=out.cache, use_cache=True)
             pieces.append(out.logits[0])
-    torch.testing.assert_close(torch.cat(pieces), full, atol=1e-4, rtol=1e-4)
+    # transformers runs its Gated DeltaNet in float32 whatever the model's dtype, chunked for the prefill and
+    # recurrent for the steps: the two forms round differently, and random routers and experts amplify that
+    # (5e-4 in one MoE logit on an AMD EPYC, under 1e-4 on the Intel CPUs CI ran on). 1e-3 is the logit
+    # tolerance docs/design.md gives a float near-tie; a wrong cache or state moves logits by far more.
+    torch.testing.assert_close(torch.cat(pieces), full, atol=1e-3, rtol=0)
     assert full.std() > 1  # init_std 0.2 makes logits that vary, so the comparison means something
 
 
