@@ -138,7 +138,9 @@ class EngineProcess:
                 link, command, False, "a drafter is still loading on this engine; try again when it is done"
             )
         elif isinstance(command, protocol.UnloadDrafter):
+            self._announce_counters()
             self.core.unload_drafter()
+            self._announce_counters()
             self._reply(link, command, True, "speculative decoding is off")
         elif command.draft_model and not is_allowed(command.draft_model, self.config.allowed_drafter_dirs):
             logger.warning("drafter load refused: %r is outside --allowed-drafter-dir", command.draft_model)
@@ -169,7 +171,11 @@ class EngineProcess:
         link, command, future = self._pending_load
         self._pending_load = None
         try:
-            self._reply(link, command, True, f"loaded {self.core.install_drafter(future.result())}")
+            loaded = future.result()
+            self._announce_counters()
+            described = self.core.install_drafter(loaded)
+            self._announce_counters()
+            self._reply(link, command, True, f"loaded {described}")
         except Exception as e:  # noqa: BLE001 - any load failure is the caller's answer, never a crash
             logger.warning("drafter load refused: %s: %s", type(e).__name__, e)
             self._reply(link, command, False, _load_failure(command, e))
@@ -223,15 +229,32 @@ class EngineProcess:
             return
         load = self.core.load_snapshot()
         for link, mine in due:
-            message = protocol.EngineCoreOutputs(
-                engine_index=self.config.engine_index,
-                incarnation=self.incarnation,
-                seq=self._next_seq(),
-                timestamp=time.time(),
-                outputs=mine,
-                load=load,
-            )
-            self._send(link, message, mine)
+            self._send(link, self._outputs_message(mine, load), mine)
+
+    def _outputs_message(
+        self, outputs: list[protocol.EngineCoreOutput], load: protocol.LoadSnapshot
+    ) -> protocol.EngineCoreOutputs:
+        return protocol.EngineCoreOutputs(
+            engine_index=self.config.engine_index,
+            incarnation=self.incarnation,
+            seq=self._next_seq(),
+            timestamp=time.time(),
+            outputs=outputs,
+            load=load,
+        )
+
+    def _announce_counters(self) -> None:
+        """Send the metrics frontend the counters as they are now, around a drafter change (before and after).
+
+        A change may start the counters from zero (a new K, an unload, a load after none); the frontend sees
+        the change only by the snapshots it gets. Before: the old counters' last drafts reach it (the steps
+        since its last message may have answered other frontends only, and their drafts would be lost with the
+        old counters). After: it sees the new counters' start, so an unload and a reload of the same K in one
+        heartbeat interval read as None then zero, never as a counter that went down."""
+        load = self.core.load_snapshot()
+        for link in self.frontends.links:
+            if link.exports_metrics:
+                self._send(link, self._outputs_message([], load))
 
     def _send(
         self,

@@ -23,7 +23,7 @@ from openinfer.frontend.metrics.api_servers import ApiServerView
 from openinfer.tools.spec_tally import read_spec_logs, tally_metrics
 from tests.e2e.fault_checks import admin_engines, assert_requests_ended, counted_logs, engines_idle, wait_for
 from tests.e2e.load import CYCLE_PROMPT, Load, Scraper
-from tests.e2e.processes import ADMIN_KEY, Cluster, cmdline
+from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster, cmdline
 from tests.e2e.serve_under_test import Serve
 
 K = 4
@@ -112,6 +112,51 @@ async def test_api_servers_metrics_equal_spec_logs_through_kills(serve: Serve) -
             if s.name == "vllm:request_success_total"
         ]
         assert sum(success) > 0, index
+
+
+async def test_drafter_changes_lose_no_draft_made_for_another_frontend(tmp_path: Path) -> None:
+    """Issue 39: one engine behind two openinfer-frontends, six streams and the drafter commands all sent to
+    frontend 1 while frontend 0 exports the engine's counters; the drafter cycles K=5 -> K=7 -> unloaded ->
+    K=4 three times. The drafts frontend 1's requests made since frontend 0's last message are not lost when a
+    change starts the counters from zero: frontend 0's /metrics equals the spec log bin by bin (every K), no
+    scrape of it shows a counter lower than an earlier one, and it counted no protocol error."""
+    c = Cluster(tmp_path, frontends=2, num_http_ports=2)
+    urls = [f"http://127.0.0.1:{port}" for port in c.http_ports]
+    try:
+        for index in range(2):
+            c.start_frontend("--admin-api-key", ADMIN_KEY, index=index, http_port=c.http_ports[index])
+        c.start_fake_engine(0, *SPEC, "--spec-log", str(tmp_path / "spec0.jsonl"))
+        for url in urls:
+            await wait_for(lambda url=url: '"engines_up": 1' in health(url))
+        load, scraper = Load(urls[1], clients=6), Scraper(urls[0])
+        load.start()
+        scraper.start()
+        route = f"{urls[1]}/admin/engines/0/drafter"
+        try:
+            async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as session:
+                for _ in range(3):
+                    for body in ({"method": "ngram", "num_spec_tokens": 5},
+                                 {"method": "ngram", "num_spec_tokens": 7}, None,
+                                 {"method": "ngram", "num_spec_tokens": K}):  # fmt: skip
+                        await asyncio.sleep(0.4)  # drafts made meanwhile, for frontend 1's requests
+                        change = session.post(route, json=body) if body else session.delete(route)
+                        async with change as r:
+                            assert r.status == 200, await r.text()
+        finally:
+            await load.stop()
+        await wait_for(lambda: engines_idle(c, 1))
+        await asyncio.sleep(1.5)  # frontend 0 took the engine's idle snapshots (heartbeats: 0.5 s)
+        await scraper.stop()
+        text, logs = scrape(urls[0]), counted_logs(c)
+    finally:
+        c.stop()
+    assert_requests_ended(load, [])
+    assert scraper.scrapes > 5 and not scraper.decreases, scraper.decreases[:5]
+    errors = [s for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "openinfer:protocol_errors_total" and s.value]  # fmt: skip
+    assert not errors, errors
+    assert logs.engines[0].num_drafts > 0 and not logs.earlier
+    assert tally_metrics(text)[0].bins(7, 8) == logs.engines[0].bins(7, 8)
 
 
 async def test_frontends_started_apart_sum_to_each_engine_once(tmp_path: Path) -> None:
