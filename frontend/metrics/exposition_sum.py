@@ -30,27 +30,56 @@ class _Families(Collector):
         return iter(self._families)
 
 
-def sum_expositions(texts: Iterable[str]) -> bytes:
-    """One text exposition whose every sample is the sum of that sample over ``texts``; families keep the
-    order in which they first appear. ``ValueError`` when a text is not an exposition."""
-    families: dict[str, Metric] = {}
-    values: dict[str, dict[_SampleKey, float]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
-            if family.name not in families:
-                families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                values[family.name] = {}
-            elif families[family.name].type != family.type:
-                raise ValueError(
-                    f"{family.name} is a {family.type} here and a {families[family.name].type} there"
+def parse_exposition(text: str) -> list[Metric]:
+    """The families of a text exposition; ``ValueError`` when it is not one."""
+    return list(text_string_to_metric_families(text))
+
+
+class ExpositionSum:
+    """Expositions summed sample by sample as they are added; families keep the order in which they first
+    appear."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+        self._values: dict[str, dict[_SampleKey, float]] = {}
+
+    def add(self, families: Iterable[Metric]) -> None:
+        """Add one exposition's families; ``ValueError``, and nothing added, when a family has another type
+        here than in an exposition added before (or twice in this one)."""
+        families = list(families)
+        types = {name: family.type for name, family in self._families.items()}
+        for family in families:
+            known = types.setdefault(family.name, family.type)
+            if known != family.type:
+                raise ValueError(f"{family.name} is a {family.type} here and a {known} there")
+        for family in families:
+            if family.name not in self._families:
+                self._families[family.name] = Metric(
+                    family.name, family.documentation, family.type, family.unit
                 )
-            sums = values[family.name]
+                self._values[family.name] = {}
+            sums = self._values[family.name]
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 sums[key] = sums.get(key, 0.0) + sample.value
-    for name, family in families.items():
-        for (sample_name, labels), value in values[name].items():
-            family.add_sample(sample_name, dict(labels), value)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(list(families.values())))
-    return generate_latest(registry)
+
+    def render(self) -> bytes:
+        """The text exposition of the sums."""
+        families = []
+        for name, template in self._families.items():
+            family = Metric(name, template.documentation, template.type, template.unit)
+            for (sample_name, labels), value in self._values[name].items():
+                family.add_sample(sample_name, dict(labels), value)
+            families.append(family)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(families))
+        return generate_latest(registry)
+
+
+def sum_expositions(texts: Iterable[str]) -> bytes:
+    """One text exposition whose every sample is the sum of that sample over ``texts``. ``ValueError`` when
+    a text is not an exposition, or two give a family different types."""
+    total = ExpositionSum()
+    for text in texts:
+        total.add(parse_exposition(text))
+    return total.render()

@@ -23,7 +23,7 @@ from openinfer.frontend.metrics.counted_seqs import CountedSeqs
 from openinfer.frontend.metrics.engine_baselines import SavedBaseline
 from openinfer.frontend.metrics.totals import TotalsState
 from openinfer.protocol import PrefixCacheCounters, SpecDecodeCounters
-from openinfer.tools.private_file import APPEND, CREATE, READ, open_private
+from openinfer.tools.private_file import APPEND, READ, open_private, replace_private
 
 logger = logging.getLogger(__name__)
 
@@ -99,20 +99,7 @@ class StateDir:
         data = self._encoder.encode(state)
         if data == self._last_saved:
             return False
-        temp = self.path / f".{STATE_FILE}.tmp"
-        temp.unlink(
-            missing_ok=True
-        )  # one a crash left, or a link planted in its place: never written through
-        with os.fdopen(open_private(temp, CREATE), "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, self.file)
-        directory = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a crash of the machine
-        finally:
-            os.close(directory)
+        replace_private(self.file, data, durable=True)
         self._last_saved = data
         self.num_saves += 1
         return True
