@@ -30,6 +30,7 @@ class Target:
     body_mb: float  # the size of each big body
     schema_depth: int  # nesting of the slow JSON schemas
     hellos: int  # forged hellos of distinct indices, at most
+    serve_pid: int  # openinfer-serve's: its children by role are serve_children(serve_pid)
 
     @property
     def url(self) -> str:

@@ -165,7 +165,7 @@ async def _attack(attacker: Attacker, server: Server, options: argparse.Namespac
         target = Target(
             session, HOST, server.cluster.http_port, server.api_key, server.model, server.cluster.engine_port,
             server.spec_log_dir, server.state_dir, options.seconds, options.idle_seconds, options.body_mb,
-            options.schema_depth, options.hellos,
+            options.schema_depth, options.hellos, server.cluster.processes["serve"].pid,
         )  # fmt: skip
         try:
             return await asyncio.wait_for(attacker(target), limit)

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 
 import zmq
@@ -25,6 +27,10 @@ from openinfer.frontend.ready_pipe import say_ready
 
 logger = logging.getLogger("openinfer.frontend")
 
+# How long an api server waits for an engine to join it before it takes connections on the shared port
+# anyway (they get 503 until one joins): the engines rejoin a restarted frontend within a heartbeat or two.
+ENGINE_WAIT_S = 10.0
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -37,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="HTTP address to listen on (vLLM's default, every interface; a warning without an API key)",
     )
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        metavar="FD",
+        help="accept HTTP connections on this inherited listening socket, bound to --host:--port by "
+        "openinfer-serve (which gives it), instead of binding them",
+    )
     parser.add_argument(
         "--engine-bind",
         type=_engine_address,
@@ -68,9 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_api_server_args(parser.add_argument_group("one of several api servers on one port (openinfer-serve)"))
     args = parser.parse_args(argv)
     if args.api_server_count > 1:
-        if args.peers_dir is None or args.state_dir is None:
+        if args.peers_dir is None or args.state_dir is None or args.listen_fd is None:
             parser.error(
-                "--api-server-count > 1 needs --peers-dir and --state-dir (openinfer-serve gives both)"
+                "--api-server-count > 1 needs --peers-dir, --state-dir and --listen-fd (openinfer-serve "
+                "gives them)"
             )
         args.state_dir = args.state_dir / f"api-server-{args.api_server_index}"
     if not 0 <= args.api_server_index < args.api_server_count:
@@ -138,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
 async def _run(args: argparse.Namespace) -> bool:
     """Serve until a signal (False) or a failure that leaves the frontend unable to serve (True)."""
     failed = False
+    listener = None if args.listen_fd is None else socket.socket(fileno=args.listen_fd)
     curve_keys = load_server_keys(args.zmq_curve_keys) if args.zmq_curve_keys else None
     state_dir = StateDir(args.state_dir) if args.state_dir else None
     metrics = FrontendMetrics(state_dir)
@@ -177,14 +192,15 @@ async def _run(args: argparse.Namespace) -> bool:
             args.http_timeout_body,
             api_servers,
         )
+        logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
         if api_servers is not None:
             await api_servers.start()
-        shared = api_servers is not None
-        runner = await serve(app, args.host, args.port, args.http_timeout_keep_alive, reuse_port=shared)
+        say_ready()  # to openinfer-serve, if it started this frontend: it got through its start
+        if api_servers is not None:  # on serve's socket the others take connections until it can serve
+            await _until_an_engine_joined(client, stop)
+        runner = await serve(app, args.host, args.port, args.http_timeout_keep_alive, listener)
         try:
             logger.info("openinfer frontend listening on http://%s:%d", args.host, args.port)
-            logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
-            say_ready()  # to openinfer-serve, if it started this frontend
             crash = await _stop_or_crash(stop, client)
             if crash is not None:
                 logger.critical("the frontend stops, as it can no longer serve: %s", crash)
@@ -203,6 +219,18 @@ async def _run(args: argparse.Namespace) -> bool:
         if state_dir is not None:
             state_dir.close()
     return failed
+
+
+async def _until_an_engine_joined(client: EngineClient, stop: asyncio.Event) -> None:
+    """Until an engine joined this frontend, ``stop`` is set, or :data:`ENGINE_WAIT_S` passed."""
+    deadline = time.monotonic() + ENGINE_WAIT_S
+    while client.num_engines_up == 0 and not stop.is_set():
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "no engine joined within %g s: taking connections anyway (503 until one joins)", ENGINE_WAIT_S
+            )
+            return
+        await asyncio.sleep(0.05)
 
 
 async def _stop_or_crash(stop: asyncio.Event, client: EngineClient) -> str | None:

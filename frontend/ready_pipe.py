@@ -1,9 +1,10 @@
-"""How a frontend that ``openinfer-serve`` started says it listens: one line on a pipe the launcher gave it.
+"""How a frontend that ``openinfer-serve`` started says it got through its start (its flags, keys, state
+folder and engine ports work; it serves on serve's listening socket): one line on a pipe the launcher gave it.
 
 The launcher holds the pipe's read end, so the line stays there to be read after the frontend is gone: whether
 a dead frontend had got ready is a fact, not a guess from polling ``/health`` between its start and its death
-(one that was ready is started again; one that died before, with a port taken or an unusable ``--state-dir``,
-cannot start, so it is not). Both ends are here; this module imports nothing of the frontend's.
+(one that was ready is started again; one that died before, with an engine port taken or an unusable
+``--state-dir``, cannot start, so it is not). Both ends are here; this module imports nothing of the frontend's.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ READY_LINE = b"ready\n"
 
 
 def say_ready() -> None:
-    """In the frontend, once it listens: write the line to the launcher's pipe, if it gave one (else nothing),
-    and close it, so that no process the frontend starts holds it."""
+    """In the frontend, once it got through its start: write the line to the launcher's pipe, if it gave one
+    (else nothing), and close it, so that no process the frontend starts holds it."""
     fd = os.environ.pop(READY_FD_ENV, None)
     if fd is not None:
         with os.fdopen(int(fd), "wb") as pipe:

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from openinfer.engine_core.launch.http_listener import http_listener
 from openinfer.protocol.addresses import engine_ports
 
 HOST = "127.0.0.1"
@@ -242,27 +243,37 @@ class LocalCluster(ProcessGroup):
         self.http_port = self.http_ports[0]
         self.url = f"http://{HOST}:{self.http_port}"
         self.engine_address = f"tcp://{HOST}:{self.engine_port}"
+        self.listener: socket.socket | None = None  # the api servers' HTTP socket (start_api_servers)
 
     def frontend_address(self, index: int) -> str:
         """Frontend ``index``'s engine address."""
         return f"tcp://{HOST}:{self.engine_port + 2 * index}"
 
     def start_frontend(
-        self, *extra: str, cpus: str | None = None, index: int = 0, http_port: int | None = None
+        self,
+        *extra: str,
+        cpus: str | None = None,
+        index: int = 0,
+        http_port: int | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> subprocess.Popen[bytes]:
         """Frontend ``index`` (named "frontend", or "frontend<index>" when there are several) on
-        ``http_port`` (default: the cluster's)."""
+        ``http_port`` (default: the cluster's); ``pass_fds``: the file descriptors it inherits."""
         port = str(http_port or self.http_port)
         args = ["--host", HOST, "--port", port, "--engine-bind", self.frontend_address(index)]
         name = "frontend" if self.frontends == 1 else f"frontend{index}"
-        return self.spawn(name, python_module("openinfer.frontend.main", *args, *extra), cpus=cpus)
+        argv = python_module("openinfer.frontend.main", *args, *extra)
+        return self.spawn(name, argv, cpus=cpus, pass_fds=pass_fds)
 
     def start_api_servers(self, *extra: str, cpus: str | None = None) -> None:
         """Every frontend as api servers on the cluster's HTTP port, as ``openinfer-serve --api-server-count``
-        runs them (their peers folder and states under the log folder)."""
+        runs them (the listening socket this cluster binds; their peers folder and states under the log
+        folder)."""
         assert self.log_dir is not None
         peers = self.log_dir / "api-servers"
         peers.mkdir(mode=0o700, exist_ok=True)
+        self.listener = self.listener or http_listener(HOST, self.http_port)
+        fd = self.listener.fileno()
         count = str(self.frontends)
         for index in range(self.frontends):
             shared = [
@@ -273,8 +284,8 @@ class LocalCluster(ProcessGroup):
                 "--peers-dir",
                 str(peers),
             ]
-            shared += ["--state-dir", str(peers / "state")]
-            self.start_frontend(*shared, *extra, cpus=cpus, index=index)
+            shared += ["--state-dir", str(peers / "state"), f"--listen-fd={fd}"]
+            self.start_frontend(*shared, *extra, cpus=cpus, index=index, pass_fds=(fd,))
 
     def start_engine(self, model: Path, index: int = 0, *extra: str) -> subprocess.Popen[bytes]:
         """A CPU engine serving `model` (`extra`: more engine flags)."""
@@ -291,6 +302,13 @@ class LocalCluster(ProcessGroup):
         `env` is added to its environment."""
         args = ["--host", HOST, "--port", str(self.http_port), "--engine-port", str(self.engine_port), *extra]
         return self.spawn("serve", python_module("openinfer.engine_core.launch.serve", *args), env)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every child (:meth:`ProcessGroup.stop`), then close the api servers' socket."""
+        super().stop(timeout)
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
     def wait_healthy(self, timeout: float = 60.0, engines: int = 1) -> None:
         """Until /health is 200 with at least `engines` engines up; raises with the logs otherwise."""

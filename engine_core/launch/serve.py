@@ -23,6 +23,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_drafter_folder,
     builtin_target_folder,
 )
+from openinfer.engine_core.launch.http_listener import http_listener
 from openinfer.engine_core.launch.local_cluster import ProcessGroup, python_module, wait_healthy
 from openinfer.engine_core.launch.serve_args import parse_args
 from openinfer.engine_core.launch.supervisor import Readiness, Supervisor
@@ -107,9 +108,12 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
     return command + args.engine_argv
 
 
-def frontend_command(args: argparse.Namespace, api_server: int = 0) -> list[str]:
-    """Api server ``api_server``'s command line: where it listens, then every frontend flag as it was given.
-    Never the API key: :func:`frontend_env` carries it."""
+def frontend_command(
+    args: argparse.Namespace, api_server: int = 0, listen_fd: int | None = None
+) -> list[str]:
+    """Api server ``api_server``'s command line: where it listens (``listen_fd``: on serve's socket, which
+    it inherits), then every frontend flag as it was given. Never the API key: :func:`frontend_env` carries
+    it."""
     command = python_module(
         "openinfer.frontend.main",
         "--host",
@@ -121,6 +125,8 @@ def frontend_command(args: argparse.Namespace, api_server: int = 0) -> list[str]
         "--log-level",
         args.log_level,
     )
+    if listen_fd is not None:
+        command.append(f"--listen-fd={listen_fd}")
     if args.zmq_curve_keys is not None:
         command.append(f"--zmq-curve-keys={args.zmq_curve_keys}")
     if args.api_server_count > 1:
@@ -227,6 +233,11 @@ def main(argv: list[str] | None = None) -> None:
     # unless SIGHUP is ignored (nohup), as then its parent asked for serve to outlive the terminal.
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, on_signal)
+    try:  # first: only this serve's api servers take connections on its port (http_listener.py)
+        listener = http_listener(args.host, args.port)
+    except OSError as e:
+        logger.error("openinfer did not start: %s", e)
+        sys.exit(1)
     try:
         prepare(args)
     except (ValueError, OSError) as e:
@@ -234,9 +245,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     children = ProcessGroup()  # they share this process's output
     try:
-        with ExitStack() as stack:
+        with listener, ExitStack() as stack:
             ready = [stack.enter_context(ReadyPipe()) for _ in range(args.api_server_count)]
-            exit_code = run(args, Supervisor(children, args.restart_policy), ready, lambda: stopping)
+            supervisor = Supervisor(children, args.restart_policy)
+            exit_code = run(args, supervisor, ready, listener.fileno(), lambda: stopping)
     finally:
         children.stop()
         remove_private_keys(args)
@@ -245,13 +257,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(
-    args: argparse.Namespace, supervisor: Supervisor, ready: list[ReadyPipe], stopping: Callable[[], bool]
+    args: argparse.Namespace,
+    supervisor: Supervisor,
+    ready: list[ReadyPipe],
+    listen_fd: int,
+    stopping: Callable[[], bool],
 ) -> int:
-    """Start the frontend and the engines and watch them until ``stopping()`` (exit status 0) or a reason to
-    stop everything, logged (1). The caller stops the children."""
+    """Start the frontend (its api servers accept on ``listen_fd``, serve's listening socket) and the engines
+    and watch them until ``stopping()`` (exit status 0) or a reason to stop everything, logged (1). The
+    caller stops the children."""
     url = f"http://{args.host}:{args.port}"
-    # A frontend that dies once it listened is started again on the same ports; the engines keep running
-    # and reconnect to it. One that dies before it listened cannot start (its log says why): everything stops.
+    # A frontend that dies once it got ready is started again on the same socket and ports; the engines keep
+    # running and reconnect to it. One that dies before cannot start (its log says why): everything stops.
 
     def supervise() -> None:  # an engine that dies while the others start is started again, as later
         if (reason := supervisor.poll()) is not None:
@@ -262,7 +279,8 @@ def run(
             env = {**(frontend_env(args) or {}), **pipe.env}
             listening = Readiness(f"listening on {url}", pipe.said_ready)
             name = "the frontend" if args.api_server_count == 1 else f"api server {i}"
-            supervisor.start(name, frontend_command(args, i), env, listening, pipe.pass_fds)
+            command = frontend_command(args, i, listen_fd)
+            supervisor.start(name, command, env, listening, (*pipe.pass_fds, listen_fd))
         for i in range(args.engines):
             supervisor.start(f"engine {i}", engine_command(args, i), None)
         if not wait_healthy(url, supervisor.group, args.engines, args.startup_timeout, stopping, supervise):

@@ -1,6 +1,6 @@
 """The api servers of one ``openinfer-serve --api-server-count N``, as one server to scrape.
 
-The N frontends share the HTTP port (``SO_REUSEPORT``: the kernel spreads connections), so a scrape reaches
+The N frontends share the HTTP port (one socket serve binds: whichever accepts first takes it), so a scrape reaches
 any one of them and must return the whole server's metrics. Each frontend (api server ``i``) also listens on
 a Unix socket ``PEERS_DIR/api-server-i.sock`` where it answers with its own :class:`ApiServerView`: its
 exposition (its requests' metrics, and the counters and gauges of the engines it is the metrics frontend of)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -128,9 +129,15 @@ async def _close_workers(app: web.Application) -> None:
 
 
 async def serve(
-    app: web.Application, host: str, port: int, keep_alive_s: float = 5.0, reuse_port: bool = False
+    app: web.Application,
+    host: str,
+    port: int,
+    keep_alive_s: float = 5.0,
+    listener: socket.socket | None = None,
 ) -> web.AppRunner:
-    """Serve ``app`` (port 0: any free port, see ``runner.addresses``); stop with ``runner.cleanup()``.
+    """Serve ``app`` on ``host``:``port`` (port 0: any free port, see ``runner.addresses``), or on the
+    ``listener`` given, already bound and listening (``openinfer-serve``'s, shared by its api servers); stop
+    with ``runner.cleanup()``.
 
     Handlers are cancelled when their client disconnects, which aborts the request on its engine. A connection
     is closed when the head of its next request is not in within ``keep_alive_s`` seconds of its start or of
@@ -150,7 +157,8 @@ async def serve(
         lingering_time=0.0,
     )
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()  # reuse: api servers share it
+    site = web.TCPSite(runner, host, port) if listener is None else web.SockSite(runner, listener)
+    await site.start()
     return runner
 
 

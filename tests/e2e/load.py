@@ -37,6 +37,9 @@ class Load:
     clients: int = 8
     timeout_s: float = 20.0  # a request still running after this is a hang: recorded as "timeout"
     model: str = "fake"
+    # a connection per request: with api servers sharing the port, any of them may take each request (kept
+    # connections stay with the api server that accepted them, which may be one for all of them)
+    new_connections: bool = False
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -54,7 +57,8 @@ class Load:
 
     async def _client(self, seed: int) -> None:
         rng = random.Random(seed)
-        async with aiohttp.ClientSession() as session:
+        connector = aiohttp.TCPConnector(force_close=self.new_connections)
+        async with aiohttp.ClientSession(connector=connector) as session:
             while not self._stop.is_set():
                 body = {
                     "model": self.model,

@@ -64,7 +64,7 @@ async def test_api_servers_metrics_equal_spec_logs_through_kills(serve: Serve) -
     engine, but the killed engine's unsent tail; each api server relayed requests."""
     c = serve.cluster
     serve.wait_serving()
-    load, scraper = Load(c.url, clients=6), Scraper(c.url, new_connections=True)
+    load, scraper = Load(c.url, clients=6, new_connections=True), Scraper(c.url, new_connections=True)
     load.start()
     scraper.start()
     down: list[tuple[float, float]] = []

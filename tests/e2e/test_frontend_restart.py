@@ -130,8 +130,9 @@ async def scraped(scraper: Scraper, count: int) -> bool:
 
 
 def test_a_restarted_frontend_that_cannot_start_stops_serve(tmp_path: Path) -> None:
-    """kill -9 of the frontend while another process took its HTTP port: the restarted frontend exits
-    before it answers /health, so serve does not start it again but stops everything, saying why (exit 1)."""
+    """kill -9 of the frontend while another process took its engine port (not its HTTP port: serve holds
+    that one, see test_shared_port.py): the restarted frontend exits before it got ready, so serve does not
+    start it again but stops everything, saying why (exit 1)."""
     serve = Serve(tmp_path, "--engine-restart-backoff", "0.1")
     squatter = socket.socket()
     try:
@@ -142,7 +143,7 @@ def test_a_restarted_frontend_that_cannot_start_stops_serve(tmp_path: Path) -> N
         os.kill(frontend, signal.SIGKILL)
         wait_for_state(frontend, "Z")  # not reaped: serve is stopped
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind((HOST, serve.cluster.http_port))
+        squatter.bind((HOST, serve.cluster.engine_port))
         squatter.listen()
         os.kill(serve.process.pid, signal.SIGCONT)
         assert serve.process.wait(60) == 1

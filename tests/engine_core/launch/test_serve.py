@@ -202,13 +202,14 @@ def test_verification_options_need_their_drafter(argv: list[str], words: str) ->
 
 
 def test_api_servers_share_the_port_and_every_engine_connects_to_all() -> None:
-    """--api-server-count 3: api server i binds the engine ports 5555 + 2i and gets its index, the count,
-    the peers folder and a state folder there; engine e connects to all three, api server e mod 3 first
-    (its metrics frontend)."""
+    """--api-server-count 3: api server i accepts on serve's listening socket (its inherited fd), binds the
+    engine ports 5555 + 2i and gets its index, the count, the peers folder and a state folder there; engine
+    e connects to all three, api server e mod 3 first (its metrics frontend)."""
     args = parse_args(["/m", "--engines", "4", "--api-server-count", "3"])
     resolve_builtin(args)
     args.peers_dir = Path("/run/peers")  # prepare() makes it
-    frontends = [frontend_args(frontend_command(args, i)[3:]) for i in range(3)]
+    frontends = [frontend_args(frontend_command(args, i, listen_fd=7)[3:]) for i in range(3)]
+    assert [f.listen_fd for f in frontends] == [7, 7, 7]
     assert [f.engine_bind for f in frontends] == [f"tcp://127.0.0.1:{p}" for p in (5555, 5557, 5559)]
     assert [(f.api_server_index, f.api_server_count, str(f.peers_dir)) for f in frontends] == [
         (i, 3, "/run/peers") for i in range(3)
@@ -224,7 +225,7 @@ def test_a_given_state_dir_holds_each_api_servers_folder() -> None:
     """With --state-dir DIR each api server keeps its state in DIR/api-server-i; one frontend keeps DIR."""
     args = parse_args(["--api-server-count", "2", "--state-dir", "/state"])
     args.peers_dir = Path("/run/peers")
-    assert [str(frontend_args(frontend_command(args, i)[3:]).state_dir) for i in range(2)] == [
+    assert [str(frontend_args(frontend_command(args, i, 7)[3:]).state_dir) for i in range(2)] == [
         "/state/api-server-0",
         "/state/api-server-1",
     ]
