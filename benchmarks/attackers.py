@@ -1,5 +1,7 @@
-"""Issue 25's attackers, a few lines each, run one after the other by :mod:`openinfer.benchmarks.attacks`:
-each takes a :class:`Target`, attacks for about ``Target.seconds`` and says what it achieved.
+"""Issue 25's and issue 39's attackers, a few lines each, run one after the other by
+:mod:`openinfer.benchmarks.attacks`: each takes a :class:`Target`, attacks for about ``Target.seconds`` and
+says what it achieved. An attack whose server needs flags of its own (several api servers, an admin key)
+names them in :data:`SERVE_FLAGS`.
 
 They use only the HTTP API and the wire protocol (forged messages are encoded with the project's own codec)
 and bound every socket operation: where the engine ports authenticate (CurveZMQ) they report the refusal.
@@ -8,6 +10,7 @@ and bound every socket operation: where the engine ports authenticate (CurveZMQ)
 from __future__ import annotations
 
 from openinfer.benchmarks.attack_target import Attacker, Target
+from openinfer.benchmarks.counter_attacks import ADMIN_KEY, drafter_swaps
 from openinfer.benchmarks.http_attacks import (
     big_bodies,
     big_integers,
@@ -16,9 +19,11 @@ from openinfer.benchmarks.http_attacks import (
     slow_schemas,
     slowloris,
 )
+from openinfer.benchmarks.peer_attacks import hostile_peers_dir
+from openinfer.benchmarks.serve_attacks import api_server_restart, port_impostor
 from openinfer.benchmarks.wire_attacks import forged_hellos, garbage_flood, impersonation
 
-__all__ = ["ATTACKERS", "Attacker", "Target"]
+__all__ = ["ATTACKERS", "SERVE_FLAGS", "Attacker", "Target"]
 
 ATTACKERS: dict[str, Attacker] = {
     "big_integers": big_integers,
@@ -30,4 +35,16 @@ ATTACKERS: dict[str, Attacker] = {
     "slow_schemas": slow_schemas,
     "slowloris": slowloris,
     "error_bodies": error_bodies,
+    "drafter_swaps": drafter_swaps,
+    "hostile_peers_dir": hostile_peers_dir,
+    "port_impostor": port_impostor,
+    "api_server_restart": api_server_restart,
+}
+
+# The openinfer-serve flags an attack's server gets besides --serve-arg's.
+SERVE_FLAGS: dict[str, list[str]] = {
+    "drafter_swaps": ["--api-server-count", "3", "--admin-api-key", ADMIN_KEY],
+    "hostile_peers_dir": ["--api-server-count", "2"],
+    "port_impostor": ["--api-server-count", "2"],
+    "api_server_restart": ["--api-server-count", "2"],
 }

@@ -1,9 +1,10 @@
-"""Issue 25's attacks against a local ``openinfer-serve``, one after the other, and what each does to others.
+"""Issue 25's and 39's attacks against a local ``openinfer-serve``, one after the other, and what each does
+to others.
 
 For a baseline window and then each attack of :mod:`openinfer.benchmarks.attackers`, starts a fresh
 ``openinfer-serve`` (the built-in model; free loopback ports; ``--spec-log-dir`` and ``--state-dir`` in a
-temporary folder), runs the attack for about ``--seconds``, stops the server by pid whatever happens, and
-prints one table row:
+temporary folder; the attack's own flags from ``attackers.SERVE_FLAGS``), runs the attack for about
+``--seconds``, stops the server by pid whatever happens, and prints one table row:
 
 - /health p50 / p99 / max latency, polled every 20 ms; the victim, a 2-token chat request and a 32-token
   completion one after the other: latencies and how many succeeded. Both run in a process of their own, so
@@ -36,7 +37,7 @@ from pathlib import Path
 import aiohttp
 
 from openinfer.benchmarks.attack_observer import Observation, Observer, Window, auth_headers
-from openinfer.benchmarks.attackers import ATTACKERS, Attacker, Target
+from openinfer.benchmarks.attackers import ATTACKERS, SERVE_FLAGS, Attacker, Target
 from openinfer.engine_core.launch.local_cluster import HOST, LocalCluster, python_module, serve_children
 
 ATTACK_GRACE_S = 60.0  # an attack still running this long after its time is stopped
@@ -254,9 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="openinfer-attacks-") as folder:
             for name in ["baseline", *options.attacks]:
-                server = Server(
-                    Path(folder) / name, options.serve_arg, options.api_key, options.startup_timeout
-                )
+                flags = [*options.serve_arg, *SERVE_FLAGS.get(name, [])]
+                server = Server(Path(folder) / name, flags, options.api_key, options.startup_timeout)
                 with server:
                     rows.append(measure(name, ATTACKERS.get(name, _no_attack), server, observer, options))
                 print(format_row(rows[-1]), file=sys.stderr, flush=True)
