@@ -152,15 +152,23 @@ class Choices:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._close()
         self._metrics.observe_request_params_n(self._model_name, len(self._generations))
+        await self._close()
 
     async def _close(self) -> None:
-        """Stop the pumps, then leave every child sent (aborting those still running)."""
+        """Leave every child sent (aborting those still running), then wait for the pumps to stop.
+
+        In that order: a client that resets its stream makes a write raise, and aiohttp cancels the handler
+        when the loop next sees the connection lost, i.e. at the first await of leaving. The aborts suspend
+        nowhere (an abort is sent without waiting), so they are all sent before that await; waiting for the
+        pumps first let the cancellation skip them, and every choice ran on to its last token (issue 39).
+        """
         for pump in self._pumps:
-            pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        await self._exits.aclose()
+            pump.cancel()  # each stops at its next await, which it has not reached yet
+        try:
+            await self._exits.aclose()
+        finally:
+            await asyncio.gather(*self._pumps, return_exceptions=True)
 
     async def _deltas(self) -> AsyncIterator[tuple[int, CompletionDelta]]:
         """Every choice's deltas with its index, in arrival order, until each choice has finished."""

@@ -4,11 +4,17 @@ child ids and seeds), merged into one response or stream, validated, counted and
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 
+from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.openai.choices import Choices
+from openinfer.frontend.openai.completion_request import parse_completion_request
+from openinfer.frontend.openai.response_format import ResponseIds
 from openinfer.protocol import SpecDecodeCounters
 from tests.frontend import tiny_tokenizer
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
@@ -163,6 +169,43 @@ async def test_client_disconnect_aborts_every_choice(
             with pytest.raises(asyncio.TimeoutError):
                 await session.post(f"{frontend.url}/v1/completions", json=body)
     await wait_until(lambda: len(peer.requests) == 3 and sorted(peer.aborted) == sorted(peer.requests))
+    assert len(frontend.client.router) == 0
+
+
+async def test_leaving_aborts_every_choice_though_cancelled_as_it_leaves(
+    frontend: Frontend, start_peer: PeerFactory
+) -> None:
+    """A stream whose client reset the connection: the write raises, and aiohttp cancels the handler once the
+    loop sees the connection lost, i.e. at leaving's first await. Every child is still aborted on the engine
+    and leaves the router (issue 39: a cancelled wait for the pumps skipped the aborts, and all n ran on)."""
+    peer = await start_peer(frontend, PeerConfig(token_delay_s=0.05))
+    model = frontend.client.served_model("tiny")
+    assert model is not None
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 50, "n": 3, "stream": True}).encode()
+    parsed = parse_completion_request(body)
+    ids = ResponseIds("cmpl-cut", int(time.time()), model.name)
+    choices = Choices(
+        frontend.client,
+        frontend.metrics,
+        model,
+        parsed.prepare(model, "cut"),
+        parsed.options,
+        time.monotonic(),
+        ids,
+        PerRequestSpecMetrics.OFF,
+    )
+
+    async def handler() -> None:
+        async with choices:
+            async for _ in choices.chunks():
+                asyncio.get_running_loop().call_soon(task.cancel)  # aiohttp's connection_lost, queued
+                raise ConnectionResetError("Cannot write to closing transport")  # the failed write
+
+    task = asyncio.create_task(handler())
+    with pytest.raises(asyncio.CancelledError):  # the cancellation landed while the choices were left
+        await task
+    assert sorted(peer.requests) == [f"{i}_cut" for i in range(3)]  # all were sent before the first chunk
+    await wait_until(lambda: sorted(peer.aborted) == sorted(peer.requests))
     assert len(frontend.client.router) == 0
 
 
