@@ -21,6 +21,7 @@ from openinfer.benchmarks.http_attacks import (
 )
 from openinfer.benchmarks.peer_attacks import hostile_peers_dir
 from openinfer.benchmarks.serve_attacks import api_server_restart, port_impostor
+from openinfer.benchmarks.stream_attacks import cut_choice_streams
 from openinfer.benchmarks.wire_attacks import forged_hellos, garbage_flood, impersonation
 
 __all__ = ["ATTACKERS", "SERVE_FLAGS", "Attacker", "Target"]
@@ -35,6 +36,7 @@ ATTACKERS: dict[str, Attacker] = {
     "slow_schemas": slow_schemas,
     "slowloris": slowloris,
     "error_bodies": error_bodies,
+    "cut_choice_streams": cut_choice_streams,
     "drafter_swaps": drafter_swaps,
     "hostile_peers_dir": hostile_peers_dir,
     "port_impostor": port_impostor,
