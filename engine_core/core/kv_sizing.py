@@ -22,16 +22,17 @@ once); the blocks get the rest.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
 from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.weights import checkpoint_shapes
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -108,16 +109,7 @@ def activation_bytes(
 
 def checkpoint_bytes(folder: Path, dtype: torch.dtype) -> int:
     """Bytes the tensors of ``folder``'s safetensors files take at ``dtype`` (read from their headers)."""
-    numel = 0
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                shape = f.get_slice(name).get_shape()
-                count = 1
-                for size in shape:
-                    count *= size
-                numel += count
-    return numel * dtype.itemsize
+    return sum(math.prod(shape) for shape in checkpoint_shapes(folder).values()) * dtype.itemsize
 
 
 def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

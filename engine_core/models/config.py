@@ -4,6 +4,8 @@ folder."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import torch
 
 from openinfer.engine_core.models.hybrid_config import HybridConfig
+from openinfer.engine_core.models.model_folder import model_file
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _QWEN3 = ("qwen3", "qwen3_moe")
@@ -115,8 +118,9 @@ class ModelConfig:
             "head_dim",
             "max_position_embeddings",
         ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model config: {name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model config: {name} must be an integer >= 1, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"model config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -124,8 +128,14 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
-        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
-            raise ValueError("model config: rope_theta and rms_norm_eps must be > 0")
+        for name, number in (("rope_theta", self.rope_theta), ("rms_norm_eps", self.rms_norm_eps)):
+            if not (math.isfinite(number) and number > 0):  # NaN passes `<= 0`
+                raise ValueError(f"model config: {name} must be a finite number > 0, got {number}")
+        outside = [token_id for token_id in self.eos_token_ids if not 0 <= token_id < self.vocab_size]
+        if outside:
+            raise ValueError(
+                f"model config: eos_token_id {outside} outside the vocabulary (0..{self.vocab_size - 1})"
+            )
         if self.hybrid is not None:
             if len(self.hybrid.layer_types) != self.num_hidden_layers:
                 raise ValueError(
@@ -162,16 +172,16 @@ class ModelConfig:
         """Read `folder/config.json` and, when present, `folder/generation_config.json`."""
         folder = Path(folder)
         config_path = folder / "config.json"
-        if not config_path.is_file():
+        if not os.path.lexists(config_path):
             raise FileNotFoundError(
                 f"{config_path} not found: --model must be a Hugging Face model folder holding config.json"
             )
-        config = _read_json(config_path)
-        generation_path = folder / "generation_config.json"
-        generation = _read_json(generation_path) if generation_path.is_file() else {}
+        config = _read_json(model_file(folder, "config.json"))
+        has_generation = os.path.lexists(folder / "generation_config.json")
+        generation = _read_json(model_file(folder, "generation_config.json")) if has_generation else {}
         try:
             return cls.from_dict(config, generation)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:  # TypeError: a value of the wrong JSON type
             raise ValueError(f"{config_path}: {e}") from e
 
     @classmethod
@@ -195,7 +205,8 @@ class ModelConfig:
         num_heads = _required(text, "num_attention_heads")
         num_layers = _required(text, "num_hidden_layers")
         is_qwen3_5 = model_type not in _QWEN3
-        head_dim = text.get("head_dim") or (256 if is_qwen3_5 else hidden_size // num_heads)  # transformers'
+        # transformers' default; a head count < 1 is refused by __post_init__, not divided by
+        head_dim = text.get("head_dim") or (256 if is_qwen3_5 else hidden_size // max(num_heads, 1))
         moe = None
         if model_type == "qwen3_moe":
             moe = MoeConfig.from_dict(text)
@@ -256,18 +267,24 @@ def _tie_word_embeddings(config: dict[str, Any], text: dict[str, Any]) -> bool:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read: {e}") from e
+    except ValueError as e:  # not JSON, or not UTF-8
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object")
     return data
 
 
-def _required(config: dict[str, Any], key: str) -> Any:
+def _required(config: dict[str, Any], key: str) -> int:
+    """An integer the config must hold (every required key is a size or a count)."""
     if key not in config:
         raise ValueError(f"config.json has no {key!r}")
-    return config[key]
+    value = config[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"model config: {key} must be an integer, got {value!r}")
+    return value
 
 
 def _rope_theta(config: dict[str, Any]) -> float:

@@ -3,28 +3,60 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
-from torch import Tensor
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+
+from openinfer.engine_core.models.model_folder import model_file
+
+INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 * 2**20  # an index naming 100,000 tensors takes ~10 MB
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """The folder's model.safetensors, or the shards its model.safetensors.index.json names."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return [folder / file for file in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
-    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+    """The folder's model.safetensors, or the shards its model.safetensors.index.json names. Each is a regular
+    file inside the folder (see `model_file`): ValueError naming it otherwise."""
+    if os.path.lexists(folder / INDEX):
+        index = model_file(folder, INDEX)
+        if index.stat().st_size > MAX_INDEX_BYTES:
+            raise ValueError(f"{index}: {index.stat().st_size} bytes, more than an index can need")
+        try:
+            weight_map = json.loads(index.read_bytes())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"{index} is not a safetensors index (no weight_map of names to files: {e!r})"
+            ) from e
+        if not all(isinstance(file, str) for file in files):
+            raise ValueError(f"{index}: its weight_map must map tensor names to file names")
+        return [model_file(folder, file) for file in files]
+    if os.path.lexists(folder / "model.safetensors"):
+        return [model_file(folder, "model.safetensors")]
+    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor {INDEX}")
+
+
+@contextmanager
+def open_safetensors(file: Path) -> Iterator[Any]:
+    """safe_open(file) on the CPU, its errors (a truncated file, a header too large or that does not match
+    the file's size, offsets past its end) ValueErrors naming the file."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            yield f
+    except SafetensorError as e:
+        raise ValueError(f"{file} is not a valid safetensors file ({e}); download it again") from e
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
     """Every (name, tensor) of the folder's model.safetensors, or of the shards its index names."""
     for file in checkpoint_files(folder):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with open_safetensors(file) as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
 
@@ -72,10 +104,27 @@ def _copy_in_memory_order(target: Tensor, tensor: Tensor) -> None:
         target.copy_(tensor)
 
 
+def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor in the folder's safetensors, by name (read from the headers, no tensor data)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in checkpoint_files(folder):
+        with open_safetensors(file) as f:
+            shapes.update((name, tuple(f.get_slice(name).get_shape())) for name in f.keys())
+    return shapes
+
+
 def checkpoint_names(folder: Path) -> list[str]:
     """The names of every tensor in the folder's safetensors (read from the headers, no tensor data)."""
-    names: list[str] = []
-    for file in checkpoint_files(folder):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            names.extend(f.keys())
-    return names
+    return list(checkpoint_shapes(folder))
+
+
+def check_fits_checkpoint(model: nn.Module, folder: Path) -> None:
+    """Refuse, before its parameters are allocated (`model` may be on the meta device), a model whose
+    config.json asks for more parameters than the folder's safetensors hold: no load could fill it."""
+    needed = sum(p.numel() for p in model.parameters())
+    held = sum(math.prod(shape) for shape in checkpoint_shapes(folder).values())
+    if needed > held:
+        raise ValueError(
+            f"{folder}: config.json's sizes make a model of {needed:,} parameters, but its safetensors hold "
+            f"{held:,} values; config.json does not describe these weights"
+        )

@@ -21,6 +21,7 @@ from openinfer.engine_core.core.kv_sizing import GpuMemory, kv_block_bytes, num_
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
 from openinfer.engine_core.process.engine_process import CurveClientKeys, EngineProcess
+from openinfer.engine_core.process.tokenizer_files import check_tokenizer_files
 from openinfer.engine_core.worker.executor import ModelExecutor, resolve_dtype
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = config_from_args(args)
         keys = curve_client_keys(config.curve_keys, config.engine_index) if config.curve_keys else None
+        check_tokenizer_files(config.model_path)
         core = EngineCore(config, load_runner(config), incarnation=random.getrandbits(64))
         core.grammars.compilers.warm()
         process = EngineProcess(config, core, keys)

@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from openinfer.engine_core.models.model_folder import model_file
+
+_OPTIONAL = ("tokenizer_config.json", "chat_template.jinja")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """ValueError unless the folder's tokenizer.json, and its tokenizer_config.json and chat_template.jinja
+    where present, are regular files in it (`model_file`): the hello reads them, and a FIFO would hang it."""
+    model_file(folder, "tokenizer.json")
+    for name in _OPTIONAL:
+        if os.path.lexists(folder / name):
+            model_file(folder, name)
 
 
 def read_tokenizer_config(folder: Path) -> bytes:

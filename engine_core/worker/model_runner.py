@@ -16,6 +16,7 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
+from openinfer.engine_core.models.weights import check_fits_checkpoint
 from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
@@ -69,6 +70,7 @@ class ModelRunner:
         self.attn_backend = select_backend(self.device, attention_backend, block_size)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
             model = _model_class(config)(config, self.attn_backend)
+        check_fits_checkpoint(model, Path(model_path))  # before config.json's sizes are allocated
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):
