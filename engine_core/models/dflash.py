@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from openinfer.engine_core.models.checkpoint_headers import check_headers
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
@@ -245,22 +246,49 @@ class DFlashDraftModel(nn.Module):
             x = layer(x, cos, sin, cache, context)
         return self.norm(x)
 
+    def check_checkpoint(self, folder: Path | str) -> None:
+        """Refuse, from the safetensors headers alone (nothing allocated, no tensor read), a checkpoint whose
+        tensors are not this model's parameters by name and shape (DeepSpec's copies of the target's
+        embedding and LM head may be there, (vocab, hidden) each), or not floating-point."""
+        layers = self.config.layers
+        copies = (layers.vocab_size, layers.hidden_size)
+        check_headers(
+            Path(folder),
+            {name: tuple(param.shape) for name, param in self.named_parameters()},
+            unexpected_hint=self._unexpected_hint,
+            optional=dict.fromkeys(_DEEPSPEC_TARGET_COPIES, copies) if self.config.is_deepspec else None,
+            shape_problem=self._shape_problem,
+        )
+
     def load_weights(self, folder: Path | str) -> None:
         """Copy every tensor of the folder's safetensors into the parameter of the same name; a missing,
-        unexpected or misshapen tensor is an error."""
+        unexpected or misshapen tensor is an error, and so is a NaN or infinite weight (as loaded, in the
+        parameter's dtype: a float32 weight past float16's range is infinite in a float16 engine)."""
         deepspec = self.config.is_deepspec
         load_checkpoint(
             Path(folder),
             dict(self.named_parameters()),
-            unexpected_hint=(
-                "; a DeepSpec checkpoint holds layers.*, fc, hidden_norm, norm, embed_tokens, lm_head and the "
-                "heads its config names (markov_rank, enable_confidence_head)"
-                if deepspec
-                else "; a z-lab DFlash checkpoint holds only layers.*, fc, hidden_norm and norm (it shares the "
-                "target's embedding and LM head)"
-            ),
+            unexpected_hint=self._unexpected_hint,
             skip=lambda name: deepspec and name in _DEEPSPEC_TARGET_COPIES,
             shape_problem=self._shape_problem,
+        )
+        for name, param in self.named_parameters():
+            if not bool(torch.isfinite(param).all()):
+                raise ValueError(
+                    f"{folder}: tensor {name!r} holds NaN or infinite values (as {param.dtype}); a drafter's "
+                    "weights must be finite"
+                )
+
+    @property
+    def _unexpected_hint(self) -> str:
+        if self.config.is_deepspec:
+            return (
+                "; a DeepSpec checkpoint holds layers.*, fc, hidden_norm, norm, embed_tokens, lm_head and the "
+                "heads its config names (markov_rank, enable_confidence_head)"
+            )
+        return (
+            "; a z-lab DFlash checkpoint holds only layers.*, fc, hidden_norm and norm (it shares the "
+            "target's embedding and LM head)"
         )
 
     def _shape_problem(self, name: str, shape: tuple[int, ...]) -> str | None:

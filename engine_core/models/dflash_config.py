@@ -11,6 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.drafter_fit import target_misfits
+from openinfer.engine_core.models.drafter_values import (
+    MAX_BLOCK_SIZE,
+    MAX_LAYERS,
+    check_layer_values,
+    config_float,
+    config_int,
+    positive_float,
+    read_config_text,
+)
 from openinfer.engine_core.models.dspark_heads import DSparkHeadsConfig, MarkovHeadType
 from openinfer.engine_core.spec_decode.drafter_folders import DEEPSPEC_ARCHITECTURE, ZLAB_BLOCK_SIZE
 
@@ -89,14 +99,12 @@ class DFlashConfig:
     def from_folder(cls, folder: Path | str, anchor: AnchorLayout | None = None) -> DFlashConfig:
         """Read `folder/config.json`; `anchor`, when given, is the layout the engine was told to use."""
         config_path = Path(folder) / "config.json"
-        if not config_path.is_file():
-            raise FileNotFoundError(
-                f"{config_path} not found: --draft-model must be a DFlash checkpoint folder with config.json"
-            )
         try:
-            config = json.loads(config_path.read_text())
+            config = json.loads(read_config_text(config_path))
         except json.JSONDecodeError as e:
             raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path} must hold a JSON object")
         try:
             return cls.from_dict(config, anchor)
         except ValueError as e:
@@ -105,7 +113,7 @@ class DFlashConfig:
     @classmethod
     def from_dict(cls, config: dict[str, Any], anchor: AnchorLayout | None = None) -> DFlashConfig:
         """Build from the parsed config.json. Keys are looked up in `dflash_config` first, then at the top
-        level, as z-lab's code does."""
+        level, as z-lab's code does. Every number is checked before it is used (`drafter_values.py`)."""
         dflash = config.get("dflash_config") or {}
         if not isinstance(dflash, dict):
             raise ValueError("dflash_config must be a JSON object")
@@ -122,29 +130,49 @@ class DFlashConfig:
             raise ValueError("sliding-window DFlash draft layers are not supported")
         if value("mask_token_id") is None:
             raise ValueError("the config has no 'mask_token_id' (in dflash_config or at the top level)")
+        if config.get("model_type") != "qwen3":
+            raise ValueError(
+                f"model_type must be 'qwen3' (dense Qwen3 draft layers), got {config.get('model_type')!r}"
+            )
+        check_layer_values(config)
         layers = ModelConfig.from_dict(config)
         num_target_layers = value("num_target_layers")
+        if num_target_layers is not None:
+            num_target_layers = config_int(num_target_layers, "num_target_layers", high=MAX_LAYERS)
+            if layers.num_hidden_layers > num_target_layers:
+                raise ValueError(
+                    f"num_hidden_layers {layers.num_hidden_layers} is more draft layers than the "
+                    f"{num_target_layers} layers of the target it was trained for (num_target_layers)"
+                )
         layer_ids = value("target_layer_ids")
         if layer_ids is None:  # z-lab's default: spread over the target's layers
             if num_target_layers is None:
                 raise ValueError("the config has neither 'target_layer_ids' nor 'num_target_layers'")
-            layer_ids = list(zlab_target_layer_ids(int(num_target_layers), layers.num_hidden_layers))
-        if not isinstance(layer_ids, list) or not all(isinstance(i, int) for i in layer_ids):
+            layer_ids = list(zlab_target_layer_ids(num_target_layers, layers.num_hidden_layers))
+        if not isinstance(layer_ids, list):
             raise ValueError(f"target_layer_ids must be a list of integers, got {layer_ids!r}")
+        block_size = value("block_size")
+        if block_size is not None:  # a block holds the current token and at most MAX_SPEC_TOKENS drafts
+            block_size = config_int(block_size, "block_size", high=MAX_BLOCK_SIZE)
         softcap = value("final_logit_softcapping")
+        softcap = None if softcap is None else config_float(softcap, "final_logit_softcapping")
         deepspec = DEEPSPEC_ARCHITECTURE in (config.get("architectures") or [])
         return cls(
             layers=layers,
-            block_size=int(value("block_size") or ZLAB_BLOCK_SIZE),
-            mask_token_id=int(value("mask_token_id")),
-            target_layer_ids=tuple(layer_ids),
-            target_hidden_size=int(value("target_hidden_size") or layers.hidden_size),
-            num_target_layers=None if num_target_layers is None else int(num_target_layers),
+            block_size=ZLAB_BLOCK_SIZE if block_size is None else block_size,
+            mask_token_id=config_int(value("mask_token_id"), "mask_token_id", low=0),
+            target_layer_ids=tuple(config_int(i, "target_layer_ids[]", low=0) for i in layer_ids),
+            target_hidden_size=config_int(
+                value("target_hidden_size") or layers.hidden_size, "target_hidden_size"
+            ),
+            num_target_layers=num_target_layers,
             anchor=_anchor_layout(config, value("sample_from_anchor"), anchor),
-            input_embedding_scale=float(_number(value("input_embedding_scale"), 1.0)),
-            output_multiplier=float(_number(value("output_multiplier"), 1.0)),
+            input_embedding_scale=positive_float(
+                _number(value("input_embedding_scale"), 1.0), "input_embedding_scale"
+            ),
+            output_multiplier=positive_float(_number(value("output_multiplier"), 1.0), "output_multiplier"),
             # z-lab applies the soft-cap only when it is set and > 0
-            final_logit_softcapping=float(softcap) if softcap is not None and float(softcap) > 0 else None,
+            final_logit_softcapping=softcap if softcap is not None and softcap > 0 else None,
             heads=_deepspec_heads(config) if deepspec else None,
         )
 
@@ -174,26 +202,9 @@ class DFlashConfig:
         return f"dflash K={num_spec_tokens} block={size} ({layout})"
 
     def check_target(self, target: ModelConfig) -> None:
-        """Refuse a target this drafter cannot serve, saying what does not fit."""
-        problems = []
-        if self.layers.hidden_size != target.hidden_size or self.target_hidden_size != target.hidden_size:
-            problems.append(
-                f"the draft's hidden_size {self.layers.hidden_size} (target_hidden_size "
-                f"{self.target_hidden_size}) must equal the target's {target.hidden_size}: it shares the "
-                "target's embedding and LM head"
-            )
-        if self.num_target_layers not in (None, target.num_hidden_layers):
-            problems.append(
-                f"it was trained on a {self.num_target_layers}-layer target, this one has "
-                f"{target.num_hidden_layers}"
-            )
-        if max(self.target_layer_ids) >= target.num_hidden_layers:
-            problems.append(
-                f"target_layer_ids {self.target_layer_ids} name a layer the target lacks: it has "
-                f"{target.num_hidden_layers} (ids 0..{target.num_hidden_layers - 1})"
-            )
-        if self.mask_token_id >= target.vocab_size:
-            problems.append(f"mask_token_id {self.mask_token_id} is past the target's vocabulary")
+        """Refuse a target this drafter cannot serve, saying what does not fit (before anything is allocated:
+        see `drafter_fit.py`)."""
+        problems = target_misfits(self, target)
         if problems:
             raise ValueError("this DFlash drafter does not fit the target model: " + "; ".join(problems))
 
@@ -239,7 +250,7 @@ def _anchor_layout(config: dict[str, Any], stated: Any, chosen: AnchorLayout | N
 def _deepspec_heads(config: dict[str, Any]) -> DSparkHeadsConfig:
     """The heads of a DeepSpec config: `markov_rank` (0 or absent: none), `markov_head_type` (written only
     with a Markov head; vanilla when absent), `enable_confidence_head`, `confidence_head_with_markov`."""
-    rank = int(_number(config.get("markov_rank"), 0))
+    rank = config_int(_number(config.get("markov_rank"), 0), "markov_rank", low=0)
     head_type = config.get("markov_head_type") or MarkovHeadType.VANILLA.value
     if head_type not in set(MarkovHeadType):
         choices = ", ".join(MarkovHeadType)

@@ -30,6 +30,7 @@ from openinfer.engine_core.spec_decode.drafter import (
     DraftQuery,
     DraftTarget,
 )
+from openinfer.engine_core.spec_decode.drafter_budget import drafter_memory, free_memory, weight_bytes
 from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
 
@@ -86,6 +87,12 @@ class DFlashDrafter:
         max_positions = runner.model_config.max_position_embeddings + config.block_size
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
             model = DFlashDraftModel(config, follow_backend(runner.attn_backend), max_positions)
+        # Before anything is allocated: the files hold what the config says, and it fits the budget.
+        model.check_checkpoint(path)
+        memory = drafter_memory(
+            model, config.layers, self.num_pages, self.page_size, max_positions, self.dtype
+        )
+        memory.check(weight_bytes(runner.model), free_memory(self.device))
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(path)
         # Drafts at temperature > 0 are drawn with each request's own generator, else with this one.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from openinfer.engine_core.models.config import ModelConfig
@@ -108,6 +108,11 @@ class DraftTarget(Protocol):
     model_config: ModelConfig
     attn_backend: AttentionBackend
     step_graphs: StepGraphs | None  # the target's padded steps (CUDA graphs): the drafter pads to its buckets
+
+    @property
+    def model(self) -> nn.Module:
+        """The target model: a drafter weighs no more than its parameters (spec_decode/drafter_budget.py)."""
+        ...
 
     def embed(self, token_ids: Tensor) -> Tensor:
         """(...,) int64 token ids -> (..., hidden) the target's input embeddings."""

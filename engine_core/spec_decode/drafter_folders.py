@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from openinfer.engine_core.models.drafter_values import MAX_BLOCK_SIZE, config_int, read_config_text
 from openinfer.protocol import DrafterMethod
 
 NOT_ALLOWED = (
@@ -54,14 +55,22 @@ def folder_drafter(folder: Path) -> tuple[DrafterMethod, int]:
     has no readable config.json."""
     path = folder / "config.json"
     try:
-        config: Any = json.loads(path.read_text())
+        config: Any = json.loads(read_config_text(path))
     except (OSError, ValueError) as e:
         raise ValueError(f"--draft-model {folder}: cannot read its config.json ({e})") from e
     if not isinstance(config, dict):
         raise ValueError(f"--draft-model {folder}: config.json is not a JSON object")
     dflash = config.get("dflash_config")
     dflash = dflash if isinstance(dflash, dict) else {}
-    block_size = int(dflash.get("block_size", config.get("block_size")) or ZLAB_BLOCK_SIZE)
+    block_size = dflash.get("block_size", config.get("block_size"))
+    try:
+        block_size = (
+            ZLAB_BLOCK_SIZE
+            if block_size is None
+            else config_int(block_size, "block_size", high=MAX_BLOCK_SIZE)
+        )
+    except ValueError as e:
+        raise ValueError(f"--draft-model {folder}: {e}") from e
     if DEEPSPEC_ARCHITECTURE not in (config.get("architectures") or []):
         return "dflash", max(block_size - 1, 1)
     dspark = bool(config.get("markov_rank")) or bool(config.get("enable_confidence_head"))

@@ -1,0 +1,68 @@
+"""A checkpoint's tensors as its safetensors headers describe them (names, shapes, dtypes; no tensor data),
+checked against the shapes a config implies before any parameter is allocated or any tensor read.
+
+The loader (``weights.load_checkpoint``) reads each tensor whole before it compares its shape, so a
+checkpoint whose config and weights disagree could make it read gigabytes first; this check reads only the
+headers and refuses such a checkpoint with the loader's own messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+
+from openinfer.engine_core.models.weights import checkpoint_files
+
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # safetensors' names of the dtypes a weight may have
+
+
+@dataclass(frozen=True)
+class TensorHeader:
+    """One tensor as its file's header describes it."""
+
+    shape: tuple[int, ...]
+    dtype: str  # safetensors' name: F32, BF16, ...
+
+
+def read_headers(folder: Path) -> dict[str, TensorHeader]:
+    """Every tensor of the folder's safetensors files (those ``checkpoint_files`` names), from their headers."""
+    headers = {}
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                part = f.get_slice(name)
+                headers[name] = TensorHeader(tuple(part.get_shape()), part.get_dtype())
+    return headers
+
+
+def check_headers(
+    folder: Path,
+    expected: Mapping[str, tuple[int, ...]],
+    *,
+    unexpected_hint: str,
+    optional: Mapping[str, tuple[int, ...]] | None = None,
+    shape_problem: Callable[[str, tuple[int, ...]], str | None] = lambda name, shape: None,
+) -> None:
+    """Refuse the folder's checkpoint unless its tensors are exactly ``expected`` (name -> shape), and any of
+    ``optional`` (tensors the loader skips, of that shape), each in a floating-point dtype. The messages are
+    ``load_checkpoint``'s (``unexpected_hint``, ``shape_problem``)."""
+    headers, allowed = read_headers(folder), {**(optional or {}), **expected}
+    for name, header in headers.items():
+        shape = allowed.get(name)
+        if shape is None:
+            raise ValueError(f"{folder}: unexpected tensor {name!r}{unexpected_hint}")
+        if header.shape != shape:
+            problem = shape_problem(name, header.shape)
+            if problem is None:
+                problem = f"tensor {name!r} has shape {header.shape}, the config says {shape}"
+            raise ValueError(f"{folder}: {problem}")
+        if header.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"{folder}: tensor {name!r} is {header.dtype}; weights are one of {sorted(FLOAT_DTYPES)}"
+            )
+    missing = sorted(expected.keys() - headers.keys())
+    if missing:
+        raise ValueError(f"{folder}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")
