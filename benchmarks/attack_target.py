@@ -43,6 +43,10 @@ class Target:
 
 Attacker = Callable[[Target], Awaitable[str]]
 
+# The --admin-api-key of the servers that attacks through /admin run against (attackers.SERVE_FLAGS).
+ADMIN_KEY = "attack-admin-key"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
 
 async def post(target: Target, body: object, timeout: float = 60.0) -> int:
     """POST a completion (bytes are sent as they are): its status, 0 when none came within ``timeout``."""

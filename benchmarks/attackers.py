@@ -9,8 +9,9 @@ and bound every socket operation: where the engine ports authenticate (CurveZMQ)
 
 from __future__ import annotations
 
-from openinfer.benchmarks.attack_target import Attacker, Target
-from openinfer.benchmarks.counter_attacks import ADMIN_KEY, drafter_swaps
+from openinfer.benchmarks.attack_target import ADMIN_KEY, Attacker, Target
+from openinfer.benchmarks.counter_attacks import drafter_swaps
+from openinfer.benchmarks.drafter_attacks import HOSTILE_DRAFTER_DIR, hostile_drafters
 from openinfer.benchmarks.http_attacks import (
     big_bodies,
     big_integers,
@@ -38,6 +39,7 @@ ATTACKERS: dict[str, Attacker] = {
     "error_bodies": error_bodies,
     "cut_choice_streams": cut_choice_streams,
     "drafter_swaps": drafter_swaps,
+    "hostile_drafters": hostile_drafters,
     "hostile_peers_dir": hostile_peers_dir,
     "port_impostor": port_impostor,
     "api_server_restart": api_server_restart,
@@ -46,6 +48,7 @@ ATTACKERS: dict[str, Attacker] = {
 # The openinfer-serve flags an attack's server gets besides --serve-arg's.
 SERVE_FLAGS: dict[str, list[str]] = {
     "drafter_swaps": ["--api-server-count", "3", "--admin-api-key", ADMIN_KEY],
+    "hostile_drafters": ["--admin-api-key", ADMIN_KEY, f"--allowed-drafter-dir={HOSTILE_DRAFTER_DIR}"],
     "hostile_peers_dir": ["--api-server-count", "2"],
     "port_impostor": ["--api-server-count", "2"],
     "api_server_restart": ["--api-server-count", "2"],

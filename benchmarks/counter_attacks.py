@@ -8,12 +8,11 @@ import time
 
 import aiohttp
 
-from openinfer.benchmarks.attack_target import Target, get
+from openinfer.benchmarks.attack_target import ADMIN_HEADERS, ADMIN_KEY, Target, get
 from openinfer.tools.delivered import fetch_delivered
 from openinfer.tools.spec_tally import read_spec_logs, tally_metrics
 from openinfer.tools.verify_log import compare
 
-ADMIN_KEY = "attack-admin-key"  # the server's --admin-api-key (attackers.SERVE_FLAGS)
 # What the operator does to engine 0, in turn, three times: K=5, K=7, speculation off.
 CHANGES: tuple[dict[str, object] | None, ...] = (
     {"method": "ngram", "num_spec_tokens": 5},
@@ -33,9 +32,8 @@ async def _stream(target: Target, stop: asyncio.Event) -> None:
 
 async def _idle(target: Target) -> None:
     """Until every engine's latest snapshot runs and queues nothing (bounded: 60 s)."""
-    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     deadline = time.monotonic() + 60
-    async with aiohttp.ClientSession(headers=headers) as session:
+    async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as session:
         while time.monotonic() < deadline:
             async with session.get(f"{target.url}/admin/engines") as r:
                 loads = [e["load"] for e in (await r.json())["engines"]]
@@ -52,7 +50,7 @@ async def drafter_swaps(target: Target) -> str:
     statuses: list[int] = []
     route = f"{target.url}/admin/engines/0/drafter"
     try:
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as admin:
             for change in CHANGES * 3:
                 await asyncio.sleep(target.seconds / 9)
                 request = admin.post(route, json=change) if change else admin.delete(route)

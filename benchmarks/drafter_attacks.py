@@ -2,12 +2,10 @@
 
 Each is the built-in DSpark drafter made hostile in one way: a block of 1e9 slots, 10^6 draft layers (as
 JSON's float 1e6 and as the integer), NaN or infinite weights, a config the weights do not match. The
-engine must refuse each quickly (400) and go on drafting with the drafter it had. The attack needs the admin
-routes (``attacks.py --api-key KEY``, which serves them with the API key) and the folder it writes the
-drafters into allowed for run-time loads:
+engine must refuse each quickly (400) and go on drafting with the drafter it had. Its server gets the admin
+key and the folder the drafters are written into as the allowed one (``attackers.SERVE_FLAGS``):
 
-    python -m openinfer.benchmarks.attacks --attacks hostile_drafters --api-key KEY \\
-        --serve-arg=--allowed-drafter-dir=/tmp/openinfer-hostile-drafters
+    python -m openinfer.benchmarks.attacks --attacks hostile_drafters
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 import aiohttp
 from safetensors.torch import load_file, save_file
 
-from openinfer.benchmarks.attack_target import Target, get, post
+from openinfer.benchmarks.attack_target import ADMIN_HEADERS, Target, post
 from openinfer.engine_core.builtin_model import builtin_drafter_folder
 
 HOSTILE_DRAFTER_DIR = Path(tempfile.gettempdir()) / "openinfer-hostile-drafters"  # --allowed-drafter-dir
@@ -62,7 +60,7 @@ async def load(target: Target, body: dict[str, Any]) -> tuple[int, str]:
     limit = aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)
     try:
         async with target.session.post(
-            f"{target.url}/admin/engines/0/drafter", json=body, timeout=limit
+            f"{target.url}/admin/engines/0/drafter", json=body, timeout=limit, headers=ADMIN_HEADERS
         ) as r:
             answer = await r.json(content_type=None)
     except (TimeoutError, aiohttp.ClientError, ValueError):
@@ -77,7 +75,7 @@ async def hostile_drafters(target: Target) -> str:
     folders = await asyncio.to_thread(write_hostile_drafters, HOSTILE_DRAFTER_DIR)
     status, message = await load(target, {"method": "dspark", "num_spec_tokens": K})
     if status != 200:
-        return f"the built-in DSpark drafter did not load ({status}: {message}); run with --api-key"
+        return f"the built-in DSpark drafter did not load ({status}: {message})"
     answers, slowest = [], 0.0
     for name, folder in folders.items():
         started = time.monotonic()
@@ -87,7 +85,8 @@ async def hostile_drafters(target: Target) -> str:
         answers.append(f"{name} {status or 'no answer'}")
         if "--allowed-drafter-dir" in message:
             return f"{name}: {message}; serve with --allowed-drafter-dir={HOSTILE_DRAFTER_DIR}"
-    engines = await get(target, "/admin/engines") or {"engines": []}
+    async with target.session.get(f"{target.url}/admin/engines", headers=ADMIN_HEADERS) as r:
+        engines = await r.json() if r.status == 200 else {"engines": []}
     k = next((e["num_spec_tokens"] for e in engines["engines"] if e["index"] == 0), None)
     completion = await post(target, target.body(max_tokens=8), timeout=LOAD_TIMEOUT_S)
     return (
