@@ -130,6 +130,14 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
         help="a structured-outputs constraint (JSON schema, regex, grammar) that xgrammar takes longer than "
         "this to compile is a 400, before it reaches an engine",
     )
+    parser.add_argument(
+        "--chat-template-timeout",
+        type=positive_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="a model's chat template that takes longer than this to render a request's messages is a 500 "
+        "(its worker process is killed); a normal render takes about a millisecond",
+    )
 
 
 def env_key(*names: str) -> str | None:

@@ -191,6 +191,7 @@ async def _run(args: argparse.Namespace) -> bool:
             args.grammar_check_timeout,
             args.http_timeout_body,
             api_servers,
+            chat_template_timeout=args.chat_template_timeout,
         )
         logger.info("engines connect to %s (requests) and %s (outputs)", *client.addresses)
         if api_servers is not None:

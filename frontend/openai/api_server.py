@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -45,14 +46,17 @@ from openinfer.frontend.openai.middleware import (
     request_id_middleware,
 )
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
+from openinfer.frontend.openai.prepared_request import PreparedRequest
 from openinfer.frontend.openai.response_format import ResponseIds
 from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
+from openinfer.frontend.openai.template_pool import ChatTemplatePool
 from openinfer.frontend.openai.utility_routes import add_utility_routes
 
 logger = logging.getLogger(__name__)
 
-# The app's grammar check workers (their pids: for tests and operators).
+# The app's grammar check and chat template workers (their pids: for tests and operators).
 GRAMMAR_CHECKS = web.AppKey("openinfer_grammar_checks", GrammarCheckPool)
+CHAT_TEMPLATES = web.AppKey("openinfer_chat_templates", ChatTemplatePool)
 BODY_CENSUS = web.AppKey("openinfer_body_census", CensusWorker)
 
 
@@ -70,6 +74,7 @@ def build_app(
     grammar_check_timeout: float = 5.0,
     body_timeout: float = 60.0,
     api_servers: ApiServers | None = None,
+    chat_template_timeout: float = 5.0,
 ) -> web.Application:
     """The aiohttp application; with ``api_key`` every route but /health and /metrics needs the Bearer key.
     The /admin routes need ``admin_api_key`` (or, without it, ``api_key``) and are off without either.
@@ -83,11 +88,13 @@ def build_app(
     A structured-outputs constraint that takes longer than ``grammar_check_timeout`` seconds to compile is a
     400 before it reaches an engine (one that waits as long for a free worker to check it, a 503). A request
     body not all in within ``body_timeout`` seconds is a 408. ``api_servers``: this frontend is one of
-    several sharing the port, and /metrics and /admin/engines show all of them.
+    several sharing the port, and /metrics and /admin/engines show all of them. A model's chat template that
+    takes longer than ``chat_template_timeout`` seconds to render a request's messages is a 500.
     """
     # A check waits for a free worker at most as long as one may compile: past it, 503 busy.
     grammar_checks = GrammarCheckPool(grammar_check_timeout, wait_timeout=grammar_check_timeout)
     census = CensusWorker()
+    templates = ChatTemplatePool(chat_template_timeout)
     api = _OpenAIApi(
         client,
         metrics,
@@ -95,6 +102,7 @@ def build_app(
         chat_parsers or ChatParsers(),
         structured_config or StructuredOutputsConfig(),
         grammar_checks,
+        templates,
         census,
         body_timeout,
         api_servers,
@@ -112,6 +120,8 @@ def build_app(
         app.on_response_prepare.append(cors.add_headers)
     app[GRAMMAR_CHECKS] = grammar_checks
     app[BODY_CENSUS] = census
+    app[CHAT_TEMPLATES] = templates
+    app.on_startup.append(_start_workers)
     app.on_cleanup.append(_close_workers)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
@@ -119,13 +129,18 @@ def build_app(
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     add_admin_routes(app, client, drafter_timeout, body_timeout, api_servers)
-    add_utility_routes(app, api._body, api._model)
+    add_utility_routes(app, api._body, api._model, templates)
     return app
+
+
+async def _start_workers(app: web.Application) -> None:
+    app[CHAT_TEMPLATES].start()  # every chat needs one: warm before the first
 
 
 async def _close_workers(app: web.Application) -> None:
     await app[BODY_CENSUS].close()
     await app[GRAMMAR_CHECKS].close()
+    await app[CHAT_TEMPLATES].close()
 
 
 async def serve(
@@ -173,6 +188,7 @@ class _OpenAIApi:
         chat_parsers: ChatParsers,
         structured_config: StructuredOutputsConfig,
         grammar_checks: GrammarCheckPool,
+        templates: ChatTemplatePool,
         census: CensusWorker,
         body_timeout: float,
         api_servers: ApiServers | None,
@@ -180,6 +196,7 @@ class _OpenAIApi:
         self._client = client
         self._api_servers = api_servers
         self._grammar_checks = grammar_checks
+        self._templates = templates
         self._census = census
         self._body_timeout = body_timeout
         self._structured_config = structured_config
@@ -238,10 +255,14 @@ class _OpenAIApi:
             await self._grammar_checks.check(options.structured)
         ids = _response_ids(request, parsed.response_prefix, model)
         request_id = _engine_request_id(request, ids)
-        if parsed.prepares_off_loop:  # a long prompt to tokenize, a template to render: not on the loop
-            prepared = await asyncio.to_thread(parsed.prepare, model, request_id)
+        prepare: Callable[[ServedModel, str], PreparedRequest] = parsed.prepare
+        if isinstance(parsed, ChatRequest):  # the messages' prompt: the model's template, in a worker process
+            prompt = await parsed.render(model, self._templates)
+            prepare = functools.partial(parsed.prepare, prompt=prompt)
+        if parsed.prepares_off_loop:  # a long prompt to tokenize: not on the loop
+            prepared = await asyncio.to_thread(prepare, model, request_id)
         else:
-            prepared = parsed.prepare(model, request_id)
+            prepared = prepare(model, request_id)
         choices = Choices(
             self._client, self._metrics, model, prepared, options, arrival, ids, self._spec_metrics
         )

@@ -10,9 +10,8 @@ from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_messages import template_messages
 from openinfer.frontend.openai.chat_output import ChatOutput
-from openinfer.frontend.openai.chat_template import ChatTemplateError, compile_chat_template
 from openinfer.frontend.openai.chat_tools import ChatTools, parse_chat_tools
-from openinfer.frontend.openai.errors import ApiError, invalid_request
+from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.parsers.qwen3_reasoning import THINK_END, Qwen3ReasoningParser
 from openinfer.frontend.openai.prepared_request import PreparedRequest
@@ -31,6 +30,7 @@ from openinfer.frontend.openai.structured_options import (
     json_constraint,
     parse_structured,
 )
+from openinfer.frontend.openai.template_pool import ChatTemplatePool
 from openinfer.frontend.tokenizer import Tokenizer
 
 _NO_FUNCTIONS = "the deprecated `functions` / `function_call` are not supported: send `tools` / `tool_choice`"
@@ -92,17 +92,21 @@ class ChatRequest:
     parsers: ChatParsers  # the server's
     include_reasoning: bool  # vLLM extension, default true
 
-    # Rendering a template is Python (jinja2) and messages can be long: it always runs in a thread.
+    # Messages can be long: their prompt is always tokenized in a thread.
     prepares_off_loop: ClassVar[bool] = True
     response_prefix: ClassVar[str] = "chatcmpl"  # of its response id, as vLLM's
 
-    def prepare(self, model: ServedModel, request_id: str) -> PreparedRequest:
-        """Render the model's chat template (special tokens come from it, none are added) and tokenize; the
-        prompt says whether the output opens in reasoning, which places the constraint and starts each
-        choice's reasoning parser."""
-        prompt = render_chat_prompt(
+    async def render(self, model: ServedModel, templates: ChatTemplatePool) -> str:
+        """The prompt ``model``'s chat template makes of the messages, rendered in a worker process."""
+        return await templates.render(
             model, self.messages, self.add_generation_prompt, self.template_kwargs, self.tools.tools
         )
+
+    def prepare(self, model: ServedModel, request_id: str, prompt: str) -> PreparedRequest:
+        """Tokenize ``prompt``, what the model's chat template made of the messages
+        (:meth:`render`; special tokens come from it, none are added); the prompt says
+        whether the output opens in reasoning, which places the constraint and starts each choice's
+        reasoning parser."""
         self.options.check_before_tokenizing(model, prompt, "messages")
         prompt_token_ids = model.tokenizer.encode(prompt, add_special_tokens=False)
         if not prompt_token_ids:
@@ -132,40 +136,6 @@ class ChatRequest:
             include_reasoning=self.include_reasoning,
         )
         return ChatFormat(context, output)
-
-
-def render_chat_prompt(
-    model: ServedModel,
-    messages: list[dict[str, Any]],
-    add_generation_prompt: bool,
-    template_kwargs: dict[str, Any],
-    tools: list[dict[str, Any]] | None,
-) -> str:
-    """The prompt text ``model``'s chat template makes of ``messages`` (from :func:`template_messages`):
-    what /v1/chat/completions and the chat form of /tokenize tokenize. 400 when the model has no template or
-    the template refuses the messages, 500 when the model's template does not compile."""
-    source = model.tokenizer.chat_template
-    if source is None:
-        raise invalid_request(
-            f"the model `{model.name}` has no chat template (no `chat_template` in its "
-            "tokenizer_config.json and no chat_template.jinja), so it cannot take chat messages: use "
-            "/v1/completions with a prompt",
-            param="messages",
-        )
-    try:
-        template = compile_chat_template(source)
-    except ChatTemplateError as e:
-        raise ApiError(
-            500,
-            f"{e}; fix the model's chat template (tokenizer_config.json or chat_template.jinja)",
-            type_="server_error",
-        ) from None
-    try:
-        return template.render(
-            messages, model.tokenizer.special_tokens, add_generation_prompt, template_kwargs, tools=tools
-        )
-    except ChatTemplateError as e:
-        raise invalid_request(str(e), param="messages") from None
 
 
 def _reasoning_end_token(tokenizer: Tokenizer, reasoning: Qwen3ReasoningParser) -> int | None:

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from openinfer.frontend.engines.registry import ServedModel
-from openinfer.frontend.openai.errors import invalid_request
+from openinfer.frontend.openai.errors import ApiError, invalid_request
 
 
 def check_max_tokens(max_tokens: int | None, param: str, model: ServedModel) -> None:
@@ -32,15 +32,19 @@ def max_prompt_chars(model: ServedModel) -> int:
 
 def check_prompt_chars(text: str, param: str, model: ServedModel) -> None:
     """400, before tokenizing, for a text that cannot fit in the context whatever its tokens."""
+    if len(text) > max_prompt_chars(model):
+        raise too_many_chars(len(text), param, model)
+
+
+def too_many_chars(num_chars: int, param: str, model: ServedModel) -> ApiError:
+    """The 400 of a prompt of ``num_chars`` characters, more than :func:`max_prompt_chars`."""
     max_model_len = model.max_model_len
-    bound = max_prompt_chars(model)
-    if len(text) > bound:
-        raise invalid_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
-            f"{len(text)} characters (more than {bound} characters, which is the upper bound for "
-            f"{max_model_len} input tokens). Please reduce the length of the input prompt.",
-            param,
-        )
+    return invalid_request(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+        f"{num_chars} characters (more than {max_prompt_chars(model)} characters, which is the upper bound "
+        f"for {max_model_len} input tokens). Please reduce the length of the input prompt.",
+        param,
+    )
 
 
 def output_room(num_prompt_tokens: int, param: str, model: ServedModel) -> int:

@@ -7,31 +7,27 @@ nested ``items`` schema: 0.15 s to convert, 0.02 s more to compile against Qwen3
 ``pattern`` of ``[a-z]{12000}``: 7.4 s and 0.001 s), so a constraint that converts within the frontend's
 deadline compiles about as fast on the engine.
 
-A worker reads one constraint per line on stdin (:class:`StructuredOutputs` as JSON) and answers each with one
-line: ``null`` when it compiles, else the 400's message. It imports xgrammar (and with it torch) before it says
-it is ready; the frontend's own process never imports it.
+A worker (:func:`~openinfer.frontend.openai.worker_pool.serve_lines`) reads one constraint per line on stdin
+(:class:`StructuredOutputs` as JSON) and answers each with one line: ``null`` when it compiles, else the 400's
+message. It imports xgrammar (and with it torch) before it says it is ready; the frontend's own process never
+imports it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import re
-import signal
-import sys
 
 import msgspec
 
+from openinfer.frontend.openai.worker_pool import serve_lines
 from openinfer.protocol import StructuredKind, StructuredOutputs
 
-READY = b"ready\n"  # a worker's first line, once xgrammar is imported
 # What a 400 calls each kind the check compiles; the others (choice, json_object) always compile.
 CHECKED_KINDS: dict[StructuredKind, str] = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}
 
 # xgrammar's messages start "[21:37:49] /project/cpp/regex_converter.cc:94: " and may hold a failed check
 _XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:.]+\] \S+:\d+: (Check failed: .*? is false: )?")
 _MAX_MESSAGE_CHARS = 2000  # xgrammar may quote the whole schema
-_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def grammar_error(outputs: StructuredOutputs) -> str | None:
@@ -58,20 +54,14 @@ def grammar_error(outputs: StructuredOutputs) -> str | None:
 
 
 def main() -> None:
-    """Answer constraints from stdin until it closes; the pool kills a worker it no longer wants."""
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")  # xgrammar's own prints go to stderr
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    if sys.platform == "linux":  # die with the frontend, even mid-compile
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    # Behind the frontend for the CPU: the constraints checked here are the clients' to choose.
-    os.nice(10)
-    grammar_error(StructuredOutputs("regex", "a"))  # imports xgrammar: ready means warm
-    replies.write(READY)
-    replies.flush()
+    """Answer constraints from stdin until it closes, behind the frontend for the CPU (the constraints checked
+    here are the clients' to choose); warm means xgrammar is imported."""
     decoder = msgspec.json.Decoder(StructuredOutputs)
-    for line in sys.stdin.buffer:
-        replies.write(msgspec.json.encode(grammar_error(decoder.decode(line))) + b"\n")
-        replies.flush()
+    serve_lines(
+        lambda line: msgspec.json.encode(grammar_error(decoder.decode(line))),
+        warm=lambda: grammar_error(StructuredOutputs("regex", "a")),
+        nice=10,
+    )
 
 
 if __name__ == "__main__":

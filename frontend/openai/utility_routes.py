@@ -3,7 +3,7 @@ request and response shapes (its ``entrypoints/serve/tokenize/protocol.py`` and 
 
 /tokenize takes a text (``prompt``) or chat ``messages``, and its token ids are those the generation
 endpoints would send to an engine for the same input: a text is tokenized as /v1/completions tokenizes it,
-messages are rendered by :func:`render_chat_prompt`, as /v1/chat/completions renders them. As in vLLM, a
+messages are rendered by :meth:`ChatTemplatePool.render`, as /v1/chat/completions renders them. As in vLLM, a
 body with ``messages`` is a chat whatever else it holds, and neither form is bounded by the model's context
 (counting a prompt that does not fit is what a client may want). Unlike vLLM, whose API key guards only
 paths under /v1, all three routes need the key where one is set, as every route but /health and /metrics
@@ -13,6 +13,7 @@ does: they tell who calls them about the served models and the server.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,11 +24,12 @@ from aiohttp import web
 
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.openai.chat_messages import template_messages
-from openinfer.frontend.openai.chat_request import TEMPLATE_UNSUPPORTED, render_chat_prompt
+from openinfer.frontend.openai.chat_request import TEMPLATE_UNSUPPORTED
 from openinfer.frontend.openai.chat_tools import parse_tools
 from openinfer.frontend.openai.completion_request import INLINE_PROMPT_CHARS
 from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
+from openinfer.frontend.openai.template_pool import ChatTemplatePool
 
 # The ids a tokenizer can hold: vLLM's tokenizer (Rust, 32-bit ids) answers a larger one with a 400, and
 # decodes an id within this range that its vocabulary lacks as "" (so does ours).
@@ -82,19 +84,16 @@ class TokenizeRequest:
     add_special_tokens: bool
     return_token_strs: bool
 
-    @property
-    def prepares_off_loop(self) -> bool:
-        """Whether :meth:`token_ids` should run in a thread: a template to render, or a long text."""
-        return self.prompt is None or len(self.prompt) > INLINE_PROMPT_CHARS
-
-    def token_ids(self, model: ServedModel) -> list[int]:
-        """The prompt token ids the generation endpoint of this form would send to ``model``'s engine."""
+    async def token_ids(self, model: ServedModel, templates: ChatTemplatePool) -> list[int]:
+        """The prompt token ids the generation endpoint of this form would send to ``model``'s engine: its
+        text, or the messages rendered by ``model``'s chat template, tokenized (in a thread when long)."""
         text = self.prompt
         if text is None:
-            text = render_chat_prompt(
+            text = await templates.render(
                 model, self.messages, self.add_generation_prompt, self.template_kwargs, self.tools
             )
-        return model.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        encode = functools.partial(model.tokenizer.encode, text, add_special_tokens=self.add_special_tokens)
+        return await asyncio.to_thread(encode) if len(text) > INLINE_PROMPT_CHARS else encode()
 
 
 def parse_tokenize_request(body: bytes) -> TokenizeRequest:
@@ -132,11 +131,14 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
     )
 
 
-def add_utility_routes(app: web.Application, read_body: ReadBody, find_model: FindModel) -> None:
+def add_utility_routes(
+    app: web.Application, read_body: ReadBody, find_model: FindModel, templates: ChatTemplatePool
+) -> None:
     """Serve /tokenize, /detokenize and /version on ``app``. ``read_body``: a request's body, within the
     served models' bounds (503 while no engine is up: the tokenizers come from the engines' hellos);
-    ``find_model``: the served model a request names (404 for an unknown one)."""
-    routes = _UtilityRoutes(read_body, find_model, _package_version())
+    ``find_model``: the served model a request names (404 for an unknown one); ``templates``: where chat
+    messages are rendered."""
+    routes = _UtilityRoutes(read_body, find_model, templates, _package_version())
     app.router.add_post("/tokenize", routes.tokenize)
     app.router.add_post("/detokenize", routes.detokenize)
     app.router.add_get("/version", routes.version)
@@ -153,9 +155,12 @@ def _package_version() -> str:
 class _UtilityRoutes:
     """The handlers, sharing the API's body reader and model lookup."""
 
-    def __init__(self, read_body: ReadBody, find_model: FindModel, version: str) -> None:
+    def __init__(
+        self, read_body: ReadBody, find_model: FindModel, templates: ChatTemplatePool, version: str
+    ) -> None:
         self._read_body = read_body
         self._find_model = find_model
+        self._templates = templates
         self._version = version
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -163,10 +168,7 @@ class _UtilityRoutes:
         vocabulary spells them) is null unless ``return_token_strs``."""
         tokenize = parse_tokenize_request(await self._read_body(request))
         model = self._find_model(tokenize.model)
-        if tokenize.prepares_off_loop:
-            tokens = await asyncio.to_thread(tokenize.token_ids, model)
-        else:
-            tokens = tokenize.token_ids(model)
+        tokens = await tokenize.token_ids(model, self._templates)
         token_strs = None
         if tokenize.return_token_strs:
             token_strs = [model.tokenizer.token_piece(t) for t in tokens]

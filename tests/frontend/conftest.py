@@ -47,6 +47,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
         cors: CorsPolicy | None = None,
         loopback_host: str | None = None,
         grammar_check_timeout: float = 5.0,
+        chat_template_timeout: float = 5.0,
         keep_alive_s: float = 5.0,
         body_timeout: float = 60.0,
         **client_options: Any,
@@ -68,6 +69,7 @@ async def start_frontend() -> AsyncIterator[FrontendFactory]:
             loopback_host=loopback_host,
             grammar_check_timeout=grammar_check_timeout,
             body_timeout=body_timeout,
+            chat_template_timeout=chat_template_timeout,
         )
         runner = await serve(app, "127.0.0.1", 0, keep_alive_s)
         host, port = runner.addresses[0][:2]

@@ -153,29 +153,28 @@ def test_parsers_that_cannot_work_are_refused_at_start(
 
 
 def test_timeout_flags_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--grammar-check-timeout (5 s), --http-timeout-keep-alive (vLLM's $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, else
-    5 s) and --http-timeout-body (60 s) reach the frontend from openinfer-serve as given; a non-positive one
-    is a usage error."""
+    """--grammar-check-timeout (5 s), --chat-template-timeout (5 s), --http-timeout-keep-alive (vLLM's
+    $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, else 5 s) and --http-timeout-body (60 s) reach the frontend from
+    openinfer-serve as given; a non-positive one is a usage error."""
     from openinfer.engine_core.launch.serve import frontend_command
     from openinfer.engine_core.launch.serve import parse_args as serve_args
 
     monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
     args = parse_args([])
-    assert (args.grammar_check_timeout, args.http_timeout_keep_alive, args.http_timeout_body) == (
-        5.0,
-        5.0,
-        60.0,
+    timeouts = (
+        "grammar_check_timeout",
+        "chat_template_timeout",
+        "http_timeout_keep_alive",
+        "http_timeout_body",
     )
+    assert tuple(getattr(args, name) for name in timeouts) == (5.0, 5.0, 5.0, 60.0)
     monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "300")
     assert parse_args([]).http_timeout_keep_alive == 300.0
-    argv = ["--grammar-check-timeout", "2.5", "--http-timeout-keep-alive", "7", "--http-timeout-body", "9"]
+    argv = ["--grammar-check-timeout", "2.5", "--chat-template-timeout", "3"]
+    argv += ["--http-timeout-keep-alive", "7", "--http-timeout-body", "9"]
     served = parse_args(frontend_command(serve_args(argv))[3:])  # after `python -m module`
-    assert (served.grammar_check_timeout, served.http_timeout_keep_alive, served.http_timeout_body) == (
-        2.5,
-        7,
-        9,
-    )
-    for flag in ("--grammar-check-timeout", "--http-timeout-body"):
+    assert tuple(getattr(served, name) for name in timeouts) == (2.5, 3, 7, 9)
+    for flag in ("--grammar-check-timeout", "--chat-template-timeout", "--http-timeout-body"):
         with pytest.raises(SystemExit):
             parse_args([flag, "0"])
 

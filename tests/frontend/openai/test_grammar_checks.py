@@ -115,9 +115,9 @@ async def test_a_client_that_leaves_mid_check_has_its_worker_killed(
 async def test_chat_is_answered_while_every_grammar_worker_is_busy(
     start_frontend: FrontendFactory, start_peer: PeerFactory
 ) -> None:
-    """Every worker busy with a slow schema and one more schema waiting: a chat request (template rendered and
-    tokenized in the default thread pool) is answered while they all still run; closing the frontend kills
-    every worker."""
+    """Every worker busy with a slow schema and one more schema waiting: a chat request (template rendered in
+    a worker of its own, tokenized in the default thread pool) is answered while they all still run; closing
+    the frontend kills every worker."""
     frontend = await start_frontend(grammar_check_timeout=600.0)
     await start_peer(frontend)
     slow = [

@@ -11,14 +11,15 @@ import pytest
 
 from openinfer.engine_core.testing.qwen3_tokenizer import qwen3_tokenizer_config, qwen3_tokenizer_json
 from openinfer.frontend.engines.registry import ServedModel
-from openinfer.frontend.openai.chat_request import parse_chat_request
+from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
+from openinfer.frontend.openai.chat_template import compile_chat_template
 from openinfer.frontend.openai.completion_request import parse_completion_request
 from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.grammar_check import grammar_error
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.structured_options import json_constraint
 from openinfer.frontend.tokenizer import Tokenizer
-from openinfer.protocol import StructuredOutputs
+from openinfer.protocol import EngineCoreRequest, StructuredOutputs
 from tests.frontend import tiny_tokenizer
 from tests.frontend.engine_peer import EnginePeer
 from tests.frontend.frontends import Frontend
@@ -45,6 +46,21 @@ def qwen3_model() -> ServedModel:
 
 def chat_body(**fields: Any) -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": "Weather in Paris?"}], **fields}).encode()
+
+
+def prepared(request: ChatRequest, model: ServedModel) -> EngineCoreRequest:
+    """``request``'s engine request for ``model``, its prompt rendered in this process (as a template worker
+    renders it)."""
+    assert model.tokenizer.chat_template is not None
+    template = compile_chat_template(model.tokenizer.chat_template)
+    prompt = template.render(
+        request.messages,
+        model.tokenizer.special_tokens,
+        request.add_generation_prompt,
+        request.template_kwargs,
+        request.tools.tools,
+    )
+    return request.prepare(model, "chatcmpl-1", prompt).engine_request
 
 
 @pytest.mark.parametrize(
@@ -127,7 +143,7 @@ def test_reasoning_defers_the_constraint_to_the_think_end_token(
     """--reasoning-parser qwen3 with thinking on: the constraint starts after </think>'s token id (as
     vLLM applies it once reasoning ends); otherwise from the first output token."""
     body = chat_body(response_format=JSON_OBJECT, chat_template_kwargs=template_kwargs)
-    request = parse_chat_request(body, parsers).prepare(qwen3_model, "chatcmpl-1").engine_request
+    request = prepared(parse_chat_request(body, parsers), qwen3_model)
     expected = StructuredOutputs("json_object", "", start_after_token_id=start_after)
     assert request.sampling_params.structured_outputs == expected
 
@@ -136,9 +152,9 @@ def test_forced_calls_after_reasoning_and_no_constraint_without_one(qwen3_model:
     """A forced call's constraint also starts after </think>; a request without a constraint has none."""
     parsers = ChatParsers("qwen3", "hermes")
     forced = parse_chat_request(chat_body(tools=TOOLS, tool_choice="required"), parsers)
-    outputs = forced.prepare(qwen3_model, "chatcmpl-1").engine_request.sampling_params.structured_outputs
+    outputs = prepared(forced, qwen3_model).sampling_params.structured_outputs
     assert outputs is not None and (outputs.kind, outputs.start_after_token_id) == ("json", THINK_END_ID)
-    free = parse_chat_request(chat_body(), parsers).prepare(qwen3_model, "chatcmpl-2").engine_request
+    free = prepared(parse_chat_request(chat_body(), parsers), qwen3_model)
     assert free.sampling_params.structured_outputs is None
 
 
@@ -149,7 +165,7 @@ def test_no_start_token_where_think_end_is_several_tokens_or_for_completions(
     token); completions have no reasoning parser, so none either."""
     tiny = ServedModel("tiny", tiny_tokenizer.make_tokenizer(), 256, vocab_size=300, eos_token_ids=(0,))
     chat_request = parse_chat_request(chat_body(response_format=JSON_OBJECT), ChatParsers("qwen3"))
-    outputs = chat_request.prepare(tiny, "chatcmpl-1").engine_request.sampling_params.structured_outputs
+    outputs = prepared(chat_request, tiny).sampling_params.structured_outputs
     assert outputs == StructuredOutputs("json_object", "", start_after_token_id=None)
     completion = parse_completion_request(
         json.dumps({"prompt": "a", "response_format": JSON_OBJECT}).encode()
