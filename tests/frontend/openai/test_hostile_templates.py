@@ -22,8 +22,8 @@ from openinfer.frontend.tokenizer import Tokenizer
 from tests.frontend import tiny_tokenizer
 from tests.frontend.engine_peer import PeerConfig
 from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
+from tests.frontend.openai.chat_templates import CONVERSATIONS, QWEN_STYLE
 from tests.frontend.openai.http_calls import get, post
-from tests.frontend.openai.test_chat_template import CONVERSATIONS, QWEN_STYLE
 from tests.frontend.openai.tool_specs import TOOLS
 from tests.frontend.waits import wait_until
 
