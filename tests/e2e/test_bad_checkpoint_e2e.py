@@ -12,14 +12,14 @@ from tests.e2e.processes import Cluster
 def test_serve_on_a_truncated_checkpoint_stops_with_the_engines_message(tmp_path: Path) -> None:
     """A model.safetensors cut in half: serve's output holds the engine's message naming the file, the
     engine is not started again, and serve exits 1 long before its --startup-timeout of an hour (the wait
-    is bounded at 5 minutes; it takes seconds)."""
+    is bounded at 4 minutes; it takes seconds)."""
     folder = make_tiny_checkpoint(tmp_path / "model", overrides=SMALL_QWEN3)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     cluster = Cluster(tmp_path / "logs")
     try:
         serve = cluster.start_serve(folder, "--startup-timeout", "3600")
-        assert serve.wait(300) == 1
+        assert serve.wait(240) == 1  # below pytest-timeout's 300 s, so that this bound reports
         log = (tmp_path / "logs" / "serve.log").read_text(errors="replace")
         assert f"{weights} is not a valid safetensors file" in log, log
         assert "engine 0 exited with code 2: its flags or its model are wrong" in log, log
