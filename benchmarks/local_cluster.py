@@ -13,10 +13,15 @@ class LocalCluster(local_cluster.LocalCluster):
     """A frontend and fake engines for load: warnings only in the logs, 8192 KV blocks, 256 sequences."""
 
     def start_frontend(
-        self, *extra: str, cpus: str | None = None, index: int = 0, http_port: int | None = None
+        self,
+        *extra: str,
+        cpus: str | None = None,
+        index: int = 0,
+        http_port: int | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> subprocess.Popen[bytes]:
         return super().start_frontend(
-            "--log-level", "warning", *extra, cpus=cpus, index=index, http_port=http_port
+            "--log-level", "warning", *extra, cpus=cpus, index=index, http_port=http_port, pass_fds=pass_fds
         )
 
     def start_fake_engine(
