@@ -10,7 +10,9 @@ activations a bound on one step's peak (below). Both are logged at start.
 
 A block is one page of every layer's keys and values: the target's and, with a start-time DFlash or DSpark
 drafter, the drafter's context cache, which holds the same pages (vLLM, likewise, sizes the KV cache over the
-draft model's layers too). The budget buys whole blocks of both.
+draft model's layers too). The budget buys whole blocks of both. The drafter's config is checked against the
+target first, as a run-time load checks it (``block_drafter_config``): one that does not fit is refused
+before anything is sized from it.
 
 A hybrid model (Qwen3.5) keeps a KV page for its full-attention layers only, and a state group per running
 request for its Gated DeltaNet layers (`StateGeometry`: 1 + K slots, each the conv and the float32 recurrent
@@ -31,8 +33,8 @@ import torch
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
 from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.weights import checkpoint_shapes
+from openinfer.engine_core.spec_decode.drafter_loaders import block_drafter_config
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -128,11 +130,12 @@ def drafter_checkpoint(config: EngineConfig) -> Path | None:
 
 
 def kv_block_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes: the target's page and the start-time DFlash or DSpark drafter's."""
+    """Bytes one KV block takes: the target's page and the start-time DFlash or DSpark drafter's, once its
+    config is checked against ``model`` (ValueError saying what does not fit)."""
     block = page_bytes(model, config.block_size, dtype)
-    drafter = drafter_checkpoint(config)
-    if drafter is not None:
-        block += page_bytes(DFlashConfig.from_folder(drafter).layers, config.block_size, dtype)
+    spec = config.speculative
+    if spec is not None and spec.method in CHECKPOINT_METHODS:
+        block += page_bytes(block_drafter_config(spec, model).layers, config.block_size, dtype)
     return block
 
 

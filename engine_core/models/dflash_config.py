@@ -15,10 +15,11 @@ from openinfer.engine_core.models.drafter_fit import target_misfits
 from openinfer.engine_core.models.drafter_values import (
     MAX_BLOCK_SIZE,
     MAX_LAYERS,
+    bounded_float,
+    check_field_types,
     check_layer_values,
     config_float,
     config_int,
-    positive_float,
     read_config_text,
 )
 from openinfer.engine_core.models.dspark_heads import DSparkHeadsConfig, MarkovHeadType
@@ -113,10 +114,11 @@ class DFlashConfig:
     @classmethod
     def from_dict(cls, config: dict[str, Any], anchor: AnchorLayout | None = None) -> DFlashConfig:
         """Build from the parsed config.json. Keys are looked up in `dflash_config` first, then at the top
-        level, as z-lab's code does. Every number is checked before it is used (`drafter_values.py`)."""
+        level, as z-lab's code does. Every field's type and every number is checked before it is used
+        (`drafter_values.py`)."""
+        check_field_types(config)
         dflash = config.get("dflash_config") or {}
-        if not isinstance(dflash, dict):
-            raise ValueError("dflash_config must be a JSON object")
+        check_field_types(dflash)
 
         def value(key: str) -> Any:
             return dflash.get(key, config.get(key))
@@ -154,8 +156,10 @@ class DFlashConfig:
         block_size = value("block_size")
         if block_size is not None:  # a block holds the current token and at most MAX_SPEC_TOKENS drafts
             block_size = config_int(block_size, "block_size", high=MAX_BLOCK_SIZE)
-        softcap = value("final_logit_softcapping")
+        softcap = value("final_logit_softcapping")  # z-lab applies it only when it is set and > 0
         softcap = None if softcap is None else config_float(softcap, "final_logit_softcapping")
+        if softcap is not None:
+            softcap = bounded_float(softcap, "final_logit_softcapping") if softcap > 0 else None
         deepspec = DEEPSPEC_ARCHITECTURE in (config.get("architectures") or [])
         return cls(
             layers=layers,
@@ -167,12 +171,11 @@ class DFlashConfig:
             ),
             num_target_layers=num_target_layers,
             anchor=_anchor_layout(config, value("sample_from_anchor"), anchor),
-            input_embedding_scale=positive_float(
+            input_embedding_scale=bounded_float(
                 _number(value("input_embedding_scale"), 1.0), "input_embedding_scale"
             ),
-            output_multiplier=positive_float(_number(value("output_multiplier"), 1.0), "output_multiplier"),
-            # z-lab applies the soft-cap only when it is set and > 0
-            final_logit_softcapping=softcap if softcap is not None and softcap > 0 else None,
+            output_multiplier=bounded_float(_number(value("output_multiplier"), 1.0), "output_multiplier"),
+            final_logit_softcapping=softcap,
             heads=_deepspec_heads(config) if deepspec else None,
         )
 

@@ -71,8 +71,9 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
     else:
         model_config = ModelConfig.from_folder(config.model_path)
     gpu = GpuMemory(*torch.cuda.mem_get_info(device)) if device.type == "cuda" else None
-    states = state_geometry(config, model_config, dtype, gpu)  # a hybrid model's; None for Qwen3
+    # first: it checks the start-time drafter against the target, before anything is sized from it
     block_bytes = kv_block_bytes(config, model_config, dtype)
+    states = state_geometry(config, model_config, dtype, gpu)  # a hybrid model's; None for Qwen3
     num_blocks = num_kv_blocks(config, model_config, dtype, block_bytes, gpu, states)
     if config.fake_model:
         return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.models.dspark_heads import MarkovHead
+from openinfer.engine_core.spec_decode.draft_numbers import finite_logits
 from openinfer.engine_core.spec_decode.drafter import DeviceQueries
 from openinfer.kernels.sampling import draw_at, uniforms
 
@@ -41,9 +42,12 @@ def draft_sampling(
 def draw_slot(logits: Tensor, sampling: DraftSampling, k: int) -> tuple[Tensor, Tensor]:
     """Draft slot ``k`` at each request's temperature: logits (B, vocab) float32 -> the drafts (B,) and the
     distributions q they were drawn from (B, vocab): for T > 0 a draw from softmax(logits / T) at the row's
-    uniform for slot k, for T = 0 the argmax and its one-hot."""
+    uniform for slot k, for T = 0 the argmax and its one-hot. The draws read the logits made finite
+    (``finite_logits``), so q is a distribution whatever the drafter's numbers; the argmax, a valid id
+    whatever they hold, reads them as they are, as in an all-greedy batch."""
     greedy = sampling.temperatures <= 0
-    probs = torch.softmax(logits / torch.where(greedy, 1.0, sampling.temperatures)[:, None], dim=-1)
+    scaled = finite_logits(logits) / torch.where(greedy, 1.0, sampling.temperatures)[:, None]
+    probs = torch.softmax(scaled, dim=-1)
     drawn = draw_at(probs, sampling.uniforms[:, k])
     argmax = logits.argmax(dim=-1)
     one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)  # F.one_hot checks on the host

@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from openinfer.engine_core.models.drafter_values import MAX_BLOCK_SIZE, config_int, read_config_text
+from openinfer.engine_core.models.drafter_values import (
+    MAX_BLOCK_SIZE,
+    check_field_types,
+    config_int,
+    read_config_text,
+)
 from openinfer.protocol import DrafterMethod
 
 NOT_ALLOWED = (
@@ -60,17 +65,16 @@ def folder_drafter(folder: Path) -> tuple[DrafterMethod, int]:
         raise ValueError(f"--draft-model {folder}: cannot read its config.json ({e})") from e
     if not isinstance(config, dict):
         raise ValueError(f"--draft-model {folder}: config.json is not a JSON object")
-    dflash = config.get("dflash_config")
-    dflash = dflash if isinstance(dflash, dict) else {}
-    block_size = dflash.get("block_size", config.get("block_size"))
     try:
-        block_size = (
-            ZLAB_BLOCK_SIZE
-            if block_size is None
-            else config_int(block_size, "block_size", high=MAX_BLOCK_SIZE)
-        )
+        check_field_types(config)
+        dflash = config.get("dflash_config") or {}
+        check_field_types(dflash)
+        block_size = dflash.get("block_size", config.get("block_size"))
+        if block_size is not None:
+            block_size = config_int(block_size, "block_size", high=MAX_BLOCK_SIZE)
     except ValueError as e:
         raise ValueError(f"--draft-model {folder}: {e}") from e
+    block_size = ZLAB_BLOCK_SIZE if block_size is None else block_size
     if DEEPSPEC_ARCHITECTURE not in (config.get("architectures") or []):
         return "dflash", max(block_size - 1, 1)
     dspark = bool(config.get("markov_rank")) or bool(config.get("enable_confidence_head"))

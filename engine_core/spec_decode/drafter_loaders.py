@@ -1,37 +1,52 @@
 """How each --spec-method loads its drafter beside the target (``DRAFTERS``): n-gram lookup, and the block
-drafters, whose checkpoint folder must be of the method named."""
+drafters, whose checkpoint folder must be of the method named and fit the target (``block_drafter_config``,
+also what the engine checks at start before it sizes its KV cache from the folder)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from openinfer.engine_core.config import DrafterSpec, SpecMethod
 from openinfer.engine_core.spec_decode.drafter import Drafter
 from openinfer.engine_core.spec_decode.ngram import NgramDrafter
 from openinfer.engine_core.worker.executor import ModelExecutor
 
+if TYPE_CHECKING:
+    from openinfer.engine_core.models.config import ModelConfig
+    from openinfer.engine_core.models.dflash_config import DFlashConfig
+
 
 def _load_ngram(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
     return NgramDrafter(spec.num_spec_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
 
 
-def _load_dflash(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
-    return _load_block_drafter(spec, runner, dspark=False)
-
-
-def _load_dspark(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
-    return _load_block_drafter(spec, runner, dspark=True)
-
-
-def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor, *, dspark: bool) -> Drafter:
-    """A DFlash or DSpark checkpoint beside the target; the folder's config must be the method's."""
-    from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
+    """A DFlash or DSpark checkpoint beside the target (``block_drafter_config``'s checks first)."""
     from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
     from openinfer.engine_core.worker.model_runner import ModelRunner
 
-    method = spec.method
+    if not isinstance(runner, ModelRunner):  # block drafters share the target's embedding and LM head
+        raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
+    config = block_drafter_config(spec, runner.model_config)
+    assert spec.draft_model is not None  # block_drafter_config refuses a spec without one
+    drafter = DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, config.anchor)
+    if spec.confidence_threshold and not drafter.estimates_confidence:
+        raise ValueError(
+            f"--confidence-threshold needs a confidence head; {spec.draft_model} has none "
+            "(enable_confidence_head is false)"
+        )
+    return drafter
+
+
+def block_drafter_config(spec: DrafterSpec, target: ModelConfig) -> DFlashConfig:
+    """The config of ``spec``'s DFlash or DSpark folder, read and checked as every load of it is, before
+    anything is sized from it: of the method named (dspark for a DSpark checkpoint, else dflash), in the
+    anchor layout asked for, fitting ``target`` (``DFlashConfig.check_target``). ValueError saying why not."""
+    from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+
+    method, dspark = spec.method, spec.method == SpecMethod.DSPARK
     if spec.draft_model is None:
         raise ValueError(f"--spec-method {method} needs --draft-model PATH (a {method} checkpoint folder)")
-    if not isinstance(runner, ModelRunner):  # block drafters share the target's embedding and LM head
-        raise ValueError(f"--fake-model has no hidden states for {method}; use --spec-method ngram")
     anchor = AnchorLayout(spec.dflash_anchor) if spec.dflash_anchor else None
     config = DFlashConfig.from_folder(spec.draft_model, anchor)
     if config.is_dspark and not dspark:
@@ -44,13 +59,12 @@ def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor, *, dspark: boo
             f"{spec.draft_model} is not a DSpark checkpoint (a Qwen3DSparkModel config with markov_rank > 0 or "
             "enable_confidence_head): serve a DFlash drafter with --spec-method dflash"
         )
-    drafter = DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, anchor)
-    if spec.confidence_threshold and not drafter.estimates_confidence:
-        raise ValueError(
-            f"--confidence-threshold needs a confidence head; {spec.draft_model} has none "
-            "(enable_confidence_head is false)"
-        )
-    return drafter
+    config.check_target(target)
+    return config
 
 
-DRAFTERS = {SpecMethod.NGRAM: _load_ngram, SpecMethod.DFLASH: _load_dflash, SpecMethod.DSPARK: _load_dspark}
+DRAFTERS = {
+    SpecMethod.NGRAM: _load_ngram,
+    SpecMethod.DFLASH: _load_block_drafter,
+    SpecMethod.DSPARK: _load_block_drafter,
+}

@@ -1,6 +1,6 @@
 """Hostile DSpark folders loaded at run time through the admin route (issue 39, item 3), on a real frontend and
 engine: each is refused (400) while the engine keeps drafting with its start drafter, and its log says why;
-given at start, the engine exits 2 saying why."""
+given at start, the engine exits 2 saying why (before it sizes its KV cache from the folder)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ HOSTILE = {
     "nan": "'fc.weight' holds NaN or infinite values",
     "inf": "'markov_head.markov_w2.weight' holds NaN or infinite values",
     "misshapen": "'layers.0.mlp.down_proj.weight' has shape (64, 128), the config says (64, 96)",
+    "truncated": "model.safetensors is not a valid safetensors file",
+    "rope-list": "rope_scaling must be an object, got ['yarn'] (list)",
+    "wide": "num_attention_heads x head_dim is 1048576, more than 8 x the hidden size (512)",
 }
 
 
@@ -43,12 +46,19 @@ def make_hostile(good: Path, name: str) -> Path:
         config["num_hidden_layers"] = 10**6
     elif name == "misshapen":
         config["intermediate_size"] = 96  # the weights are 128 wide
+    elif name == "rope-list":
+        config["rope_scaling"] = ["yarn"]
+    elif name == "wide":  # at start, its KV pages alone were more than the cache: sizing failed first
+        config["num_attention_heads"] = config["num_key_value_heads"] = 2**16
     elif name == "nan":
         weights["fc.weight"] = torch.full_like(weights["fc.weight"], float("nan"))
-    else:
+    elif name == "inf":
         weights["markov_head.markov_w2.weight"][3, 2] = float("inf")
     (folder / "config.json").write_text(json.dumps(config))
     save_file(weights, str(folder / "model.safetensors"))
+    if name == "truncated":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
     return folder
 
 
@@ -124,7 +134,7 @@ def logged(c: Cluster, reason: str) -> bool:
     return any("drafter load refused" in line and reason in line for line in log.splitlines())
 
 
-@pytest.mark.parametrize("name", ["block-1e9", "layers-1e6", "nan"])
+@pytest.mark.parametrize("name", ["block-1e9", "layers-1e6", "nan", "truncated", "rope-list", "wide"])
 def test_a_hostile_drafter_given_at_start_stops_the_engine_saying_why(
     tiny_model: Path, drafters: Path, name: str
 ) -> None:

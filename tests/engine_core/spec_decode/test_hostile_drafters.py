@@ -1,12 +1,14 @@
 """Hostile DFlash/DSpark folders (issue 39, item 3) are refused at load, before anything is allocated, with a
 ValueError naming the value and its bound: config numbers that are not integers or are past what the target
-allows, NaN or infinite weights, weights the config does not describe, a drafter past the memory budget.
-A refused load leaves the engine drafting with the drafter it had."""
+allows, floats past their ranges, fields of another JSON type, NaN or infinite weights, weights the config
+does not describe, files that are not safetensors, a drafter past the memory budget; at start, before the
+KV cache is sized from it. A refused load leaves the engine drafting with the drafter it had."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from openinfer.engine_core.config import DrafterSpec
+from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
+from openinfer.engine_core.core.kv_sizing import kv_block_bytes
+from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.spec_decode import dflash
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_budget import SMALL_DRAFTER_BYTES, DrafterMemory
@@ -87,6 +91,21 @@ def with_weights(good: Path, folder: Path, **tensors: torch.Tensor) -> Path:
         ({"rms_norm_eps": float("inf")}, r"rms_norm_eps must be a finite number, got inf"),
         ({"output_multiplier": float("inf")}, r"output_multiplier must be a finite number"),
         ({"model_type": "qwen3_5"}, r"model_type must be 'qwen3'"),
+        # finite, but far past any checkpoint's: the draft would overflow at run time
+        ({"input_embedding_scale": 1e30}, r"input_embedding_scale must be in \[0\.001, 1000\], got 1e\+30"),
+        ({"output_multiplier": 1e-30}, r"output_multiplier must be in \[0\.001, 1000\]"),
+        ({"final_logit_softcapping": 1e-30}, r"final_logit_softcapping must be in \[0\.001, 1000\]"),
+        ({"rope_theta": 1e-300}, r"rope_theta must be in \[1, 1e\+12\], got 1e-300"),
+        ({"rms_norm_eps": 1e-300}, r"rms_norm_eps must be in \[1e-12, 1\]"),
+        # JSON types the readers do not take: refused by name, never an AttributeError or a TypeError
+        ({"rope_scaling": ["yarn"]}, r"rope_scaling must be an object, got \['yarn'\] \(list\)"),
+        ({"rope_parameters": "default"}, r"rope_parameters must be an object, got 'default' \(str\)"),
+        ({"dflash_config": [1]}, r"dflash_config must be an object"),
+        ({"architectures": 5}, r"architectures must be an array, got 5 \(int\)"),
+        ({"layer_types": [{}]}, r"every item of layer_types must be a string"),
+        ({"markov_head_type": ["gated"]}, r"markov_head_type must be a string"),
+        ({"eos_token_id": {"id": 1}}, r"eos_token_id must be an integer or an array"),
+        ({"enable_confidence_head": "false"}, r"enable_confidence_head must be true or false, got 'false'"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
 )
@@ -118,6 +137,37 @@ def test_bad_weights_are_refused(
     folder = with_weights(good, tmp_path / "d", **tensors)
     with pytest.raises(ValueError, match=message):
         DFlashDrafter(folder, runner, K)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "huge-header"])
+def test_a_file_that_is_not_safetensors_is_refused_naming_it(
+    good: Path, runner: ModelRunner, tmp_path: Path, damage: str
+) -> None:
+    """The headers are read as the target's loader reads them: safetensors' own errors are ValueErrors naming
+    the file (the engine exits 2 at start), never a SafetensorError."""
+    folder = Path(shutil.copytree(good, tmp_path / "d"))
+    file = folder / "model.safetensors"
+    data = file.read_bytes()
+    # half the file; or a header length of 2^40 bytes, past the file's end
+    file.write_bytes(
+        data[: len(data) // 2] if damage == "truncated" else (1 << 40).to_bytes(8, "little") + data[8:]
+    )
+    with pytest.raises(ValueError, match=rf"{file} is not a valid safetensors file"):
+        DFlashDrafter(folder, runner, K)
+
+
+def test_the_kv_cache_is_sized_from_a_start_drafter_only_once_it_fits(
+    good: Path, target: Path, tmp_path: Path
+) -> None:
+    """At start, a drafter deeper than its target is refused before its pages are counted in a KV block."""
+    fits = EngineConfig(model_path=target, served_model_name="t", speculative=DrafterSpec("dspark", K, good))
+    model = ModelConfig.from_folder(target)
+    # (the target's 2 layers + the drafter's 1) x (keys, values) x 2 heads x 16 dims x 16 tokens x 4 bytes
+    assert kv_block_bytes(fits, model, torch.float32) == (2 + 1) * 2 * 2 * 16 * 16 * 4
+    deep = hostile_copy(good, tmp_path / "deep", num_hidden_layers=64, num_target_layers=None)
+    config = replace(fits, speculative=DrafterSpec("dspark", K, deep))
+    with pytest.raises(ValueError, match=r"num_hidden_layers 64: a drafter is no deeper than its target"):
+        kv_block_bytes(config, model, torch.float32)
 
 
 def test_weights_the_config_does_not_describe_are_refused_from_the_headers(
@@ -157,10 +207,13 @@ def test_a_drafter_past_the_memory_budget_is_refused(
 
 
 def test_the_launcher_reads_only_an_integer_block_size(good: Path, tmp_path: Path) -> None:
-    """openinfer-serve and openinfer-engine take K from the folder's block_size: 1e9 is refused there too."""
+    """openinfer-serve and openinfer-engine take K from the folder's block_size: 1e9 is refused there too, and
+    so is a field of another JSON type (architectures 5 was a TypeError)."""
     assert folder_drafter(good) == ("dspark", K)
     with pytest.raises(ValueError, match=r"--draft-model .*: block_size must be an integer"):
         folder_drafter(hostile_copy(good, tmp_path / "d", block_size=1e9))
+    with pytest.raises(ValueError, match=r"--draft-model .*: architectures must be an array, got 5"):
+        folder_drafter(hostile_copy(good, tmp_path / "a", architectures=5))
 
 
 def test_a_refused_load_keeps_the_drafter_it_had(good: Path, target: Path, tmp_path: Path) -> None:
