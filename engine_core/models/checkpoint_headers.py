@@ -4,39 +4,18 @@ checked against the shapes a config implies before any parameter is allocated or
 The loader (``weights.load_checkpoint``) reads each tensor whole before it compares its shape, so a
 checkpoint whose config and weights disagree could make it read gigabytes first; this check reads only the
 headers and refuses such a checkpoint with the loader's own messages. The files are the loader's too, opened
-as it opens them (``weights.checkpoint_files``, ``weights.open_safetensors``): regular files inside the
+as it opens them (``weights.read_headers``): regular files inside the
 folder, a truncated file or a header too large a ValueError naming it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.engine_core.models.weights import checkpoint_files, open_safetensors
+from openinfer.engine_core.models.weights import read_headers
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # safetensors' names of the dtypes a weight may have
-
-
-@dataclass(frozen=True)
-class TensorHeader:
-    """One tensor as its file's header describes it."""
-
-    shape: tuple[int, ...]
-    dtype: str  # safetensors' name: F32, BF16, ...
-
-
-def read_headers(folder: Path) -> dict[str, TensorHeader]:
-    """Every tensor of the folder's safetensors files (those ``checkpoint_files`` names), from their headers;
-    ValueError naming a file that is not a valid safetensors file."""
-    headers = {}
-    for file in checkpoint_files(folder):
-        with open_safetensors(file) as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                part = f.get_slice(name)
-                headers[name] = TensorHeader(tuple(part.get_shape()), part.get_dtype())
-    return headers
 
 
 def check_headers(

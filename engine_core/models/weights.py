@@ -7,6 +7,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +105,29 @@ def _copy_in_memory_order(target: Tensor, tensor: Tensor) -> None:
         target.copy_(tensor)
 
 
-def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor in the folder's safetensors, by name (read from the headers, no tensor data)."""
-    shapes: dict[str, tuple[int, ...]] = {}
+@dataclass(frozen=True)
+class TensorHeader:
+    """One tensor as its file's header describes it."""
+
+    shape: tuple[int, ...]
+    dtype: str  # safetensors' name: F32, BF16, ...
+
+
+def read_headers(folder: Path) -> dict[str, TensorHeader]:
+    """Every tensor of the folder's safetensors files (those ``checkpoint_files`` names), from their headers;
+    ValueError naming a file that is not a valid safetensors file."""
+    headers = {}
     for file in checkpoint_files(folder):
         with open_safetensors(file) as f:
-            shapes.update((name, tuple(f.get_slice(name).get_shape())) for name in f.keys())
-    return shapes
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                part = f.get_slice(name)
+                headers[name] = TensorHeader(tuple(part.get_shape()), part.get_dtype())
+    return headers
+
+
+def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor in the folder's safetensors, by name (read from the headers, no tensor data)."""
+    return {name: header.shape for name, header in read_headers(folder).items()}
 
 
 def checkpoint_names(folder: Path) -> list[str]:
