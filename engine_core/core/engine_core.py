@@ -226,7 +226,10 @@ class EngineCore:
             outputs = self._outputs(updates)
             if spec is not None:
                 proposals = spec.propose(
-                    output.draft_ids, output.draft_confidence, len(self.scheduler.running)
+                    output.draft_ids,
+                    output.draft_confidence,
+                    len(self.scheduler.running),
+                    finite=output.draft_finite,
                 )
                 for request, drafts, num_proposed in proposals:
                     self.scheduler.set_drafts(request, drafts, num_proposed)

@@ -17,7 +17,7 @@ from openinfer.engine_core.models.dflash import (
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
-from openinfer.engine_core.spec_decode.draft_numbers import NonFiniteWatch, finite_slots
+from openinfer.engine_core.spec_decode.draft_numbers import finite_slots
 from openinfer.engine_core.spec_decode.draft_sampling import (
     DraftSampling,
     draft_sampling,
@@ -98,7 +98,6 @@ class DFlashDrafter:
         self.model.load_weights(path)
         # Drafts at temperature > 0 are drawn with each request's own generator, else with this one.
         self.generator = torch.Generator(self.device).manual_seed(0)
-        self.watch = NonFiniteWatch(self.device, str(path))  # its forwards' NaN/inf (draft_numbers.py)
         layers = config.layers
         # (draft_layers, 2, num_pages, page_size, num_kv_heads, head_dim), zeroed, in one allocation.
         cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
@@ -209,7 +208,6 @@ class DFlashDrafter:
             block_lens = torch.full_like(queries.max_drafts, block_width)  # (B,)
         else:
             block_lens = torch.clamp(queries.max_drafts + 2, max=block_width)  # (B,)
-        self.watch.look()
         sampling = draft_sampling(queries, self.generator, self.num_spec_tokens)  # None: all greedy
         if self.graphs is not None:
             bucket = self.graphs.fits_tables(queries.block_ids)
@@ -304,8 +302,7 @@ class DFlashDrafter:
         if confidence is not None:
             finite &= confidence.isfinite()
             confidence = torch.where(finite, confidence, 0.0)
-        self.watch.note(finite)
-        return DeviceDrafts(draft_ids, confidence, probs)
+        return DeviceDrafts(draft_ids, confidence, probs, finite.all(dim=-1))
 
     def _block(
         self,

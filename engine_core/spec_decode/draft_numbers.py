@@ -11,10 +11,9 @@ Speculation is verified by the target, so what a non-finite value says is only "
   real token drawn from a real distribution q, which rejection sampling divides by; a greedy draft is the
   argmax, a valid token id whatever the logits hold. The target's verification keeps the output lossless.
 
-All of it on the device with no host sync of its own: each forward sets a device flag when it met a
-non-finite value (``NonFiniteWatch.note``, also inside the draft CUDA graphs); the next step copies it to the
-host without waiting and the one after reads the copy, which that step's read-back has waited for; the log
-gets a line at most every ``LOG_INTERVAL_S`` seconds.
+All of it on the device with no host sync of its own: each draft row says whether its numbers were finite
+(``DeviceDrafts.finite``, also from the draft CUDA graphs), read back in the step's one copy with the drafts;
+the log gets a line at most every ``LOG_INTERVAL_S`` seconds (:class:`NonFiniteLog`).
 """
 
 from __future__ import annotations
@@ -44,37 +43,26 @@ def finite_slots(logits: Tensor) -> Tensor:
     return logits.amax(dim=-1).isfinite()
 
 
-class NonFiniteWatch:
-    """Whether a drafter's forwards met non-finite numbers, told in the log at a bounded rate (see above)."""
+class NonFiniteLog:
+    """A drafter's rows of non-finite numbers, told in the log at a bounded rate (see above)."""
 
-    def __init__(self, device: torch.device, name: str) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name  # the drafter, in the log line
-        # set on the device by the forwards since the last look; its copy on the host, as of that look
-        self._seen = torch.zeros((), dtype=torch.bool, device=device)
-        self._host = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
-        self.num_steps = 0  # steps whose forwards met non-finite numbers, as far as the host has read
-        self._logged_steps = 0  # num_steps at the last line logged
+        self.num_rows = 0  # draft rows whose numbers were not finite, so far
+        self._logged_rows = 0  # num_rows at the last line logged
         self._logged_at: float | None = None  # time.monotonic() of the last line logged
 
-    def note(self, finite: Tensor) -> None:
-        """In a forward (a device op, captured in a CUDA graph too): ``finite`` (any shape, bool) all true or
-        not."""
-        self._seen |= ~finite.all()
-
-    def look(self) -> None:
-        """On the host, once a step before the drafter's forward is queued: count the flag copied at the last
-        look (the copy has arrived: the read-back of that look's step waited for the device), log at the
-        bounded rate, then queue a copy of what the forwards since then set and clear the flag behind it."""
-        if bool(self._host):
-            self.num_steps += 1
-            now = time.monotonic()
-            if self._logged_at is None or now - self._logged_at >= LOG_INTERVAL_S:
-                logger.warning(
-                    "drafter %s produced NaN or infinite values in %d step(s) since the last such line: those "
-                    "drafts read as confidence 0 and finite logits, and the target's verification keeps the "
-                    "output exact, but they are worthless; check the drafter's weights and config",
-                    self.name, self.num_steps - self._logged_steps,
-                )  # fmt: skip
-                self._logged_at, self._logged_steps = now, self.num_steps
-        self._host.copy_(self._seen, non_blocking=True)
-        self._seen.zero_()
+    def note(self, finite: list[bool]) -> None:
+        """One step's rows: whether each one's numbers were finite."""
+        self.num_rows += finite.count(False)
+        if self.num_rows == self._logged_rows:
+            return
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at >= LOG_INTERVAL_S:
+            logger.warning(
+                "drafter %s produced NaN or infinite values in %d draft(s) since the last such line: those "
+                "drafts read as confidence 0 and finite logits, and the target's verification keeps the "
+                "output exact, but they are worthless; check the drafter's weights and config",
+                self.name, self.num_rows - self._logged_rows,
+            )  # fmt: skip
+            self._logged_at, self._logged_rows = now, self.num_rows

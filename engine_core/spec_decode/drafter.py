@@ -83,6 +83,9 @@ class DeviceDrafts(NamedTuple):
     # (B, num_spec_tokens, vocab) float32: the distribution q each draft was drawn from (one-hot for a greedy
     # request's); None when every draft is greedy. Rejection sampling verifies against it.
     probs: Tensor | None = None
+    # (B,) bool: whether every slot's logits (and confidence) were finite (draft_numbers.py); None for a drafter
+    # that does not tell
+    finite: Tensor | None = None
 
 
 @runtime_checkable

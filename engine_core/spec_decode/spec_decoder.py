@@ -20,6 +20,7 @@ from openinfer.engine_core.spec_decode.adaptive import (
     verify_lengths,
 )
 from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
+from openinfer.engine_core.spec_decode.draft_numbers import NonFiniteLog
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
     DeviceDrafter,
@@ -72,6 +73,8 @@ class SpecDecoder:
         self._left_out = 0  # rounds adaptive verification verified none of (counter-estimated drafters)
         # DFlash proposes on the device before the read-back; n-gram on the host after it.
         self._on_device = self.drafter if isinstance(self.drafter, DeviceDrafter) else None
+        # its rows of NaN/inf numbers, logged naming its folder
+        self._non_finite = NonFiniteLog(str(spec.draft_model or self.drafter.describe()))
 
     def describe(self) -> str:
         threshold = self.confidence_threshold
@@ -185,7 +188,11 @@ class SpecDecoder:
                 self._context_blocks.drafter_wrote(update.block_ids, s.start, written)
 
     def propose(
-        self, draft_ids: list[list[int]], confidence: list[list[float]] | None = None, base_tokens: int = 0
+        self,
+        draft_ids: list[list[int]],
+        confidence: list[list[float]] | None = None,
+        base_tokens: int = 0,
+        finite: list[bool] | None = None,
     ) -> list[tuple[Request, tuple[int, ...], int]]:
         """The rounds to verify next, ``(request, drafts, P)``, for every request that sampled in the last
         step, goes on and may draft: its P proposed drafts (a device drafter's ``draft_ids``, one row per
@@ -193,7 +200,10 @@ class SpecDecoder:
         first V are verified: all of them; those before the first confidence below the threshold
         (``verify_length``); with adaptive verification, the step's best budget (``adaptive.py``; the next
         step runs about ``base_tokens`` tokens besides the drafts). A round verifying none of its drafts is
-        counted here as unverified and not returned."""
+        counted here as unverified and not returned. ``finite``: per row of ``draft_ids``, whether the drafter's
+        numbers were (rows that were not have confidence 0; logged at a bounded rate)."""
+        if finite:
+            self._non_finite.note(finite)
         requests, queries, rows = [], [], []
         for p, request in enumerate(self._proposers):
             if not request.status.is_finished:  # one that stopped has its drafts dropped

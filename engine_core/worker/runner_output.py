@@ -22,6 +22,9 @@ class ModelRunnerOutput:
     draft_ids: list[list[int]] = field(default_factory=list)
     # per row of draft_ids, each draft's confidence (DSpark's confidence head); empty without one
     draft_confidence: list[list[float]] = field(default_factory=list)
+    # per row of draft_ids, whether the drafter's numbers were finite (False: read as worthless drafts, logged);
+    # empty when the drafter does not tell
+    draft_finite: list[bool] = field(default_factory=list)
 
 
 EMPTY_OUTPUT = ModelRunnerOutput([], [])

@@ -68,9 +68,11 @@ class Worker:
         verified = sampled.verified
         table = sampled.logprobs.table if sampled.logprobs is not None else None
         # The step's one device-to-host copy.
-        ids, confidence = (drafts.draft_ids, drafts.confidence) if drafts is not None else (None, None)
-        counts, tokens, logprob_values, draft_ids, draft_confidence = read_back(
-            [verified.num_accepted, verified.tokens, table, ids, confidence]
+        ids, confidence, finite = (
+            (drafts.draft_ids, drafts.confidence, drafts.finite) if drafts is not None else (None, None, None)
+        )
+        counts, tokens, logprob_values, draft_ids, draft_confidence, draft_finite = read_back(
+            [verified.num_accepted, verified.tokens, table, ids, confidence, finite]
         )
         assert tokens is not None
         token_ids, logprobs = sampled.read(counts, tokens, logprob_values)
@@ -78,7 +80,11 @@ class Worker:
             return ModelRunnerOutput(token_ids, logprobs)
         width = ids.shape[1]
         return ModelRunnerOutput(
-            token_ids, logprobs, _rows(draft_ids, width), _rows(draft_confidence or [], width)
+            token_ids,
+            logprobs,
+            _rows(draft_ids, width),
+            _rows(draft_confidence or [], width),
+            [bool(f) for f in draft_finite or []],
         )
 
 
