@@ -2,7 +2,9 @@
 
 Each is the built-in DSpark drafter made hostile in one way: a block of 1e9 slots, 10^6 draft layers (as
 JSON's float 1e6 and as the integer), NaN or infinite weights, a config the weights do not match. The
-engine must refuse each quickly (400) and go on drafting with the drafter it had. Its server gets the admin
+engine must refuse each quickly (400) and go on drafting with the drafter it had. Last, a drafter whose
+weights are finite but overflow in its first matmul (every fc weight 3e38) loads (200), and completions
+drafted by it must still succeed. Its server gets the admin
 key and the folder the drafters are written into as the allowed one (``attackers.SERVE_FLAGS``):
 
     python -m openinfer.benchmarks.attacks --attacks hostile_drafters
@@ -21,14 +23,14 @@ from typing import Any
 import aiohttp
 from safetensors.torch import load_file, save_file
 
-from openinfer.benchmarks.attack_target import ADMIN_HEADERS, Target, post
+from openinfer.benchmarks.attack_target import ADMIN_HEADERS, Target, post, tally
 from openinfer.engine_core.builtin_model import builtin_drafter_folder
 
 HOSTILE_DRAFTER_DIR = Path(tempfile.gettempdir()) / "openinfer-hostile-drafters"  # --allowed-drafter-dir
 K = 7  # the built-in DSpark drafter's block: the drafter the engine must keep
 LOAD_TIMEOUT_S = 20.0  # each load's wait: a refusal takes well under a second
-# name -> the config keys it sets; the weight attacks set no key. Hangs last: a server that loads one of
-# them may stop answering the ones after.
+# name -> the config keys it sets; the weight attacks set no key. Hangs late: a server that loads one of
+# them may stop answering the ones after; the overflowing drafter, which loads, last.
 _CONFIG_ATTACKS: dict[str, dict[str, Any]] = {
     "nan_weights": {},
     "inf_weights": {},
@@ -36,6 +38,7 @@ _CONFIG_ATTACKS: dict[str, dict[str, Any]] = {
     "layers_1e6_float": {"num_hidden_layers": 1e6},
     "layers_1e6": {"num_hidden_layers": 10**6},
     "block_1e9": {"block_size": 1e9},
+    "overflowing_weights": {},  # loads: what it drafts must never fail a request
 }
 
 
@@ -49,7 +52,10 @@ def write_hostile_drafters(root: Path) -> dict[str, Path]:
         path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
         if name.endswith("_weights"):
             weights = load_file(folder / "model.safetensors")
-            weights["fc.weight"][0, 0] = float("nan") if name == "nan_weights" else float("inf")
+            if name == "overflowing_weights":  # finite in float32 (max ~3.4e38): NaN hidden states
+                weights["fc.weight"].fill_(3e38)
+            else:
+                weights["fc.weight"][0, 0] = float("nan") if name == "nan_weights" else float("inf")
             save_file(weights, str(folder / "model.safetensors"))
         folders[name] = folder
     return folders
@@ -88,8 +94,8 @@ async def hostile_drafters(target: Target) -> str:
     async with target.session.get(f"{target.url}/admin/engines", headers=ADMIN_HEADERS) as r:
         engines = await r.json() if r.status == 200 else {"engines": []}
     k = next((e["num_spec_tokens"] for e in engines["engines"] if e["index"] == 0), None)
-    completion = await post(target, target.body(max_tokens=8), timeout=LOAD_TIMEOUT_S)
+    completions = [await post(target, target.body(max_tokens=32), timeout=LOAD_TIMEOUT_S) for _ in range(4)]
     return (
         f"loads: {', '.join(answers)} (slowest {slowest:.1f} s); engine 0 K={k} afterwards "
-        f"(was {K}); a completion: {completion}"
+        f"(was {K}); completions drafted by the overflowing drafter: {tally(completions)}"
     )
