@@ -82,6 +82,19 @@ class MoeConfig:
         )
 
 
+# The sizes every Qwen3-family config gives (a drafter's too): positive integers.
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A Qwen3 or Qwen3.5 model's architecture, from `config.json` (+ `generation_config.json` if present).
@@ -108,16 +121,7 @@ class ModelConfig:
     hybrid: HybridConfig | None = None  # Qwen3.5's linear-attention layers and partial RoPE; None: Qwen3
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-        ):
+        for name in SIZE_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model config: {name} must be an integer >= 1, got {value!r}")

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from openinfer.engine_core.models.config import SIZE_FIELDS
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 SIZE_LIMIT = 1 << 24  # counts, widths and token ids: Qwen3-class vocabularies are ~152K-262K, widths ~1K-16K
@@ -34,17 +35,6 @@ FLOAT_RANGES = {
     "rope_theta": (1.0, 1e12),  # Qwen3: 1e6, Qwen3.5: 1e7; a tiny one overflows the RoPE frequencies
 }
 
-# The draft layers' Qwen3 counts (ModelConfig reads them as they are); a null count is left to its default.
-_LAYER_COUNTS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-)
 
 # The JSON type of every field besides the numbers that the drafter's readers look at (ModelConfig's Qwen3
 # keys, z-lab's and DeepSpec's), when present and not null; and of the items of its arrays.
@@ -110,7 +100,7 @@ def check_layer_values(config: dict[str, Any]) -> None:
     """The draft layers' Qwen3 numbers before ``ModelConfig`` reads them: every count present is an integer
     in [1, SIZE_LIMIT] (layers in [1, MAX_LAYERS]); ``rms_norm_eps`` and ``rope_theta`` are within their
     ``FLOAT_RANGES``."""
-    for key in _LAYER_COUNTS:
+    for key in SIZE_FIELDS:  # the draft layers' Qwen3 counts; a null one is left to its default
         if config.get(key) is not None:
             config_int(config[key], key, high=MAX_LAYERS if key == "num_hidden_layers" else SIZE_LIMIT)
     rope = config.get("rope_parameters")
