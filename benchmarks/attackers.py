@@ -9,6 +9,9 @@ and bound every socket operation: where the engine ports authenticate (CurveZMQ)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from openinfer.benchmarks.attack_target import ADMIN_KEY, Attacker, Target
 from openinfer.benchmarks.counter_attacks import drafter_swaps
 from openinfer.benchmarks.drafter_attacks import HOSTILE_DRAFTER_DIR, hostile_drafters
@@ -23,6 +26,7 @@ from openinfer.benchmarks.http_attacks import (
 from openinfer.benchmarks.peer_attacks import hostile_peers_dir
 from openinfer.benchmarks.serve_attacks import api_server_restart, port_impostor
 from openinfer.benchmarks.stream_attacks import cut_choice_streams
+from openinfer.benchmarks.template_attacks import hostile_model, hostile_templates
 from openinfer.benchmarks.wire_attacks import forged_hellos, garbage_flood, impersonation
 
 __all__ = ["ATTACKERS", "SERVE_FLAGS", "Attacker", "Target"]
@@ -43,13 +47,16 @@ ATTACKERS: dict[str, Attacker] = {
     "hostile_peers_dir": hostile_peers_dir,
     "port_impostor": port_impostor,
     "api_server_restart": api_server_restart,
+    "hostile_templates": hostile_templates,
 }
 
-# The openinfer-serve flags an attack's server gets besides --serve-arg's.
-SERVE_FLAGS: dict[str, list[str]] = {
+# The openinfer-serve flags an attack's server gets besides --serve-arg's: a list, or a function that makes
+# what they name (a model folder) in the attack's own folder and returns them.
+SERVE_FLAGS: dict[str, list[str] | Callable[[Path], list[str]]] = {
     "drafter_swaps": ["--api-server-count", "3", "--admin-api-key", ADMIN_KEY],
     "hostile_drafters": ["--admin-api-key", ADMIN_KEY, f"--allowed-drafter-dir={HOSTILE_DRAFTER_DIR}"],
     "hostile_peers_dir": ["--api-server-count", "2"],
     "port_impostor": ["--api-server-count", "2"],
     "api_server_restart": ["--api-server-count", "2"],
+    "hostile_templates": hostile_model,
 }

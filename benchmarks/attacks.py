@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="openinfer-attacks-") as folder:
             for name in ["baseline", *options.attacks]:
-                flags = [*options.serve_arg, *SERVE_FLAGS.get(name, [])]
+                own = SERVE_FLAGS.get(name, [])
+                flags = [*options.serve_arg, *(own(Path(folder)) if callable(own) else own)]
                 server = Server(Path(folder) / name, flags, options.api_key, options.startup_timeout)
                 with server:
                     rows.append(measure(name, ATTACKERS.get(name, _no_attack), server, observer, options))
