@@ -32,6 +32,7 @@ from openinfer.engine_core.spec_decode.drafter import (
     DraftTarget,
 )
 from openinfer.engine_core.spec_decode.drafter_budget import drafter_memory, free_memory, weight_bytes
+from openinfer.engine_core.worker.executor import reachable_positions
 from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
 
@@ -85,7 +86,9 @@ class DFlashDrafter:
         self.num_pages = runner.num_kv_blocks
         self._target = runner
         # RoPE table: a block's slots run up to block_size positions past the model length.
-        max_positions = runner.model_config.max_position_embeddings + config.block_size
+        target_positions = runner.model_config.max_position_embeddings
+        max_positions = reachable_positions(target_positions, runner.num_kv_blocks, runner.block_size)
+        max_positions += config.block_size  # a block's slots past the context
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
             model = DFlashDraftModel(config, follow_backend(runner.attn_backend), max_positions)
         # Before anything is allocated: the files hold what the config says, and it fits the budget.

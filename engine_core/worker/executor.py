@@ -48,6 +48,13 @@ class ModelExecutor(Protocol):
         ...
 
 
+def reachable_positions(max_position_embeddings: int, num_kv_blocks: int, block_size: int) -> int:
+    """How many positions a step of an engine can reach: the model's, or fewer when its KV cache holds fewer
+    tokens (a request that could outgrow the cache is refused: request_checks.py). Tables and rows sized by
+    positions use it: a config's max_position_embeddings can be far more than a request here can reach."""
+    return min(max_position_embeddings, num_kv_blocks * block_size)
+
+
 def resolve_dtype(dtype: ModelDtype, device: torch.device) -> torch.dtype:
     """``--dtype`` on ``device``: auto is float32 on the CPU (exact parity with transformers) and bfloat16
     on CUDA."""

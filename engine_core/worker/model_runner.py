@@ -17,7 +17,7 @@ from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
 from openinfer.engine_core.models.weights import check_fits_checkpoint
-from openinfer.engine_core.worker.executor import ForwardOutput, resolve_dtype
+from openinfer.engine_core.worker.executor import ForwardOutput, reachable_positions, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention import AttentionMetadata, BackendName, host_to_device_parts, select_backend
@@ -68,8 +68,12 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
         self.attn_backend = select_backend(self.device, attention_backend, block_size)
+        # The model's RoPE table (and the padded steps) cover the positions a step can reach, not all of a
+        # config's max_position_embeddings (2^31 of them asked for 16 GiB at the first step).
+        positions = reachable_positions(config.max_position_embeddings, num_kv_blocks, block_size)
+        reachable = replace(config, max_position_embeddings=positions)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
-            model = _model_class(config)(config, self.attn_backend)
+            model = _model_class(config)(reachable, self.attn_backend)
         check_fits_checkpoint(model, Path(model_path))  # before config.json's sizes are allocated
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
@@ -90,7 +94,7 @@ class ModelRunner:
         self.step_graphs: StepGraphs | None = None
         if capture:
             self.step_graphs = StepGraphs(
-                self.model, self.kv_caches, block_size, num_kv_blocks, config.max_position_embeddings,
+                self.model, self.kv_caches, block_size, num_kv_blocks, positions,
                 max_num_seqs, capture=True, state_geometry=self.state_geometry,
             )  # fmt: skip
 

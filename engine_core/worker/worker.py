@@ -11,7 +11,7 @@ from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.spec_decode.drafter import DeviceDrafts
-from openinfer.engine_core.worker.executor import ModelExecutor
+from openinfer.engine_core.worker.executor import ModelExecutor, reachable_positions
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.read_back import read_back
 from openinfer.engine_core.worker.runner_output import EMPTY_OUTPUT, ModelRunnerOutput
@@ -47,8 +47,10 @@ class Worker:
     ) -> None:
         self.runner = runner
         self.sampler = sampler
-        # Drafts never run past the model length, so a row holds max_model_len tokens.
-        self.input_batch = InputBatch(max_num_seqs, max_model_len, runner.block_size, states)
+        # Drafts never run past the model length nor the positions the KV cache can hold (rows of a config's
+        # 2^31 max_position_embeddings were 1 TiB).
+        row_tokens = reachable_positions(max_model_len, runner.num_kv_blocks, runner.block_size)
+        self.input_batch = InputBatch(max_num_seqs, row_tokens, runner.block_size, states)
 
     def execute(self, decided: SchedulerOutput, drafter: StepDrafter | None = None) -> ModelRunnerOutput:
         """Run the decided step, sample it and (when a drafter is given) let it take the step's hidden states

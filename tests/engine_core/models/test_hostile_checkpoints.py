@@ -16,6 +16,7 @@ import torch
 
 from openinfer.engine_core.models.weights import checkpoint_files
 from openinfer.engine_core.process.tokenizer_files import check_tokenizer_files
+from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.hostile_checkpoints import FIRST_SHARD as SHARD
 from openinfer.engine_core.testing.hostile_checkpoints import HOSTILE_CHECKPOINTS
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
@@ -116,3 +117,17 @@ def test_tokenizer_files_that_are_fifos_are_refused(tmp_path: Path, name: str) -
     os.mkfifo(tmp_path / name)
     with fifo_unblocked_after(tmp_path / name, 30.0), pytest.raises(ValueError, match="is a FIFO"):
         check_tokenizer_files(tmp_path)
+
+
+def test_a_huge_max_position_embeddings_sizes_nothing_past_the_kv_cache(tmp_path: Path) -> None:
+    """A config.json's max_position_embeddings of 2^31 - 1 (its RoPE table asked 16 GiB at the first step, the
+    engine's token rows 1 TiB at start): rows, RoPE table and padded steps cover only the positions the KV
+    cache can hold, and the engine serves the tokens it serves at the checkpoint's own 2048."""
+    tokens = []
+    for positions in (2048, 2**31 - 1):
+        folder = make_tiny_checkpoint(tmp_path / str(positions), seed=3,
+                                      overrides={**SMALL_QWEN3, "max_position_embeddings": positions})  # fmt: skip
+        core = make_core(folder, num_kv_blocks=64)  # 64 blocks of 16: 1,024 positions reachable
+        assert core.worker.input_batch.token_ids.shape[1] == 1024
+        tokens.append(generate_greedy(core, [[5, 6, 7, 8]], max_tokens=6))
+    assert tokens[0] == tokens[1] and len(tokens[0][0]) == 6
