@@ -4,6 +4,12 @@ geometry of a hybrid model's state slots."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from openinfer.engine_core.models.config import ModelConfig
 
 
 def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
@@ -13,6 +19,13 @@ def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
             "a KV cache needs at least one block of at least one slot: --num-kv-blocks (or the memory "
             f"--kv-cache-gb buys) and --block-size must be >= 1, got {num_kv_blocks} blocks of {block_size}"
         )
+
+
+def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page of ``block_size`` tokens takes across ``model``'s layers (keys and values): a target's
+    KV block, or a drafter's context-cache page."""
+    per_token = 2 * model.num_kv_layers * model.num_key_value_heads * model.head_dim
+    return per_token * block_size * dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
-from openinfer.engine_core.core.kv_geometry import StateGeometry
+from openinfer.engine_core.core.kv_geometry import StateGeometry, page_bytes
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.weights import checkpoint_shapes
 from openinfer.engine_core.spec_decode.drafter_loaders import block_drafter_config
@@ -112,12 +112,6 @@ def activation_bytes(
 def checkpoint_bytes(folder: Path, dtype: torch.dtype) -> int:
     """Bytes the tensors of ``folder``'s safetensors files take at ``dtype`` (read from their headers)."""
     return sum(math.prod(shape) for shape in checkpoint_shapes(folder).values()) * dtype.itemsize
-
-
-def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one page of ``block_size`` tokens takes across ``model``'s layers (keys and values)."""
-    per_token = 2 * model.num_kv_layers * model.num_key_value_heads * model.head_dim
-    return per_token * block_size * dtype.itemsize
 
 
 def drafter_checkpoint(config: EngineConfig) -> Path | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from openinfer.engine_core.core.kv_geometry import page_bytes
 from openinfer.engine_core.models.config import ModelConfig
 
 GIB = 2**30
@@ -75,10 +76,9 @@ def drafter_memory(
     """The memory of ``model`` (built on the meta device: shapes only) with draft layers ``layers``, a context
     cache of ``num_pages`` pages of ``page_size`` and a RoPE table of ``max_positions``, at ``dtype``."""
     parameters = sum(param.numel() for param in model.parameters()) * dtype.itemsize
-    page = 2 * page_size * layers.num_key_value_heads * layers.head_dim * dtype.itemsize
     return DrafterMemory(
         parameters=parameters,
-        context_cache=layers.num_hidden_layers * num_pages * page,
+        context_cache=num_pages * page_bytes(layers, page_size, dtype),
         rope_table=max_positions * 2 * layers.head_dim * 4,
     )
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.core.kv_geometry import page_bytes
 from openinfer.engine_core.core.kv_sizing import (
     CUDA_RESERVE_BYTES,
     GIB,
@@ -18,7 +19,6 @@ from openinfer.engine_core.core.kv_sizing import (
     cuda_kv_budget,
     kv_block_bytes,
     num_kv_blocks,
-    page_bytes,
 )
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
