@@ -89,6 +89,14 @@ def test_the_probe_sees_a_forbidden_import() -> None:
     assert {"aiohttp", "prometheus_client"} <= loaded_after_importing(["openinfer.frontend.main"])
 
 
+def test_the_flag_readers_import_no_torch() -> None:
+    """openinfer-serve and openinfer-engine read their flags, and a drafter folder's block size, without
+    torch: the launcher imports no torch, and a bad flag is refused before torch loads."""
+    flags = ["openinfer.engine_core.process.engine_args", "openinfer.engine_core.launch.serve_args",
+             "openinfer.engine_core.spec_decode.drafter_folders"]  # fmt: skip
+    assert "torch" not in loaded_after_importing(flags)
+
+
 def imported_test_modules(tree: ast.Module, root: Path) -> list[str]:
     """The ``test_*`` modules of the tests package that a parsed file imports: ``from tests.x.test_y import``,
     ``import tests.x.test_y``, and ``from tests.x import test_y`` where ``root``/tests/x/test_y.py is a file

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from openinfer.engine_core.models.config_sizes import SIZE_FIELDS
 from openinfer.engine_core.models.hybrid_config import HybridConfig
 from openinfer.engine_core.models.model_folder import model_file
 
@@ -80,19 +81,6 @@ class MoeConfig:
             mlp_only_layers=(),
             shared_expert_intermediate_size=_required(text_config, "shared_expert_intermediate_size"),
         )
-
-
-# The sizes every Qwen3-family config gives (a drafter's too): positive integers.
-SIZE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-)
 
 
 @dataclass(frozen=True)

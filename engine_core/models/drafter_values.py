@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from openinfer.engine_core.models.config import SIZE_FIELDS
+from openinfer.engine_core.models.config_sizes import SIZE_FIELDS
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 SIZE_LIMIT = 1 << 24  # counts, widths and token ids: Qwen3-class vocabularies are ~152K-262K, widths ~1K-16K
