@@ -5,7 +5,6 @@ DeepSpec layout (`Qwen3DSparkModel`: DSpark, and its DFlash drafters with `marko
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from openinfer.engine_core.models.drafter_values import (
     check_layer_values,
     config_float,
     config_int,
-    read_config_text,
+    read_config,
 )
 from openinfer.engine_core.models.dspark_heads import DSparkHeadsConfig, MarkovHeadType
 from openinfer.engine_core.spec_decode.drafter_folders import DEEPSPEC_ARCHITECTURE, ZLAB_BLOCK_SIZE
@@ -100,12 +99,7 @@ class DFlashConfig:
     def from_folder(cls, folder: Path | str, anchor: AnchorLayout | None = None) -> DFlashConfig:
         """Read `folder/config.json`; `anchor`, when given, is the layout the engine was told to use."""
         config_path = Path(folder) / "config.json"
-        try:
-            config = json.loads(read_config_text(config_path))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path} is not valid JSON: {e}") from e
-        if not isinstance(config, dict):
-            raise ValueError(f"{config_path} must hold a JSON object")
+        config = read_config(Path(folder))
         try:
             return cls.from_dict(config, anchor)
         except ValueError as e:

@@ -13,11 +13,14 @@ size through it.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from openinfer.engine_core.models.config_sizes import SIZE_FIELDS
+from openinfer.engine_core.models.model_folder import model_file
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 SIZE_LIMIT = 1 << 24  # counts, widths and token ids: Qwen3-class vocabularies are ~152K-262K, widths ~1K-16K
@@ -110,14 +113,22 @@ def check_layer_values(config: dict[str, Any]) -> None:
             bounded_float(value, key)
 
 
-def read_config_text(path: Path) -> str:
-    """The text of a drafter's config.json: a regular file of at most CONFIG_LIMIT_BYTES (never a pipe or
-    a device, which could block the load or fill memory)."""
-    if not path.is_file():
+def read_config(folder: Path) -> dict[str, Any]:
+    """A drafter folder's config.json as a JSON object: a regular file of the folder (``model_file``: never a
+    pipe, a device or a link out of it) of at most CONFIG_LIMIT_BYTES. FileNotFoundError when there is none,
+    ValueError naming the file otherwise."""
+    path = folder / "config.json"
+    if not os.path.lexists(path):
         raise FileNotFoundError(
             f"{path} not found: --draft-model must be a DFlash checkpoint folder with config.json"
         )
-    size = path.stat().st_size
+    size = model_file(folder, "config.json").stat().st_size
     if size > CONFIG_LIMIT_BYTES:
         raise ValueError(f"{path} is {size} bytes; a drafter's config.json is at most {CONFIG_LIMIT_BYTES}")
-    return path.read_text()
+    try:
+        config = json.loads(path.read_bytes())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return config

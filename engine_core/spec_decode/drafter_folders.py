@@ -9,15 +9,13 @@ engine's log says which).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from openinfer.engine_core.models.drafter_values import (
     MAX_BLOCK_SIZE,
     check_field_types,
     config_int,
-    read_config_text,
+    read_config,
 )
 from openinfer.protocol import DrafterMethod
 
@@ -58,13 +56,10 @@ def folder_drafter(folder: Path) -> tuple[DrafterMethod, int]:
     DeepSpec block's ``block_size`` drafts (DeepSpec verifies them all), z-lab's ``block_size - 1`` (its
     ``dflash_generate`` verifies the current token and block_size - 1 drafts). ValueError when the folder
     has no readable config.json."""
-    path = folder / "config.json"
     try:
-        config: Any = json.loads(read_config_text(path))
+        config = read_config(folder)
     except (OSError, ValueError) as e:
         raise ValueError(f"--draft-model {folder}: cannot read its config.json ({e})") from e
-    if not isinstance(config, dict):
-        raise ValueError(f"--draft-model {folder}: config.json is not a JSON object")
     try:
         check_field_types(config)
         dflash = config.get("dflash_config") or {}

@@ -7,6 +7,7 @@ KV cache is sized from it. A refused load leaves the engine drafting with the dr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.kv_sizing import kv_block_bytes
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.spec_decode import dflash
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_budget import SMALL_DRAFTER_BYTES, DrafterMemory
@@ -214,6 +216,23 @@ def test_the_launcher_reads_only_an_integer_block_size(good: Path, tmp_path: Pat
         folder_drafter(hostile_copy(good, tmp_path / "d", block_size=1e9))
     with pytest.raises(ValueError, match=r"--draft-model .*: architectures must be an array, got 5"):
         folder_drafter(hostile_copy(good, tmp_path / "a", architectures=5))
+
+
+def test_a_config_json_that_is_no_file_of_the_folder_is_refused(good: Path, tmp_path: Path) -> None:
+    """A drafter's config.json is read as the target's files are (``model_file``): a link out of the folder
+    and a FIFO (whose open would block) are refused by name, at load and in the launcher."""
+    outside = tmp_path / "outside.json"
+    outside.write_bytes((good / "config.json").read_bytes())
+    linked = Path(shutil.copytree(good, tmp_path / "linked"))
+    (linked / "config.json").unlink()
+    (linked / "config.json").symlink_to(outside)
+    piped = Path(shutil.copytree(good, tmp_path / "piped"))
+    (piped / "config.json").unlink()
+    os.mkfifo(piped / "config.json")
+    with pytest.raises(ValueError, match=r"config\.json leads to .*outside\.json, outside the model folder"):
+        DFlashConfig.from_folder(linked)
+    with pytest.raises(ValueError, match=r"--draft-model .*config\.json is a FIFO, not a regular file"):
+        folder_drafter(piped)
 
 
 def test_a_refused_load_keeps_the_drafter_it_had(good: Path, target: Path, tmp_path: Path) -> None:
