@@ -20,8 +20,9 @@ from openinfer.frontend.flags import add_frontend_args, env_key, keep_alive_from
 from openinfer.frontend.metrics.api_servers import ApiServers
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.state_dir import StateDir, StateError
-from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.api_server import build_app
 from openinfer.frontend.openai.cors import CorsPolicy
+from openinfer.frontend.openai.http_runner import serve
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
 from openinfer.frontend.ready_pipe import say_ready
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -29,13 +28,16 @@ from openinfer.frontend.openai.body_limits import BodyLimits
 from openinfer.frontend.openai.census_worker import CensusWorker
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.choices import Choices
-from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
+from openinfer.frontend.openai.completion_request import (
+    INLINE_PROMPT_CHARS,
+    CompletionRequest,
+    parse_completion_request,
+)
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError
 from openinfer.frontend.openai.grammar_pool import GrammarCheckPool
 from openinfer.frontend.openai.host_check import host_check_middleware
-from openinfer.frontend.openai.http_logs import QuietAccessLogger, server_logger
 from openinfer.frontend.openai.middleware import (
     MAX_BODY_BYTES,
     REQUEST_IDENTITY,
@@ -143,40 +145,6 @@ async def _close_workers(app: web.Application) -> None:
     await app[CHAT_TEMPLATES].close()
 
 
-async def serve(
-    app: web.Application,
-    host: str,
-    port: int,
-    keep_alive_s: float = 5.0,
-    listener: socket.socket | None = None,
-) -> web.AppRunner:
-    """Serve ``app`` on ``host``:``port`` (port 0: any free port, see ``runner.addresses``), or on the
-    ``listener`` given, already bound and listening (``openinfer-serve``'s, shared by its api servers); stop
-    with ``runner.cleanup()``.
-
-    Handlers are cancelled when their client disconnects, which aborts the request on its engine. A connection
-    is closed when the head of its next request is not in within ``keep_alive_s`` seconds of its start or of
-    its last response (uvicorn's and so vLLM's keep-alive is 5 s): aiohttp's keep-alive timer runs from the
-    connection's start and closes it whenever no request head has arrived by then, however much of one has,
-    so one timer is the idle timeout and the header-read timeout. A response in progress is never cut.
-    """
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        shutdown_timeout=5.0,
-        access_log_class=QuietAccessLogger,
-        keepalive_timeout=keep_alive_s,
-        logger=server_logger(),
-        # A body left unread (refused by its Content-Length: 413) is not drained, the connection is closed:
-        # draining an attacker's tens of MB cost /health 100-150 ms; clients still read the 413 (curl, httpx).
-        lingering_time=0.0,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port) if listener is None else web.SockSite(runner, listener)
-    await site.start()
-    return runner
-
-
 class _OpenAIApi:
     """The route handlers, sharing the engine client and the metrics."""
 
@@ -256,13 +224,16 @@ class _OpenAIApi:
         ids = _response_ids(request, parsed.response_prefix, model)
         request_id = _engine_request_id(request, ids)
         prepare: Callable[[ServedModel, str], PreparedRequest] = parsed.prepare
-        if isinstance(parsed, ChatRequest):  # the messages' prompt: the model's template, in a worker process
+        if isinstance(parsed, ChatRequest):  # its prompt: the model's template over the messages, in a worker
             prompt = await parsed.render(model, self._templates)
-            prepare = functools.partial(parsed.prepare, prompt=prompt)
-        if parsed.prepares_off_loop:  # a long prompt to tokenize: not on the loop
-            prepared = await asyncio.to_thread(prepare, model, request_id)
+            prepare, long = (
+                functools.partial(parsed.prepare, prompt=prompt),
+                len(prompt) > INLINE_PROMPT_CHARS,
+            )
         else:
-            prepared = prepare(model, request_id)
+            long = parsed.prepares_off_loop
+        # a long prompt to tokenize: not on the loop
+        prepared = await asyncio.to_thread(prepare, model, request_id) if long else prepare(model, request_id)
         choices = Choices(
             self._client, self._metrics, model, prepared, options, arrival, ids, self._spec_metrics
         )

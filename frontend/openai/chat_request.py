@@ -92,8 +92,6 @@ class ChatRequest:
     parsers: ChatParsers  # the server's
     include_reasoning: bool  # vLLM extension, default true
 
-    # Messages can be long: their prompt is always tokenized in a thread.
-    prepares_off_loop: ClassVar[bool] = True
     response_prefix: ClassVar[str] = "chatcmpl"  # of its response id, as vLLM's
 
     async def render(self, model: ServedModel, templates: ChatTemplatePool) -> str:

@@ -13,8 +13,9 @@ from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
 from openinfer.frontend.metrics.state_dir import StateDir
-from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.api_server import build_app
 from openinfer.frontend.openai.cors import CorsPolicy
+from openinfer.frontend.openai.http_runner import serve
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.e2e.processes import Cluster
 from tests.frontend.engine_peer import EnginePeer, PeerConfig

@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from openinfer.engine_core.launch.local_cluster import free_port_pair
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.frontend.openai.api_server import build_app, serve
+from openinfer.frontend.openai.api_server import build_app
 from openinfer.frontend.openai.cors import CorsPolicy
+from openinfer.frontend.openai.http_runner import serve
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.waits import wait_until
