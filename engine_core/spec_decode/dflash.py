@@ -11,7 +11,6 @@ from torch import Tensor
 from openinfer.engine_core.models.dflash import (
     BlockAttention,
     BlockContext,
-    DFlashDraftModel,
     torch_block_attention,
     triton_block_attention,
 )
@@ -31,7 +30,7 @@ from openinfer.engine_core.spec_decode.drafter import (
     DraftQuery,
     DraftTarget,
 )
-from openinfer.engine_core.spec_decode.drafter_budget import drafter_memory, free_memory, weight_bytes
+from openinfer.engine_core.spec_decode.drafter_budget import context_caches, load_within_budget
 from openinfer.engine_core.worker.executor import reachable_positions
 from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
 from openinfer.protocol import MAX_SPEC_TOKENS
@@ -89,31 +88,11 @@ class DFlashDrafter:
         target_positions = runner.model_config.max_position_embeddings
         max_positions = reachable_positions(target_positions, runner.num_kv_blocks, runner.block_size)
         max_positions += config.block_size  # a block's slots past the context
-        with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
-            model = DFlashDraftModel(config, follow_backend(runner.attn_backend), max_positions)
-        # Before anything is allocated: the files hold what the config says, and it fits the budget.
-        model.check_checkpoint(path)
-        memory = drafter_memory(
-            model, config.layers, self.num_pages, self.page_size, max_positions, self.dtype
-        )
-        memory.check(weight_bytes(runner.model), free_memory(self.device))
-        self.model = model.to(self.dtype).to_empty(device=self.device).eval()
-        self.model.load_weights(path)
+        attention = follow_backend(runner.attn_backend)
+        self.model = load_within_budget(path, config, attention, runner, max_positions)
         # Drafts at temperature > 0 are drawn with each request's own generator, else with this one.
         self.generator = torch.Generator(self.device).manual_seed(0)
-        layers = config.layers
-        # (draft_layers, 2, num_pages, page_size, num_kv_heads, head_dim), zeroed, in one allocation.
-        cache_shape = (2, self.num_pages, self.page_size, layers.num_key_value_heads, layers.head_dim)
-        try:
-            caches = torch.zeros(
-                (layers.num_hidden_layers, *cache_shape), dtype=self.dtype, device=self.device
-            )
-        except torch.OutOfMemoryError as e:  # loaded at run time into an engine sized without it
-            raise ValueError(
-                f"the drafter's context cache for {self.num_pages} KV blocks does not fit on {self.device}: start "
-                "the engine with this drafter (its KV cache is then sized for both) or lower the target's share"
-            ) from e
-        self.context_caches: list[Tensor] = list(caches.unbind(0))
+        self.context_caches = context_caches(config.layers, runner)  # one per draft layer
         step_graphs = runner.step_graphs
         self.graphs: DraftGraphs | None = None
         if step_graphs is not None:

@@ -1,4 +1,5 @@
-"""The memory a block drafter will take, counted before anything of it is allocated, and the budget it must fit.
+"""The memory a block drafter takes: counted before anything of it is allocated, the budget it must fit, and
+its allocations once it fits (its model, loaded: ``load_within_budget``; its context caches).
 
 Counted from its model built on the meta device (its parameters at the engine's dtype), its context cache
 (one page per target KV block, per draft layer) and its RoPE table. Two bounds:
@@ -23,10 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from openinfer.engine_core.core.kv_geometry import page_bytes
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.dflash import BlockAttention, DFlashDraftModel
+from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.spec_decode.drafter import DraftTarget
 
 GIB = 2**30
 SMALL_DRAFTER_BYTES = 256 * 2**20  # the parameter budget of a drafter beside a toy target (see above)
@@ -120,3 +124,35 @@ def _cgroup_headroom() -> int | None:
         return max(0, int(limit) - int((_CGROUP / "memory.current").read_text()))
     except (OSError, ValueError):
         return None
+
+
+def load_within_budget(
+    path: Path, config: DFlashConfig, attention: BlockAttention, target: DraftTarget, max_positions: int
+) -> DFlashDraftModel:
+    """The drafter's model in eval mode on the target's device and dtype, its weights loaded from ``path``:
+    built on the meta device first, and allocated only once the files hold what the config says
+    (``check_checkpoint``, from the headers) and what it will hold fits (:meth:`DrafterMemory.check`)."""
+    with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
+        model = DFlashDraftModel(config, attention, max_positions)
+    model.check_checkpoint(path)
+    memory = drafter_memory(
+        model, config.layers, target.num_kv_blocks, target.block_size, max_positions, target.dtype
+    )
+    memory.check(weight_bytes(target.model), free_memory(target.device))
+    model = model.to(target.dtype).to_empty(device=target.device).eval()
+    model.load_weights(path)
+    return model
+
+
+def context_caches(layers: ModelConfig, target: DraftTarget) -> list[Tensor]:
+    """The draft layers' context caches, zeroed in one allocation, one view per layer: (2, num_pages,
+    page_size, num_kv_heads, head_dim) each, a page per target KV block; ValueError when they do not fit."""
+    shape = (2, target.num_kv_blocks, target.block_size, layers.num_key_value_heads, layers.head_dim)
+    try:
+        caches = torch.zeros((layers.num_hidden_layers, *shape), dtype=target.dtype, device=target.device)
+    except torch.OutOfMemoryError as e:  # loaded at run time into an engine sized without it
+        raise ValueError(
+            f"the drafter's context cache for {target.num_kv_blocks} KV blocks does not fit on {target.device}: "
+            "start the engine with this drafter (its KV cache is then sized for both) or lower the target's share"
+        ) from e
+    return list(caches.unbind(0))

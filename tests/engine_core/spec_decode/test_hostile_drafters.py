@@ -22,7 +22,7 @@ from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.kv_sizing import kv_block_bytes
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
-from openinfer.engine_core.spec_decode import dflash
+from openinfer.engine_core.spec_decode import drafter_budget
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_budget import SMALL_DRAFTER_BYTES, DrafterMemory
 from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
@@ -201,9 +201,9 @@ def test_a_drafter_past_the_memory_budget_is_refused(
     DrafterMemory(parameters=2 * GIB, context_cache=GIB, rope_table=0).check(4 * GIB, free=3 * GIB)
     with pytest.raises(ValueError, match=r"needs 3\.000 GiB .* only 2\.000 GiB are free"):
         DrafterMemory(parameters=2 * GIB, context_cache=GIB, rope_table=0).check(4 * GIB, free=2 * GIB)
-    free = dflash.free_memory(torch.device("cpu"))
+    free = drafter_budget.free_memory(torch.device("cpu"))
     assert free is not None and free > 0  # Linux: MemAvailable
-    monkeypatch.setattr(dflash, "free_memory", lambda device: 1000)
+    monkeypatch.setattr(drafter_budget, "free_memory", lambda device: 1000)
     with pytest.raises(ValueError, match=r"only 0\.000 GiB are free: start the engine with this drafter"):
         DFlashDrafter(good, runner, K)
 
