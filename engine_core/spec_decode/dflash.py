@@ -65,10 +65,16 @@ class DFlashDrafter:
     """
 
     def __init__(
-        self, path: Path, runner: DraftTarget, num_spec_tokens: int, anchor: AnchorLayout | None = None
+        self,
+        path: Path,
+        runner: DraftTarget,
+        num_spec_tokens: int,
+        anchor: AnchorLayout | None = None,
+        config: DFlashConfig | None = None,  # the folder's, read and checked against this target already
     ) -> None:
-        config = DFlashConfig.from_folder(path, anchor)
-        config.check_target(runner.model_config)
+        if config is None:
+            config = DFlashConfig.from_folder(path, anchor)
+            config.check_target(runner.model_config)
         if not 1 <= num_spec_tokens <= MAX_SPEC_TOKENS:
             raise ValueError(f"num_spec_tokens (K) must be in [1, {MAX_SPEC_TOKENS}], got {num_spec_tokens}")
         if num_spec_tokens > config.max_drafts:

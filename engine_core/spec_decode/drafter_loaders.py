@@ -29,7 +29,7 @@ def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
         raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
     config = block_drafter_config(spec, runner.model_config)
     assert spec.draft_model is not None  # block_drafter_config refuses a spec without one
-    drafter = DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, config.anchor)
+    drafter = DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, config=config)
     if spec.confidence_threshold and not drafter.estimates_confidence:
         raise ValueError(
             f"--confidence-threshold needs a confidence head; {spec.draft_model} has none "
