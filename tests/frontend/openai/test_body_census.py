@@ -26,7 +26,7 @@ from openinfer.frontend.openai.body_census import (
 )
 from openinfer.frontend.openai.census_worker import CensusWorker
 from openinfer.frontend.openai.errors import ApiError
-from tests.frontend.waits import wait_until
+from tests.frontend.waits import alive, wait_until
 
 _WAIT_S = 30.0  # the bound on any one census, the worker's start included
 CensusFactory = Callable[..., Awaitable[CensusWorker]]
@@ -80,14 +80,6 @@ def test_a_string_of_escaped_quotes_that_never_closes_is_not_json_at_once() -> N
 def empty_messages(count: int) -> bytes:
     """A chat body of ``count`` empty messages (``count - 1`` commas): past INLINE_BYTES from 350,000."""
     return b'{"messages": [' + b",".join([b"{}"] * count) + b"]}"
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from openinfer.frontend.openai.grammar_pool import MAX_WORKERS, GrammarCheckPool
 from openinfer.frontend.openai.structured_options import StructuredConstraint
 from openinfer.protocol import StructuredOutputs
 from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
-from tests.frontend.waits import wait_until
+from tests.frontend.waits import alive, wait_until
 
 needs_xgrammar = pytest.mark.skipif(
     importlib.util.find_spec("xgrammar") is None, reason="xgrammar not installed"
@@ -46,15 +46,6 @@ async def post(frontend: Frontend, path: str, body: dict[str, Any]) -> tuple[int
 
 def pool(frontend: Frontend) -> GrammarCheckPool:
     return frontend.runner.app[GRAMMAR_CHECKS]
-
-
-def alive(pid: int) -> bool:
-    """Whether the process exists (a killed worker is waited for, so it does not linger as a zombie)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @needs_xgrammar

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.openai.chat_templates import CONVERSATIONS, QWEN_STYLE
 from tests.frontend.openai.http_calls import get, post
 from tests.frontend.openai.tool_specs import TOOLS
-from tests.frontend.waits import wait_until
+from tests.frontend.waits import alive, wait_until
 
 # 99,999 is under jinja2's sandbox bound on a range (100,000), and the two loops turn 10^10 times: hours.
 NESTED_LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}x"
@@ -42,15 +41,6 @@ def hostile_peer(template: str) -> PeerConfig:
 
 def pool(frontend: Frontend) -> ChatTemplatePool:
     return frontend.runner.app[CHAT_TEMPLATES]
-
-
-def alive(pid: int) -> bool:
-    """Whether the process exists (a killed worker is waited for, so it does not linger as a zombie)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize(
