@@ -3,7 +3,10 @@ tests' defaults), always stopped by pid."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from openinfer.engine_core.launch.local_cluster import (
@@ -62,3 +65,12 @@ class Cluster(LocalCluster):
 def cmdline(pid: int) -> list[str]:
     """A process's argv, as `ps` shows it to every user (Linux)."""
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def kill_all(pids: Iterable[int]) -> None:
+    """SIGKILL each of these processes (a test's own children, by pid) that is still there."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
-from tests.e2e.processes import Cluster, serve_children
+from tests.e2e.processes import Cluster, kill_all, serve_children
 
 
 class Serve:
@@ -47,11 +46,7 @@ class Serve:
 
     def close(self) -> None:
         self.cluster.stop(30)
-        for pid in self.seen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(self.seen)
 
 
 def gone(pid: int) -> bool:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 
 from openinfer.benchmarks.stream_attacks import cut_stream
 from openinfer.engine_core.launch.local_cluster import LocalCluster
-from tests.e2e.processes import HOST, Cluster, serve_children
+from tests.e2e.processes import HOST, Cluster, kill_all, serve_children
 
 N = 16  # choices per request: one engine step's tokens of each reach the client in one burst
 MAX_TOKENS = 1000  # far more than a choice makes before its cut reaches the engine
@@ -38,11 +36,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop(30)
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(children)
 
 
 async def engine_idle(url: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from openinfer.engine_core.launch.local_cluster import LocalCluster
-from tests.e2e.processes import HOST, Cluster, cmdline, free_ports, serve_children
+from tests.e2e.processes import HOST, Cluster, cmdline, free_ports, kill_all, serve_children
 
 
 def child_pids(pid: int) -> list[int]:
@@ -75,11 +75,7 @@ def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
         if serve.poll() is None:
             serve.kill()
             serve.wait()
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(children)
         log.close()
     log_text = (tmp_path / "serve.log").read_text()
     assert "openinfer is serving openinfer-tiny-qwen3" in log_text
@@ -120,11 +116,7 @@ def test_serve_model_positional_with_curve_keys_and_an_api_key(tmp_path: Path, t
         assert completion["model"] == "tiny" and completion["usage"]["completion_tokens"] == 4
     finally:
         cluster.stop(30)
-        for pid in seen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(seen)
 
 
 @pytest.mark.parametrize(
