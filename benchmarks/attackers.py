@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from openinfer.benchmarks.attack_target import ADMIN_KEY, Attacker, Target
+from openinfer.benchmarks.checkpoint_attacks import bad_checkpoints
 from openinfer.benchmarks.counter_attacks import drafter_swaps
 from openinfer.benchmarks.drafter_attacks import HOSTILE_DRAFTER_DIR, hostile_drafters
 from openinfer.benchmarks.http_attacks import (
@@ -48,6 +49,7 @@ ATTACKERS: dict[str, Attacker] = {
     "port_impostor": port_impostor,
     "api_server_restart": api_server_restart,
     "hostile_templates": hostile_templates,
+    "bad_checkpoints": bad_checkpoints,
 }
 
 # The openinfer-serve flags an attack's server gets besides --serve-arg's: a list, or a function that makes

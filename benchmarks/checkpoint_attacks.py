@@ -1,5 +1,6 @@
-"""Issue 39's hostile checkpoints against ``openinfer-serve --model BAD``: not an attack on a running server
-(``attacks.py``'s table), but on its start.
+"""Issue 39's hostile checkpoints against ``openinfer-serve --model BAD``: an attack on serve's start, run
+alone (a row per damage, below) or as ``attacks.py``'s ``bad_checkpoints`` row (every damage started beside
+the running server: how they ended, and what starting them did to it).
 
 For each damage of :mod:`openinfer.engine_core.testing.hostile_checkpoints`, a copy of a tiny two-shard
 checkpoint is damaged and ``openinfer-serve`` started on it (free loopback ports, ``--startup-timeout``); one
@@ -15,6 +16,7 @@ naming the file.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import shutil
 import subprocess
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from openinfer.benchmarks.attack_target import Target
 from openinfer.engine_core.launch.local_cluster import LocalCluster
 from openinfer.engine_core.testing.hostile_checkpoints import HOSTILE_CHECKPOINTS
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
@@ -61,6 +64,27 @@ def attack(base: Path, damage: str, folder: Path, startup_timeout: float) -> Out
     log = (folder / "logs" / "serve.log").read_text(errors="replace")
     errors = _ENGINE_ERROR.findall(log)
     return Outcome(damage, code, seconds, log.count("starting it again"), errors[0] if errors else "")
+
+
+def attack_all(folder: Path, startup_timeout: float) -> list[Outcome]:
+    """Every damage in turn, each on its own copy of one tiny checkpoint under ``folder``."""
+    base = make_tiny_checkpoint(folder / "base", overrides=SMALL_QWEN3, num_shards=2)
+    return [attack(base, damage, folder / damage, startup_timeout) for damage in HOSTILE_CHECKPOINTS]
+
+
+async def bad_checkpoints(target: Target) -> str:
+    """``attacks.py``'s row: every damaged checkpoint served beside ``target`` (``--startup-timeout 60``)."""
+    with tempfile.TemporaryDirectory(prefix="openinfer-checkpoint-attacks-") as tmp:
+        outcomes = await asyncio.to_thread(attack_all, Path(tmp), 60.0)
+    stopped = [o for o in outcomes if o.exit_code == 1 and not o.restarts and o.message]
+    others = ", ".join(
+        f"{o.damage}: exit {o.exit_code}, {o.restarts} restarts" for o in outcomes if o not in stopped
+    )
+    seconds = [o.seconds for o in outcomes]
+    return (
+        f"{len(stopped)} of {len(outcomes)} damaged checkpoints ended serve with exit 1, the engine's message "
+        f"and no restart, in {min(seconds):.1f}-{max(seconds):.1f} s" + (f"; {others}" if others else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
