@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.benchmarks.bench import BenchError, BenchResult, RunConfig, first_model, run_benchmark
+from openinfer.benchmarks.bench_run import BenchError, BenchResult, RunConfig, first_model, run_benchmark
 from openinfer.benchmarks.conversations import Conversation, sample_conversations
 from openinfer.benchmarks.datasets import DATASET_NAMES, TEXT_DATASETS, DatasetConfig
 from openinfer.benchmarks.local_server import Drafter, LocalServer, parse_drafter

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openinfer.benchmarks.acceptance import AcceptanceReport, MetricsSnapshot
-from openinfer.benchmarks.bench import BenchResult
+from openinfer.benchmarks.bench_run import BenchResult
 from openinfer.benchmarks.load_report import LoadReport
 from openinfer.benchmarks.local_server import Drafter, parse_drafter
 from openinfer.benchmarks.plot import PlotSeries, plot_acceptance
