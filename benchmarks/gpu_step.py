@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.core.kv_sizing import state_slot_bytes
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step, decoding_requests
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.model_runner import ModelRunner

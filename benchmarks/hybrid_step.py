@@ -45,8 +45,8 @@ from openinfer.benchmarks.model_step import (
     median_ms,
     prefill_step,
 )
-from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.qwen3 import Qwen3Attention
 from openinfer.engine_core.models.qwen3_5 import GatedAttention
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from openinfer.engine_core.core.kv_geometry import check_kv_geometry
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
 from openinfer.protocol.addresses import engine_addresses
@@ -46,6 +45,15 @@ class ModelDtype(enum.StrEnum):
 class DeviceKind(enum.StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
+
+
+def check_kv_geometry(num_kv_blocks: int, block_size: int) -> None:
+    """Refuse a KV cache without a block, or blocks without a slot, saying which flags set them."""
+    if num_kv_blocks < 1 or block_size < 1:
+        raise ValueError(
+            "a KV cache needs at least one block of at least one slot: --num-kv-blocks (or the memory "
+            f"--kv-cache-gb buys) and --block-size must be >= 1, got {num_kv_blocks} blocks of {block_size}"
+        )
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ class EngineConfig:
     default_draft_models: dict[str, Path] = dataclasses.field(default_factory=dict)
     spec_log: Path | None = None  # --spec-log: one JSON line per draft
     fake_model: bool = (
-        False  # --fake-model: no weights, cheap deterministic logits (testing/fake_model_runner.py)
+        False  # --fake-model: no weights, cheap deterministic logits (worker/fake_model_runner.py)
     )
     step_sleep: float = 0.0  # --step-sleep: seconds slept after each step that ran requests (a slowed engine)
     curve_keys: Path | None = None  # --zmq-curve-keys: CurveZMQ keys folder made by openinfer-keys

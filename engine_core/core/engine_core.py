@@ -10,12 +10,13 @@ import torch
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
 from openinfer.engine_core.core.prefix_states import PrefixStates
-from openinfer.engine_core.core.request import Request, RequestStatus
 from openinfer.engine_core.core.request_checks import refusal
-from openinfer.engine_core.core.scheduler import RequestUpdate, Scheduler
-from openinfer.engine_core.process.runtime_facts import RuntimeFacts
+from openinfer.engine_core.core.runtime_facts import RuntimeFacts
+from openinfer.engine_core.core.scheduler import Scheduler
+from openinfer.engine_core.request import Request, RequestStatus
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.sample.structured_output import GrammarCompilers, GrammarQueue
+from openinfer.engine_core.scheduler_output import RequestUpdate
 from openinfer.engine_core.spec_decode.adaptive import StepCosts, profile_step_costs
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog

@@ -36,9 +36,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from openinfer.engine_core.core.kv_geometry import check_kv_geometry
+from openinfer.engine_core.config import check_kv_geometry
 from openinfer.engine_core.core.prefix_states import PrefixStates
-from openinfer.engine_core.core.request import Request
+from openinfer.engine_core.request import Request
 from openinfer.protocol import PrefixCacheCounters
 
 

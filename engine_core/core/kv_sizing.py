@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
-from openinfer.engine_core.core.kv_geometry import StateGeometry, page_bytes
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.kv_geometry import StateGeometry, page_bytes
 from openinfer.engine_core.models.weights import checkpoint_shapes
 from openinfer.engine_core.spec_decode.drafter_loaders import block_drafter_config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.process.runtime_facts import RuntimeFacts
+from openinfer.engine_core.core.runtime_facts import RuntimeFacts
 from openinfer.engine_core.sample.logits_plan import check_logits_params
 from openinfer.protocol import EngineCoreRequest
 

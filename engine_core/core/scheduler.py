@@ -4,25 +4,12 @@ every state transition the step's output causes (appending, stopping, committing
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
 
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.core.request import Request, RequestStatus
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from openinfer.engine_core.request import Request, RequestStatus
+from openinfer.engine_core.scheduler_output import RequestUpdate, ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.worker.runner_output import ModelRunnerOutput
 from openinfer.protocol import FinishReason
-
-
-class RequestUpdate(NamedTuple):
-    """What the step did to one scheduled request, as ``update_from_output`` booked it."""
-
-    scheduled: ScheduledRequest
-    num_valid: int  # tokens from scheduled.start on whose KV is verified now (new tokens, accepted drafts)
-    num_kept: int  # tokens appended (0: it did not sample); a stop cuts the rest
-    num_accepted: int  # draft tokens accepted and kept (an accepted run cut by a stop counts up to it)
-    grammar_refused: bool  # its grammar refused a kept token (other options forced it): it must end
-    block_ids: list[int]  # its block table as the step ran (a copy for a request that ended: it holds none)
-
 
 # How a request ends: its status and, when there is more to say than the status, why.
 _Ending = tuple[RequestStatus, FinishReason | None]

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.drafter_fit import target_misfits
 from openinfer.engine_core.models.drafter_values import (
+    DEEPSPEC_ARCHITECTURE,
     MAX_BLOCK_SIZE,
     MAX_LAYERS,
+    ZLAB_BLOCK_SIZE,
     bounded_float,
     check_field_types,
     check_layer_values,
@@ -22,7 +23,6 @@ from openinfer.engine_core.models.drafter_values import (
     read_config,
 )
 from openinfer.engine_core.models.dspark_heads import DSparkHeadsConfig, MarkovHeadType
-from openinfer.engine_core.spec_decode.drafter_folders import DEEPSPEC_ARCHITECTURE, ZLAB_BLOCK_SIZE
 
 _ZLAB_ARCHITECTURE = "DFlashDraftModel"
 _UNSUPPORTED_EXTRAS = ("conv_kernel_size", "selector_rank", "projector_type")  # DFlash2 / Domino drafters
@@ -197,13 +197,6 @@ class DFlashConfig:
             return f"dspark K={num_spec_tokens} block={size} ({markov}, {confidence})"
         layout = "deepspec" if heads is not None else self.anchor.value
         return f"dflash K={num_spec_tokens} block={size} ({layout})"
-
-    def check_target(self, target: ModelConfig) -> None:
-        """Refuse a target this drafter cannot serve, saying what does not fit (before anything is allocated:
-        see `drafter_fit.py`)."""
-        problems = target_misfits(self, target)
-        if problems:
-            raise ValueError("this DFlash drafter does not fit the target model: " + "; ".join(problems))
 
 
 def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:

@@ -11,12 +11,8 @@ layers then weigh is the memory budget's to judge (``spec_decode/drafter_budget.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from openinfer.engine_core.models.config import ModelConfig
-
-if TYPE_CHECKING:
-    from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.dflash_config import DFlashConfig
 
 # A draft layer's query width (heads x head_dim) and MLP width, as multiples of its hidden size: Qwen3's
 # widest are 2x for the queries (Qwen3-0.6B, 16 x 128 over 1024) and 5x for the MLP (Qwen3-32B).
@@ -24,6 +20,13 @@ MAX_WIDTH_RATIO = 8
 # The widest attention head a drafter may have, unless its target's is wider (Qwen3: 128; Qwen3.5: 256): its
 # RoPE table holds head_dim values for each of the target's positions.
 MAX_HEAD_DIM = 256
+
+
+def check_fits_target(config: DFlashConfig, target: ModelConfig) -> None:
+    """Refuse a target this drafter cannot serve, saying what does not fit (before anything is allocated)."""
+    problems = target_misfits(config, target)
+    if problems:
+        raise ValueError("this DFlash drafter does not fit the target model: " + "; ".join(problems))
 
 
 def target_misfits(config: DFlashConfig, target: ModelConfig) -> list[str]:

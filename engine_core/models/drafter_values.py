@@ -23,6 +23,8 @@ from openinfer.engine_core.models.config_sizes import SIZE_FIELDS
 from openinfer.engine_core.models.model_folder import model_file
 from openinfer.protocol import MAX_SPEC_TOKENS
 
+DEEPSPEC_ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's save_pretrained: DSpark and its DFlash drafters
+ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
 SIZE_LIMIT = 1 << 24  # counts, widths and token ids: Qwen3-class vocabularies are ~152K-262K, widths ~1K-16K
 MAX_LAYERS = 1024  # decoder layers of a draft or target model: the deepest Qwen3-class models have under 100
 MAX_BLOCK_SIZE = MAX_SPEC_TOKENS + 1  # a block: the current token's slot and at most K <= 32 drafts' slots

@@ -65,7 +65,7 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
         )
     dtype = resolve_dtype(config.dtype, device)
     if config.fake_model:  # the test double behind a user flag: imported only when asked for
-        from openinfer.engine_core.testing.fake_model_runner import FAKE_MODEL_CONFIG, FakeModelRunner
+        from openinfer.engine_core.worker.fake_model_runner import FAKE_MODEL_CONFIG, FakeModelRunner
 
         model_config = FAKE_MODEL_CONFIG
     else:

@@ -125,7 +125,7 @@ class EngineProcess:
                 self._change_drafter(message, link)
 
     @property
-    def _start_anchor(self) -> str | None:
+    def _start_anchor(self) -> protocol.DFlashAnchor | None:
         """The engine's --dflash-anchor, kept for drafters loaded at run time that name none."""
         return self.config.speculative.dflash_anchor if self.config.speculative is not None else None
 

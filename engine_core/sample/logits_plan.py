@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest
 from openinfer.engine_core.sample.penalty_pairs import PenaltyPairs
+from openinfer.engine_core.scheduler_output import ScheduledRequest
 from openinfer.kernels.logits_processors import LogitsPlan, apply_plan
 from openinfer.protocol import SamplingParams
 

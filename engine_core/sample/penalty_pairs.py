@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest
+from openinfer.engine_core.scheduler_output import ScheduledRequest
 
 IntArray = NDArray[np.int64]
 _KEY = 2**32  # key = request index * _KEY + token id: one sorted universe of (request, token) over the step

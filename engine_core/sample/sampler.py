@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.sample.logits_plan import processed_logits
 from openinfer.engine_core.sample.step_logprobs import StepLogprobs, step_logprobs
 from openinfer.engine_core.sample.structured_output import apply_grammars
+from openinfer.engine_core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.kernels.sampling import SamplingBatch
 from openinfer.kernels.verification import Verified, verify_on_device
 from openinfer.protocol import TokenLogprobs

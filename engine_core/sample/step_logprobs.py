@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest
-from openinfer.kernels.attention import host_to_device
+from openinfer.engine_core.scheduler_output import ScheduledRequest
+from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.logprobs import logprob_table, read_row
 from openinfer.protocol import TokenLogprobs
 

@@ -15,6 +15,7 @@ from openinfer.engine_core.models.dflash import (
     triton_block_attention,
 )
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
 from openinfer.engine_core.spec_decode.draft_numbers import finite_slots
 from openinfer.engine_core.spec_decode.draft_sampling import (
@@ -25,15 +26,17 @@ from openinfer.engine_core.spec_decode.draft_sampling import (
 )
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
-    DeviceDrafts,
     DeviceQueries,
     DraftQuery,
     DraftTarget,
 )
 from openinfer.engine_core.spec_decode.drafter_budget import context_caches, load_within_budget
 from openinfer.engine_core.worker.executor import reachable_positions
-from openinfer.kernels.attention import AttentionBackend, BackendName, host_to_device
-from openinfer.protocol import MAX_SPEC_TOKENS
+from openinfer.engine_core.worker.runner_output import DeviceDrafts
+from openinfer.kernels.attention_backend import AttentionBackend
+from openinfer.kernels.backend_name import BackendName
+from openinfer.kernels.host_copy import host_to_device
+from openinfer.protocol.counters import num_spec_tokens_problem
 
 
 def follow_backend(backend: AttentionBackend) -> BlockAttention:
@@ -74,9 +77,10 @@ class DFlashDrafter:
     ) -> None:
         if config is None:
             config = DFlashConfig.from_folder(path, anchor)
-            config.check_target(runner.model_config)
-        if not 1 <= num_spec_tokens <= MAX_SPEC_TOKENS:
-            raise ValueError(f"num_spec_tokens (K) must be in [1, {MAX_SPEC_TOKENS}], got {num_spec_tokens}")
+            check_fits_target(config, runner.model_config)
+        problem = num_spec_tokens_problem(num_spec_tokens)
+        if problem is not None:
+            raise ValueError(problem)
         if num_spec_tokens > config.max_drafts:
             raise ValueError(
                 f"num_spec_tokens {num_spec_tokens} is more than one DFlash block yields: block_size "

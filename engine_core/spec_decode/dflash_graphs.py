@@ -27,7 +27,8 @@ from torch import Tensor
 
 from openinfer.engine_core.models.dflash import BlockContext
 from openinfer.engine_core.spec_decode.draft_sampling import DraftSampling
-from openinfer.engine_core.spec_decode.drafter import DeviceDrafts, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import DraftQuery
+from openinfer.engine_core.worker.runner_output import DeviceDrafts
 from openinfer.engine_core.worker.step_graphs import BATCH_BUCKETS, bucket_for
 
 # (ids (B, T) int64, positions (B * T,) int64, context, sampling or None) -> the B blocks' K drafts, greedy or

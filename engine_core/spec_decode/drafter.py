@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from openinfer.engine_core.worker.runner_output import DeviceDrafts
+
 if TYPE_CHECKING:
     from openinfer.engine_core.models.config import ModelConfig
     from openinfer.engine_core.worker.step_graphs import StepGraphs
-    from openinfer.kernels.attention import AttentionBackend
+    from openinfer.kernels.attention_backend import AttentionBackend
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,11 @@ class Drafter(Protocol):
 
     num_spec_tokens: int
     aux_layer_ids: tuple[int, ...]  # target layers whose hidden states it reads; () when none
-    estimates_confidence: bool  # it rates each draft's acceptance (DSpark's confidence head): DeviceDrafts
+
+    @property
+    def estimates_confidence(self) -> bool:
+        """Whether it rates each draft's acceptance (DSpark's confidence head): ``DeviceDrafts.confidence``."""
+        ...
 
     def extend_context(self, updates: list[ContextUpdate]) -> None:
         """Take the target's hidden states at newly verified positions (in order, per request)."""
@@ -71,21 +77,6 @@ class DeviceQueries:
     # per request, the generator its drafts are drawn with when it samples: its own (seeded) or None (the
     # drafter's); None when every request is greedy
     generators: list[torch.Generator | None] | None = None
-
-
-class DeviceDrafts(NamedTuple):
-    """B requests' drafts proposed on the device, read back with the step."""
-
-    draft_ids: Tensor  # (B, num_spec_tokens) int64 draft ids (greedy, or sampled from probs at T > 0)
-    # (B, num_spec_tokens) float32 in (0, 1): each draft's estimated acceptance given the ones before it were
-    # accepted (DSpark's confidence head); None for a drafter without one
-    confidence: Tensor | None = None
-    # (B, num_spec_tokens, vocab) float32: the distribution q each draft was drawn from (one-hot for a greedy
-    # request's); None when every draft is greedy. Rejection sampling verifies against it.
-    probs: Tensor | None = None
-    # (B,) bool: whether every slot's logits (and confidence) were finite (draft_numbers.py); None for a drafter
-    # that does not tell
-    finite: Tensor | None = None
 
 
 @runtime_checkable

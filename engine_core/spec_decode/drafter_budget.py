@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from openinfer.engine_core.core.kv_geometry import page_bytes
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash import BlockAttention, DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.kv_geometry import page_bytes
 from openinfer.engine_core.spec_decode.drafter import DraftTarget
 
 GIB = 2**30

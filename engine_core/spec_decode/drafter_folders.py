@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from openinfer.engine_core.models.drafter_values import (
+    DEEPSPEC_ARCHITECTURE,
     MAX_BLOCK_SIZE,
+    ZLAB_BLOCK_SIZE,
     check_field_types,
     config_int,
     read_config,
@@ -22,8 +24,6 @@ from openinfer.protocol import DrafterMethod
 NOT_ALLOWED = (
     "draft_model {path!r} is not under a folder this engine loads drafters from (--allowed-drafter-dir)"
 )
-DEEPSPEC_ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's save_pretrained: DSpark and its DFlash drafters
-ZLAB_BLOCK_SIZE = 16  # z-lab's DFlashDraftModel default when the config names no block_size
 CANNOT_LOAD = "cannot load a drafter from the path given ({path!r}); the engine's log says why"
 
 

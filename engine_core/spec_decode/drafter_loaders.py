@@ -41,8 +41,9 @@ def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
 def block_drafter_config(spec: DrafterSpec, target: ModelConfig) -> DFlashConfig:
     """The config of ``spec``'s DFlash or DSpark folder, read and checked as every load of it is, before
     anything is sized from it: of the method named (dspark for a DSpark checkpoint, else dflash), in the
-    anchor layout asked for, fitting ``target`` (``DFlashConfig.check_target``). ValueError saying why not."""
+    anchor layout asked for, fitting ``target`` (``drafter_fit.check_fits_target``). ValueError saying why not."""
     from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+    from openinfer.engine_core.models.drafter_fit import check_fits_target
 
     method, dspark = spec.method, spec.method == SpecMethod.DSPARK
     if spec.draft_model is None:
@@ -59,7 +60,7 @@ def block_drafter_config(spec: DrafterSpec, target: ModelConfig) -> DFlashConfig
             f"{spec.draft_model} is not a DSpark checkpoint (a Qwen3DSparkModel config with markov_rank > 0 or "
             "enable_confidence_head): serve a DFlash drafter with --spec-method dflash"
         )
-    config.check_target(target)
+    check_fits_target(config, target)
     return config
 
 

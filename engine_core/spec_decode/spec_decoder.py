@@ -9,9 +9,8 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import DrafterSpec, SpecMethod
-from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler import RequestUpdate
-from openinfer.engine_core.core.scheduler_output import SchedulerOutput
+from openinfer.engine_core.request import Request
+from openinfer.engine_core.scheduler_output import RequestUpdate, SchedulerOutput
 from openinfer.engine_core.spec_decode.adaptive import (
     EXPLORE_EVERY,
     StepCosts,
@@ -24,14 +23,14 @@ from openinfer.engine_core.spec_decode.draft_numbers import NonFiniteLog
 from openinfer.engine_core.spec_decode.drafter import (
     ContextUpdate,
     DeviceDrafter,
-    DeviceDrafts,
     DeviceQueries,
     DraftQuery,
 )
 from openinfer.engine_core.spec_decode.drafter_loaders import DRAFTERS
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.worker.executor import ModelExecutor
-from openinfer.kernels.attention import host_to_device
+from openinfer.engine_core.worker.runner_output import DeviceDrafts
+from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.verification import Verified
 from openinfer.protocol import SpecDecodeCounters
 
@@ -141,9 +140,9 @@ class SpecDecoder:
         self._draft_probs = None
         if self._on_device is None or verified is None or not picked:
             return None
-        drafts = self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
-        self._draft_probs = drafts.probs  # stays on the device until the rounds are verified
-        return drafts
+        proposed = self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
+        self._draft_probs = proposed.probs  # stays on the device until the rounds are verified
+        return proposed
 
     def _device_queries(
         self, decided: SchedulerOutput, verified: Verified, picked: list[int]

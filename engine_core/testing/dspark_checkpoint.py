@@ -9,19 +9,22 @@ from typing import Any
 import torch
 
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.drafter_values import DEEPSPEC_ARCHITECTURE
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.models.weights import iter_safetensors
-from openinfer.engine_core.spec_decode.drafter_folders import DEEPSPEC_ARCHITECTURE
-from openinfer.engine_core.testing.dflash_checkpoint import dflash_checkpoint_config, write_dflash_checkpoint
+from openinfer.engine_core.testing.dflash_checkpoint import (
+    dflash_checkpoint_config,
+    drafter_parameters,
+    random_drafter_tensors,
+    write_dflash_checkpoint,
+)
 
 
 def make_tiny_dspark_checkpoint(
     folder: Path | str,
     target_folder: Path | str,
     *,
-    seed: int = 0,
     num_layers: int = 1,
     block_size: int = 7,
     target_layer_ids: tuple[int, ...] | None = None,
@@ -29,6 +32,7 @@ def make_tiny_dspark_checkpoint(
     markov_head_type: MarkovHeadType = MarkovHeadType.VANILLA,
     confidence_head: bool = True,
     confidence_with_markov: bool = True,
+    seed: int = 0,
     init_std: float = 0.2,
 ) -> Path:
     """Write config.json and model.safetensors of a random drafter in DeepSpec's layout for the Qwen3
@@ -39,9 +43,8 @@ def make_tiny_dspark_checkpoint(
     The same arguments always give the same bytes: every drafted matrix is drawn from N(0, init_std) by a
     generator seeded with `seed`, in parameter order; every norm weight is 1; the mask token is the last
     vocabulary id."""
-    target = ModelConfig.from_folder(target_folder)
     config = dspark_checkpoint_config(
-        target,
+        ModelConfig.from_folder(target_folder),
         num_layers=num_layers,
         block_size=block_size,
         target_layer_ids=target_layer_ids,
@@ -50,15 +53,7 @@ def make_tiny_dspark_checkpoint(
         confidence_head=confidence_head,
         confidence_with_markov=confidence_with_markov,
     )
-    with torch.device("meta"):  # names and shapes only
-        model = DFlashDraftModel(DFlashConfig.from_dict(config))
-    generator = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones(param.shape)
-        else:
-            tensors[name] = torch.randn(param.shape, generator=generator) * init_std
+    tensors = random_drafter_tensors(config, seed=seed, init_std=init_std)
     return write_dspark_checkpoint(folder, config, tensors, target_folder)
 
 
@@ -141,11 +136,9 @@ def dspark_from_dflash(
         confidence_with_markov=True,
         mask_token_id=zlab.mask_token_id,
     )
-    with torch.device("meta"):
-        model = DFlashDraftModel(DFlashConfig.from_dict(config))
     tensors = dict(iter_safetensors(Path(dflash_folder)))
     generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
+    for name, param in drafter_parameters(config):
         if name.startswith(("markov_head.", "confidence_head.")):
             std = 0.01 if name == "markov_head.markov_w2.weight" else 0.5
             tensors[name] = torch.randn(param.shape, generator=generator) * std

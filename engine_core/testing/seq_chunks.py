@@ -4,8 +4,8 @@ and the decision of a decode step, for benchmarks that gather it the way the eng
 
 from __future__ import annotations
 
-from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest
+from openinfer.engine_core.request import Request
+from openinfer.engine_core.scheduler_output import ScheduledRequest
 from openinfer.engine_core.worker.step_batch import SeqChunk, chunk_step, step_of_chunks
 from openinfer.protocol import SamplingParams
 

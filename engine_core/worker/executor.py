@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.config import ModelDtype
-from openinfer.engine_core.core.kv_geometry import StateGeometry
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 
 if TYPE_CHECKING:
     from openinfer.engine_core.worker.step_batch import StepBatch

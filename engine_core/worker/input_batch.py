@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from openinfer.engine_core.core.kv_geometry import StateGeometry
-from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from openinfer.engine_core.models.kv_geometry import StateGeometry
+from openinfer.engine_core.request import Request
+from openinfer.engine_core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.worker.step_batch import Int64s, StepBatch, expand_runs
 
 

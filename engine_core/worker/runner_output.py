@@ -1,11 +1,30 @@
 """What the worker hands back for one step, on the host and frozen: the sampled tokens, their logprobs and the
-drafts proposed on the device, all read back in the step's one device-to-host copy."""
+drafts proposed on the device (:class:`DeviceDrafts`, as the drafter leaves them), all read back in the step's one
+device-to-host copy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from torch import Tensor
 
 from openinfer.protocol import TokenLogprobs
+
+
+class DeviceDrafts(NamedTuple):
+    """B requests' drafts proposed on the device, read back with the step."""
+
+    draft_ids: Tensor  # (B, num_spec_tokens) int64 draft ids (greedy, or sampled from probs at T > 0)
+    # (B, num_spec_tokens) float32 in (0, 1): each draft's estimated acceptance given the ones before it were
+    # accepted (DSpark's confidence head); None for a drafter without one
+    confidence: Tensor | None = None
+    # (B, num_spec_tokens, vocab) float32: the distribution q each draft was drawn from (one-hot for a greedy
+    # request's); None when every draft is greedy. Rejection sampling verifies against it.
+    probs: Tensor | None = None
+    # (B,) bool: whether every slot's logits (and confidence) were finite (draft_numbers.py); None for a drafter
+    # that does not tell
+    finite: Tensor | None = None
 
 
 @dataclass(frozen=True)

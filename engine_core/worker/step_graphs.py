@@ -36,11 +36,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.kv_geometry import StateGeometry
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.worker.step_batch import Int64s, StepBatch
-from openinfer.kernels.attention import AttentionMetadata, find_block_runs, host_to_device
-from openinfer.kernels.gated_delta import RECURRENT_MAX_QUERY_LEN, StateIndex
+from openinfer.kernels.attention_metadata import AttentionMetadata, find_block_runs
+from openinfer.kernels.host_copy import host_to_device
+from openinfer.kernels.state_index import RECURRENT_MAX_QUERY_LEN, StateIndex
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 MAX_QUERY_LEN = MAX_SPEC_TOKENS + 1  # the longest verification: K drafts and the current token

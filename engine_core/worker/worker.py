@@ -7,14 +7,13 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from openinfer.engine_core.core.kv_geometry import StateGeometry
-from openinfer.engine_core.core.scheduler_output import SchedulerOutput
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.sample.sampler import Sampler
-from openinfer.engine_core.spec_decode.drafter import DeviceDrafts
+from openinfer.engine_core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.worker.executor import ModelExecutor, reachable_positions
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.read_back import read_back
-from openinfer.engine_core.worker.runner_output import EMPTY_OUTPUT, ModelRunnerOutput
+from openinfer.engine_core.worker.runner_output import EMPTY_OUTPUT, DeviceDrafts, ModelRunnerOutput
 from openinfer.kernels.verification import Verified
 
 

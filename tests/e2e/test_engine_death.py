@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
+from openinfer.engine_core.worker.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 from tests.e2e.load import Load, first_tokens, wait_for_first_tokens
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 

@@ -20,6 +20,7 @@ from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
@@ -67,7 +68,7 @@ def test_architecture_and_files() -> None:
             builtin_tokenizer_folder() / name
         ).read_bytes()
     drafter = DFlashConfig.from_folder(builtin_drafter_folder())
-    drafter.check_target(target)
+    check_fits_target(drafter, target)
     assert (drafter.block_size, drafter.anchor) == (8, AnchorLayout.ANCHOR_SLOT) and drafter.max_drafts >= K
     assert drafter.mask_token_id > 2  # not a special token: the chat template's tokens stay themselves
     assert (builtin_target_folder() / "README.md").is_file() and (
@@ -82,7 +83,7 @@ def test_deepspec_drafters(name: str) -> None:
     its model card, within 12 MB, served by the method `--draft-model` alone picks."""
     folder = builtin_target_folder().parent / name
     config = DFlashConfig.from_folder(folder)
-    config.check_target(ModelConfig.from_folder(builtin_target_folder()))
+    check_fits_target(config, ModelConfig.from_folder(builtin_target_folder()))
     assert config.heads is not None and (config.block_size, config.max_drafts) == (7, K)
     if name == "dspark_block7":
         assert folder == builtin_drafter_folder("dspark")

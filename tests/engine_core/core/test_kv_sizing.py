@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
-from openinfer.engine_core.core.kv_geometry import page_bytes
 from openinfer.engine_core.core.kv_sizing import (
     CUDA_RESERVE_BYTES,
     GIB,
@@ -21,6 +20,7 @@ from openinfer.engine_core.core.kv_sizing import (
     num_kv_blocks,
 )
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.kv_geometry import page_bytes
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
 from openinfer.engine_core.process.engine_cli import load_runner

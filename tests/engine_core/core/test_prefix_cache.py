@@ -4,8 +4,8 @@ reuse (uncached blocks first), shared blocks, first-admission counting, drafter 
 from __future__ import annotations
 
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.core.request import Request
 from openinfer.engine_core.core.scheduler import Scheduler
+from openinfer.engine_core.request import Request
 from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
 from openinfer.engine_core.testing.step_outputs import sampled_output
 from openinfer.protocol import PrefixCacheCounters, SamplingParams

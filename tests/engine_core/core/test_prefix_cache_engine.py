@@ -14,7 +14,7 @@ import pytest
 
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.core.request import Request
+from openinfer.engine_core.request import Request
 from openinfer.engine_core.testing.dspark_checkpoint import dspark_from_dflash
 from openinfer.engine_core.testing.engine_cores import make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
-from openinfer.engine_core.core.request import Request, RequestStatus
 from openinfer.engine_core.core.scheduler import Scheduler
-from openinfer.engine_core.core.scheduler_output import SchedulerOutput
+from openinfer.engine_core.request import Request, RequestStatus
+from openinfer.engine_core.scheduler_output import SchedulerOutput
 from openinfer.engine_core.testing.step_outputs import sampled_output
 from openinfer.protocol import SamplingParams
 

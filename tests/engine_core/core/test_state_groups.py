@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from openinfer.engine_core.core.kv_cache_manager import NO_HIT, KVCacheManager
 from openinfer.engine_core.core.prefix_states import PrefixStates
-from openinfer.engine_core.core.request import Request
+from openinfer.engine_core.request import Request
 from openinfer.protocol import SamplingParams
 
 BLOCK = 4

@@ -13,7 +13,7 @@ from openinfer.engine_core.config import Device, DeviceKind
 from openinfer.engine_core.launch.serve import engine_command, frontend_command, parse_args, resolve_builtin
 from openinfer.engine_core.process.engine_args import config_from_args
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
-from openinfer.frontend.main import parse_args as frontend_args
+from openinfer.frontend.process.main import parse_args as frontend_args
 
 
 def engine_flags(*argv: str, index: int = 0) -> argparse.Namespace:

@@ -20,8 +20,8 @@ from openinfer.engine_core.launch.serve import (
 from openinfer.engine_core.launch.serve_args import LAUNCHER_SETS
 from openinfer.engine_core.process.engine_args import add_engine_args
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
-from openinfer.frontend.flags import add_frontend_args
-from openinfer.frontend.main import parse_args as frontend_args
+from openinfer.frontend.process.flags import add_frontend_args
+from openinfer.frontend.process.main import parse_args as frontend_args
 
 # Values for flags whose type takes only some strings; every other flag takes "3" (int, float, path, str).
 SAMPLES = {

@@ -14,7 +14,7 @@ from openinfer.engine_core.launch.serve import (
     prepare,
     remove_private_keys,
 )
-from openinfer.tools.curve_keys import make_keys
+from openinfer.frontend.engines.server_keys import make_keys
 
 
 def mode(path: Path) -> int:

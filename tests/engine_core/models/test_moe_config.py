@@ -8,6 +8,7 @@ import pytest
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig, zlab_target_layer_ids
+from openinfer.engine_core.models.drafter_fit import check_fits_target
 
 BASE: dict[str, Any] = {
     "model_type": "qwen3_moe", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
@@ -82,7 +83,7 @@ def test_qwen3_coder_30b_a3b_and_a_zlab_dflash_drafter_for_it() -> None:
     assert target.moe.norm_topk_prob and target.eos_token_ids == (151645,)
     drafter = DFlashConfig.from_dict(ZLAB_DFLASH_FOR_CODER)
     assert drafter.target_layer_ids == zlab_target_layer_ids(48, 5) and drafter.block_size == 16
-    drafter.check_target(target)
+    check_fits_target(drafter, target)
     shallow = ModelConfig.from_dict({**CODER_30B_A3B, "num_hidden_layers": 36})
     with pytest.raises(ValueError, match="trained on a 48-layer target, this one has 36"):
-        drafter.check_target(shallow)
+        check_fits_target(drafter, shallow)

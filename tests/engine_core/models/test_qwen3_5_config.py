@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.models.hybrid_config import text_weight_name
 from openinfer.engine_core.testing.qwen3_5_checkpoint import (
     load_hf_text_model,
@@ -279,7 +280,7 @@ def test_a_zlab_dflash_drafter_for_a_32_layer_qwen3_5() -> None:
         248070,
         (1, 8, 15, 22, 29),
     )
-    drafter.check_target(target)
+    check_fits_target(drafter, target)
     hybrid = target.hybrid
     assert hybrid is not None and [hybrid.is_linear(i) for i in drafter.target_layer_ids] == [
         True,
@@ -289,4 +290,4 @@ def test_a_zlab_dflash_drafter_for_a_32_layer_qwen3_5() -> None:
         True,
     ]
     with pytest.raises(ValueError, match="trained on a 32-layer target, this one has 4"):
-        drafter.check_target(ModelConfig.from_dict(RELEASED))
+        check_fits_target(drafter, ModelConfig.from_dict(RELEASED))

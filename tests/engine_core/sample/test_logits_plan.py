@@ -15,9 +15,9 @@ from transformers import (
     SequenceBiasLogitsProcessor,
 )
 
-from openinfer.engine_core.core.request import Request
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from openinfer.engine_core.request import Request
 from openinfer.engine_core.sample.logits_plan import check_logits_params, plan_logits, processed_logits
+from openinfer.engine_core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.protocol import SamplingParams
 
 V = 48

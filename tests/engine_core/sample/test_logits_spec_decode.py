@@ -16,8 +16,8 @@ from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.engine_cores import generate_with as generate
 from openinfer.engine_core.testing.engine_cores import make_core, spec_prompts
-from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 from openinfer.engine_core.testing.hf_greedy import NEAR_TIE, teacher_forced_logits
+from openinfer.engine_core.worker.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 
 K = 7
 

@@ -14,6 +14,7 @@ from torch import Tensor
 from transformers import Qwen3ForCausalLM
 
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
+from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
@@ -199,7 +200,7 @@ def test_refuses_a_target_it_does_not_fit(target: Path, runner: ModelRunner, tmp
     config["num_target_layers"] = 36
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="trained on a 36-layer target, this one has 3"):
-        DFlashConfig.from_folder(folder).check_target(runner.model_config)
+        check_fits_target(DFlashConfig.from_folder(folder), runner.model_config)
 
 
 def test_tiny_checkpoint_is_deterministic(target: Path, tmp_path: Path) -> None:

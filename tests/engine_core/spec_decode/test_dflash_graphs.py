@@ -13,11 +13,12 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.dflash_graphs import pad_blocks
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceDrafts, DeviceQueries, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.worker.runner_output import DeviceDrafts
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 
 PAGE = 4

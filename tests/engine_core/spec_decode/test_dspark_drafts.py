@@ -14,9 +14,10 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceDrafts, DeviceQueries, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.worker.runner_output import DeviceDrafts
 from tests.engine_core.spec_decode.plain_dflash import SMALL, WIDTH, reference_block_hidden
 from tests.engine_core.spec_decode.tiny_dspark import (
     HEAD_TYPES,

@@ -14,12 +14,12 @@ from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.engine_cores import CheckedSteps, make_core, spec_prompts
-from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.spec_logs import read_spec_log as read_log
 from openinfer.engine_core.testing.spec_logs import spec_log_counters
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.worker.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.kernels.verification import accepted_prefix_length
 from openinfer.protocol import EngineCoreRequest, SamplingParams, SpecDecodeCounters
 from tests.engine_core.spec_decode.spec_runs import MAX_TOKENS, K, run

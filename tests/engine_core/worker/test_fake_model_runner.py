@@ -10,13 +10,13 @@ from openinfer.engine_core.builtin_model import builtin_tokenizer_folder
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.engine_cli import config_from_args, load_runner, parse_args
-from openinfer.engine_core.testing.fake_model_runner import (
+from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
+from openinfer.engine_core.worker.fake_model_runner import (
     FAKE_CYCLE,
     FIRST_CYCLE_TOKEN,
     FakeModelRunner,
     successors,
 )
-from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 

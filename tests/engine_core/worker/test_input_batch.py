@@ -15,11 +15,11 @@ import pytest
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.process.engine_cli import load_runner
-from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
+from openinfer.engine_core.scheduler_output import ScheduledRequest, SchedulerOutput
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, step_of_chunks
 from openinfer.engine_core.worker.executor import ForwardOutput
+from openinfer.engine_core.worker.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 

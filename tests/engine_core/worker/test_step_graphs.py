@@ -13,7 +13,7 @@ import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig, ModelDtype
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.core.kv_geometry import StateGeometry
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core

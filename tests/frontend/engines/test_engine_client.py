@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from openinfer.engine_core.launch.local_cluster import free_port_pair
-from openinfer.engine_core.testing.fake_model_runner import FIRST_CYCLE_TOKEN
+from openinfer.engine_core.worker.fake_model_runner import FIRST_CYCLE_TOKEN
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import NoEngineError

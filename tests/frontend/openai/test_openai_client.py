@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from openinfer.engine_core.testing.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
+from openinfer.engine_core.worker.fake_model_runner import FAKE_CYCLE, FIRST_CYCLE_TOKEN
 from tests.frontend.frontends import FakeFrontendFactory, Frontend
 
 

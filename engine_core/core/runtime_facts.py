@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openinfer.engine_core.config import EngineConfig
-from openinfer.engine_core.core.kv_geometry import check_kv_geometry
+from openinfer.engine_core.config import EngineConfig, check_kv_geometry
 from openinfer.engine_core.worker.executor import ModelExecutor
 
 

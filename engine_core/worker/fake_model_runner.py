@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.core.kv_geometry import StateGeometry, check_kv_geometry
+from openinfer.engine_core.config import check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.worker.executor import ForwardOutput
 from openinfer.engine_core.worker.step_batch import StepBatch
 

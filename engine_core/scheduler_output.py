@@ -1,11 +1,12 @@
 """What the scheduler decided for one step, frozen when decided: who runs, how many tokens, which drafts, and
-the layout every reader of the step's rows shares (the runner's logits and hidden states, the sampler)."""
+the layout every reader of the step's rows shares (the runner's logits and hidden states, the sampler); and
+what ``update_from_output`` booked of it, per request, for the drafter and the outputs."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from openinfer.engine_core.core.request import Request
+from openinfer.engine_core.request import Request
 
 
 class ScheduledRequest(NamedTuple):
@@ -112,3 +113,14 @@ class SchedulerOutput(NamedTuple):
     def drafts(self) -> list[tuple[int, ...]]:
         """The drafts each sampling request verifies, in order."""
         return [s.spec_token_ids for s in self.sampling]
+
+
+class RequestUpdate(NamedTuple):
+    """What the step did to one scheduled request, as ``update_from_output`` booked it."""
+
+    scheduled: ScheduledRequest
+    num_valid: int  # tokens from scheduled.start on whose KV is verified now (new tokens, accepted drafts)
+    num_kept: int  # tokens appended (0: it did not sample); a stop cuts the rest
+    num_accepted: int  # draft tokens accepted and kept (an accepted run cut by a stop counts up to it)
+    grammar_refused: bool  # its grammar refused a kept token (other options forced it): it must end
+    block_ids: list[int]  # its block table as the step ran (a copy for a request that ended: it holds none)

@@ -17,7 +17,7 @@ from openinfer.protocol import (
 )
 
 if TYPE_CHECKING:
-    from openinfer.engine_core.sample.structured_output import RequestGrammar
+    from openinfer.engine_core.request_grammar import RequestGrammar
 
 _MIN_TEMPERATURE = 1e-5
 
