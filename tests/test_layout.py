@@ -1,5 +1,5 @@
 """docs/design.md's layout table, row by row: every module of a package imports, in a fresh interpreter, none of
-the modules its row forbids (the launcher included: it reads the frontend's flags from frontend/flags.py); and
+the modules its row forbids (the launcher included: it reads the frontend's flags from frontend/process/flags.py); and
 no test file imports another."""
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ ROWS = [
     ),
     Row("openinfer.kernels", ("aiohttp", "zmq"), recursive=True),
     Row("openinfer.frontend", FRONTEND, also=("openinfer.tools.verify_log",)),
-    *(Row(f"openinfer.frontend.{sub}", FRONTEND, recursive=True) for sub in ("openai", "engines", "metrics")),
+    *(
+        Row(f"openinfer.frontend.{sub}", FRONTEND, recursive=True)
+        for sub in ("openai", "engines", "metrics", "process")
+    ),
 ]
 
 # Imports the modules given as arguments, then prints the top-level names of those loaded.
@@ -86,14 +89,14 @@ def test_a_package_imports_nothing_its_row_forbids(row: Row) -> None:
 def test_the_probe_sees_a_forbidden_import() -> None:
     """The same probe finds aiohttp and prometheus_client once a module that loads them is imported (the
     frontend's main), so an empty answer above means the imports were absent."""
-    assert {"aiohttp", "prometheus_client"} <= loaded_after_importing(["openinfer.frontend.main"])
+    assert {"aiohttp", "prometheus_client"} <= loaded_after_importing(["openinfer.frontend.process.main"])
 
 
 def test_the_flag_readers_import_no_torch() -> None:
     """openinfer-serve and openinfer-engine read their flags, and a drafter folder's block size, without
     torch: the launcher imports no torch, and a bad flag is refused before torch loads."""
     flags = ["openinfer.engine_core.process.engine_args", "openinfer.engine_core.launch.serve_args",
-             "openinfer.engine_core.spec_decode.drafter_folders"]  # fmt: skip
+             "openinfer.engine_core.spec_decode.drafter_loaders"]  # fmt: skip
     assert "torch" not in loaded_after_importing(flags)
 
 

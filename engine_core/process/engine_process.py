@@ -16,7 +16,7 @@ from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, Engine
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.frontend_links import STALLED, FrontendLink, FrontendLinks
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
-from openinfer.engine_core.spec_decode.drafter_folders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
+from openinfer.engine_core.spec_decode.drafter_loaders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 
 logger = logging.getLogger("openinfer.engine")

@@ -23,7 +23,7 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfi
 from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
+from openinfer.engine_core.spec_decode.drafter_loaders import folder_drafter
 from openinfer.engine_core.testing.engine_cores import CheckedSteps, generate_greedy, make_core
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters

@@ -19,7 +19,7 @@ from openinfer.engine_core.launch.local_cluster import free_port_pair
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
 from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.process.engine_process import EngineProcess
-from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders, is_allowed
+from openinfer.engine_core.spec_decode.drafter_loaders import default_drafter_folders, is_allowed
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3 as SMALL
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint

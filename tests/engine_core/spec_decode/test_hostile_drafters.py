@@ -25,7 +25,7 @@ from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.spec_decode import drafter_budget
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_budget import SMALL_DRAFTER_BYTES, DrafterMemory
-from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
+from openinfer.engine_core.spec_decode.drafter_loaders import folder_drafter
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
