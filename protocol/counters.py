@@ -13,6 +13,18 @@ MAX_SPEC_TOKENS = 32
 CONFIDENCE_SCALE = 1_000_000
 
 
+def num_spec_tokens_problem(k: int) -> str | None:
+    """What is wrong with K = ``k``, or None: the one check of K's range (docs/design.md), wherever a K arrives
+    (a drafter's load, a counters message, the admin API). Outside [1, MAX_SPEC_TOKENS] K is refused, never
+    clamped."""
+    if 1 <= k <= MAX_SPEC_TOKENS:
+        return None
+    return (
+        f"num_spec_tokens (K) must be in [1, {MAX_SPEC_TOKENS}], got {k} (MAX_SPEC_TOKENS={MAX_SPEC_TOKENS}: "
+        "the longest proposal the acceptance counters describe); K is never clamped"
+    )
+
+
 class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
     """Cumulative acceptance counters for one engine incarnation and one K (docs/design.md, counter semantics).
 
@@ -55,11 +67,9 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
     @classmethod
     def zero(cls, num_spec_tokens: int) -> SpecDecodeCounters:
         """Fresh counters for K = ``num_spec_tokens``; refuses K outside [1, MAX_SPEC_TOKENS]."""
-        if not 1 <= num_spec_tokens <= MAX_SPEC_TOKENS:
-            raise ValueError(
-                f"num_spec_tokens (K) must be in [1, MAX_SPEC_TOKENS={MAX_SPEC_TOKENS}], "
-                f"got {num_spec_tokens}; K is never clamped"
-            )
+        problem = num_spec_tokens_problem(num_spec_tokens)
+        if problem is not None:
+            raise ValueError(problem)
         k = num_spec_tokens
         return cls(k, 0, 0, 0, [0] * k, [0] * (k + 1), [0] * k, 0, [0] * k, [0] * k)
 
@@ -166,8 +176,9 @@ class SpecDecodeCounters(msgspec.Struct, array_like=True, gc=False):
         per_pos, hist = self.num_accepted_tokens_per_pos, self.accepted_length_hist
         verified = self.num_draft_tokens_per_pos
         reached, micros = self.num_reached_per_pos, self.confidence_micros_per_pos
-        if not 1 <= k <= MAX_SPEC_TOKENS:
-            return f"K={k} outside [1, {MAX_SPEC_TOKENS}]"
+        problem = num_spec_tokens_problem(k)
+        if problem is not None:
+            return problem
         if len(per_pos) != k or len(hist) != k + 1 or len(verified) != k:
             return (
                 f"per_pos has {len(per_pos)} entries, hist {len(hist)} and draft_tokens_per_pos "

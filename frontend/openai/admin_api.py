@@ -39,6 +39,7 @@ from openinfer.protocol import (
     LoadSnapshot,
     UnloadDrafter,
 )
+from openinfer.protocol.counters import num_spec_tokens_problem
 
 # Methods the engine knows (docs/design.md, models and drafters); "draft_model" is DFlash's checkpoint folder.
 _METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
@@ -79,14 +80,14 @@ def parse_load_drafter(body: bytes, command_id: str) -> LoadDrafter:
     if drafter.method not in _METHODS:
         raise invalid_request(f"`method` must be one of {list(_METHODS)}, got {drafter.method!r}", "method")
     k = drafter.num_spec_tokens
-    if k > MAX_SPEC_TOKENS:
+    if num_spec_tokens_problem(k) is not None:  # K's one range (protocol/counters.py), in the API's words
         raise invalid_request(
             f"`num_spec_tokens` {k} exceeds MAX_SPEC_TOKENS = {MAX_SPEC_TOKENS}, the longest proposal the "
-            f"acceptance counters describe; choose K in [1, {MAX_SPEC_TOKENS}]",
+            f"acceptance counters describe; choose K in [1, {MAX_SPEC_TOKENS}]"
+            if k >= 1
+            else f"`num_spec_tokens` must be at least 1, got {k}",
             "num_spec_tokens",
         )
-    if k < 1:
-        raise invalid_request(f"`num_spec_tokens` must be at least 1, got {k}", "num_spec_tokens")
     if drafter.draft_model == "":
         raise invalid_request(
             "`draft_model` is empty: give the checkpoint folder as the engine's host sees it, or leave it out "
