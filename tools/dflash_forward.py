@@ -138,6 +138,18 @@ def slot_weight_vector(num_drafts: int, decay: float) -> Tensor:
     return weights / weights.sum()
 
 
+def training_batch(
+    train: Distillation, args: argparse.Namespace, k: int, step: int
+) -> tuple[Tensor, Tensor, Blocks]:
+    """Step s's batch: args.batch_size sequences of `train` x args.anchors draft blocks of K = `k` drafts at
+    generated positions, drawn by a generator seeded with (seed, s). Returns (rows (B,), anchors (B, A),
+    blocks)."""
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    rows = torch.randint(0, len(train.tokens), (args.batch_size,), generator=generator)
+    anchors = sample_anchors(train.prompt_lens[rows], args.anchors, k, train.seq_len, generator)
+    return rows, anchors, make_blocks(train.tokens[rows], anchors, args.block_size, k, args.mask_token_id)
+
+
 def distillation_loss(
     model: DFlashDraftModel, target: Qwen3ForCausalLM, train: Distillation, args: argparse.Namespace
 ) -> Callable[[int], Tensor]:
@@ -148,10 +160,7 @@ def distillation_loss(
     slot_weights = slot_weight_vector(k, args.loss_decay)
 
     def step_loss(step: int) -> Tensor:
-        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        rows = torch.randint(0, len(train.tokens), (args.batch_size,), generator=generator)
-        anchors = sample_anchors(train.prompt_lens[rows], args.anchors, k, train.seq_len, generator)
-        blocks = make_blocks(train.tokens[rows], anchors, args.block_size, k, args.mask_token_id)
+        rows, _, blocks = training_batch(train, args, k, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.no_autocast):
             logits = draft_logits(model, target, train.features[rows], blocks, args.anchor, k)
         losses = F.cross_entropy(logits.flatten(0, 2), blocks.labels.flatten(), reduction="none")

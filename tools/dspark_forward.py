@@ -34,6 +34,7 @@ from openinfer.tools.dflash_forward import (
     make_blocks,
     sample_anchors,
     slot_weight_vector,
+    training_batch,
 )
 
 
@@ -157,10 +158,7 @@ def deepspec_loss(
     weights = slot_weight_vector(k, args.loss_decay)
 
     def step_loss(step: int) -> Tensor:
-        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        rows = torch.randint(0, len(train.tokens), (args.batch_size,), generator=generator)
-        anchors = sample_anchors(train.prompt_lens[rows], args.anchors, k, train.seq_len, generator)
-        blocks = make_blocks(train.tokens[rows], anchors, args.block_size, k, args.mask_token_id)
+        rows, anchors, blocks = training_batch(train, args, k, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.no_autocast):
             outputs = slot_outputs(model, target, train.features[rows], blocks, k, teacher_forced=True)
         assert train.final is not None

@@ -38,9 +38,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from pathlib import Path
-
-import torch
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import AnchorLayout
@@ -61,28 +58,17 @@ from openinfer.tools.dflash_forward import (
     slot_weight_vector,
 )
 from openinfer.tools.training import (
-    BUILTIN_DIR,
-    REPO_ROOT,
     adamw,
-    add_dataset_arg,
     add_training_flags,
-    builtin_tokenizer,
+    drafter_arg_parser,
     format_minutes,
-    load_split,
+    start_run,
     train,
 )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_dataset_arg(parser)
-    parser.add_argument("--target", type=Path, default=BUILTIN_DIR / "target", help="the trained target")
-    parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "dflash", help="the drafter folder")
-    parser.add_argument(
-        "--work-dir", type=Path, default=REPO_ROOT / "runs" / "train_dflash", help="data and checkpoint"
-    )
+    parser = drafter_arg_parser(__doc__, "dflash", "train_dflash", "data and checkpoint")
     parser.add_argument("--num-layers", type=int, default=3, help="draft decoder layers")
     parser.add_argument("--block-size", type=int, default=8, help="draft block: current token + masks")
     parser.add_argument(
@@ -108,11 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
     began_all = time.monotonic()
-    split = load_split(args.dataset, builtin_tokenizer())
+    k = args.block_size - 1  # drafts per round: a block's first slot holds the current token
+    split = start_run(args)
     args.mask_token_id = mask_token(split)
-    k = args.block_size - 1
     target = load_target(args.target)
     target_config = ModelConfig.from_folder(args.target)
     config = dflash_checkpoint_config(
@@ -156,15 +141,8 @@ def main() -> None:
     def validate(done: int, loss: float) -> dict[str, float]:
         return {"loss": loss, "val_mean_accepted": measure(model, target, val, args)[0].mean_accepted}
 
-    history, train_seconds = train(
-        model,
-        optimizer,
-        args,
-        fingerprint,
-        distillation_loss(model, target, train_data, args),
-        validate,
-        "dflash",
-    )
+    losses = distillation_loss(model, target, train_data, args)
+    history, train_seconds = train(model, optimizer, args, fingerprint, losses, validate, "dflash")
 
     dflash, ngram = measure(model, target, val, args)
     slot_weights = slot_weight_vector(k, args.loss_decay)

@@ -32,7 +32,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 from torch import Tensor
 from transformers import Qwen3ForCausalLM
 
@@ -64,11 +63,10 @@ from openinfer.tools.training import (
     BUILTIN_DIR,
     REPO_ROOT,
     adamw,
-    add_dataset_arg,
     add_training_flags,
-    builtin_tokenizer,
+    drafter_arg_parser,
     format_minutes,
-    load_split,
+    start_run,
     train,
 )
 
@@ -76,15 +74,7 @@ EVAL_SAMPLES = 8  # held-out sequences measured at each evaluation during traini
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_dataset_arg(parser)
-    parser.add_argument("--target", type=Path, default=BUILTIN_DIR / "target", help="the trained target")
-    parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / "dspark_block7", help="the drafter")
-    parser.add_argument(
-        "--work-dir", type=Path, default=REPO_ROOT / "runs" / "train_dspark", help="the run's checkpoint"
-    )
+    parser = drafter_arg_parser(__doc__, "dspark_block7", "train_dspark", "the run's checkpoint")
     parser.add_argument(
         "--data-dir", type=Path, default=REPO_ROOT / "runs" / "distill_data", help="greedy sequences, shared"
     )
@@ -155,11 +145,10 @@ def folder_proposer(folder: Path, target: Qwen3ForCausalLM, data: Distillation, 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
     began_all = time.monotonic()
-    split = load_split(args.dataset, builtin_tokenizer())
+    k = args.block_size  # drafts per round: every slot drafts
+    split = start_run(args)
     args.mask_token_id = mask_token(split)
-    k = args.block_size
     target = load_target(args.target)
     config = dspark_checkpoint_config(
         ModelConfig.from_folder(args.target),
@@ -211,15 +200,8 @@ def main() -> None:
             "val_mean_accepted": measure(val, k, proposer, EVAL_SAMPLES).total.mean_accepted,
         }
 
-    history, train_seconds = train(
-        model,
-        optimizer,
-        args,
-        fingerprint,
-        deepspec_loss(model, target, train_data, args),
-        validate,
-        "dspark",
-    )
+    losses = deepspec_loss(model, target, train_data, args)
+    history, train_seconds = train(model, optimizer, args, fingerprint, losses, validate, "dspark")
 
     model.eval()
     rows: dict[str, Measured] = {f"{args.title} K={k}": measure(val, k, proposer)}

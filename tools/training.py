@@ -71,6 +71,28 @@ def load_split(dataset: Path, tokenizer: Tokenizer) -> TokenSplit:
     return TokenSplit(train=ids[:cut], val=ids[cut:], num_chars=len(text))
 
 
+def drafter_arg_parser(
+    description: str, folder: str, run: str, work_dir_help: str
+) -> argparse.ArgumentParser:
+    """The flags a drafter's training script starts with: the training text, the trained target, the drafter
+    folder it writes (default: the built-in `folder`) and its run folder (default: runs/`run`)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_dataset_arg(parser)
+    parser.add_argument("--target", type=Path, default=BUILTIN_DIR / "target", help="the trained target")
+    parser.add_argument("--out-dir", type=Path, default=BUILTIN_DIR / folder, help="the drafter folder")
+    parser.add_argument("--work-dir", type=Path, default=REPO_ROOT / "runs" / run, help=work_dir_help)
+    return parser
+
+
+def start_run(args: argparse.Namespace) -> TokenSplit:
+    """A training run's first step: torch's CPU threads set to --threads, the training text read, tokenized by
+    the built-in tokenizer and split."""
+    torch.set_num_threads(args.threads)
+    return load_split(args.dataset, builtin_tokenizer())
+
+
 def copy_tokenizer(folder: Path) -> None:
     """Put the built-in tokenizer files into a model folder (a Hugging Face folder carries its tokenizer)."""
     for name in TOKENIZER_FILES:

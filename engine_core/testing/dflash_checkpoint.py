@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,29 @@ def make_tiny_dflash_checkpoint(
         mask_token_id=mask_token_id,
         anchor=anchor,
     )
-    with torch.device("meta"):  # names and shapes only
+    return write_dflash_checkpoint(
+        folder, config, random_drafter_tensors(config, seed=seed, init_std=init_std)
+    )
+
+
+def drafter_parameters(config: dict[str, Any]) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """The parameters of the drafter `config` describes, by name, on the meta device (names and shapes only)."""
+    with torch.device("meta"):
         model = DFlashDraftModel(DFlashConfig.from_dict(config))
+    return model.named_parameters()
+
+
+def random_drafter_tensors(config: dict[str, Any], *, seed: int, init_std: float) -> dict[str, torch.Tensor]:
+    """Every weight of the drafter `config` describes: each matrix drawn from N(0, init_std) by a generator
+    seeded with `seed`, in parameter order; each norm weight 1."""
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
+    for name, param in drafter_parameters(config):
         if name.endswith("norm.weight"):
             tensors[name] = torch.ones(param.shape)
         else:
             tensors[name] = torch.randn(param.shape, generator=generator) * init_std
-    return write_dflash_checkpoint(folder, config, tensors)
+    return tensors
 
 
 def dflash_checkpoint_config(

@@ -8,7 +8,6 @@ import copy
 import json
 import random
 from collections.abc import Mapping
-from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
@@ -17,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from openinfer.engine_core.models.hybrid_config import text_weight_name
-from openinfer.engine_core.testing.tiny_model import shard_safetensors, unfilled_model
+from openinfer.engine_core.testing.tiny_model import finish_checkpoint, unfilled_model
 
 # transformers' Qwen3_5TextConfig arguments of a small hybrid model over the built-in tokenizer's vocabulary
 # (512): 3 Gated DeltaNet layers then 1 full-attention layer (full_attention_interval 4), 2 query heads over 1
@@ -148,13 +147,7 @@ def make_tiny_qwen3_5_checkpoint(
             save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     else:
         raise ValueError(f"layout must be 'conditional' or 'causal_lm', got {layout!r}")
-    if num_shards > 1:
-        shard_safetensors(folder, num_shards)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        source = files("openinfer.engine_core") / "builtin" / name
-        if source.is_file():
-            (folder / name).write_bytes(source.read_bytes())
-    return folder
+    return finish_checkpoint(folder, num_shards)
 
 
 def random_text_model(model_class: Any, config: Any, seed: int, init_std: float) -> Any:

@@ -4,7 +4,6 @@ per expert as released checkpoints name them or stacked as transformers 5 holds 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG, random_model, shard_safetensors
+from openinfer.engine_core.testing.tiny_model import TINY_QWEN3_CONFIG, finish_checkpoint, random_model
 
 # transformers' Qwen3MoeConfig arguments of a small MoE model over the built-in tokenizer's vocabulary (512):
 # 2 layers, 8 experts of width 32, top-2, every layer sparse (read-only).
@@ -61,10 +60,4 @@ def make_tiny_moe_checkpoint(
     if stacked_experts:
         tensors = {name: param.detach().contiguous() for name, param in model.named_parameters()}
         save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    if num_shards > 1:
-        shard_safetensors(folder, num_shards)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        source = files("openinfer.engine_core") / "builtin" / name
-        if source.is_file():
-            (folder / name).write_bytes(source.read_bytes())
-    return folder
+    return finish_checkpoint(folder, num_shards)

@@ -95,6 +95,12 @@ def make_tiny_checkpoint(
     config = Qwen3Config(**{**kwargs, **(overrides or {})})
     model = random_model(HFQwen3ForCausalLM, config, seed, init_std, dtype)
     model.save_pretrained(folder)
+    return finish_checkpoint(folder, num_shards)
+
+
+def finish_checkpoint(folder: Path, num_shards: int) -> Path:
+    """Split the weights saved in `folder` into `num_shards` files (see shard_safetensors) when more than one,
+    and copy the built-in tokenizer files in when the package has them. Returns `folder`."""
     if num_shards > 1:
         shard_safetensors(folder, num_shards)
     for name in _TOKENIZER_FILES:
