@@ -19,7 +19,8 @@ from pathlib import Path
 
 import aiohttp
 
-from openinfer.benchmarks.local_cluster import LocalCluster
+from openinfer.benchmarks.cluster_flags import LOAD_ENGINE, QUIET
+from openinfer.engine_core.launch.local_cluster import LocalCluster
 
 
 async def stream(session: aiohttp.ClientSession, url: str, started: asyncio.Event) -> tuple[float, str]:
@@ -61,8 +62,8 @@ async def run(cluster: LocalCluster, trials: int, streams: int) -> list[float]:
         delays_now = await trial(cluster, streams)
         print(f"trial {number + 1}: {len(delays_now)} clients, " + ", ".join(f"{d:.3f}" for d in delays_now))
         delays += delays_now
-        cluster.start_fake_engine(0, "--step-sleep", "0.02")
-        await asyncio.to_thread(cluster.wait_engines, 2)
+        cluster.start_fake_engine(0, *LOAD_ENGINE, "--step-sleep", "0.02")
+        await asyncio.to_thread(cluster.wait_healthy, 60.0, 2)
     return delays
 
 
@@ -75,10 +76,10 @@ def main() -> None:
     args = parser.parse_args()
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="openinfer-death-")))
     try:
-        cluster.start_frontend("--engine-timeout", "30")
+        cluster.start_frontend(*QUIET, "--engine-timeout", "30")
         for index in (0, 1):
-            cluster.start_fake_engine(index, "--step-sleep", "0.02")
-        cluster.wait_engines(2)
+            cluster.start_fake_engine(index, *LOAD_ENGINE, "--step-sleep", "0.02")
+        cluster.wait_healthy(60.0, engines=2)
         delays = asyncio.run(run(cluster, args.trials, args.streams))
     finally:
         cluster.stop()

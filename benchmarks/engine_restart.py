@@ -26,6 +26,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from openinfer.benchmarks.restart_load import restart_args, serving
 from openinfer.engine_core.launch.local_cluster import LocalCluster, serve_children
 
 # The admin routes are off without a key: serve gets this one in its environment, as a user would give it.
@@ -104,33 +105,11 @@ async def run(cluster: LocalCluster, serve_pid: int, args: argparse.Namespace) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--clients", type=int, default=4, help="streaming clients, all the time")
-    parser.add_argument("--engines", type=int, default=2)
-    parser.add_argument("--engine-restart-backoff", type=float, default=1.0, help="serve's, the default 1 s")
-    parser.add_argument("--log-dir", type=Path, help="the processes' logs (default: a temporary folder)")
-    args, serve_flags = parser.parse_known_args()
-    args.model_name = "fake" if "--fake-model" in serve_flags else "openinfer-tiny-qwen3"
-    if "--fake-model" in serve_flags:
-        serve_flags += ["--served-model-name", "fake", "--num-kv-blocks", "4096"]
-    else:
-        serve_flags += ["--kv-cache-gb", "0.25"]
-    backoff = str(args.engine_restart_backoff)
-    serve_flags += ["--engines", str(args.engines), "--engine-restart-backoff", backoff]
-    serve_flags += ["--engine-restart-backoff-max", backoff, "--engine-restart-limit", str(args.trials + 1)]
+    args, serve_flags = restart_args(__doc__)
     os.environ["OPENINFER_ADMIN_API_KEY"] = ADMIN_KEY
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="openinfer-restart-"))
-    cluster = LocalCluster(log_dir)
-    try:
-        serve = cluster.start_serve(*serve_flags)
-        cluster.wait_healthy(300, engines=args.engines)
-        print(f"openinfer-serve {' '.join(serve_flags)}; {args.clients} streaming clients; logs in {log_dir}")
-        results = asyncio.run(run(cluster, serve.pid, args))
-    finally:
-        cluster.stop(30)
+    with serving(log_dir, serve_flags, args) as (cluster, serve_pid):
+        results = asyncio.run(run(cluster, serve_pid, args))
     backs, served = zip(*results, strict=True)
     print(
         f"median over {len(results)} trials: up again {statistics.median(backs):.2f} s, first request served "

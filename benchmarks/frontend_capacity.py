@@ -29,7 +29,8 @@ from pathlib import Path
 
 import aiohttp
 
-from openinfer.benchmarks.local_cluster import LocalCluster
+from openinfer.benchmarks.cluster_flags import LOAD_ENGINE, QUIET
+from openinfer.engine_core.launch.local_cluster import LocalCluster
 
 CYCLE_PROMPT = list(range(3, 35))  # the fake model's cycle: n-gram lookup hits
 
@@ -106,15 +107,15 @@ def start(args: argparse.Namespace, api_servers: int, others: str) -> LocalClust
     """``api_servers`` frontends on one port (one plain frontend for 1) and the fake engines, warmed up."""
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="openinfer-capacity-")), api_servers)
     spec = ["--spec-method", "ngram", "--num-spec-tokens", str(args.spec_tokens)] if args.spec_tokens else []
-    bounds = ["--max-queued-per-engine", "4096", "--max-queued-total", "8192"]
+    bounds = [*QUIET, "--max-queued-per-engine", "4096", "--max-queued-total", "8192"]
     try:
         if api_servers == 1:
             cluster.start_frontend(*bounds, cpus=args.frontend_cpu)
         else:
             cluster.start_api_servers(*bounds, cpus=args.frontend_cpu)
         for index in range(args.engines):
-            cluster.start_fake_engine(index, *spec, cpus=others)
-        cluster.wait_engines(args.engines)
+            cluster.start_fake_engine(index, *LOAD_ENGINE, *spec, cpus=others)
+        cluster.wait_healthy(60.0, engines=args.engines)
         asyncio.run(run_level(cluster.url, 4 * api_servers, 2.0, 32))  # warm-up
     except BaseException:
         cluster.stop()

@@ -30,6 +30,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from openinfer.benchmarks.restart_load import restart_args, serving
 from openinfer.engine_core.launch.local_cluster import (
     LocalCluster,
     answers_health,
@@ -126,31 +127,11 @@ def wait_idle(url: str, timeout: float = 60.0) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--clients", type=int, default=4, help="streaming clients, all the time")
-    parser.add_argument("--engines", type=int, default=2)
-    parser.add_argument("--engine-restart-backoff", type=float, default=1.0, help="serve's, the default 1 s")
-    parser.add_argument("--log-dir", type=Path, help="the processes' logs (default: a temporary folder)")
-    args, serve_flags = parser.parse_known_args()
-    args.model_name = "fake" if "--fake-model" in serve_flags else "openinfer-tiny-qwen3"
-    if "--fake-model" in serve_flags:
-        serve_flags += ["--served-model-name", "fake", "--num-kv-blocks", "4096"]
-    else:
-        serve_flags += ["--kv-cache-gb", "0.25"]
+    args, serve_flags = restart_args(__doc__)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="openinfer-frontend-restart-"))
-    backoff = str(args.engine_restart_backoff)
-    serve_flags += ["--engines", str(args.engines), "--engine-restart-backoff", backoff]
-    serve_flags += ["--engine-restart-backoff-max", backoff, "--engine-restart-limit", str(args.trials + 1)]
     serve_flags += ["--state-dir", str(log_dir / "state"), "--spec-log-dir", str(log_dir)]
-    cluster = LocalCluster(log_dir)
-    try:
-        serve = cluster.start_serve(*serve_flags)
-        cluster.wait_healthy(300, engines=args.engines)
-        print(f"openinfer-serve {' '.join(serve_flags)}; {args.clients} streaming clients; logs in {log_dir}")
-        results = asyncio.run(run(cluster, serve.pid, args))
+    with serving(log_dir, serve_flags, args) as (cluster, serve_pid):
+        results = asyncio.run(run(cluster, serve_pid, args))
         wait_idle(cluster.url)
         spec_logs = sorted(str(path) for path in log_dir.glob("spec-engine*.jsonl"))
         verify = [
@@ -162,8 +143,6 @@ def main() -> None:
         ]
         checked = subprocess.run([*verify, "--spec-log", *spec_logs], capture_output=True, text=True)
         print(checked.stdout.splitlines()[-1] if spec_logs else "no spec logs: no speculation to check")
-    finally:
-        cluster.stop(30)
     answering, up, first = zip(*results, strict=True)
     print(
         f"median over {len(results)} trials: answering /health {statistics.median(answering):.2f} s, every "

@@ -29,7 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from openinfer.benchmarks.local_cluster import LocalCluster
+from openinfer.benchmarks.cluster_flags import LOAD_ENGINE, QUIET
+from openinfer.engine_core.launch.local_cluster import LocalCluster
 
 # A Qwen3-vocabulary model small enough to build and load in seconds (its widths are not Qwen3's).
 _REAL_VOCAB_WIDTHS = {
@@ -123,15 +124,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "logs")
         try:
-            cluster.start_frontend()
+            cluster.start_frontend(*QUIET)
             if args.real_vocab:
                 model = real_vocab_model(Path(tmp) / "model")
                 cluster.start_engine(model, 0, "--served-model-name", "real-vocab", "--kv-cache-gb", "0.05")
                 name = "real-vocab"
             else:
-                cluster.start_fake_engine(0)
+                cluster.start_fake_engine(0, *LOAD_ENGINE)
                 name = "fake"
-            cluster.wait_engines(1, timeout=120)
+            cluster.wait_healthy(120.0, engines=1)
             print(json.dumps(asyncio.run(measure(cluster.url, name, prompt))))
         finally:
             cluster.stop()
