@@ -17,19 +17,16 @@ from pathlib import Path
 from types import FrameType
 
 from openinfer.engine_core.builtin_model import (
-    BUILTIN_DRAFTERS,
     BUILTIN_MODEL_NAME,
     BUILTIN_NUM_SPEC_TOKENS,
-    builtin_drafter_folder,
     builtin_target_folder,
 )
 from openinfer.engine_core.launch.http_listener import http_listener
 from openinfer.engine_core.launch.local_cluster import ProcessGroup, python_module, wait_healthy
 from openinfer.engine_core.launch.serve_args import parse_args
 from openinfer.engine_core.launch.supervisor import Readiness, Supervisor
-from openinfer.engine_core.process.engine_args import FAKE_MODEL_NAME, config_from_args
+from openinfer.engine_core.process.engine_args import FAKE_MODEL_NAME, config_from_args, drafter_flags
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
-from openinfer.engine_core.spec_decode.drafter_folders import folder_drafter
 from openinfer.frontend.ready_pipe import ReadyPipe
 from openinfer.tools.curve_keys import make_keys
 
@@ -52,18 +49,18 @@ def resolve_builtin(args: argparse.Namespace) -> None:
     drafter, its DFlash drafter with K = 7 (its DSpark one for --spec-method dspark). With a model (or
     --fake-model) nothing is assumed but what a --draft-model folder given without --spec-method says: its
     method (dspark or dflash) and its K."""
-    if args.model is None and not args.fake_model:
+    builtin = args.model is None and not args.fake_model
+    if builtin:
         args.model = str(builtin_target_folder())
         args.served_model_name = args.served_model_name or BUILTIN_MODEL_NAME
         if not args.no_spec and args.spec_method is None and args.draft_model is None:
             args.spec_method = "dflash"
-        if args.spec_method in BUILTIN_DRAFTERS and args.draft_model is None:
-            args.draft_model = str(builtin_drafter_folder(args.spec_method))
-    if args.draft_model is not None and args.spec_method is None:
-        args.spec_method, folder_k = folder_drafter(Path(args.draft_model))
-        args.num_spec_tokens = folder_k if args.num_spec_tokens is None else args.num_spec_tokens
-    if args.spec_method is not None and args.num_spec_tokens is None:
-        args.num_spec_tokens = DEFAULT_K
+    # as each engine fills them in (engine_args.py), so that every engine is told the same drafter
+    method, k, folder = drafter_flags(args.spec_method, args.num_spec_tokens, args.draft_model, builtin)
+    args.spec_method = method
+    args.num_spec_tokens = DEFAULT_K if method is not None and k is None else k
+    if args.draft_model is None and folder is not None:
+        args.draft_model = str(folder)
 
 
 def describe_speculation(args: argparse.Namespace) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from openinfer.engine_core.config import DeviceKind
 from openinfer.engine_core.launch.supervisor import RestartPolicy
 from openinfer.engine_core.launch.vllm_flags import (
     SPECULATIVE_CONFIG_HELP,
@@ -23,7 +24,7 @@ from openinfer.engine_core.launch.vllm_flags import (
     unsupported_flags_epilog,
     unsupported_vllm_flag,
 )
-from openinfer.engine_core.process.engine_args import add_engine_args
+from openinfer.engine_core.process.engine_args import add_engine_args, num_spec_tokens_without_drafter
 from openinfer.frontend.flags import add_frontend_args, env_key
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
 
@@ -103,7 +104,7 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         "scrape of /metrics on the port shows the whole server (vLLM's flag)",
     )
     group.add_argument(
-        "--device", choices=["cpu", "cuda"], default="cpu", help="cpu, or cuda: engine i runs on GPU i"
+        "--device", choices=list(DeviceKind), default="cpu", help="cpu, or cuda: engine i runs on GPU i"
     )
     group.add_argument("--host", default="127.0.0.1", help="the frontend's HTTP address")
     group.add_argument("--port", type=int, default=8000, help="the frontend's HTTP port")
@@ -163,7 +164,8 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Usage errors across flags, before anything starts."""
+    """Usage errors across flags, before anything starts. The rules between engine flags are the engines' own
+    (``engine_args.config_from_args``): ``serve.prepare`` runs them before any child starts."""
     if args.engines < 1:
         parser.error("--engines must be >= 1")
     if args.api_server_count < 1:
@@ -172,9 +174,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(
             "--no-spec turns speculation off: drop --spec-method, --num-spec-tokens and --draft-model"
         )
-    if args.model is not None and args.spec_method is None and args.num_spec_tokens is not None:
-        if not args.draft_model:
-            parser.error("--num-spec-tokens needs --spec-method ngram|dflash|dspark or --draft-model")
+    refusal = num_spec_tokens_without_drafter(args)  # the engines' rule; without --model, the built-in drafts
+    if args.model is not None and refusal is not None:
+        parser.error(refusal)
     if args.spec_log is not None and (args.engines > 1 or args.spec_log_dir):
         parser.error("--spec-log is one engine's file: give it with one engine, or --spec-log-dir DIR")
     try:

@@ -203,17 +203,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         name = args.served_model_name or args.model
     # The built-in target, named or not (openinfer-serve names it), comes with its drafters: --spec-method
     # dflash or dspark, and a run-time load of either, need no folder there.
-    method, k = args.spec_method, args.num_spec_tokens
     builtin = not args.fake_model and is_builtin_target(model_path)
     default_drafts = {m: builtin_drafter_folder(m) for m in BUILTIN_DRAFTERS} if builtin else {}
-    draft_model = Path(args.draft_model) if args.draft_model else None
-    if draft_model is None and builtin and method in BUILTIN_DRAFTERS:
-        draft_model = builtin_drafter_folder(method)
+    method, k, draft_model = drafter_flags(args.spec_method, args.num_spec_tokens, args.draft_model, builtin)
     speculative = None
-    if args.draft_model is not None and method is None:
-        # The folder says which drafter it is and how many drafts its block yields.
-        method, folder_k = folder_drafter(Path(args.draft_model))
-        k = folder_k if k is None else k
     if method is not None:
         if k is None:
             raise ValueError("--spec-method needs --num-spec-tokens K")
@@ -227,8 +220,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             args.confidence_threshold,
             args.enable_adaptive_verification,
         )
-    elif args.num_spec_tokens is not None:
-        raise ValueError("--num-spec-tokens needs --spec-method ngram|dflash|dspark or --draft-model")
+    elif (refusal := num_spec_tokens_without_drafter(args)) is not None:
+        raise ValueError(refusal)
     elif args.confidence_threshold:
         raise ValueError("--confidence-threshold needs a DSpark drafter (--spec-method dspark)")
     elif args.enable_adaptive_verification:
@@ -248,3 +241,29 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         default_draft_models=default_drafts,
         allowed_drafter_dirs=tuple(allowed),
     )
+
+
+def drafter_flags(
+    method: DrafterMethod | None, k: int | None, draft_model: str | None, builtin: bool
+) -> tuple[DrafterMethod | None, int | None, Path | None]:
+    """``--spec-method``, ``--num-spec-tokens`` and ``--draft-model`` with what they leave out filled in: the
+    built-in target's (``builtin``) own folder for its dflash or dspark drafter; for a ``--draft-model`` folder
+    given without ``--spec-method``, the method and (without ``--num-spec-tokens``) the K its config says
+    (ValueError when it has none readable). ``openinfer-serve`` fills in its engines' flags with it too."""
+    folder = Path(draft_model) if draft_model else None
+    if folder is None and builtin and method in BUILTIN_DRAFTERS:
+        folder = builtin_drafter_folder(method)
+    if draft_model is not None and method is None:
+        # The folder says which drafter it is and how many drafts its block yields.
+        method, folder_k = folder_drafter(Path(draft_model))
+        k = folder_k if k is None else k
+    return method, k, folder
+
+
+def num_spec_tokens_without_drafter(args: argparse.Namespace) -> str | None:
+    """The error for ``--num-spec-tokens`` given with neither ``--spec-method`` nor ``--draft-model`` (no drafter
+    to draft K tokens), or None. ``openinfer-serve`` refuses it with this too, as a usage error, where it has no
+    built-in drafter to fill in."""
+    if args.num_spec_tokens is not None and args.spec_method is None and not args.draft_model:
+        return "--num-spec-tokens needs --spec-method ngram|dflash|dspark or --draft-model"
+    return None
