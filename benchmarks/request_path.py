@@ -188,7 +188,7 @@ def engine_thread(engine_port: int) -> Iterator[None]:
 
 async def trace_request(max_tokens: int) -> PathTracer:
     """Serve, warm up, then trace one streamed request."""
-    from openinfer.frontend import main as frontend_main
+    from openinfer.frontend.process import main as frontend_main
 
     (http_port,), engine_port = free_ports()
     args = frontend_main.parse_args(

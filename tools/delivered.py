@@ -2,7 +2,7 @@
 
 Each spec-log line names the seq of the first engine message whose snapshot holds its draft; the frontend
 reports, per engine incarnation, the seqs whose snapshots it counted into ``/metrics``
-(:mod:`openinfer.frontend.metrics.counted_seqs`). A line is then exactly one of :class:`Fate`.
+(:mod:`openinfer.frontend.metrics.spec_decode.counted_seqs`). A line is then exactly one of :class:`Fate`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally, total
+from openinfer.frontend.metrics.spec_decode.acceptance_tally import AcceptanceTally, total
 from openinfer.protocol.spec_log import SpecLogLine, parse_spec_log_line
 from openinfer.tools.delivered import Delivered, Fate
 

@@ -183,7 +183,7 @@ def serve_children(pid: int) -> dict[str, int]:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
             continue
-        if b"openinfer.frontend.main" in argv:
+        if b"openinfer.frontend.process.main" in argv:
             index = next((t.split(b"=")[1] for t in argv if t.startswith(b"--api-server-index=")), None)
             roles["frontend" if index is None else f"api-server{int(index)}"] = child
         elif b"--engine-index" in argv:
@@ -262,7 +262,7 @@ class LocalCluster(ProcessGroup):
         port = str(http_port or self.http_port)
         args = ["--host", HOST, "--port", port, "--engine-bind", self.frontend_address(index)]
         name = "frontend" if self.frontends == 1 else f"frontend{index}"
-        argv = python_module("openinfer.frontend.main", *args, *extra)
+        argv = python_module("openinfer.frontend.process.main", *args, *extra)
         return self.spawn(name, argv, cpus=cpus, pass_fds=pass_fds)
 
     def start_api_servers(self, *extra: str, cpus: str | None = None) -> None:

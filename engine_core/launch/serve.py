@@ -27,8 +27,8 @@ from openinfer.engine_core.launch.serve_args import parse_args
 from openinfer.engine_core.launch.supervisor import Readiness, Supervisor
 from openinfer.engine_core.process.engine_args import FAKE_MODEL_NAME, config_from_args, drafter_flags
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
+from openinfer.frontend.engines.server_keys import make_keys
 from openinfer.frontend.ready_pipe import ReadyPipe
-from openinfer.tools.curve_keys import make_keys
 
 __all__ = [
     "engine_command",
@@ -112,7 +112,7 @@ def frontend_command(
     it inherits), then every frontend flag as it was given. Never the API key: :func:`frontend_env` carries
     it."""
     command = python_module(
-        "openinfer.frontend.main",
+        "openinfer.frontend.process.main",
         "--host",
         args.host,
         "--port",

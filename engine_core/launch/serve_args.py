@@ -25,8 +25,8 @@ from openinfer.engine_core.launch.vllm_flags import (
     unsupported_vllm_flag,
 )
 from openinfer.engine_core.process.engine_args import add_engine_args, num_spec_tokens_without_drafter
-from openinfer.frontend.flags import add_frontend_args, env_key
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
+from openinfer.frontend.process.flags import add_frontend_args, env_key
 
 ENGINE, FRONTEND = "engine", "frontend"
 # Engine flags serve.py sets per engine from what it resolved (the built-in pair, K's default, spec logs).

@@ -24,8 +24,8 @@ from pathlib import Path
 import msgspec
 
 from openinfer.protocol.counters import confidence_micros
+from openinfer.protocol.private_file import APPEND, READ, open_private
 from openinfer.protocol.spec_log import SpecLogLine
-from openinfer.tools.private_file import APPEND, READ, open_private
 
 
 class SpecLog:

@@ -13,12 +13,12 @@ from openinfer.frontend.engines.drafter_commands import DrafterCommands
 from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.handshake import Handshake
 from openinfer.frontend.engines.liveness import Liveness, LivenessWatch
-from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, ServedModel, kept_hello
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.engines.router import Router
 from openinfer.frontend.engines.server_keys import CurveServerKeys
 from openinfer.frontend.engines.sockets import EngineSockets
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
 

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from openinfer import protocol
 from openinfer.frontend.engines.drafter_commands import DrafterCommands
 from openinfer.frontend.engines.handshake import Handshake, Send
-from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import STALE_GRACE_S, EngineRecord, EngineRegistry, Retirement
 from openinfer.frontend.engines.request_stream import RequestStream
 from openinfer.frontend.engines.router import Router
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 
 logger = logging.getLogger(__name__)

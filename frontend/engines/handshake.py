@@ -14,8 +14,8 @@ import msgspec
 
 from openinfer.frontend.engines.index_claims import IndexClaims, Join
 from openinfer.frontend.engines.liveness import Liveness
-from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import MAX_ENGINES, EngineRegistry, Retirement
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import (

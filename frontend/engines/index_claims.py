@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from openinfer.frontend.engines.liveness import DISCONNECT_PROBE_QUIET_S, TICK_S, Liveness
-from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry, kept_hello
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import EngineHello, engine_identity
 

@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import EngineRecord, EngineRegistry
 from openinfer.frontend.engines.sockets import EngineSockets, SocketEvent
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 
 logger = logging.getLogger(__name__)

@@ -33,8 +33,7 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from openinfer.frontend.engines.log_limit import LogRateLimiter
-from openinfer.frontend.metrics.counted_seqs import CountedSeqs, counted_json
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.exposition_sum import ExpositionSum
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.peer_socket import Stranger, ask_view, peer_uid
@@ -46,7 +45,8 @@ from openinfer.frontend.metrics.peer_view import (
     parse_own,
     parse_peer,
 )
-from openinfer.tools.private_file import READ, check_private_folder, open_private, replace_private
+from openinfer.frontend.metrics.spec_decode.counted_seqs import CountedSeqs, counted_json
+from openinfer.protocol.private_file import READ, check_private_folder, open_private, replace_private
 
 __all__ = ["ApiServerView", "ApiServers"]
 logger = logging.getLogger(__name__)

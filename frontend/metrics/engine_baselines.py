@@ -32,7 +32,7 @@ from typing import Generic, Protocol, Self, TypeVar
 
 import msgspec
 
-from openinfer.frontend.engines.log_limit import LogRateLimiter
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.frontend.metrics.totals import CounterFamily
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ Names follow docs/design.md exactly. Counters are declared without ``_total``, w
 :class:`MetricTotals` (plain numbers), so that ``--state-dir`` can save them with the per-engine baselines
 and a restarted frontend continues every series exactly; gauges are prometheus_client's (nothing to keep).
 
-The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.metrics.spec_bridge`,
+The speculative-decoding counters and their derived rates are in :mod:`openinfer.frontend.metrics.spec_decode.bridge`,
 the prefix-cache counters and the hit rate in :mod:`openinfer.frontend.metrics.prefix_cache_bridge`.
 
 Derived rates, for dashboards:
@@ -22,10 +22,10 @@ import logging
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from openinfer.frontend.metrics.counted_seqs import CountedSeqsLog
 from openinfer.frontend.metrics.prefix_cache_bridge import PrefixCacheMetrics
-from openinfer.frontend.metrics.spec_bridge import SpecDecodeMetrics
-from openinfer.frontend.metrics.spec_decode_log import SpecDecodeLogger
+from openinfer.frontend.metrics.spec_decode.bridge import SpecDecodeMetrics
+from openinfer.frontend.metrics.spec_decode.counted_seqs import CountedSeqsLog
+from openinfer.frontend.metrics.spec_decode.log_line import SpecDecodeLogger
 from openinfer.frontend.metrics.state_dir import STATE_VERSION, FrontendState, StateDir
 from openinfer.frontend.metrics.totals import MetricTotals
 from openinfer.protocol import LoadSnapshot

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import msgspec
 from prometheus_client.metrics_core import Metric
 
-from openinfer.frontend.metrics.counted_seqs import MAX_RANGES_PER_ENGINE, CountedSeqs
 from openinfer.frontend.metrics.exposition_sum import parse_exposition
+from openinfer.frontend.metrics.spec_decode.counted_seqs import MAX_RANGES_PER_ENGINE, CountedSeqs
 
 MAX_VIEW_BYTES = 8 << 20
 MAX_SAMPLE = float(2**53)

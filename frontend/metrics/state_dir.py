@@ -6,7 +6,7 @@ seen is diffed against the baseline those totals were published from. The file i
 name, fsynced, renamed over the old one and the folder fsynced: a reader sees the old state or the new one,
 never a mix. A lock file keeps two frontends from sharing a folder. The files are 0600 and a folder made
 here 0700: the incarnations the state names are what a local process needs to pose as an engine. They are
-opened by :func:`~openinfer.tools.private_file.open_private`: a symbolic link in their place is refused.
+opened by :func:`~openinfer.protocol.private_file.open_private`: a symbolic link in their place is refused.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import IO
 
 import msgspec
 
-from openinfer.frontend.metrics.counted_seqs import CountedSeqs
 from openinfer.frontend.metrics.engine_baselines import SavedBaseline
+from openinfer.frontend.metrics.spec_decode.counted_seqs import CountedSeqs
 from openinfer.frontend.metrics.totals import TotalsState
 from openinfer.protocol import PrefixCacheCounters, SpecDecodeCounters
-from openinfer.tools.private_file import APPEND, READ, open_private, replace_private
+from openinfer.protocol.private_file import APPEND, READ, open_private, replace_private
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 - ``GET /admin/engines``: every engine this frontend knows, live or not, with its load; and
   ``counted_seqs``, by engine index, the seqs of each incarnation ``/metrics`` counted
-  (:mod:`openinfer.frontend.metrics.counted_seqs`).
+  (:mod:`openinfer.frontend.metrics.spec_decode.counted_seqs`).
 - ``POST /admin/engines/{index}/drafter`` with ``{"method": "ngram"|"dflash"|"dspark", "num_spec_tokens": K,
   "draft_model": PATH (dflash, dspark), "prompt_lookup_min": 1, "prompt_lookup_max": 4 (ngram),
   "confidence_threshold": 0.0 (dspark), "enable_adaptive_verification": false}``: load (or replace) the
@@ -28,9 +28,9 @@ from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.errors import EngineCommandError, NoEngineError
 from openinfer.frontend.engines.registry import EngineRecord
 from openinfer.frontend.metrics.api_servers import ApiServers
-from openinfer.frontend.openai.body_read import read_body
+from openinfer.frontend.openai.body.decode import Int64, decode_body
+from openinfer.frontend.openai.body.limits import read_body
 from openinfer.frontend.openai.errors import ApiError, invalid_request
-from openinfer.frontend.openai.request_body import Int64, decode_body
 from openinfer.protocol import (
     MAX_SPEC_TOKENS,
     DFlashAnchor,

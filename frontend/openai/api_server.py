@@ -22,10 +22,10 @@ from openinfer.frontend.engines.errors import NoEngineError
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.metrics.api_servers import ApiServers
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.frontend.openai.admin_api import add_admin_routes
-from openinfer.frontend.openai.body_limits import BodyLimits
-from openinfer.frontend.openai.census_worker import CensusWorker
+from openinfer.frontend.openai.body.census_worker import CensusWorker
+from openinfer.frontend.openai.body.limits import BodyLimits
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.choices import Choices
 from openinfer.frontend.openai.completion_request import (
@@ -50,7 +50,7 @@ from openinfer.frontend.openai.middleware import (
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.prepared_request import PreparedRequest
 from openinfer.frontend.openai.response_format import ResponseIds
-from openinfer.frontend.openai.structured_options import StructuredOutputsConfig
+from openinfer.frontend.openai.structured_outputs_config import StructuredOutputsConfig
 from openinfer.frontend.openai.template_pool import ChatTemplatePool
 from openinfer.frontend.openai.utility_routes import add_utility_routes
 

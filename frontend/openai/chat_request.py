@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body.decode import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.chat_format import ChatFormat
 from openinfer.frontend.openai.chat_messages import template_messages
 from openinfer.frontend.openai.chat_output import ChatOutput
@@ -15,7 +16,6 @@ from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
 from openinfer.frontend.openai.parsers.qwen3_reasoning import THINK_END, Qwen3ReasoningParser
 from openinfer.frontend.openai.prepared_request import PreparedRequest
-from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.response_format import FormatContext
 from openinfer.frontend.openai.sampling_options import (
     TYPE_MESSAGES,
@@ -24,12 +24,9 @@ from openinfer.frontend.openai.sampling_options import (
     SamplingOptions,
     check_logprobs_count,
 )
-from openinfer.frontend.openai.structured_options import (
-    StructuredConstraint,
-    StructuredOutputsConfig,
-    json_constraint,
-    parse_structured,
-)
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
+from openinfer.frontend.openai.structured_options import json_constraint, parse_structured
+from openinfer.frontend.openai.structured_outputs_config import StructuredOutputsConfig
 from openinfer.frontend.openai.template_pool import ChatTemplatePool
 from openinfer.frontend.tokenizer import Tokenizer
 

@@ -19,7 +19,7 @@ import msgspec
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.registry import ServedModel
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
 from openinfer.frontend.openai.generation import Generation
 from openinfer.frontend.openai.prepared_request import PreparedRequest

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body.decode import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.completion_format import CompletionFormat
 from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.prepared_request import PreparedRequest
-from openinfer.frontend.openai.request_body import Int64, decode_body, refuse_unsupported
 from openinfer.frontend.openai.sampling_options import (
     MAX_LOGPROBS,
     TYPE_MESSAGES,
@@ -19,7 +19,8 @@ from openinfer.frontend.openai.sampling_options import (
     TokenId,
     check_logprobs_count,
 )
-from openinfer.frontend.openai.structured_options import StructuredOutputsConfig, parse_structured
+from openinfer.frontend.openai.structured_options import parse_structured
+from openinfer.frontend.openai.structured_outputs_config import StructuredOutputsConfig
 
 # A text prompt up to this long is tokenized on the event loop (well under a millisecond), a longer one in
 # a thread (the tokenizer releases the GIL), so that no request stalls the others.

@@ -9,7 +9,7 @@ import msgspec
 
 from openinfer.frontend.openai.errors import invalid_request, overloaded
 from openinfer.frontend.openai.grammar_check import CHECKED_KINDS
-from openinfer.frontend.openai.structured_options import StructuredConstraint
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
 from openinfer.frontend.openai.worker_pool import AnswerTimeout, WorkerFailed, WorkerPool, WorkersBusy
 
 MAX_WORKERS = 2  # checks at once; more wait their turn, each for at most the pool's wait_timeout

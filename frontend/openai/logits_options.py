@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from openinfer.frontend.openai.body.decode import Int64
 from openinfer.frontend.openai.errors import invalid_request
-from openinfer.frontend.openai.request_body import Int64
 from openinfer.frontend.tokenizer import Tokenizer
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a bias, either way

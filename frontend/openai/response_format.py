@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.frontend.openai.completion_delta import CompletionDelta, Usage
 from openinfer.frontend.tokenizer import Tokenizer
 from openinfer.protocol import TokenLogprobs

@@ -9,12 +9,12 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body.decode import INT64_MAX, Int64
 from openinfer.frontend.openai.context_limits import check_max_tokens, check_prompt_chars, output_room
 from openinfer.frontend.openai.errors import invalid_request
 from openinfer.frontend.openai.logits_options import TYPE_MESSAGES as LOGITS_TYPE_MESSAGES
 from openinfer.frontend.openai.logits_options import LogitsBody, LogitsOptions
-from openinfer.frontend.openai.request_body import INT64_MAX, Int64
-from openinfer.frontend.openai.structured_options import StructuredConstraint
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`

@@ -16,11 +16,9 @@ from typing import Any
 
 import msgspec
 
+from openinfer.frontend.openai.body.decode import check_nesting
 from openinfer.frontend.openai.errors import ApiError, invalid_request, missing_parameter
-from openinfer.frontend.openai.request_body import check_nesting
-from openinfer.frontend.openai.structured_outputs_config import (
-    StructuredOutputsConfig as StructuredOutputsConfig,
-)
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
 from openinfer.protocol import StructuredKind, StructuredOutputs
 
 RESPONSE_FORMAT = "response_format"
@@ -28,19 +26,6 @@ STRUCTURED_OUTPUTS = "structured_outputs"
 # vLLM's StructuredOutputsParams constraints (structural_tag aside), one of which a request may set
 CONSTRAINTS: tuple[StructuredKind, ...] = ("json", "regex", "choice", "grammar", "json_object")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
-
-
-@dataclass(frozen=True)
-class StructuredConstraint:
-    """A request's output constraint, and the body field a 400 about it names."""
-
-    outputs: StructuredOutputs  # start_after_token_id None: the chat request knows where reasoning ends
-    param: str  # "response_format", "structured_outputs", or "tools" for a forced tool call
-
-    def engine_outputs(self, start_after_token_id: int | None) -> StructuredOutputs:
-        """The engine's constraint, applied after ``start_after_token_id`` (chat's ``</think>`` where the
-        output starts in reasoning; None: from the first output token)."""
-        return msgspec.structs.replace(self.outputs, start_after_token_id=start_after_token_id)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """vLLM's ``--structured-outputs-config``: the server's side of structured outputs, and its flag.
 
 Its own module, importing neither aiohttp nor the request parsing, so that ``openinfer-serve`` can read the
-frontend's flags (:mod:`openinfer.frontend.flags`) without loading the HTTP server.
+frontend's flags (:mod:`openinfer.frontend.process.flags`) without loading the HTTP server.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
 
-if TYPE_CHECKING:  # (a module of the request parsing, which imports aiohttp)
-    from openinfer.frontend.openai.structured_options import StructuredConstraint
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
 
 
 @dataclass(frozen=True)

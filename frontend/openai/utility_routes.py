@@ -23,12 +23,12 @@ import msgspec
 from aiohttp import web
 
 from openinfer.frontend.engines.registry import ServedModel
+from openinfer.frontend.openai.body.decode import decode_body, refuse_unsupported
 from openinfer.frontend.openai.chat_messages import template_messages
 from openinfer.frontend.openai.chat_request import TEMPLATE_UNSUPPORTED
 from openinfer.frontend.openai.chat_tools import parse_tools
 from openinfer.frontend.openai.completion_request import INLINE_PROMPT_CHARS
 from openinfer.frontend.openai.errors import ApiError
-from openinfer.frontend.openai.request_body import decode_body, refuse_unsupported
 from openinfer.frontend.openai.template_pool import ChatTemplatePool
 
 # The ids a tokenizer can hold: vLLM's tokenizer (Rust, 32-bit ids) answers a larger one with a 400, and

@@ -103,7 +103,7 @@ def main() -> None:
         ImageOnlyPathFinder(finder, allowed) if finder is importlib.machinery.PathFinder else finder
         for finder in sys.meta_path
     ]
-    from openinfer.frontend.main import main as frontend_main
+    from openinfer.frontend.process.main import main as frontend_main
 
     sys.argv[0] = "openinfer-frontend"
     frontend_main()

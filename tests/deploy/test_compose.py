@@ -104,7 +104,7 @@ def test_frontend_image_installs_no_torch() -> None:
 def test_commands_parse_with_the_real_clis() -> None:
     """Every resolved command line is accepted by openinfer-frontend's and openinfer-engine's parsers."""
     from openinfer.engine_core.process.engine_cli import parse_args as engine_args
-    from openinfer.frontend.main import parse_args as frontend_args
+    from openinfer.frontend.process.main import parse_args as frontend_args
 
     services = compose_config()["services"]
     frontend = frontend_args(services["frontend"]["command"])

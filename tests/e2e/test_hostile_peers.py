@@ -18,9 +18,9 @@ import pytest
 import zmq
 
 from openinfer.frontend.addresses import engine_addresses
-from openinfer.frontend.engines.log_limit import BURST
 from openinfer.frontend.engines.registry import MAX_ENGINES
 from openinfer.frontend.engines.sockets import MAX_MESSAGE_BYTES
+from openinfer.frontend.log_limit import BURST
 from tests.e2e.frontend_reads import answers, counter, engines, errors_key, get, scrape, wait
 from tests.e2e.processes import ADMIN_KEY, Cluster
 from tests.e2e.stranger_frames import GARBAGE, forged_messages

@@ -11,7 +11,7 @@ import pytest
 from openinfer.engine_core.launch.local_cluster import free_port_pair
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.frontend.metrics.state_dir import StateDir
 from openinfer.frontend.openai.api_server import build_app
 from openinfer.frontend.openai.cors import CorsPolicy

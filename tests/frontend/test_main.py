@@ -12,15 +12,15 @@ import aiohttp
 import pytest
 
 from openinfer.engine_core.launch.local_cluster import free_port, free_ports
-from openinfer.frontend.main import parse_args
 from openinfer.frontend.metrics.state_dir import STATE_FILE, StateDir
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
+from openinfer.frontend.process.main import parse_args
 from tests.frontend.frontends import FakeEngine
 
 
 async def run_main(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openinfer.frontend.main", *args,
+        sys.executable, "-m", "openinfer.frontend.process.main", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
 

@@ -14,8 +14,8 @@ import pytest
 
 from openinfer.engine_core.launch.local_cluster import free_ports
 from openinfer.frontend.addresses import is_loopback_host
-from openinfer.frontend.main import cors_policy, parse_args
 from openinfer.frontend.openai.cors import CorsPolicy
+from openinfer.frontend.process.main import cors_policy, parse_args
 
 _KEY_VARIABLES = ("OPENINFER_API_KEY", "VLLM_API_KEY", "OPENINFER_ADMIN_API_KEY")
 
@@ -84,7 +84,7 @@ async def run_frontend(env: dict[str, str], *args: str) -> asyncio.subprocess.Pr
     """The frontend as a process with these key variables (and no others from this environment)."""
     child_env = {k: v for k, v in os.environ.items() if k not in _KEY_VARIABLES} | env
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openinfer.frontend.main", *args,
+        sys.executable, "-m", "openinfer.frontend.process.main", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=child_env,
     )  # fmt: skip
 

@@ -15,9 +15,9 @@ import zmq.asyncio
 
 from openinfer.frontend.addresses import engine_addresses
 from openinfer.frontend.engines.handshake import foreign_hello
-from openinfer.frontend.engines.log_limit import LogRateLimiter
 from openinfer.frontend.engines.registry import MAX_ENGINES, EngineRegistry, Retirement
 from openinfer.frontend.engines.request_stream import RequestStream
+from openinfer.frontend.log_limit import LogRateLimiter
 from openinfer.protocol import (
     PROTOCOL_VERSION,
     EngineCoreOutput,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openinfer.frontend.metrics.counted_seqs import MAX_RANGES_PER_ENGINE, CountedSeqsLog
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
+from openinfer.frontend.metrics.spec_decode.counted_seqs import MAX_RANGES_PER_ENGINE, CountedSeqsLog
 from openinfer.frontend.metrics.state_dir import StateDir
 from openinfer.protocol import LoadSnapshot, SpecDecodeCounters
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.protocol import SpecDecodeCounters
 from tests.frontend.engine_peer import PeerConfig
 from tests.frontend.frontends import FrontendFactory, PeerFactory

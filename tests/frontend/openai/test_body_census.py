@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from openinfer.frontend.openai.body_census import (
+from openinfer.frontend.openai.body.census import (
     INLINE_BYTES,
     BodyCensus,
     commas_outside_strings,
     take_census,
 )
-from openinfer.frontend.openai.census_worker import CensusWorker
+from openinfer.frontend.openai.body.census_worker import CensusWorker
 from openinfer.frontend.openai.errors import ApiError
 from tests.frontend.waits import alive, wait_until
 

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from openinfer.frontend.engines.registry import ServedModel
-from openinfer.frontend.openai.body_census import INLINE_BYTES, BodyCensus, take_census
-from openinfer.frontend.openai.body_limits import BodyLimits
+from openinfer.frontend.openai.body.census import INLINE_BYTES, BodyCensus, take_census
+from openinfer.frontend.openai.body.limits import BodyLimits
 from tests.frontend import tiny_tokenizer
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.frontend.openai.choices import Choices
 from openinfer.frontend.openai.completion_request import parse_completion_request
 from openinfer.frontend.openai.response_format import ResponseIds

@@ -19,7 +19,7 @@ import pytest
 from openinfer.frontend.openai.api_server import GRAMMAR_CHECKS
 from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.grammar_pool import MAX_WORKERS, GrammarCheckPool
-from openinfer.frontend.openai.structured_options import StructuredConstraint
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
 from openinfer.protocol import StructuredOutputs
 from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.waits import alive, wait_until

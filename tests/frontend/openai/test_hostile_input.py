@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from openinfer.frontend.openai.body.decode import MAX_NESTING
 from openinfer.frontend.openai.cors import CorsPolicy
-from openinfer.frontend.openai.request_body import MAX_NESTING
 from tests.frontend.engine_peer import EnginePeer, PeerConfig
 from tests.frontend.frontends import Frontend, FrontendFactory, PeerFactory
 from tests.frontend.waits import wait_until

@@ -14,11 +14,9 @@ from openinfer.frontend.openai.chat_request import parse_chat_request
 from openinfer.frontend.openai.completion_request import parse_completion_request
 from openinfer.frontend.openai.errors import ApiError
 from openinfer.frontend.openai.grammar_check import CHECKED_KINDS, grammar_error
-from openinfer.frontend.openai.structured_options import (
-    StructuredConstraint,
-    StructuredOutputsConfig,
-    without_additional_properties,
-)
+from openinfer.frontend.openai.structured_constraint import StructuredConstraint
+from openinfer.frontend.openai.structured_options import without_additional_properties
+from openinfer.frontend.openai.structured_outputs_config import StructuredOutputsConfig
 from openinfer.protocol import StructuredOutputs
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}

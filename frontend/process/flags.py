@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from openinfer.frontend.metrics.request_spec_metrics import PerRequestSpecMetrics
+from openinfer.frontend.metrics.spec_decode.per_request import PerRequestSpecMetrics
 from openinfer.frontend.openai.parsers.chat_parsers import add_chat_parser_args
 from openinfer.frontend.openai.structured_outputs_config import add_structured_outputs_arg
 
@@ -23,7 +23,7 @@ _KEEP_ALIVE_DEFAULT_S = 5.0
 
 def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Every flag about how the frontend serves, not where it listens or with which keys (those are
-    :func:`openinfer.frontend.main.parse_args`' own): ``openinfer-serve`` takes these and passes them on to
+    :func:`openinfer.frontend.process.main.parse_args`' own): ``openinfer-serve`` takes these and passes them on to
     its frontend as given."""
     parser.add_argument(
         "--engine-timeout",

@@ -10,8 +10,8 @@ with ``O_EXCL`` as well, after removing a stale one; :func:`replace_private` wri
 and renames it into place. A folder of such files that several processes meet in (the api servers' peers
 folder) must be one no other user can write: :func:`check_private_folder`.
 
-It lives in ``openinfer.tools`` because the frontend (which must not import torch) and the engine both open
-such files and may both import this package; ``openinfer.protocol`` holds the wire's data only.
+It lives in ``openinfer.protocol``, the lowest package the frontend and the engine share (it needs only ``os``),
+because both processes open such files and runtime code never imports ``openinfer.tools``.
 """
 
 from __future__ import annotations

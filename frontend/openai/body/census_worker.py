@@ -1,4 +1,4 @@
-"""Censuses of large request bodies (:mod:`~openinfer.frontend.openai.body_census`) taken in a worker process,
+"""Censuses of large request bodies (:mod:`~openinfer.frontend.openai.body.census`) taken in a worker process,
 so that the event loop only copies such a body into a pipe."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import msgspec
 
-from openinfer.frontend.openai.body_census import INLINE_BYTES, LENGTH_BYTES, BodyCensus, take_census
+from openinfer.frontend.openai.body.census import INLINE_BYTES, LENGTH_BYTES, BodyCensus, take_census
 from openinfer.frontend.openai.errors import ApiError, overloaded
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class CensusWorker:
             worker = self._worker = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "openinfer.frontend.openai.body_census",
+                "openinfer.frontend.openai.body.census",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
             )

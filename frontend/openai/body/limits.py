@@ -1,4 +1,5 @@
-"""Request bodies bounded before they are decoded, by what the served models can take.
+"""Request bodies read within a size bound and a deadline, and bounded before they are decoded by what the served
+models can take.
 
 Decoding JSON holds the GIL for as long as it runs (msgspec, as every decoder: measured, a 160 ms decode in
 a thread stalls the event loop for 160 ms), so a body's decode is kept short by bounding it first, not by
@@ -9,14 +10,14 @@ moving the decode to a thread. Strings decode at about 1 ms per MiB; numbers 10 
   :func:`max_prompt_chars` characters or its token ids, as many logit_bias entries and stop token ids as the
   model takes, the most bad words, and :data:`ALLOWANCE_BYTES` for the rest). A larger body is a 413, by its
   Content-Length before it is read, or, sent chunked, as soon as it passes the bound
-  (:func:`~openinfer.frontend.openai.body_read.read_body`, which also gives it a deadline: 408);
+  (:func:`read_body`, which also gives it a deadline: 408);
 - within it, the fields made of numbers (token ids as a prompt, ``logit_bias``, ``stop_token_ids``): a field
   longer than its largest valid value is a 400 naming it;
 - the number of values: at most :data:`VALUES_PER_TOKEN` per token of the context plus
   :data:`VALUES_ALLOWANCE` (a message, a tool's property, a token id each take at least a token of the prompt;
   logit_bias entries and the other fields fit the allowance), or a 400 saying how many the body holds.
 
-The last two come from the body's census (:mod:`~openinfer.frontend.openai.body_census`), taken on the loop
+The last two come from the body's census (:mod:`~openinfer.frontend.openai.body.census`), taken on the loop
 for a small body and in a worker process for a large one, so that the loop's share of even the largest body
 is reading it and the decode of what passed.
 
@@ -24,19 +25,27 @@ A bound counts the JSON the most verbose valid value takes: ids of the vocabular
 :data:`_NUMBER_CHARS` characters, text escaped byte by byte (``\\u0001``: 6 bytes of JSON for a byte of
 UTF-8; a text that fits has at most :func:`max_prompt_chars` bytes, as the character rule assumes a
 byte-level vocabulary) and :data:`_WHITESPACE_PER_VALUE` bytes of indentation around each value.
+
+The body itself is read a chunk at a time (:func:`read_body`): aiohttp's own ``request.read()`` buffers a body
+up to the app's ``client_max_size`` before anyone can look at it, and waits for it as long as the client
+likes, so a client that trickles its body, or never ends a chunked one, would hold its connection (and up to
+64 MiB) for ever. Here a body is refused as soon as it passes its bound (413, by its Content-Length before a
+byte is read when it has one), and a body not all in within the deadline is a 408. Neither uvicorn nor so
+vLLM bounds the time a body takes (uvicorn's proposed ``--timeout-request-complete``, 60 s, was never built);
+408 is HTTP's status for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from openinfer.frontend.engines.registry import ServedModel
-from openinfer.frontend.openai.body_census import BodyCensus
-from openinfer.frontend.openai.body_read import read_body
-from openinfer.frontend.openai.census_worker import CensusWorker
+from openinfer.frontend.openai.body.census import BodyCensus
+from openinfer.frontend.openai.body.census_worker import CensusWorker
 from openinfer.frontend.openai.context_limits import max_prompt_chars
 from openinfer.frontend.openai.errors import ApiError, invalid_request
 from openinfer.frontend.openai.logits_options import MAX_BAD_WORD_TOKENS, MAX_LOGIT_BIAS_TOKENS
@@ -51,6 +60,7 @@ _WHITESPACE_PER_VALUE = 16  # a newline and indentation, as pretty-printers writ
 # allowance: 4 x 40960 + 65,536 = 229,376 for Qwen3's context, decoded in about 60 ms at the worst.
 VALUES_PER_TOKEN = 4
 VALUES_ALLOWANCE = 65_536
+_CHUNK_BYTES = 1 << 20  # aiohttp buffers up to twice this before it stops reading the socket
 
 
 @dataclass(frozen=True)
@@ -153,3 +163,39 @@ class BodyLimits:
             "parameter at its largest). Please reduce the length of the input prompt.",
             code="request_too_large",
         )
+
+
+async def read_body(
+    request: web.BaseRequest,
+    max_bytes: int,
+    timeout: float,
+    too_large: Callable[[int | None], ApiError],
+) -> bytes:
+    """The request's body, of at most ``max_bytes``, in within ``timeout`` seconds of the call.
+
+    ``too_large(length)`` is the error for a larger body: ``length`` is its Content-Length, refused before
+    anything is read, or None for a body without one, refused once ``max_bytes`` are passed (the rest is never
+    read: the connection closes after the answer). Past the deadline, 408 (``request_timeout``).
+    """
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise too_large(length)
+    content = request.content
+    content.set_read_chunk_size(min(max_bytes, _CHUNK_BYTES))
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large(None)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body was not all received within {timeout:g} s of its headers ({size} bytes "
+            "came); send it at once, or raise the server's --http-timeout-body",
+            code="request_timeout",
+        ) from None
+    return b"".join(chunks)

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 
-from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
+from openinfer.frontend.metrics.spec_decode.acceptance_tally import AcceptanceTally
 from openinfer.protocol import SpecDecodeCounters
 
 # The name its lines have always carried (README, users' log filters), kept across the move into metrics/.

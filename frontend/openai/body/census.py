@@ -11,7 +11,7 @@ A census is linear in the body, whatever its bytes: ``msgspec`` checks that it i
 fields as ``msgspec.Raw`` without building them (about 2 ms per MiB), and the commas are counted with a few
 passes of ``bytes`` methods (at most about 10 ms per MiB, for a body of nothing but empty strings). A body
 larger than :data:`INLINE_BYTES` is counted in a worker process
-(:class:`~openinfer.frontend.openai.census_worker.CensusWorker` runs ``python -m`` this module: it reads
+(:class:`~openinfer.frontend.openai.body.census_worker.CensusWorker` runs ``python -m`` this module: it reads
 bodies from stdin, each as :data:`LENGTH_BYTES` big-endian bytes of length and its bytes, and answers each
 with its census as one JSON line), so the loop only copies it into a pipe.
 """

@@ -16,7 +16,6 @@ import zmq
 from openinfer.frontend.addresses import engine_addresses, engine_ports, is_loopback_host, split_address
 from openinfer.frontend.engines.client import EngineClient
 from openinfer.frontend.engines.server_keys import load_server_keys
-from openinfer.frontend.flags import add_frontend_args, env_key, keep_alive_from_env
 from openinfer.frontend.metrics.api_servers import ApiServers
 from openinfer.frontend.metrics.frontend_metrics import FrontendMetrics
 from openinfer.frontend.metrics.state_dir import StateDir, StateError
@@ -24,6 +23,7 @@ from openinfer.frontend.openai.api_server import build_app
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.http_runner import serve
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
+from openinfer.frontend.process.flags import add_frontend_args, env_key, keep_alive_from_env
 from openinfer.frontend.ready_pipe import say_ready
 
 logger = logging.getLogger("openinfer.frontend")

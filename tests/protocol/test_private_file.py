@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.tools.private_file import APPEND, CREATE, READ, open_private
+from openinfer.protocol.private_file import APPEND, CREATE, READ, open_private
 
 
 def mode(path: Path) -> int:

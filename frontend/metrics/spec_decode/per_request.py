@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from openinfer.frontend.metrics.acceptance_tally import AcceptanceTally
+from openinfer.frontend.metrics.spec_decode.acceptance_tally import AcceptanceTally
 from openinfer.protocol import SpecDecodeCounters
 
 

@@ -1,0 +1,1 @@
+"""The frontend process: ``openinfer-frontend``'s entry point and the flags it shares with ``openinfer-serve``."""
