@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from openinfer.engine_core.models.dflash import BlockContext, torch_block_attention
-from openinfer.kernels.attention import AttentionMetadata, TorchAttentionBackend
+from openinfer.kernels.attention import TorchAttentionBackend
+from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.triton_attention import TritonAttentionBackend
 from openinfer.kernels.triton_dflash_attention import block_attention_triton
 

@@ -21,12 +21,9 @@ from collections.abc import Callable
 import torch
 
 from openinfer.benchmarks.model_step import median_ms
-from openinfer.kernels.attention import (
-    AttentionMetadata,
-    TorchAttentionBackend,
-    padded_attention,
-    write_kv_cache,
-)
+from openinfer.kernels.attention import TorchAttentionBackend, padded_attention
+from openinfer.kernels.attention_backend import write_kv_cache
+from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.cpu_attention import in_place_attention
 
 BLOCK_SIZE = 16

@@ -19,7 +19,8 @@ from functools import partial
 import torch
 
 from openinfer.benchmarks.model_step import median_ms
-from openinfer.kernels.gated_delta import RECURRENT_MAX_QUERY_LEN, StateIndex, causal_conv1d, gated_delta_rule
+from openinfer.kernels.gated_delta import causal_conv1d, gated_delta_rule
+from openinfer.kernels.state_index import RECURRENT_MAX_QUERY_LEN, StateIndex
 
 HK, HV, DK, DV, WIDTH = 16, 32, 128, 128, 4  # Qwen3.5-4B's linear-attention layers
 CHANNELS = 2 * HK * DK + HV * DV

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from openinfer.kernels.attention import AttentionMetadata
-from openinfer.kernels.gated_delta import StateIndex
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.state_index import StateIndex
 from openinfer.kernels.triton_attention import attention_launches, write_kv_launch
 from openinfer.kernels.triton_causal_conv1d import causal_conv1d_launches
 from openinfer.kernels.triton_dflash_attention import block_attention_launch

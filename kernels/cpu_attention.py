@@ -2,9 +2,10 @@
 
 The padded reference (`padded_attention` in attention.py) gathers every request's whole context into a
 (B, max_seq_len) batch in every layer of every step, so a decode step copies the whole KV cache it reads.
-Here each request attends on its own, over its blocks as runs of consecutive ids (`BlockRun`: a prompt
-chunk's blocks are allocated together, a decode adds one block at a time): a long run is a view of the
-cache, no copy; short runs are gathered together with `index_select`, a cache-sized piece at a time.
+Here each request attends on its own, over its blocks as runs of consecutive ids (`BlockRun` of
+attention_metadata.py: a prompt chunk's blocks are allocated together, a decode adds one block at a time): a
+long run is a view of the cache, no copy; short runs are gathered together with `index_select`, a cache-sized
+piece at a time.
 
 - A decode or a verification (at most FEW_QUERIES queries) folds its queries and the GQA group into the rows
   of two batched matmuls per KV head, which read the strided views without a copy, piece by piece under an
@@ -19,14 +20,14 @@ small ones while its copy stays in cache. `benchmarks/cpu_attention.py` measures
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from openinfer.kernels.attention import AttentionMetadata
+    from openinfer.kernels.attention_metadata import AttentionMetadata
 
 # Below this many bytes of gathered keys and values a batch's one padded gather and one SDPA beat B
 # per-request calls (measured on a 2-core AVX-512 EPYC, float32: the padded copy stays in cache until
@@ -42,15 +43,6 @@ VIEW_MIN_BLOCKS = 4
 # Requests with at most this many queries (decodes, verifications of K + 1 tokens) take the piecewise path;
 # longer ones (prefill chunks) the flash kernel over their whole context.
 FEW_QUERIES = 16
-
-
-class BlockRun(NamedTuple):
-    """Blocks table[offset : offset + length] of a request's block table, whose ids are first .. first +
-    length - 1."""
-
-    offset: int
-    first: int
-    length: int
 
 
 def in_place_pays(kv_cache: Tensor, meta: AttentionMetadata) -> bool:

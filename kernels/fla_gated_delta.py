@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openinfer.kernels.gated_delta import StateIndex, read_states
+from openinfer.kernels.state_index import StateIndex, read_states
 
 
 @dataclass(frozen=True)

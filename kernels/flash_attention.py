@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from openinfer.kernels.attention import AttentionMetadata, BackendName, write_kv_cache
+from openinfer.kernels.attention_backend import write_kv_cache
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.backend_name import BackendName
 
 FLASH_ATTN_PAGE_MULTIPLE = 256  # flash-attn's paged KV wants page_block_size % 256 == 0 (its C++ checks it)
 

@@ -1,11 +1,11 @@
-"""The linear-attention layers of Qwen3.5 (Gated DeltaNet) over a packed batch: `causal_conv1d` and
-`gated_delta_rule`, each reading and writing per-request state slots through a `StateIndex`.
+"""The linear-attention layers of Qwen3.5 (Gated DeltaNet) over a packed batch, in torch: `causal_conv1d` and
+`gated_delta_rule`, each reading and writing per-request state slots through a `StateIndex` (state_index.py).
 
 Semantics are transformers' (`causal_conv1d_fn` / `causal_conv1d_update` with SiLU and no bias;
 `torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule` with use_qk_l2norm_in_kernel=True), run on
 each request's tokens alone from the state its read slot holds.
 
-Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`), each with a CUDA kernel:
+Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`):
 - short steps (decode, verification) run every request together on a (B, max_query_len) padded grid, one
   position at a time. This form reads only StateIndex's device tensors and shapes: no host sync, nothing
   data-dependent (tests run it on meta tensors). A CUDA graph captured for a fixed (B, max_query_len, N) replays
@@ -14,9 +14,10 @@ Two forms, chosen by the step's longest request (`RECURRENT_MAX_QUERY_LEN`), eac
 - long steps run request by request, the chunked form (`gated_delta_chunk.py`) for requests longer than the
   threshold; they store only the tokens whose host write slot is >= 0.
 
-On CUDA the short form is a Triton kernel (`triton_gated_delta.py`, `triton_causal_conv1d.py`) and the gated
-delta rule's long one flash-linear-attention's chunked kernel where `fla` is installed (`fla_gated_delta.py`; the
-torch forms otherwise); the CPU runs torch, and so does a long step's conv.
+These are the CPU's kernels and every device's reference. On CUDA the engine's kernel table (kernel_backends.py)
+runs the short form as Triton kernels (`triton_gated_delta.py`, `triton_causal_conv1d.py`) and the gated delta
+rule's long one through flash-linear-attention's chunked kernel where `fla` is installed (`fla_gated_delta.py`);
+a long step's conv stays torch.
 
 Every initial state is read before anything is written (gathered by the torch forms and fla's; the Triton kernels
 copy the few another request overwrites first), so a write slot may equal any read slot. On the CPU, where
@@ -26,105 +27,17 @@ writes its own, nobody else's) updates that block in place, and a gather skips i
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from openinfer.kernels.gated_delta_chunk import chunk_gated_delta
+from openinfer.kernels.state_index import RECURRENT_MAX_QUERY_LEN, StateIndex, read_states
 
-# Steps whose longest request has at most this many tokens run the batched recurrent form (decode q=1,
-# verification q<=16); longer steps run per request, chunked past this length.
-RECURRENT_MAX_QUERY_LEN = 16
 # CPU convs of at most this many outputs (B * L * C) sum their taps instead of calling conv1d: on one core the
 # sum takes 13 us at 512 outputs against conv1d's 82, breaks even near 16K, and is 2x conv1d's 0.8 ms at 256K.
 CONV_SUM_MAX_OUTPUTS = 16384
 L2NORM_EPS = 1e-6  # transformers' (and FLA's) l2norm eps
-# flash-linear-attention (the `gdn` extra) runs long steps on CUDA where installed; never in the CPU test venv,
-# where transformers would swap its Qwen3.5 reference functions for fla's.
-FLA_AVAILABLE = importlib.util.find_spec("fla") is not None
-
-
-@dataclass(frozen=True)
-class StateIndex:
-    """Which state slot each request of a step starts from and where each token's state goes.
-
-    Slot -1 means "none": a read slot of -1 starts the request from zeros (its position 0), a write slot of -1
-    stores nothing for that token. The padded-grid tensors are derived from query_start_loc by `build`.
-    """
-
-    query_start_loc: list[int]  # (B + 1,) host ints: request b's tokens are [loc[b], loc[b+1]) of the step
-    read_slots: Tensor  # (B,) int64 on the device: slot holding the state before request b's first token
-    write_slots: Tensor  # (N,) int64 on the device: slot to store the state *after* token t
-    host_write_slots: list[int]  # write_slots on the host: the long path stores only the tokens that have one
-    # Host facts about the slots, for the CPU's torch forms (the CUDA kernels read neither): whether some read
-    # slot is -1 (a gathered state is zero-filled only then), and for a decode whose requests each read and
-    # write one slot of their own, together a block of consecutive slots, that block's first slot and the
-    # requests in slot order (the CPU then updates the block in place); None for any other step.
-    zero_reads: bool
-    own_block: tuple[int, list[int]] | None
-    max_query_len: int  # L, the longest request's token count
-    padded_tokens: Tensor  # (B, L) int64: token of request b's position i; its first token where i >= len
-    padded_write_slots: Tensor  # (B, L) int64: write slot of (b, i), -1 at padded positions
-    token_positions: Tensor  # (N,) int64: b * L + i for token t, its place on the flattened grid
-
-    @classmethod
-    def build(
-        cls, query_start_loc: list[int], read_slots: list[int], write_slots: list[int], device: torch.device
-    ) -> StateIndex:
-        num_requests, num_tokens = len(query_start_loc) - 1, query_start_loc[-1]
-        if num_requests < 1 or query_start_loc[0] != 0:
-            raise ValueError(
-                f"query_start_loc must start at 0 and hold B + 1 >= 2 entries, got {query_start_loc}"
-            )
-        lens = [query_start_loc[b + 1] - query_start_loc[b] for b in range(num_requests)]
-        if min(lens) < 1:
-            raise ValueError(f"every request needs at least one token, got lengths {lens}")
-        if len(read_slots) != num_requests or len(write_slots) != num_tokens:
-            raise ValueError(
-                f"need one read slot per request ({num_requests}) and one write slot per token ({num_tokens}), "
-                f"got {len(read_slots)} and {len(write_slots)}"
-            )
-        max_len = max(lens)
-        starts = torch.tensor(query_start_loc[:-1])  # (B,)
-        lengths = torch.tensor(lens)  # (B,)
-        offsets = torch.arange(max_len)  # (L,)
-        valid = offsets[None, :] < lengths[:, None]  # (B, L)
-        tokens = torch.where(valid, starts[:, None] + offsets[None, :], starts[:, None])  # (B, L)
-        writes = torch.tensor(write_slots, dtype=torch.int64)  # (N,)
-        token_request = torch.repeat_interleave(torch.arange(num_requests), lengths)  # (N,)
-        token_offset = torch.arange(num_tokens) - starts[token_request]  # (N,) i of token t
-        return cls(
-            query_start_loc=list(query_start_loc),
-            read_slots=torch.tensor(read_slots, dtype=torch.int64, device=device),
-            write_slots=writes.to(device),
-            host_write_slots=list(write_slots),
-            zero_reads=min(read_slots) < 0,
-            own_block=own_block(read_slots, write_slots, max_len),
-            max_query_len=max_len,
-            padded_tokens=tokens.to(device),
-            padded_write_slots=torch.where(valid, writes[tokens], -1).to(device),
-            token_positions=(token_request * max_len + token_offset).to(device),
-        )
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.query_start_loc) - 1
-
-
-def own_block(
-    read_slots: list[int], write_slots: list[int], max_query_len: int
-) -> tuple[int, list[int]] | None:
-    """(first slot, requests in slot order) when each request has one token, reads and writes the same slot, and
-    the slots are distinct and consecutive (no other request touches them); None otherwise."""
-    if max_query_len != 1 or read_slots != write_slots or min(read_slots) < 0:
-        return None
-    first = min(read_slots)
-    if sorted(read_slots) != list(range(first, first + len(read_slots))):
-        return None
-    return first, sorted(range(len(read_slots)), key=read_slots.__getitem__)
 
 
 def masked_store(dest: Tensor, slots: Tensor, rows: Tensor) -> None:
@@ -146,25 +59,11 @@ def masked_store(dest: Tensor, slots: Tensor, rows: Tensor) -> None:
     dest.index_copy_(0, fill_slot, fill_row)
 
 
-def read_states(states: Tensor, slots: Tensor, *, zero_reads: bool = True) -> Tensor:
-    """A copy of states[slots[b]] for each b, zeros where slots[b] == -1 (whatever that slot holds, NaN too).
-    zero_reads=False, for a caller that knows on the host that no slot is -1, skips the masked pass."""
-    gathered = states.index_select(0, slots.clamp(min=0))  # (B, *state_shape), a copy
-    if not zero_reads:
-        return gathered
-    return gathered.masked_fill_((slots < 0).view(-1, *([1] * (states.dim() - 1))), 0)
-
-
 def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateIndex) -> Tensor:
     """x (N, C) packed tokens (the in_proj_qkv output), weight (C, W) depthwise kernel, conv_state (S, C, W-1) in
     x's dtype: per request, a causal depthwise conv over [state inputs, its tokens] then SiLU; returns (N, C) in
     x's dtype. conv_state[s] holds the W-1 inputs before a request's next token (zeros when read_slots[b] == -1).
     After the call conv_state[write_slots[t]] holds the W-1 inputs ending at token t (inclusive)."""
-    if x.is_cuda and index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
-        # imported here: Triton only where CUDA runs it
-        from openinfer.kernels.triton_causal_conv1d import causal_conv1d_triton
-
-        return causal_conv1d_triton(x, weight, conv_state, index)
     zero_reads = index.zero_reads or x.device.type != "cpu"  # the host facts are trusted on the CPU only
     init = read_states(conv_state, index.read_slots, zero_reads=zero_reads)  # (B, C, W-1)
     if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
@@ -225,15 +124,6 @@ def gated_delta_rule(
     Returns (N, Hv, Dv) in v's dtype. Reads/writes state slots as causal_conv1d does (the recurrent state after
     token t). recurrent_max_query_len moves the threshold between the forms (benchmarks compare them with it)."""
     short = index.max_query_len <= recurrent_max_query_len
-    if q.is_cuda and short:
-        # imported here: Triton only where CUDA runs it
-        from openinfer.kernels.triton_gated_delta import gated_delta_rule_triton
-
-        return gated_delta_rule_triton(q, k, v, g, beta, state, index)
-    if q.is_cuda and FLA_AVAILABLE:
-        from openinfer.kernels.fla_gated_delta import gated_delta_rule_fla
-
-        return gated_delta_rule_fla(q, k, v, g, beta, state, index)
     groups = v.shape[1] // k.shape[1]
     q32 = l2norm(q.float()) * q.shape[-1] ** -0.5  # (N, Hk, Dk)
     k32 = l2norm(k.float())

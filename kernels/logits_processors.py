@@ -18,7 +18,7 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
-from openinfer.kernels.attention import host_to_device_parts
+from openinfer.kernels.host_copy import host_to_device_parts
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float32]

@@ -1,8 +1,12 @@
-"""The experts of a mixture-of-experts layer, computed as groups: `fused_experts` over routed tokens.
+"""The experts of a mixture-of-experts layer over routed tokens, in torch: for hidden (T, H), w13 (E, 2 * I, H)
+(gate rows then up rows), w2 (E, H, I), topk_weights (T, k) float32 and topk_ids (T, k) int64, each token's
+sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = topk_ids[t, j], (T, H) in hidden's
+dtype.
 
-On CUDA it calls the Triton fused-MoE kernel (`triton_moe.py`); elsewhere, and as its reference, a torch path
-whose cost follows the experts the batch routes to: the (token, expert) pairs are sorted by expert and each
-expert that has tokens runs one gate/up and one down matmul over all of its tokens.
+`grouped_experts` is the CPU's kernel and the reference of CUDA's (the Triton fused-MoE kernel of
+`triton_moe.py`; kernel_backends.py chooses): its cost follows the experts the batch routes to, the (token,
+expert) pairs sorted by expert and each expert that has tokens running one gate/up and one down matmul over all
+of its tokens. `naive_experts` is the plainest statement of the sum.
 """
 
 from __future__ import annotations
@@ -12,25 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def fused_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
-    """sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = topk_ids[t, j].
-
-    hidden (T, H); w13 (E, 2 * I, H), gate rows then up rows; w2 (E, H, I); topk_weights (T, k) float32;
-    topk_ids (T, k) int64. Returns (T, H) in hidden's dtype.
-    """
-    if hidden.is_cuda:
-        from openinfer.kernels.triton_moe import fused_experts_triton  # Triton only where CUDA runs it
-
-        return fused_experts_triton(hidden, w13, w2, topk_weights, topk_ids)
-    return grouped_experts(hidden, w13, w2, topk_weights, topk_ids)
-
-
 def grouped_experts(
     hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor
 ) -> Tensor:
-    """`fused_experts` in torch: the (token, expert) pairs sorted by expert, one gate/up and one down matmul per
-    expert present in topk_ids, then one weighting and one scatter-add for all pairs. The adds reach each
-    token in ascending expert order (transformers' order, so float32 sums match it), in float32."""
+    """The experts' sum (module docstring) in torch: the (token, expert) pairs sorted by expert, one gate/up and
+    one down matmul per expert present in topk_ids, then one weighting and one scatter-add for all pairs. The adds
+    reach each token in ascending expert order (transformers' order, so float32 sums match it), in float32."""
     num_tokens, top_k = topk_ids.shape
     if num_tokens == 1:  # one decoding request: its k experts directly, no sort, gather or scatter
         return _one_token_experts(hidden, w13, w2, topk_weights, topk_ids)
@@ -71,7 +62,7 @@ def _one_token_experts(
 
 
 def naive_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
-    """`fused_experts` one token and one choice at a time: the plainest statement of the math (tests and
+    """The experts' sum one token and one choice at a time: the plainest statement of the math (tests and
     benchmarks compare the grouped paths to it)."""
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     for t in range(hidden.shape[0]):

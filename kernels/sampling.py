@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openinfer.kernels.attention import host_to_device
+from openinfer.kernels.host_copy import host_to_device
 
 
 @dataclass(frozen=True)

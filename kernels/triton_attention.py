@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openinfer.kernels.attention import AttentionMetadata, BackendName
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.backend_name import BackendName
 from openinfer.kernels.triton_launch import KernelLaunch
 from openinfer.kernels.triton_tiles import (
     DECODE_ROWS,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openinfer.kernels.gated_delta import StateIndex
+from openinfer.kernels.state_index import StateIndex
 from openinfer.kernels.triton_gated_delta import read_conflicts, request_length
 from openinfer.kernels.triton_launch import KernelLaunch
 

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openinfer.kernels.gated_delta import L2NORM_EPS, StateIndex
+from openinfer.kernels.gated_delta import L2NORM_EPS
+from openinfer.kernels.state_index import StateIndex
 from openinfer.kernels.triton_launch import KernelLaunch
 
 BLOCK_V = 8  # value columns per program: a 128 x 8 float32 state tile is 32 registers a thread of one warp

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.kernels.attention import host_to_device
+from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.sampling import SamplingBatch, draw, uniforms
 
 

@@ -54,7 +54,7 @@ from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
 from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import load_checkpoint
-from openinfer.kernels.attention import write_kv_cache
+from openinfer.kernels.attention_backend import write_kv_cache
 
 
 @dataclass(frozen=True)

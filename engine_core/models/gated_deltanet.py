@@ -8,7 +8,9 @@ L2-normalised; the output is RMS-normalised per value head and gated by SiLU(z),
 
 A request's conv state (the last kernel - 1 mixed q/k/v rows) and recurrent state ((value heads, key dim,
 value dim), float32) live in slots of this layer's state tensors (`allocate_states`); which slot each request
-reads and which each token writes is the step's `StateIndex` (kernels/gated_delta.py).
+reads and which each token writes is the step's `StateIndex` (kernels/state_index.py). The conv and the delta
+rule run the engine's kernels (`KernelBackends.causal_conv` and `.gated_delta`: torch on the CPU, Triton and
+fla on CUDA), short or long form by the step's shape.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.hybrid_config import HybridConfig
 from openinfer.engine_core.models.qwen3 import PackedLinear, rms_normalize
-from openinfer.kernels.gated_delta import StateIndex, causal_conv1d, gated_delta_rule
+from openinfer.kernels.kernel_backends import KernelBackends
+from openinfer.kernels.state_index import StateIndex
 
 
 class GatedRMSNorm(nn.Module):
@@ -45,8 +48,9 @@ class DepthwiseConv(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, hidden_size: int, hybrid: HybridConfig, eps: float) -> None:
+    def __init__(self, hidden_size: int, hybrid: HybridConfig, eps: float, kernels: KernelBackends) -> None:
         super().__init__()
+        self.causal_conv, self.gated_delta = kernels.causal_conv, kernels.gated_delta
         self.num_k_heads, self.num_v_heads = hybrid.linear_num_key_heads, hybrid.linear_num_value_heads
         self.head_k_dim, self.head_v_dim = hybrid.linear_key_head_dim, hybrid.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.head_k_dim
@@ -97,11 +101,12 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(x).split(
             [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1
         )
-        mixed = causal_conv1d(mixed, self.conv1d.weight[:, 0], self.conv_state, states)  # (n, conv_dim)
+        conv = self.causal_conv.for_step(states)
+        mixed = conv(mixed, self.conv1d.weight[:, 0], self.conv_state, states)  # (n, conv_dim)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         beta = b.sigmoid()  # (n, v heads)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (n, v heads) float32
-        out = gated_delta_rule(
+        out = self.gated_delta.for_step(states)(
             q.reshape(n, self.num_k_heads, self.head_k_dim),
             k.reshape(n, self.num_k_heads, self.head_k_dim),
             v.reshape(n, self.num_v_heads, self.head_v_dim),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +17,10 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.models.weights import load_checkpoint
-from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
+from openinfer.kernels.attention_backend import AttentionBackend
+from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
+from openinfer.kernels.kernel_backends import KernelBackends
 
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
@@ -145,6 +146,8 @@ MlpForLayer = Callable[[int], nn.Module | None]
 
 
 class Qwen3DecoderLayer(nn.Module):
+    has_kv_cache = True  # every Qwen3 layer attends through its own KV cache
+
     def __init__(
         self, config: ModelConfig, attn_backend: AttentionBackend, mlp: nn.Module | None = None
     ) -> None:
@@ -161,7 +164,41 @@ class Qwen3DecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Qwen3Model(nn.Module):
+class DecoderStack(nn.Module):
+    """Embedding, decoder layers, final norm: the stack a causal LM runs (`Qwen3Model`, Qwen3.5's hybrid
+    `Qwen3_5Model`). `kv_caches` holds the caches of the layers that attend (`has_kv_cache`), in layer order;
+    the others (Gated DeltaNet) keep their state in their own slots."""
+
+    embed_tokens: VocabMatrix | nn.Embedding
+    layers: nn.ModuleList
+    norm: nn.Module
+    rotary: RotaryEmbedding
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[Tensor],
+        attn: AttentionMetadata,
+        aux_layer_ids: Sequence[int] = (),
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The final norm of the last layer's output, and the aux layers' outputs in the order asked:
+        transformers' last hidden state is taken after the final norm, so the last layer's aux is too."""
+        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, rotary dims) each
+        caches = iter(kv_caches)
+        aux: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, cos, sin, next(caches) if layer.has_kv_cache else None, attn)
+            if i in aux_layer_ids:
+                aux[i] = hidden
+        hidden = self.norm(hidden)
+        if len(self.layers) - 1 in aux:
+            aux[len(self.layers) - 1] = hidden
+        return hidden, [aux[i] for i in aux_layer_ids]
+
+
+class Qwen3Model(DecoderStack):
     def __init__(
         self, config: ModelConfig, attn_backend: AttentionBackend, mlp_for_layer: MlpForLayer = lambda i: None
     ) -> None:
@@ -172,23 +209,6 @@ class Qwen3Model(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        positions: Tensor,
-        kv_caches: list[Tensor],
-        attn: AttentionMetadata,
-        aux_layer_ids: Sequence[int] = (),
-    ) -> tuple[Tensor, list[Tensor]]:
-        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, head_dim) each
-        aux: dict[int, Tensor] = {}
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            hidden = layer(hidden, cos, sin, kv_cache, attn)
-            if i in aux_layer_ids:
-                aux[i] = hidden
-        return final_norm(self.norm, hidden, aux, len(self.layers), aux_layer_ids)
 
 
 def vocab_embedding(config: ModelConfig) -> VocabMatrix | nn.Embedding:
@@ -201,33 +221,6 @@ def vocab_embedding(config: ModelConfig) -> VocabMatrix | nn.Embedding:
     return nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
 
 
-def final_norm(
-    norm: nn.Module, hidden: Tensor, aux: dict[int, Tensor], num_layers: int, aux_layer_ids: Sequence[int]
-) -> tuple[Tensor, list[Tensor]]:
-    """The final norm of the last layer's output, and the aux layers' outputs in the order asked:
-    transformers' last hidden state is taken after the final norm, so the last layer's aux is too."""
-    hidden = norm(hidden)
-    if num_layers - 1 in aux:
-        aux[num_layers - 1] = hidden
-    return hidden, [aux[i] for i in aux_layer_ids]
-
-
-class DecoderStack(Protocol):
-    """What a causal LM needs of its decoder stack (`Qwen3Model`, or Qwen3.5's hybrid `Qwen3_5Model`)."""
-
-    embed_tokens: VocabMatrix | nn.Embedding
-    layers: nn.ModuleList
-
-    def __call__(
-        self,
-        input_ids: Tensor,
-        positions: Tensor,
-        kv_caches: list[Tensor],
-        attn: AttentionMetadata,
-        aux_layer_ids: Sequence[int] = (),
-    ) -> tuple[Tensor, list[Tensor]]: ...
-
-
 class Qwen3ForCausalLM(nn.Module):
     """Qwen3 dense causal LM over a paged KV cache; every request's new tokens are packed into one batch.
 
@@ -237,15 +230,15 @@ class Qwen3ForCausalLM(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        attn_backend: AttentionBackend,
+        kernels: KernelBackends,
         mlp_for_layer: MlpForLayer = lambda i: None,
         model: DecoderStack | None = None,
     ) -> None:
         super().__init__()
         self.config = config
-        # `model`: another decoder stack with Qwen3Model's interface (Qwen3.5's hybrid one)
+        # `model`: another decoder stack (Qwen3.5's hybrid one); the layers run the kernels of `kernels`
         self.model: DecoderStack = (
-            model if model is not None else Qwen3Model(config, attn_backend, mlp_for_layer)
+            model if model is not None else Qwen3Model(config, kernels.attention, mlp_for_layer)
         )
         # Tied checkpoints have no lm_head.weight: the embedding matrix serves as the head.
         self.lm_head = (

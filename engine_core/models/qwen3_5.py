@@ -14,7 +14,6 @@ vision tower (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -24,10 +23,10 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
 from openinfer.engine_core.models.hybrid_config import HybridConfig, text_weight_name
 from openinfer.engine_core.models.qwen3 import (
+    DecoderStack,
     PackedLinear,
     Qwen3ForCausalLM,
     Qwen3PackedMLP,
-    final_norm,
     rms_normalize,
     vocab_embedding,
 )
@@ -38,7 +37,9 @@ from openinfer.engine_core.models.qwen3_moe import (
 )
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
-from openinfer.kernels.attention import AttentionBackend, AttentionMetadata
+from openinfer.kernels.attention_backend import AttentionBackend
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.kernel_backends import ExpertsBackend, KernelBackends
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -99,10 +100,10 @@ class SharedExpertMoe(Qwen3MoeSparseBlock):
     """Qwen3.5-MoE's block: Qwen3-MoE's router and experts (its config always renormalises the top-k) plus a
     shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x))."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, experts: ExpertsBackend) -> None:
         moe = config.moe
         assert moe is not None
-        super().__init__(config.hidden_size, moe)
+        super().__init__(config.hidden_size, moe, experts)
         self.shared_expert = Qwen3PackedMLP(config, moe.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
@@ -111,16 +112,21 @@ class SharedExpertMoe(Qwen3MoeSparseBlock):
 
 
 class HybridDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, attn_backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, layer: int, kernels: KernelBackends) -> None:
         super().__init__()
         hybrid = config.hybrid
         assert hybrid is not None
         self.is_linear = hybrid.is_linear(layer)
+        self.has_kv_cache = not self.is_linear  # a full-attention layer reads the next of the model's caches
         self.linear_attn = (
-            GatedDeltaNet(config.hidden_size, hybrid, config.rms_norm_eps) if self.is_linear else None
+            GatedDeltaNet(config.hidden_size, hybrid, config.rms_norm_eps, kernels)
+            if self.is_linear
+            else None
         )
-        self.self_attn = None if self.is_linear else GatedAttention(config, hybrid, attn_backend)
-        self.mlp: nn.Module = SharedExpertMoe(config) if config.moe is not None else Qwen3PackedMLP(config)
+        self.self_attn = None if self.is_linear else GatedAttention(config, hybrid, kernels.attention)
+        self.mlp: nn.Module = (
+            SharedExpertMoe(config, kernels.moe) if config.moe is not None else Qwen3PackedMLP(config)
+        )
         self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -139,48 +145,30 @@ class HybridDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Qwen3_5Model(nn.Module):
+class Qwen3_5Model(DecoderStack):
     """Embedding, hybrid layers, final norm. `kv_caches` holds the full-attention layers' caches only, in
     layer order; the DeltaNet layers keep their state in their own slots."""
 
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, kernels: KernelBackends) -> None:
         super().__init__()
         hybrid = config.hybrid
         assert hybrid is not None
         self.embed_tokens = vocab_embedding(config)
         self.layers = nn.ModuleList(
-            HybridDecoderLayer(config, i, attn_backend) for i in range(config.num_hidden_layers)
+            HybridDecoderLayer(config, i, kernels) for i in range(config.num_hidden_layers)
         )
         self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(hybrid.rotary_dim, config.rope_theta, config.max_position_embeddings)
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        positions: Tensor,
-        kv_caches: list[Tensor],
-        attn: AttentionMetadata,
-        aux_layer_ids: Sequence[int] = (),
-    ) -> tuple[Tensor, list[Tensor]]:
-        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, rotary_dim) each
-        caches = iter(kv_caches)
-        aux: dict[int, Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, None if layer.is_linear else next(caches), attn)
-            if i in aux_layer_ids:
-                aux[i] = hidden
-        return final_norm(self.norm, hidden, aux, len(self.layers), aux_layer_ids)
 
 
 class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
     """Qwen3.5 (dense or MoE) causal LM: `Qwen3ForCausalLM`'s interface (forward, aux layers, logits, CPU
     packing) over a hybrid stack. `allocate_states` gives the DeltaNet layers their state slots."""
 
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, kernels: KernelBackends) -> None:
         if config.hybrid is None:
             raise ValueError("Qwen3_5ForCausalLM needs a Qwen3.5 config (layer_types); this one is Qwen3")
-        super().__init__(config, attn_backend, model=Qwen3_5Model(config, attn_backend))
+        super().__init__(config, kernels, model=Qwen3_5Model(config, kernels))
 
     @property
     def linear_layers(self) -> list[GatedDeltaNet]:

@@ -2,7 +2,8 @@
 the layers transformers' `Qwen3MoeForCausalLM` makes sparse, and a dense SwiGLU MLP on the others.
 
 Each sparse block routes every token to its top-k experts (softmax in float32 over the router's logits,
-renormalised when `norm_topk_prob`) and computes the experts as groups through `kernels/moe.py`.
+renormalised when `norm_topk_prob`) and computes the experts through the engine's MoE kernel (kernels/moe.py's
+grouped matmuls on the CPU, Triton's fused-MoE on CUDA: kernels/kernel_backends.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.config import ModelConfig, MoeConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
-from openinfer.kernels.attention import AttentionBackend
-from openinfer.kernels.moe import fused_experts
+from openinfer.kernels.kernel_backends import ExpertsBackend, KernelBackends
 
 
 class Qwen3MoeExperts(nn.Module):
@@ -40,10 +40,12 @@ class Qwen3MoeExperts(nn.Module):
 
 
 class Qwen3MoeSparseBlock(nn.Module):
-    """Router (`gate`, a bias-free (E, H) linear) and experts; (n, H) -> (n, H) in the input's dtype."""
+    """Router (`gate`, a bias-free (E, H) linear) and experts, run by the `experts` kernel; (n, H) -> (n, H) in
+    the input's dtype."""
 
-    def __init__(self, hidden_size: int, moe: MoeConfig) -> None:
+    def __init__(self, hidden_size: int, moe: MoeConfig, experts: ExpertsBackend) -> None:
         super().__init__()
+        self.experts_kernel = experts
         self.top_k = moe.num_experts_per_tok
         self.norm_topk_prob = moe.norm_topk_prob
         self.gate = nn.Linear(hidden_size, moe.num_experts, bias=False)
@@ -54,7 +56,9 @@ class Qwen3MoeSparseBlock(nn.Module):
         topk_weights, topk_ids = probs.topk(self.top_k, dim=-1)  # (n, k) float32, int64
         if self.norm_topk_prob:
             topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        return fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, topk_weights, topk_ids)
+        return self.experts_kernel.run(
+            x, self.experts.gate_up_proj, self.experts.down_proj, topk_weights, topk_ids
+        )
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
@@ -65,14 +69,16 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     (`mlp.experts.E.gate_proj.weight`, ...) or stacked as transformers 5 holds them (`mlp.experts.gate_up_proj`).
     """
 
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, kernels: KernelBackends) -> None:
         moe = config.moe
         if moe is None:
             raise ValueError("Qwen3MoeForCausalLM needs a qwen3_moe config (its experts); this one is dense")
         super().__init__(
             config,
-            attn_backend,
-            lambda layer: Qwen3MoeSparseBlock(config.hidden_size, moe) if moe.is_sparse(layer) else None,
+            kernels,
+            lambda layer: (
+                Qwen3MoeSparseBlock(config.hidden_size, moe, kernels.moe) if moe.is_sparse(layer) else None
+            ),
         )
 
     def load_weights(self, folder: Path) -> None:

@@ -1,7 +1,9 @@
-"""Runs the target model over a step's chunks; owns the weights, the paged KV cache, the attention backend."""
+"""Runs the target model over a step's chunks; owns the weights, the paged KV cache and the engine's kernel
+choices."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,9 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.config import ModelDtype
-from openinfer.engine_core.core.kv_geometry import StateGeometry, check_kv_geometry
+from openinfer.engine_core.config import ModelDtype, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -20,9 +22,14 @@ from openinfer.engine_core.models.weights import check_fits_checkpoint
 from openinfer.engine_core.worker.executor import ForwardOutput, reachable_positions, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
-from openinfer.kernels.attention import AttentionMetadata, BackendName, host_to_device_parts, select_backend
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.backend_name import BackendName
 from openinfer.kernels.cpu_matmul import cpu_packing_available
-from openinfer.kernels.gated_delta import StateIndex
+from openinfer.kernels.host_copy import host_to_device_parts
+from openinfer.kernels.kernel_backends import choose_kernel_backends
+from openinfer.kernels.state_index import StateIndex
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,9 @@ class _StepInputs:
 class ModelRunner:
     """Loads a Qwen3 or Qwen3.5 (dense or MoE) folder onto `device` and runs batched steps over a paged KV
     cache of `num_kv_blocks` blocks of `block_size` tokens (allocated zeroed, once, here, with one scratch
-    block past them for padding), attending through the `attention_backend` that `select_backend` names
-    (auto: Triton on CUDA, torch on the CPU); a Qwen3.5 model's Gated DeltaNet layers keep their state in
-    the slots of `state_geometry` (its scratch slot the padded steps').
+    block past them for padding), running the kernels `choose_kernel_backends` picks once for `device` and
+    `attention_backend` (auto attention: Triton on CUDA, torch on the CPU), logged once; a Qwen3.5 model's
+    Gated DeltaNet layers keep their state in the slots of `state_geometry` (its scratch slot the padded steps').
 
     Decode and verify steps (a hybrid model's of up to 16 tokens a request) run as padded fixed shapes from
     CUDA graphs on CUDA when the attention backend allows it, unless ``enforce_eager`` (see
@@ -67,13 +74,21 @@ class ModelRunner:
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
-        self.attn_backend = select_backend(self.device, attention_backend, block_size)
+        # every kernel choice of this engine, made once here and handed to the layers (kernel_backends.py)
+        self.kernels = choose_kernel_backends(self.device, attention_backend, block_size)
+        self.attn_backend = self.kernels.attention
+        logger.info(
+            "kernels on %s, %s: %s",
+            self.device,
+            str(self.dtype).removeprefix("torch."),
+            self.kernels.describe(),
+        )
         # The model's RoPE table (and the padded steps) cover the positions a step can reach, not all of a
         # config's max_position_embeddings (2^31 of them asked for 16 GiB at the first step).
         positions = reachable_positions(config.max_position_embeddings, num_kv_blocks, block_size)
         reachable = replace(config, max_position_embeddings=positions)
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
-            model = _model_class(config)(reachable, self.attn_backend)
+            model = _model_class(config)(reachable, self.kernels)
         check_fits_checkpoint(model, Path(model_path))  # before config.json's sizes are allocated
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))

@@ -16,7 +16,8 @@ import sys
 import torch
 from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
-from openinfer.kernels.gated_delta import StateIndex, gated_delta_rule
+from openinfer.kernels.gated_delta import gated_delta_rule
+from openinfer.kernels.state_index import StateIndex
 
 HK, HV, DK, DV = 2, 4, 16, 8  # GQA: each q/k head serves 2 value heads
 TOLERANCE = 1e-5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from openinfer.kernels.gated_delta import StateIndex
+from openinfer.kernels.state_index import StateIndex
 
 
 def make_index(lengths: list[int], reads: list[int], writes: list[int], device: torch.device) -> StateIndex:

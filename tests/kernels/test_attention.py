@@ -6,13 +6,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from openinfer.kernels.attention import (
-    AttentionMetadata,
-    TorchAttentionBackend,
-    select_backend,
-    write_kv_cache,
-)
+from openinfer.kernels.attention import TorchAttentionBackend
+from openinfer.kernels.attention_backend import write_kv_cache
+from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.flash_attention import FlashAttentionBackend
+from openinfer.kernels.kernel_backends import select_backend
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer.kernels.attention import AttentionMetadata, padded_attention, write_kv_cache
-from openinfer.kernels.cpu_attention import BlockRun, in_place_attention, in_place_pays
+from openinfer.kernels.attention import padded_attention
+from openinfer.kernels.attention_backend import write_kv_cache
+from openinfer.kernels.attention_metadata import AttentionMetadata, BlockRun
+from openinfer.kernels.cpu_attention import in_place_attention, in_place_pays
 
 # (context_len, query_len) per request: decodes over ragged contexts (one at a block boundary), a fresh
 # prefill, a chunk after a context, a verification of K + 1 = 4 tokens.

@@ -7,7 +7,9 @@ import importlib.util
 import pytest
 import torch
 
-from openinfer.kernels.attention import AttentionMetadata, TorchAttentionBackend, select_backend
+from openinfer.kernels.attention import TorchAttentionBackend
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.kernel_backends import select_backend
 
 pytestmark = [
     pytest.mark.gpu,

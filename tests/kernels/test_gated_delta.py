@@ -13,13 +13,8 @@ import torch
 from torch import Tensor
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
-from openinfer.kernels.gated_delta import (
-    RECURRENT_MAX_QUERY_LEN,
-    StateIndex,
-    causal_conv1d,
-    gated_delta_rule,
-    masked_store,
-)
+from openinfer.kernels.gated_delta import causal_conv1d, gated_delta_rule, masked_store
+from openinfer.kernels.state_index import RECURRENT_MAX_QUERY_LEN, StateIndex
 
 # The torch reference bodies: transformers swaps in flash-linear-attention's kernels when `fla` is importable,
 # and its decorator keeps the torch function as __wrapped__.

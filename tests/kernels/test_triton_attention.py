@@ -15,12 +15,10 @@ from torch import Tensor
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.kernels.attention import (
-    AttentionMetadata,
-    TorchAttentionBackend,
-    select_backend,
-    write_kv_cache,
-)
+from openinfer.kernels.attention import TorchAttentionBackend
+from openinfer.kernels.attention_backend import write_kv_cache
+from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.kernel_backends import select_backend
 from openinfer.kernels.triton_attention import TritonAttentionBackend, write_kv_cache_triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from openinfer.kernels import triton_causal_conv1d
 from openinfer.kernels.gated_delta import causal_conv1d
+from openinfer.kernels.kernel_backends import choose_kernel_backends
 from openinfer.kernels.triton_causal_conv1d import causal_conv1d_triton
 from tests.kernels.slot_batches import fresh_writes, make_index
 
@@ -89,8 +90,9 @@ def test_reads_nothing_of_slot_minus_one() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_dispatch_and_graph_replay(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA, causal_conv1d runs the Triton kernel for a short step, and a CUDA graph of it replayed on new slots
-    (now with a request writing another's read slot) and inputs gives the torch path's results for those."""
+    """On CUDA, the engine's causal conv (kernel_backends.py) runs the Triton kernel for a short step, and a CUDA
+    graph of it replayed on new slots (now with a request writing another's read slot) and inputs gives the torch
+    path's results for those."""
     calls = []
 
     def counted(*args: object, **kwargs: object) -> Tensor:
@@ -108,13 +110,14 @@ def test_cuda_dispatch_and_graph_replay(monkeypatch: pytest.MonkeyPatch) -> None
     x, weight, states = (t.to(cuda) for t in make_inputs(sum(lengths), torch.bfloat16, seed=7))
     x = x.contiguous()
     index = make_index(lengths, *first, cuda)
-    causal_conv1d(x, weight, states.clone(), index)  # compile outside the capture
+    conv = choose_kernel_backends(cuda).causal_conv.for_step(index)
+    conv(x, weight, states.clone(), index)  # compile outside the capture
     assert calls == [1]
     static_states = states.clone()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = causal_conv1d(x, weight, static_states, index)
+        out = conv(x, weight, static_states, index)
     new_index = make_index(lengths, *second, cuda)
     for name in ("read_slots", "write_slots", "padded_tokens", "padded_write_slots", "token_positions"):
         getattr(index, name).copy_(getattr(new_index, name))

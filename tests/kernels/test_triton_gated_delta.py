@@ -15,6 +15,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from openinfer.kernels.fla_gated_delta import Segment, gated_delta_rule_fla, segment_rounds
 from openinfer.kernels.gated_delta import gated_delta_rule
+from openinfer.kernels.kernel_backends import choose_kernel_backends
 from openinfer.kernels.triton_gated_delta import gated_delta_rule_triton, read_conflicts
 from tests.kernels.slot_batches import fresh_writes, make_index
 
@@ -153,8 +154,9 @@ def test_fla_path_segments_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_dispatch_and_graph_replay() -> None:
-    """On CUDA, gated_delta_rule runs the Triton kernel for a short step, and a CUDA graph of it replayed on new
-    slots (now with a request writing another's read slot) and inputs gives the torch path's results for those."""
+    """On CUDA, the engine's gated delta kernel (kernel_backends.py) runs Triton for a short step, and a CUDA graph
+    of it replayed on new slots (now with a request writing another's read slot) and inputs gives the torch path's
+    results for those."""
     cuda = torch.device("cuda")
     lengths = [1, 8, 8, 3]
     first = ([-1, 1, 2, 3], fresh_writes(lengths, every_token=True))
@@ -165,12 +167,13 @@ def test_cuda_dispatch_and_graph_replay() -> None:
     inputs = [x.to(cuda) for x in make_inputs(sum(lengths), torch.bfloat16, seed=7)]
     states = torch.randn(NUM_SLOTS, HV, DK, DV, generator=torch.Generator().manual_seed(7)).to(cuda)
     index = make_index(lengths, *first, cuda)
-    gated_delta_rule(*inputs, states.clone(), index)  # compile outside the capture
+    rule = choose_kernel_backends(cuda).gated_delta.for_step(index)
+    rule(*inputs, states.clone(), index)  # compile outside the capture
     static_states = states.clone()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = gated_delta_rule(*inputs, static_states, index)
+        out = rule(*inputs, static_states, index)
     new_index = make_index(lengths, *second, cuda)
     for name in ("read_slots", "write_slots", "padded_tokens", "padded_write_slots", "token_positions"):
         getattr(index, name).copy_(getattr(new_index, name))
@@ -188,8 +191,9 @@ def test_cuda_dispatch_and_graph_replay() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fla_long_path_equals_torch() -> None:
-    """On CUDA with fla installed (the gdn extra), a long step (prefill chunks, writes after several tokens of a
-    request, a write into a read slot) gives the torch chunked path's outputs and states."""
+    """On CUDA with fla installed (the gdn extra), the engine's gated delta kernel for a long step (prefill chunks,
+    writes after several tokens of a request, a write into a read slot) gives the torch chunked path's outputs and
+    states."""
     pytest.importorskip("fla.ops.gated_delta_rule")
     cuda = torch.device("cuda")
     lengths = [100, 3, 40]
@@ -201,8 +205,9 @@ def test_fla_long_path_equals_torch() -> None:
     expected_states = states.clone()
     expected = gated_delta_rule(*inputs, expected_states, make_index(lengths, reads, writes, CPU))
     got_states = states.to(cuda)
-    got = gated_delta_rule(
-        *(x.to(cuda) for x in inputs), got_states, make_index(lengths, reads, writes, cuda)
+    index = make_index(lengths, reads, writes, cuda)
+    got = choose_kernel_backends(cuda).gated_delta.for_step(index)(
+        *(x.to(cuda) for x in inputs), got_states, index
     )
     # fla runs its chunk products on bfloat16 operands where the torch path stays in float32
     torch.testing.assert_close(got.cpu().float(), expected.float(), atol=3e-2, rtol=3e-2)

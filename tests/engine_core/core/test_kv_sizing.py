@@ -27,7 +27,7 @@ from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
-from openinfer.kernels.attention import select_backend
+from openinfer.kernels.kernel_backends import choose_kernel_backends
 
 H200 = GpuMemory(free=140 * GIB, total=141 * GIB)
 
@@ -73,9 +73,7 @@ def test_checkpoint_bytes_count_every_tensor_at_the_engine_dtype(tmp_path: Path)
     """The target's parameters (tied LM head counted once) and a DFlash drafter's, from the file headers,
     at 2 bytes each in bfloat16 whatever they were saved in."""
     target = make_tiny_checkpoint(tmp_path / "t", overrides={"num_hidden_layers": 2})
-    model = Qwen3ForCausalLM(
-        ModelConfig.from_folder(target), select_backend(torch.device("cpu"), "torch", 16)
-    )
+    model = Qwen3ForCausalLM(ModelConfig.from_folder(target), choose_kernel_backends(torch.device("cpu")))
     params = sum(p.numel() for p in model.parameters())
     assert checkpoint_bytes(target, torch.bfloat16) == 2 * params
     draft = make_tiny_dflash_checkpoint(tmp_path / "d", target, target_layer_ids=(0,))

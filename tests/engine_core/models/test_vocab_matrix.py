@@ -14,7 +14,7 @@ from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.kernels.attention import BackendName, select_backend
+from openinfer.kernels.kernel_backends import choose_kernel_backends
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
@@ -24,7 +24,7 @@ def test_head_is_the_checkpoint_matrix_transposed(tmp_path: Path, tied: bool) ->
     folder = make_tiny_checkpoint(tmp_path, seed=3, tie_word_embeddings=tied, overrides=SMALL_QWEN3)
     stored = load_file(folder / "model.safetensors")
     config = ModelConfig.from_folder(folder)
-    model = Qwen3ForCausalLM(config, select_backend(torch.device("cpu"), BackendName.AUTO, 16))
+    model = Qwen3ForCausalLM(config, choose_kernel_backends(torch.device("cpu")))
     model.load_weights(folder)
     head = model.lm_head if model.lm_head is not None else model.model.embed_tokens
     assert isinstance(head, VocabMatrix)

@@ -20,7 +20,7 @@ from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_che
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.testing.zlab_reference import load_reference, openinfer_runs, reference_runs
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.kernels.attention import AttentionMetadata
+from openinfer.kernels.attention_metadata import AttentionMetadata
 
 # 6 target layers, z-lab's shape in small: the drafter reads layers 1, 2 and 5 (5 is the last: transformers'
 # hidden state there follows the final norm, which both sides must agree on).

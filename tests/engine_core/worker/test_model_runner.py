@@ -13,7 +13,7 @@ import transformers
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.kernels.attention import AttentionMetadata
+from openinfer.kernels.attention_metadata import AttentionMetadata
 
 # Smaller than the built-in model; 4 query heads over 2 KV heads (GQA) come from TINY_QWEN3_CONFIG.
 SMALL = SMALL_QWEN3
