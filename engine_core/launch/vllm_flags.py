@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
+
+from openinfer.protocol import DrafterMethod
 
 SCALE_OUT = "to use several GPUs, run one engine per GPU: --engines N --device cuda"
 
@@ -106,7 +108,7 @@ SPECULATIVE_CONFIG_HELP = (
     "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, enable_adaptive_verification; the same as "
     "--spec-method, --draft-model, --num-spec-tokens and the flags of those names"
 )
-_SPEC_METHODS = ("ngram", "dflash", "dspark")
+_SPEC_METHODS: tuple[DrafterMethod, ...] = get_args(DrafterMethod)
 
 
 class _VllmSpeculativeConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -90,7 +90,8 @@ class HybridConfig:
     @classmethod
     def from_dict(cls, text_config: dict[str, Any], num_hidden_layers: int, head_dim: int) -> HybridConfig:
         """Read a Qwen3.5 text config (the `text_config` of a conditional-generation config.json) with
-        transformers' defaults for absent keys."""
+        transformers' defaults for absent keys. That it names `num_hidden_layers` layers is
+        :class:`ModelConfig`'s check."""
         layer_types = text_config.get("layer_types")
         if layer_types is None:  # as Qwen3_5TextConfig derives them: every interval-th layer is full
             interval = int(text_config.get("full_attention_interval", 4))
@@ -99,11 +100,6 @@ class HybridConfig:
             layer_types = [
                 LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(num_hidden_layers)
             ]
-        if len(layer_types) != num_hidden_layers:
-            raise ValueError(
-                f"model config: layer_types names {len(layer_types)} layers, num_hidden_layers is "
-                f"{num_hidden_layers}"
-            )
         factor = float(_partial_rotary_factor(text_config))
         return cls(
             layer_types=tuple(str(kind) for kind in layer_types),
