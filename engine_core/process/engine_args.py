@@ -1,9 +1,11 @@
-"""``openinfer-engine``'s flags and the :class:`EngineConfig` they make, without torch (``openinfer-serve``
-takes the same flags and passes them on to each of its engines).
+"""``openinfer-engine``'s flags and the :class:`EngineConfig` they make, without torch: the one flag table of
+``openinfer-engine`` and ``openinfer-serve`` (which adds the same flags and passes them on to each engine).
 
-:func:`add_engine_args` holds every flag about what an engine serves and how; the flags that place one engine
-(its device, index, frontend, keys, log level) are :func:`parse_args`' own, since a launcher sets those per
-engine.
+:func:`add_engine_args` holds every flag about what an engine serves and how (vLLM's names); the flags that
+place one engine (its device, index, frontend, keys, log level) are :func:`parse_args`' own, since a launcher
+sets those per engine. :func:`config_from_args` checks the rules between the flags and builds the config (the
+rules of one value are the config's own ``__post_init__``); ``openinfer-serve`` runs it on its first engine's
+command line before it starts anything, and fills in its engines' drafter flags with :func:`drafter_flags`.
 """
 
 from __future__ import annotations
