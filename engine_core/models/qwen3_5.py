@@ -172,7 +172,7 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
 
     @property
     def linear_layers(self) -> list[GatedDeltaNet]:
-        return [layer.linear_attn for layer in self.model.layers if layer.linear_attn is not None]
+        return [module for module in self.modules() if isinstance(module, GatedDeltaNet)]  # in layer order
 
     def allocate_states(self, num_slots: int, device: torch.device) -> None:
         """Zeroed conv and recurrent states for `num_slots` slots in every DeltaNet layer."""
