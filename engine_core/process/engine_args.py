@@ -31,7 +31,7 @@ from openinfer.engine_core.config import (
     ModelDtype,
     from_flags,
 )
-from openinfer.engine_core.spec_decode.drafter_folders import default_drafter_folders, folder_drafter
+from openinfer.engine_core.spec_decode.drafter_loaders import default_drafter_folders, folder_drafter
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
 
