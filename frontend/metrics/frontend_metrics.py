@@ -146,7 +146,7 @@ class FrontendMetrics:
         if state is not None:
             t.restore(state.totals)
             self.spec_decode.restore_baselines(state.spec_baselines)
-            self.prefix_cache.restore_baselines(state.prefix_cache_baselines)
+            self.prefix_cache.baselines.restore(state.prefix_cache_baselines)
             self._incarnations = dict(state.incarnations)
             self.counted_seqs.restore(state.counted_seqs)
             for index in state.forgotten:
@@ -164,9 +164,9 @@ class FrontendMetrics:
         return FrontendState(
             STATE_VERSION,
             self.totals.state(),
-            self.spec_decode.baselines(),
+            self.spec_decode.baselines.saved(),
             dict(self._incarnations),
-            self.prefix_cache.baselines(),
+            self.prefix_cache.baselines.saved(),
             list(self._forgotten),
             self.counted_seqs.saved(),
         )
@@ -201,7 +201,7 @@ class FrontendMetrics:
     ) -> None:
         """Publish the snapshot of message ``seq`` of a current engine incarnation (:meth:`observe_load`),
         and record that the totals now hold its spec-log lines through that seq."""
-        first_sight = not self.spec_decode.knows(engine_index)
+        first_sight = not self.spec_decode.baselines.knows(engine_index)
         self.counted_seqs.observe(engine_index, incarnation, seq, first_sight)
         self.observe_load(engine_index, incarnation, model_name, load)
 
@@ -215,7 +215,9 @@ class FrontendMetrics:
         Later joins of the index (a restart, a paused or forgotten engine back) have a saved baseline to go
         on from (a restarted frontend diffs a new incarnation from zero), so they save nothing.
         """
-        first_sight = not (self.spec_decode.knows(engine_index) and self.prefix_cache.knows(engine_index))
+        first_sight = not (
+            self.spec_decode.baselines.knows(engine_index) and self.prefix_cache.baselines.knows(engine_index)
+        )
         delta = self.spec_decode.observe(engine_index, incarnation, model_name, load.spec_decode)
         if delta is not None:
             self.spec_decode_log.add(delta)
@@ -257,15 +259,15 @@ class FrontendMetrics:
     def _keep_forgotten(self, engine_index: int) -> None:
         """Mark an index's series as dropped, its counting state kept; past :data:`MAX_FORGOTTEN` forgotten
         indices, the oldest one's state goes too (its next hello is a first sight)."""
-        self.spec_decode.drop_series(engine_index)
-        self.prefix_cache.drop_series(engine_index)
+        self.spec_decode.baselines.drop_series(engine_index)
+        self.prefix_cache.baselines.drop_series(engine_index)
         self._forgotten.pop(engine_index, None)
         self._forgotten[engine_index] = None
         if len(self._forgotten) > MAX_FORGOTTEN:
             oldest = next(iter(self._forgotten))
             del self._forgotten[oldest]
-            self.spec_decode.forget(oldest)
-            self.prefix_cache.forget(oldest)
+            self.spec_decode.baselines.forget(oldest)
+            self.prefix_cache.baselines.forget(oldest)
             self._incarnations.pop(oldest, None)
 
     def set_engine_up(self, engine_index: int, up: bool) -> None:

@@ -27,7 +27,7 @@ Derived rates, for dashboards (sum over engines first; drop the ``sum`` for one 
 
 from __future__ import annotations
 
-from openinfer.frontend.metrics.engine_baselines import EngineBaselines, SavedBaseline
+from openinfer.frontend.metrics.engine_baselines import EngineBaselines
 from openinfer.frontend.metrics.totals import CounterFamily, MetricTotals
 from openinfer.protocol import PrefixCacheCounters
 
@@ -38,7 +38,8 @@ class PrefixCacheMetrics:
     """The prefix-cache Prometheus counters and the per-engine baselines they are published from."""
 
     def __init__(self, totals: MetricTotals, protocol_errors: CounterFamily) -> None:
-        self._baselines = EngineBaselines[PrefixCacheCounters]("prefix-cache", protocol_errors)
+        # saved and restored with the totals (--state-dir), asked and forgotten by FrontendMetrics
+        self.baselines = EngineBaselines[PrefixCacheCounters]("prefix-cache", protocol_errors)
         self.queries = totals.counter(
             "vllm:prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache (once per request, at its first admission).",
@@ -48,31 +49,11 @@ class PrefixCacheMetrics:
             "vllm:prefix_cache_hits", "Prompt tokens whose KV the prefix cache held.", _MODEL_ENGINE
         )
 
-    def baselines(self) -> dict[int, SavedBaseline[PrefixCacheCounters]]:
-        """Every engine index's baseline now (copies), for ``--state-dir``."""
-        return self._baselines.saved()
-
-    def restore_baselines(self, saved: dict[int, SavedBaseline[PrefixCacheCounters]]) -> None:
-        """Take baselines saved with the totals they were published into (see :class:`EngineBaselines`)."""
-        self._baselines.restore(saved)
-
-    def knows(self, engine_index: int) -> bool:
-        """Whether this process holds a baseline for ``engine_index``."""
-        return self._baselines.knows(engine_index)
-
-    def drop_series(self, engine_index: int) -> None:
-        """Its series were dropped (they never moved): the baseline stays, the next counters make them again."""
-        self._baselines.drop_series(engine_index)
-
-    def forget(self, engine_index: int) -> None:
-        """Drop an engine index's baseline: its next counters are a first sight."""
-        self._baselines.forget(engine_index)
-
     def observe(
         self, engine_index: int, incarnation: int, model_name: str, counters: PrefixCacheCounters | None
     ) -> None:
         """Take one snapshot's counters and publish the delta since the baseline, if any."""
-        seen = self._baselines.observe(engine_index, incarnation, counters)
+        seen = self.baselines.observe(engine_index, incarnation, counters)
         if seen.began:
             self._publish(model_name, engine_index, PrefixCacheCounters())  # the series exist at 0 from now
         if seen.delta is not None:

@@ -19,6 +19,7 @@ Errors: 400 for a bad body or the engine's refusal (its message), 413 for a body
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any, get_args
 
 import msgspec
@@ -139,31 +140,27 @@ def add_admin_routes(
     app.router.add_delete(r"/admin/engines/{index:\d+}/drafter", admin.unload_drafter)
 
 
+@dataclass(frozen=True, eq=False)  # handlers compare and hash by identity
 class _AdminApi:
-    def __init__(
-        self,
-        client: EngineClient,
-        drafter_timeout: float,
-        body_timeout: float,
-        api_servers: ApiServers | None,
-    ) -> None:
-        self._client = client
-        self._api_servers = api_servers
-        self._timeout = drafter_timeout
-        self._body_timeout = body_timeout
+    """The /admin route handlers, sharing the engine client."""
+
+    client: EngineClient
+    drafter_timeout: float
+    body_timeout: float
+    api_servers: ApiServers | None
 
     async def engines(self, request: web.Request) -> web.Response:
-        records = self._client.registry.records()
+        records = self.client.registry.records()
         engines = [_engine_json(record) for record in records]
         # which spec-log lines /metrics holds, per incarnation (openinfer-verify-log --engines-url reads it)
-        servers = self._api_servers
+        servers = self.api_servers
         counted = (
-            self._client.metrics.counted_seqs.to_json() if servers is None else await servers.counted_seqs()
+            self.client.metrics.counted_seqs.to_json() if servers is None else await servers.counted_seqs()
         )
         return web.json_response({"engines": engines, "counted_seqs": counted})
 
     async def load_drafter(self, request: web.Request) -> web.Response:
-        body = await read_body(request, MAX_BODY_BYTES, self._body_timeout, _too_large)
+        body = await read_body(request, MAX_BODY_BYTES, self.body_timeout, _too_large)
         command = parse_load_drafter(body, uuid.uuid4().hex)
         return await self._run(int(request.match_info["index"]), command)
 
@@ -173,7 +170,7 @@ class _AdminApi:
     async def _run(self, index: int, command: LoadDrafter | UnloadDrafter) -> web.Response:
         name = type(command).__name__
         try:
-            reply = await self._client.drafter_command(index, command, self._timeout)
+            reply = await self.client.drafter_command(index, command, self.drafter_timeout)
         except NoEngineError as e:
             raise ApiError(404, str(e), code="engine_not_found") from None
         except EngineCommandError as e:
@@ -181,7 +178,7 @@ class _AdminApi:
         except TimeoutError:
             raise ApiError(
                 504,
-                f"engine {index} did not answer {name} within {self._timeout:g} s; it may still be working: "
+                f"engine {index} did not answer {name} within {self.drafter_timeout:g} s; it may still be working: "
                 "GET /admin/engines shows its num_spec_tokens",
                 type_="server_error",
                 code="timeout",

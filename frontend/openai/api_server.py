@@ -11,10 +11,12 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from openinfer.frontend.engines.client import EngineClient
@@ -109,7 +111,7 @@ def build_app(
         body_timeout,
         api_servers,
     )
-    middlewares = [error_middleware]  # the first is the outermost
+    middlewares: list[Middleware] = [error_middleware]  # the first is the outermost
     if loopback_host is not None:
         middlewares.append(host_check_middleware(loopback_host))
     middlewares.append(request_id_middleware)
@@ -145,43 +147,31 @@ async def _close_workers(app: web.Application) -> None:
     await app[CHAT_TEMPLATES].close()
 
 
+@dataclass(frozen=True, eq=False)  # handlers compare and hash by identity
 class _OpenAIApi:
     """The route handlers, sharing the engine client and the metrics."""
 
-    def __init__(
-        self,
-        client: EngineClient,
-        metrics: FrontendMetrics,
-        spec_metrics: PerRequestSpecMetrics,
-        chat_parsers: ChatParsers,
-        structured_config: StructuredOutputsConfig,
-        grammar_checks: GrammarCheckPool,
-        templates: ChatTemplatePool,
-        census: CensusWorker,
-        body_timeout: float,
-        api_servers: ApiServers | None,
-    ) -> None:
-        self._client = client
-        self._api_servers = api_servers
-        self._grammar_checks = grammar_checks
-        self._templates = templates
-        self._census = census
-        self._body_timeout = body_timeout
-        self._structured_config = structured_config
-        self._metrics = metrics
-        self._spec_metrics = spec_metrics
-        self._chat_parsers = chat_parsers
+    client: EngineClient
+    frontend_metrics: FrontendMetrics
+    spec_metrics: PerRequestSpecMetrics
+    chat_parsers: ChatParsers
+    structured_config: StructuredOutputsConfig
+    grammar_checks: GrammarCheckPool
+    templates: ChatTemplatePool
+    census: CensusWorker
+    body_timeout: float
+    api_servers: ApiServers | None
 
     async def health(self, request: web.Request) -> web.Response:
         """200 once at least one engine is up, else 503."""
-        num_up = self._client.num_engines_up
+        num_up = self.client.num_engines_up
         if num_up == 0:
             raise no_engine("no engine is up")
         return web.json_response({"status": "ok", "engines_up": num_up})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        servers = self._api_servers
-        body = self._metrics.render() if servers is None else await servers.exposition()
+        servers = self.api_servers
+        body = self.frontend_metrics.render() if servers is None else await servers.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
@@ -196,20 +186,20 @@ class _OpenAIApi:
                 "root": model.name,
                 "max_model_len": model.max_model_len,
             }
-            for model in self._client.served_models()
+            for model in self.client.served_models()
         ]
         return _json({"object": "list", "data": data})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's completions endpoint, streaming (SSE) or not."""
         arrival = time.monotonic()
-        completion = parse_completion_request(await self._body(request), self._structured_config)
+        completion = parse_completion_request(await self._body(request), self.structured_config)
         return await self._generate(request, completion, arrival)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's chat completions endpoint: the messages through the model's chat template."""
         arrival = time.monotonic()
-        chat = parse_chat_request(await self._body(request), self._chat_parsers, self._structured_config)
+        chat = parse_chat_request(await self._body(request), self.chat_parsers, self.structured_config)
         return await self._generate(request, chat, arrival)
 
     async def _generate(
@@ -220,22 +210,22 @@ class _OpenAIApi:
         model = self._model(parsed.model)
         options = parsed.options
         if options.structured is not None:
-            await self._grammar_checks.check(options.structured)
+            await self.grammar_checks.check(options.structured)
         ids = _response_ids(request, parsed.response_prefix, model)
         request_id = _engine_request_id(request, ids)
-        prepare: Callable[[ServedModel, str], PreparedRequest] = parsed.prepare
+        prepare: Callable[[ServedModel, str], PreparedRequest]
         if isinstance(parsed, ChatRequest):  # its prompt: the model's template over the messages, in a worker
-            prompt = await parsed.render(model, self._templates)
+            prompt = await parsed.render(model, self.templates)
             prepare, long = (
                 functools.partial(parsed.prepare, prompt=prompt),
                 len(prompt) > INLINE_PROMPT_CHARS,
             )
         else:
-            long = parsed.prepares_off_loop
+            prepare, long = parsed.prepare, parsed.prepares_off_loop
         # a long prompt to tokenize: not on the loop
         prepared = await asyncio.to_thread(prepare, model, request_id) if long else prepare(model, request_id)
         choices = Choices(
-            self._client, self._metrics, model, prepared, options, arrival, ids, self._spec_metrics
+            self.client, self.frontend_metrics, model, prepared, options, arrival, ids, self.spec_metrics
         )
         try:
             async with choices:
@@ -248,17 +238,17 @@ class _OpenAIApi:
     async def _body(self, request: web.Request) -> bytes:
         """The request's body, within what the served models can take (:class:`BodyLimits`) and in within
         the body deadline, checked before it is decoded; 503 while no engine is up, before reading it."""
-        served = self._client.served_models()
+        served = self.client.served_models()
         if not served:
             raise no_engine("no engine is up; retry when /health answers 200")
-        return await BodyLimits.for_models(served).read(request, self._census, self._body_timeout)
+        return await BodyLimits.for_models(served).read(request, self.census, self.body_timeout)
 
     def _model(self, name: str | None) -> ServedModel:
         """The model a request names, or the first served one; 503 if no engine is up, 404 if unknown."""
-        served = self._client.served_models()
+        served = self.client.served_models()
         if not served:
             raise no_engine("no engine is up; retry when /health answers 200")
-        model = served[0] if name is None else self._client.served_model(name)
+        model = served[0] if name is None else self.client.served_model(name)
         if model is None:
             served_names = ", ".join(m.name for m in served)
             message = f"The model `{name}` does not exist; this server serves: {served_names}."

@@ -50,7 +50,7 @@ _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-class ChatBody(SamplingBody):
+class ChatBody(SamplingBody, frozen=True):
     """The JSON body of ``POST /v1/chat/completions``; null means the default, as absent does."""
 
     # Each an object with a string "role"; its other keys (content, name, ...) reach the template as given.
@@ -158,6 +158,7 @@ def parse_chat_request(
     top_logprobs = check_logprobs_count(chat.top_logprobs, "top_logprobs")
     if top_logprobs is not None and not logprobs:
         raise invalid_request("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+    max_tokens: int | None
     if chat.max_completion_tokens is not None:
         bound, max_tokens = "max_completion_tokens", chat.max_completion_tokens
     else:

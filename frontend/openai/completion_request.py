@@ -40,7 +40,7 @@ _TYPE_MESSAGES = {
 }
 
 
-class CompletionBody(SamplingBody):
+class CompletionBody(SamplingBody, frozen=True):
     """The JSON body of ``POST /v1/completions``; null means the default, as absent does, unless said."""
 
     # One prompt: text, token ids, or a one-element list of either (a batch of one).
@@ -67,9 +67,9 @@ class CompletionRequest:
 
     def prepare(self, model: ServedModel, request_id: str) -> PreparedRequest:
         """Tokenize (with the model's special tokens) and bound the request for ``model``."""
-        text = self.prompt if isinstance(self.prompt, str) else None
-        self.options.check_before_tokenizing(model, text, "prompt")
-        prompt_token_ids = self.prompt if text is None else model.tokenizer.encode(text)
+        prompt = self.prompt
+        self.options.check_before_tokenizing(model, prompt if isinstance(prompt, str) else None, "prompt")
+        prompt_token_ids = model.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         return PreparedRequest(
             self.options.engine_request(model, prompt_token_ids, request_id), CompletionFormat
         )

@@ -65,10 +65,11 @@ def no_engine(message: str) -> ApiError:
 
 def overloaded(message: str, retry_after_s: int) -> ApiError:
     """503 with Retry-After: the bound on unfinished requests is reached; the client should retry later."""
+    return retry_later(message, retry_after_s, "overloaded")
+
+
+def retry_later(message: str, retry_after_s: int, code: str) -> ApiError:
+    """503 with Retry-After: the server cannot take the request now (``code`` says why); retry later."""
     return ApiError(
-        503,
-        message,
-        type_="service_unavailable",
-        code="overloaded",
-        headers={"Retry-After": str(retry_after_s)},
+        503, message, type_="service_unavailable", code=code, headers={"Retry-After": str(retry_after_s)}
     )

@@ -18,7 +18,7 @@ _MAX_LINE_BYTES = 1 << 20  # a reply: null or a message of at most 2,000 charact
 _ANSWER = msgspec.json.Decoder(str | None)
 
 
-class GrammarCheckPool:
+class GrammarCheckPool(WorkerPool):
     """Checks (:func:`~openinfer.frontend.openai.grammar_check.grammar_error`) in up to :data:`MAX_WORKERS`
     worker processes (a :class:`~openinfer.frontend.openai.worker_pool.WorkerPool`), each check within
     ``timeout`` seconds; a check that waits longer than ``wait_timeout`` seconds for a free worker is a 503
@@ -31,22 +31,10 @@ class GrammarCheckPool:
     """
 
     def __init__(self, timeout: float, wait_timeout: float) -> None:
-        self._timeout = timeout
-        self._wait_timeout = wait_timeout
-        self._workers = WorkerPool(
+        super().__init__(
             "openinfer.frontend.openai.grammar_check", timeout, wait_timeout, MAX_WORKERS, _MAX_LINE_BYTES
         )
         self._available: bool | None = None  # whether xgrammar is installed, looked up on first use
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Every live worker's pid, idle or busy."""
-        return self._workers.worker_pids
-
-    @property
-    def busy_pids(self) -> list[int]:
-        """The pids of the workers running a check now."""
-        return self._workers.busy_pids
 
     async def check(self, constraint: StructuredConstraint) -> None:
         """400 naming the constraint's field when it does not compile, when it takes longer than the deadline,
@@ -59,7 +47,7 @@ class GrammarCheckPool:
         if not self._available:
             return
         try:
-            error = _ANSWER.decode(await self._workers.ask(msgspec.json.encode(constraint.outputs)))
+            error = _ANSWER.decode(await self.ask(msgspec.json.encode(constraint.outputs)))
         except WorkersBusy:
             raise overloaded(
                 f"every one of the {MAX_WORKERS} workers that check structured-outputs constraints was busy for "
@@ -78,7 +66,3 @@ class GrammarCheckPool:
             ) from None
         if error is not None:
             raise invalid_request(error, param=constraint.param)
-
-    async def close(self) -> None:
-        """Kill every worker and wait for them."""
-        await self._workers.close()

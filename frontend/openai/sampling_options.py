@@ -53,7 +53,7 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool | None = None  # default false: a final chunk with the usage
 
 
-class SamplingBody(LogitsBody):
+class SamplingBody(LogitsBody, frozen=True):
     """The body fields both endpoints share (the logits processors' in ``LogitsBody``). A null field means
     its default, as an absent one does; flags default to false unless said."""
 

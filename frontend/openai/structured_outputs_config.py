@@ -63,7 +63,7 @@ class StructuredOutputsConfig:
         ]
 
 
-def add_structured_outputs_arg(parser: argparse.ArgumentParser) -> None:
+def add_structured_outputs_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument(
         "--structured-outputs-config",
         type=_config_arg,

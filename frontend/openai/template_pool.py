@@ -29,7 +29,7 @@ _FIX = "fix the model's chat template (tokenizer_config.json or chat_template.ji
 _REPLY = msgspec.json.Decoder(RenderReply)
 
 
-class ChatTemplatePool:
+class ChatTemplatePool(WorkerPool):
     """Renders (:func:`~openinfer.frontend.openai.template_worker.render`) in up to :data:`MAX_WORKERS` worker
     processes (a :class:`~openinfer.frontend.openai.worker_pool.WorkerPool`), each within ``timeout`` seconds
     and :data:`~openinfer.frontend.openai.template_worker.MAX_MEMORY_BYTES`; one that waits as long for a free
@@ -38,24 +38,9 @@ class ChatTemplatePool:
     """
 
     def __init__(self, timeout: float) -> None:
-        self._timeout = timeout
-        self._workers = WorkerPool(
+        super().__init__(
             "openinfer.frontend.openai.template_worker", timeout, timeout, MAX_WORKERS, MAX_MEMORY_BYTES
         )
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Every live worker's pid, idle or busy."""
-        return self._workers.worker_pids
-
-    @property
-    def busy_pids(self) -> list[int]:
-        """The pids of the workers rendering now."""
-        return self._workers.busy_pids
-
-    def start(self) -> None:
-        """Start the idle worker, so that the first chat need not wait for it."""
-        self._workers.start()
 
     async def render(
         self,
@@ -88,7 +73,7 @@ class ChatTemplatePool:
             tools,
             max_prompt_chars(model),
         )
-        reply = await self._ask(job)
+        reply = await self._render_reply(job)
         match reply:
             case Rendered(prompt):
                 return prompt
@@ -105,13 +90,9 @@ class ChatTemplatePool:
                 )
         assert_never(reply)
 
-    async def close(self) -> None:
-        """Kill every worker and wait for them."""
-        await self._workers.close()
-
-    async def _ask(self, job: RenderJob) -> RenderReply:
+    async def _render_reply(self, job: RenderJob) -> RenderReply:
         try:
-            return _REPLY.decode(await self._workers.ask(msgspec.json.encode(job)))
+            return _REPLY.decode(await self.ask(msgspec.json.encode(job)))
         except WorkersBusy:
             raise overloaded(
                 f"every one of the {MAX_WORKERS} workers that render chat templates was busy for "

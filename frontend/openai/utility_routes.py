@@ -152,23 +152,21 @@ def _package_version() -> str:
         return "unknown"
 
 
+@dataclass(frozen=True, eq=False)  # handlers compare and hash by identity
 class _UtilityRoutes:
     """The handlers, sharing the API's body reader and model lookup."""
 
-    def __init__(
-        self, read_body: ReadBody, find_model: FindModel, templates: ChatTemplatePool, version: str
-    ) -> None:
-        self._read_body = read_body
-        self._find_model = find_model
-        self._templates = templates
-        self._version = version
+    read_body: ReadBody
+    find_model: FindModel
+    templates: ChatTemplatePool
+    server_version: str
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """``{"count", "max_model_len", "tokens", "token_strs"}``; ``token_strs`` (the tokens as the
         vocabulary spells them) is null unless ``return_token_strs``."""
-        tokenize = parse_tokenize_request(await self._read_body(request))
-        model = self._find_model(tokenize.model)
-        tokens = await tokenize.token_ids(model, self._templates)
+        tokenize = parse_tokenize_request(await self.read_body(request))
+        model = self.find_model(tokenize.model)
+        tokens = await tokenize.token_ids(model, self.templates)
         token_strs = None
         if tokenize.return_token_strs:
             token_strs = [model.tokenizer.token_piece(t) for t in tokens]
@@ -183,8 +181,8 @@ class _UtilityRoutes:
     async def detokenize(self, request: web.Request) -> web.Response:
         """``{"prompt": text}``: the tokens' text with special tokens written out (as vLLM decodes them);
         an id the vocabulary lacks adds nothing."""
-        detokenize = decode_body(await self._read_body(request), DetokenizeBody, _TYPE_MESSAGES)
-        tokenizer = self._find_model(detokenize.model).tokenizer
+        detokenize = decode_body(await self.read_body(request), DetokenizeBody, _TYPE_MESSAGES)
+        tokenizer = self.find_model(detokenize.model).tokenizer
         if len(detokenize.tokens) > INLINE_DETOKENIZE_TOKENS:
             text = await asyncio.to_thread(tokenizer.decode, detokenize.tokens, skip_special_tokens=False)
         else:
@@ -193,7 +191,7 @@ class _UtilityRoutes:
 
     async def version(self, request: web.Request) -> web.Response:
         """``{"version": "..."}``: openinfer's package version."""
-        return _json({"version": self._version})
+        return _json({"version": self.server_version})
 
 
 def _json(body: object) -> web.Response:

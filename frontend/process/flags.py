@@ -84,20 +84,17 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
         "localhost:3000\"]', or '[\"*\"]' for any. Default: none, and no CORS header at all (vLLM's "
         'default is ["*"])',
     )
-    parser.add_argument(
-        "--allowed-methods",
-        type=_json_strings,
-        default=["*"],
-        metavar="JSON",
-        help='with --allowed-origins: the methods they may use, a JSON list (default: ["*"], any)',
-    )
-    parser.add_argument(
-        "--allowed-headers",
-        type=_json_strings,
-        default=["*"],
-        metavar="JSON",
-        help='with --allowed-origins: the request headers they may send, a JSON list (default: ["*"], any)',
-    )
+    for flag, what in (
+        ("--allowed-methods", "methods they may use"),
+        ("--allowed-headers", "request headers they may send"),
+    ):
+        parser.add_argument(
+            flag,
+            type=_json_strings,
+            default=["*"],
+            metavar="JSON",
+            help=f'with --allowed-origins: the {what}, a JSON list (default: ["*"], any)',
+        )
     parser.add_argument(
         "--allow-credentials",
         action="store_true",

@@ -99,7 +99,9 @@ class SpecDecodeMetrics:
     """The spec-decode Prometheus counters and the per-engine baselines they are published from."""
 
     def __init__(self, totals: MetricTotals, protocol_errors: CounterFamily) -> None:
-        self._baselines = EngineBaselines[SpecDecodeCounters](
+        # saved with the totals (--state-dir; restored through restore_baselines), asked and forgotten by
+        # FrontendMetrics
+        self.baselines = EngineBaselines[SpecDecodeCounters](
             "spec-decode", protocol_errors, lambda a, b: a.num_spec_tokens == b.num_spec_tokens
         )
         self.num_drafts = totals.counter(
@@ -154,10 +156,6 @@ class SpecDecodeMetrics:
             ("engine", "reason"),
         )
 
-    def baselines(self) -> dict[int, SavedBaseline[SpecDecodeCounters]]:
-        """Every engine index's baseline now (copies), for ``--state-dir``."""
-        return self._baselines.saved()
-
     def restore_baselines(self, saved: dict[int, SavedBaseline[SpecDecodeCounters]]) -> None:
         """Take baselines saved with the totals they were published into: a known incarnation goes on from
         its saved counters (nothing lost, nothing counted twice); a new one counts from zero.
@@ -166,25 +164,13 @@ class SpecDecodeMetrics:
         them) is of an engine incarnation of that release, which this one refuses (protocol version): only
         its incarnation is kept, so that the index's next incarnation counts from zero as a restart.
         """
-        self._baselines.restore({index: _without_old_counters(baseline) for index, baseline in saved.items()})
-
-    def knows(self, engine_index: int) -> bool:
-        """Whether this process holds a baseline for ``engine_index``."""
-        return self._baselines.knows(engine_index)
-
-    def drop_series(self, engine_index: int) -> None:
-        """Its series were dropped (they never moved): the baseline stays, the next counters make them again."""
-        self._baselines.drop_series(engine_index)
-
-    def forget(self, engine_index: int) -> None:
-        """Drop an engine index's baseline: its next counters are a first sight."""
-        self._baselines.forget(engine_index)
+        self.baselines.restore({index: _without_old_counters(baseline) for index, baseline in saved.items()})
 
     def observe(
         self, engine_index: int, incarnation: int, model_name: str, counters: SpecDecodeCounters | None
     ) -> SpecDecodeCounters | None:
         """Take one snapshot's counters; publish and return the delta since the baseline, or None."""
-        seen = self._baselines.observe(engine_index, incarnation, counters)
+        seen = self.baselines.observe(engine_index, incarnation, counters)
         if seen.reset is not None:
             self.counter_resets.inc((str(engine_index), _RESET_REASONS[seen.reset]))
         if seen.began:
@@ -197,21 +183,21 @@ class SpecDecodeMetrics:
         return delta
 
     def _publish(self, model_name: str, engine_index: int, delta: SpecDecodeCounters) -> None:
-        engine = str(engine_index)
-        self.num_drafts.inc((model_name, engine), delta.num_drafts)
-        self.num_draft_tokens.inc((model_name, engine), delta.num_draft_tokens)
-        self.num_accepted_tokens.inc((model_name, engine), delta.num_accepted_tokens)
-        for position, count in enumerate(delta.num_accepted_tokens_per_pos):
-            self.num_accepted_tokens_per_pos.inc((model_name, engine, str(position)), count)
-        for accepted, count in enumerate(delta.accepted_length_hist):
-            self.accepted_length.inc((model_name, engine, str(accepted)), count)
-        for position, count in enumerate(delta.num_draft_tokens_per_pos):
-            self.num_draft_tokens_per_pos.inc((model_name, engine, str(position)), count)
-        self.num_unverified_draft_tokens.inc((model_name, engine), delta.num_unverified_draft_tokens)
-        for position, count in enumerate(delta.num_reached_per_pos):
-            self.num_reached_per_pos.inc((model_name, engine, str(position)), count)
-        for position, count in enumerate(delta.confidence_micros_per_pos):
-            self.confidence_micros_per_pos.inc((model_name, engine, str(position)), count)
+        labels = (model_name, str(engine_index))
+        self.num_drafts.inc(labels, delta.num_drafts)
+        self.num_draft_tokens.inc(labels, delta.num_draft_tokens)
+        self.num_accepted_tokens.inc(labels, delta.num_accepted_tokens)
+        self.num_unverified_draft_tokens.inc(labels, delta.num_unverified_draft_tokens)
+        binned = (  # each family's third label is the bin: a position 0..K-1, or accepted 0..K
+            (self.num_accepted_tokens_per_pos, delta.num_accepted_tokens_per_pos),
+            (self.accepted_length, delta.accepted_length_hist),
+            (self.num_draft_tokens_per_pos, delta.num_draft_tokens_per_pos),
+            (self.num_reached_per_pos, delta.num_reached_per_pos),
+            (self.confidence_micros_per_pos, delta.confidence_micros_per_pos),
+        )
+        for family, counts in binned:
+            for bin_index, count in enumerate(counts):
+                family.inc((*labels, str(bin_index)), count)
 
     def _create_series(self, model_name: str, engine_index: int, num_spec_tokens: int) -> None:
         """Export an engine's series at 0 from the moment they exist, so rate() sees their first increase."""

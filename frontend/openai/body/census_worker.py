@@ -10,7 +10,7 @@ import sys
 import msgspec
 
 from openinfer.frontend.openai.body.census import INLINE_BYTES, LENGTH_BYTES, BodyCensus, take_census
-from openinfer.frontend.openai.errors import ApiError, overloaded
+from openinfer.frontend.openai.errors import ApiError, overloaded, retry_later
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +141,4 @@ class CensusWorker:
 
 
 def _unavailable(message: str) -> ApiError:
-    return ApiError(
-        503,
-        message,
-        type_="service_unavailable",
-        code="body_census_failed",
-        headers={"Retry-After": str(_RETRY_AFTER_S)},
-    )
+    return retry_later(message, _RETRY_AFTER_S, "body_census_failed")

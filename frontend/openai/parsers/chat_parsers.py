@@ -37,7 +37,7 @@ class ChatParsers:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes for Qwen3)")
 
 
-def add_chat_parser_args(parser: argparse.ArgumentParser) -> None:
+def add_chat_parser_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """vLLM's flags for reading chat output, on ``parser`` (openinfer-frontend's; openinfer-serve passes them
     on to its frontend): :func:`chat_parsers` reads them back."""
     parser.add_argument(
