@@ -47,10 +47,11 @@ def max_error(requests: list[tuple[int, int]], heads: tuple[int, int, int], dtyp
     k, v = (torch.randn(meta.num_tokens, num_kv_heads, head_dim, generator=g) for _ in range(2))
     cache = torch.randn(2, len(pool), BLOCK_SIZE, num_kv_heads, head_dim, generator=g)
     scale = head_dim**-0.5
-    low = [t.to(device, dtype) for t in (q, k, v, cache)]
-    reference = [t.to(dtype).float().to(device) for t in (q, k, v, cache)]  # the same rounded values
-    got = TritonAttentionBackend().forward(*low, meta, scale).float()
-    expected = TorchAttentionBackend().forward(*reference, meta, scale)
+    low_q, low_k, low_v, low_cache = (t.to(device, dtype) for t in (q, k, v, cache))
+    # the same rounded values, in float32
+    ref_q, ref_k, ref_v, ref_cache = (t.to(dtype).float().to(device) for t in (q, k, v, cache))
+    got = TritonAttentionBackend().forward(low_q, low_k, low_v, low_cache, meta, scale).float()
+    expected = TorchAttentionBackend().forward(ref_q, ref_k, ref_v, ref_cache, meta, scale)
     return (got - expected).abs().max().item()
 
 
@@ -80,12 +81,14 @@ def dflash_max_error(heads: tuple[int, int, int], dtype: torch.dtype) -> float:
     k, v = (torch.randn(b, t, num_kv_heads, head_dim, generator=g) for _ in range(2))
     cache = torch.randn(2, len(pool), BLOCK_SIZE, num_kv_heads, head_dim, generator=g)
     scale = head_dim**-0.5
-    low = [x.to(device, dtype) for x in (q, k, v, cache)]
-    reference = [x.to(dtype).float().to(device) for x in (q, k, v, cache)]  # the same rounded values
+    low_q, low_k, low_v, low_cache = (x.to(device, dtype) for x in (q, k, v, cache))
+    # the same rounded values, in float32
+    ref_q, ref_k, ref_v, ref_cache = (x.to(dtype).float().to(device) for x in (q, k, v, cache))
     got = block_attention_triton(
-        *low, context.block_tables, context.context_lens, context.block_lens, scale
+        low_q, low_k, low_v, low_cache, context.block_tables, context.context_lens, context.block_lens, scale
     ).float()
-    return (got - torch_block_attention(*reference, context, scale)).abs().max().item()
+    expected = torch_block_attention(ref_q, ref_k, ref_v, ref_cache, context, scale)
+    return (got - expected).abs().max().item()
 
 
 def main() -> None:

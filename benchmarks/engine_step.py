@@ -49,6 +49,7 @@ class CycleDrafter:
     """Proposes ``max_drafts`` tokens continuing a fixed cycle after the current token, at no cost."""
 
     aux_layer_ids: tuple[int, ...] = ()
+    estimates_confidence = False
 
     def __init__(self, num_spec_tokens: int, vocab_size: int) -> None:
         self.num_spec_tokens = num_spec_tokens
@@ -100,18 +101,26 @@ def build_core(batch: int, num_spec_tokens: int, device: torch.device, model: Pa
     runner = ModelRunner(model, device, config.num_kv_blocks or 0, config.block_size, torch.float32)
     core = EngineCore(config, runner)
     vocab = runner.model_config.vocab_size
-    if num_spec_tokens:
-        core.load_drafter(DrafterSpec("ngram", num_spec_tokens))
-        assert core.spec is not None
-        core.spec.drafter = CycleDrafter(num_spec_tokens, vocab)
+    use_cycle_drafter(core, num_spec_tokens, vocab)
     prompts = [[(7 * b + 3 * i + 1) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
     return start_decoding(core, prompts, max_tokens)
 
 
-def start_decoding(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> EngineCore:
-    """Add one greedy request per prompt (EOS ignored) and step until every one has decoded twice: prefill
-    behind it, the steps timed next are decodes."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+def use_cycle_drafter(core: EngineCore, num_spec_tokens: int, vocab_size: int) -> None:
+    """When K = ``num_spec_tokens`` > 0, K cycle drafts per request per step: the n-gram drafter's spec-decode
+    state with a ``CycleDrafter`` in its place."""
+    if num_spec_tokens:
+        core.load_drafter(DrafterSpec("ngram", num_spec_tokens))
+        assert core.spec is not None
+        core.spec.drafter = CycleDrafter(num_spec_tokens, vocab_size)
+
+
+def start_decoding(
+    core: EngineCore, prompts: list[list[int]], max_tokens: int, params: SamplingParams | None = None
+) -> EngineCore:
+    """Add one request per prompt (``params``, by default greedy with EOS ignored) and step until every one has
+    decoded twice: prefill behind it, the steps timed next are decodes."""
+    params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for b, prompt in enumerate(prompts):
         core.add_request(EngineCoreRequest(f"r{b}", prompt, params))
     while any(r.num_output_tokens < 2 for r in core.requests.values()):

@@ -25,8 +25,8 @@ import triton
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction
 
-from openinfer.benchmarks.triton_compile import SHARED_LIMIT, GatedDeltaSpec, Row, table
-from openinfer.kernels.triton_launch import KernelLaunch, compile_launch
+from openinfer.benchmarks.triton_compile import SHARED_LIMIT, GatedDeltaSpec, Row, compiled_row, report
+from openinfer.kernels.triton_launch import KernelLaunch
 
 CHUNK = 64  # fla's chunk size (BT); 64 takes the fused kkt + solve_tril kernel
 LENGTHS = [70, 33]  # a varlen batch of two requests: two chunks, then one partial chunk
@@ -150,12 +150,7 @@ def check(targets: list[int]) -> list[Row]:
     rows = []
     for spec, kernel, launch in all_launches():
         for target in targets:
-            try:
-                rows.append(Row(kernel, spec, target, compile_launch(launch, target), None))
-            except Exception as error:  # noqa: BLE001 - any compile failure is a row of the report
-                rows.append(
-                    Row(kernel, spec, target, None, f"{type(error).__name__}: {error}".splitlines()[0])
-                )
+            rows.append(compiled_row(kernel, spec, target, launch))
     return rows
 
 
@@ -168,12 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("unset TRITON_INTERPRET: the interpreter compiles nothing")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
     rows = check(args.targets)
-    print(table(rows))
-    failed = [row for row in rows if row.result is None]
-    print(f"\n{len(rows)} launches compiled, {len(failed)} failing to compile")
-    for row in failed:
-        print(f"FAIL {row.kernel} {row.spec} sm_{row.target}: {row.error}", file=sys.stderr)
-    return 1 if failed else 0
+    return report(rows, [(row, str(row.error)) for row in rows if row.result is None], "failing to compile")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ Each cell the median milliseconds of `--iters` calls (verify, prefill: a fifth).
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 
 import torch
 
-from openinfer.benchmarks.model_step import median_ms
+from openinfer.benchmarks.model_step import median_ms, timing_parser
 from openinfer.kernels.gated_delta import causal_conv1d, gated_delta_rule
 from openinfer.kernels.state_index import RECURRENT_MAX_QUERY_LEN, StateIndex
 
@@ -69,12 +68,7 @@ def step_ms(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--num-threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=20, help="timed calls per cell (prefill: a fifth)")
+    parser = timing_parser(__doc__, warmup=3, iters=20, longer="a fifth")
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
     rows = {f"decode B={b}": step_ms([1] * b, True, False, args.warmup, args.iters) for b in DECODE_BATCHES}

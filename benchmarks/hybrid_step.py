@@ -23,7 +23,6 @@ layer (projections, RoPE, attention over the paged cache, output projection), me
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import tempfile
@@ -44,6 +43,7 @@ from openinfer.benchmarks.model_step import (
     decode_step,
     median_ms,
     prefill_step,
+    timing_parser,
 )
 from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
 from openinfer.engine_core.models.kv_geometry import StateGeometry
@@ -201,12 +201,7 @@ def print_pair(pair: Pair, prefills: Sequence[int], warmup: int, iters: int) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--num-threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=60, help="timed calls per cell (prefill: a tenth)")
+    parser = timing_parser(__doc__, warmup=8, iters=60, longer="a tenth")
     parser.add_argument("--prefill", type=int, nargs="+", default=list(PREFILL_LENS), help="prefill lengths")
     parser.add_argument("--sizes", nargs="+", default=["tiny", "4b"], choices=["tiny", "4b"])
     args = parser.parse_args(argv)

@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 import openinfer.engine_core.sample.sampler as sampler_module
-from openinfer.benchmarks.engine_step import CycleDrafter
+from openinfer.benchmarks.engine_step import start_decoding, use_cycle_drafter
 from openinfer.engine_core.builtin_model import builtin_target_folder
-from openinfer.engine_core.config import DrafterSpec, EngineConfig
+from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.protocol import EngineCoreRequest, SamplingParams
+from openinfer.protocol import SamplingParams
 
 PENALTIES: dict[str, Any] = {
     "repetition_penalty": 1.1,
@@ -60,18 +60,11 @@ def build_core(
     runner = ModelRunner(model, torch.device("cpu"), blocks, config.block_size, torch.float32)
     core = EngineCore(config, runner)
     vocab = runner.model_config.vocab_size
-    if k:
-        core.load_drafter(DrafterSpec("ngram", k))
-        assert core.spec is not None
-        core.spec.drafter = CycleDrafter(k, vocab)
+    use_cycle_drafter(core, k, vocab)
     options = {**PENALTIES, "min_tokens": max_tokens, "stop_token_ids": [4]} if penalised else {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **options)
-    for b in range(batch):
-        prompt = [(7 * b + 3 * i + 11) % vocab for i in range(prompt_len)]
-        core.add_request(EngineCoreRequest(f"r{b}", prompt, params))
-    while any(r.num_output_tokens < 2 for r in core.requests.values()):
-        core.step()
-    return core
+    prompts = [[(7 * b + 3 * i + 11) % vocab for i in range(prompt_len)] for b in range(batch)]
+    return start_decoding(core, prompts, max_tokens, params)
 
 
 class LogitsTimer:

@@ -83,6 +83,18 @@ def median_ms(step: Callable[[], object], warmup: int, iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def timing_parser(description: str, warmup: int, iters: int, longer: str) -> argparse.ArgumentParser:
+    """The flags of a benchmark that times steps on the CPU: --num-threads (torch's; the caller sets it),
+    --warmup and --iters (`longer`: the share of --iters its long steps are timed)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--num-threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--iters", type=int, default=iters, help=f"timed calls per cell (prefill: {longer})")
+    return parser
+
+
 def profile(step: Callable[[], object], warmup: int) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile

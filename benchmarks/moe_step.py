@@ -14,7 +14,6 @@ time one layer's experts: the tiny model's, and a Qwen3-30B-A3B-shaped layer's i
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from dataclasses import dataclass
 from functools import partial
@@ -32,6 +31,7 @@ from openinfer.benchmarks.model_step import (
     decode_step,
     median_ms,
     prefill_step,
+    timing_parser,
 )
 from openinfer.benchmarks.moe_kernel import EXPERTS, HIDDEN, INTER, TOP_K
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
@@ -122,12 +122,7 @@ def print_kernel_table(shape: ExpertShape, token_counts: tuple[int, ...], warmup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--num-threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=60, help="timed calls per cell (prefill: a tenth)")
+    parser = timing_parser(__doc__, warmup=8, iters=60, longer="a tenth")
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,6 +38,9 @@ SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}  # bytes of shared memory one bl
 NUM_KV_HEADS = 8  # every Qwen3 size; num_heads = GROUP * 8
 NUM_KV_SPLITS = 8  # TritonAttentionBackend's default
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The MoE, gated delta and causal conv kernels' (dtype, tokens) points: the 16-bit dtypes the MoE and Qwen3.5
+# targets ship in; 1 token (decode) and 8 (MoE prefill's 64-row blocks over 8 pairs each, the hybrids' verify)
+HALF_STEPS = list(itertools.product(("bf16", "fp16"), (1, 8)))
 
 
 class Subset(enum.Enum):
@@ -187,12 +190,6 @@ def launches(spec: Spec) -> Iterator[tuple[str, KernelLaunch]]:
     )
 
 
-def moe_specs() -> Iterator[MoeSpec]:
-    """The fused-MoE kernels at the 16-bit dtypes the MoE targets ship in, decode and prefill block rows."""
-    for dtype, num_tokens in itertools.product(("bf16", "fp16"), (1, 8)):
-        yield MoeSpec(dtype, num_tokens)
-
-
 def moe_kernel_launches(spec: MoeSpec) -> Iterator[tuple[str, KernelLaunch]]:
     """fused_experts_triton's two launches at `spec`, from CPU example tensors (every pair on expert 0)."""
     dtype, t, h, i, k = DTYPES[spec.dtype], spec.num_tokens, spec.hidden_size, spec.inter_size, spec.top_k
@@ -204,12 +201,6 @@ def moe_kernel_launches(spec: MoeSpec) -> Iterator[tuple[str, KernelLaunch]]:
     gate_up, down = moe_launches(hidden, w13, w2, weights, ids, act, out)
     yield "moe_gate_up", gate_up
     yield "moe_down", down
-
-
-def gated_delta_specs() -> Iterator[GatedDeltaSpec]:
-    """The recurrent gated delta rule at the 16-bit dtypes the Qwen3.5 targets ship in, decode and verify."""
-    for dtype, max_query_len in itertools.product(("bf16", "fp16"), (1, 8)):
-        yield GatedDeltaSpec(dtype, max_query_len)
 
 
 def gated_delta_kernel_launches(spec: GatedDeltaSpec) -> Iterator[tuple[str, KernelLaunch]]:
@@ -226,12 +217,6 @@ def gated_delta_kernel_launches(spec: GatedDeltaSpec) -> Iterator[tuple[str, Ker
     save, recur = gated_delta_launches(q, k, v, g, beta, state, index, out, saved, read_conflicts(index))
     yield "gated_delta_save", save
     yield "gated_delta_recurrent", recur
-
-
-def causal_conv_specs() -> Iterator[CausalConvSpec]:
-    """The causal conv at the 16-bit dtypes the Qwen3.5 targets ship in, decode and verify."""
-    for dtype, max_query_len in itertools.product(("bf16", "fp16"), (1, 8)):
-        yield CausalConvSpec(dtype, max_query_len)
 
 
 def causal_conv_kernel_launches(spec: CausalConvSpec) -> Iterator[tuple[str, KernelLaunch]]:
@@ -255,13 +240,13 @@ def all_launches(subset: Subset) -> Iterator[tuple[AnySpec, str, KernelLaunch]]:
     for spec in specs(subset):
         for kernel, launch in launches(spec):
             yield spec, kernel, launch
-    for moe_spec in moe_specs():
+    for moe_spec in (MoeSpec(*step) for step in HALF_STEPS):
         for kernel, launch in moe_kernel_launches(moe_spec):
             yield moe_spec, kernel, launch
-    for delta_spec in gated_delta_specs():
+    for delta_spec in (GatedDeltaSpec(*step) for step in HALF_STEPS):
         for kernel, launch in gated_delta_kernel_launches(delta_spec):
             yield delta_spec, kernel, launch
-    for conv_spec in causal_conv_specs():
+    for conv_spec in (CausalConvSpec(*step) for step in HALF_STEPS):
         for kernel, launch in causal_conv_kernel_launches(conv_spec):
             yield conv_spec, kernel, launch
 
@@ -289,13 +274,16 @@ def check(targets: list[int], subset: Subset) -> list[Row]:
             if key in seen:  # write_kv and combine_splits do not depend on the GQA group, say
                 continue
             seen.add(key)
-            try:
-                rows.append(Row(kernel, spec, target, compile_launch(launch, target), None))
-            except Exception as error:  # noqa: BLE001 - any compile failure is a row of the report
-                rows.append(
-                    Row(kernel, spec, target, None, f"{type(error).__name__}: {error}".splitlines()[0])
-                )
+            rows.append(compiled_row(kernel, spec, target, launch))
     return rows
+
+
+def compiled_row(kernel: str, spec: AnySpec, target: int, launch: KernelLaunch) -> Row:
+    """`launch` compiled for sm_`target`; a failed compile is a row with its error's first line."""
+    try:
+        return Row(kernel, spec, target, compile_launch(launch, target), None)
+    except Exception as error:  # noqa: BLE001 - any compile failure is a row of the report
+        return Row(kernel, spec, target, None, f"{type(error).__name__}: {error}".splitlines()[0])
 
 
 def table(rows: list[Row]) -> str:
@@ -326,12 +314,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("unset TRITON_INTERPRET: the interpreter compiles nothing")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
     rows = check(args.targets, args.subset)
+    return report(rows, [(row, problem) for row in rows if (problem := row.problem())], "failing the check")
+
+
+def report(rows: list[Row], failures: list[tuple[Row, str]], failing: str) -> int:
+    """Print the table, a summary (`failing`: what the failing rows failed) and a line per failure on stderr;
+    the exit status, 1 if any row failed."""
     print(table(rows))
-    problems = [row for row in rows if row.problem()]
-    print(f"\n{len(rows)} launches compiled, {len(problems)} failing the check")
-    for row in problems:
-        print(f"FAIL {row.kernel} {row.spec} sm_{row.target}: {row.problem()}", file=sys.stderr)
-    return 1 if problems else 0
+    print(f"\n{len(rows)} launches compiled, {len(failures)} {failing}")
+    for row, why in failures:
+        print(f"FAIL {row.kernel} {row.spec} sm_{row.target}: {why}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -145,6 +145,8 @@ def mask_token(split: TokenSplit) -> int:
     """The byte token of NUL: a token no text uses (checked against the whole dataset), so its embedding
     (the target's) means nothing but "mask"."""
     mask = builtin_tokenizer().token_to_id(NUL_BYTE_TOKEN)
+    if mask is None:
+        raise SystemExit(f"the built-in tokenizer has no token {NUL_BYTE_TOKEN!r}: it is not the committed one")
     if bool((split.train == mask).any() or (split.val == mask).any()):
         raise SystemExit(f"the mask token {mask} ({NUL_BYTE_TOKEN!r}) occurs in the dataset")
     return mask

@@ -5,15 +5,16 @@ Part of tools/train_dflash.py; imported as a sibling module, like training.py.""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import Qwen3ForCausalLM
 
-from openinfer.engine_core.models.dflash import DFlashDraftModel
+from openinfer.engine_core.models.dflash import DFlashDecoderLayer, DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.rotary import apply_rope
 from openinfer.tools.dflash_data import Distillation
@@ -35,7 +36,7 @@ def draft_hidden(
     cos_c, sin_c = model.rotary.cos_sin(context_positions, f.dtype)  # (B * L, head_dim)
     cos_b, sin_b = model.rotary.cos_sin(block_positions.flatten(), block_embeds.dtype)  # (B * Q, head_dim)
     x = block_embeds
-    for layer in model.layers:
+    for layer in cast("Iterable[DFlashDecoderLayer]", model.layers):  # ModuleList iterates as plain Modules
         attn = layer.self_attn
         heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         context_k, context_v = attn.context_kv(f, cos_c, sin_c)  # (B * L, kv_heads, dim) each

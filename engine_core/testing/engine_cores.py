@@ -13,14 +13,14 @@ from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, SamplingPara
 
 
 def make_core(
-    folder: Path, served_model_name: str = "t", device: str = "cpu", **overrides: object
+    folder: Path, served_model_name: str = "t", device: str = "cpu", **overrides: Any
 ) -> EngineCore:
     """An engine core over the checkpoint in ``folder`` (``fake_model=True``: the fake runner) on ``device``
     (torch's spelling), with the runner the engine process would load and ``overrides`` of
     ``EngineConfig``'s defaults."""
     config = EngineConfig(
         model_path=folder, served_model_name=served_model_name, device=Device.parse(device), **overrides
-    )  # type: ignore[arg-type]
+    )
     return EngineCore(config, load_runner(config))
 
 
@@ -76,7 +76,7 @@ def generate_with(
     options = {"max_tokens": 30, "temperature": 0.0, "ignore_eos": True, **options}
     for i, prompt in enumerate(prompts):
         own = {**options, **(each[i] if each else {})}
-        seeded = {"seed": i} if own["temperature"] else {}
+        seeded: dict[str, Any] = {"seed": i} if own["temperature"] else {}
         core.add_request(EngineCoreRequest(str(i), prompt, SamplingParams(**own, **seeded)))
     while core.has_work:
         for out in core.step():
