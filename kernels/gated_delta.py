@@ -108,16 +108,9 @@ def l2norm(x: Tensor) -> Tensor:
 
 
 def gated_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    state: Tensor,
-    index: StateIndex,
-    *,
-    recurrent_max_query_len: int = RECURRENT_MAX_QUERY_LEN,
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, index: StateIndex,
+    *, recurrent_max_query_len: int = RECURRENT_MAX_QUERY_LEN,
+) -> Tensor:  # fmt: skip
     """q, k (N, Hk, Dk); v (N, Hv, Dv) (Hv a multiple of Hk: each q/k head serves Hv/Hk consecutive v heads,
     repeat_interleave); g (N, Hv) float32 log-decay; beta (N, Hv); state (S, Hv, Dk, Dv) float32.
     q and k are L2-normalised here in float32 (eps 1e-6, transformers' l2norm), q scaled by Dk**-0.5.

@@ -118,34 +118,33 @@ def choose_kernel_backends(
     whether flash-linear-attention is installed. Raises ValueError (or ImportError) for an attention backend
     the device or the installed packages cannot run, with what to use instead."""
     attention_backend = select_backend(device, attention, block_size)
-    if device.type != "cuda":
-        torch_delta: StepForms[GatedDeltaFn] = StepForms("torch", gated_delta_rule, gated_delta_rule)
-        return KernelBackends(
-            attention_backend,
-            torch_delta,
-            StepForms("torch", causal_conv1d, causal_conv1d),
-            ExpertsBackend("torch", grouped_experts),
-            sampling="torch",
-        )
+    if device.type == "cuda":
+        gated_delta, causal_conv, moe = _cuda_kernels(fla_installed)
+    else:
+        gated_delta = StepForms("torch", gated_delta_rule, gated_delta_rule)
+        causal_conv = StepForms("torch", causal_conv1d, causal_conv1d)
+        moe = ExpertsBackend("torch", grouped_experts)
+    return KernelBackends(attention_backend, gated_delta, causal_conv, moe, sampling="torch")
+
+
+def _cuda_kernels(
+    fla_installed: bool,
+) -> tuple[StepForms[GatedDeltaFn], StepForms[CausalConvFn], ExpertsBackend]:
+    """CUDA's Gated DeltaNet and MoE kernels: Triton for short steps and the experts, fla or torch for long
+    steps (imported here, so that only CUDA imports Triton)."""
     from openinfer.kernels.triton_causal_conv1d import causal_conv1d_triton
     from openinfer.kernels.triton_gated_delta import gated_delta_rule_triton
     from openinfer.kernels.triton_moe import fused_experts_triton
 
+    gated_delta: StepForms[GatedDeltaFn] = StepForms(
+        "triton+torch", gated_delta_rule_triton, gated_delta_rule
+    )
     if fla_installed:
         from openinfer.kernels.fla_gated_delta import gated_delta_rule_fla
 
-        gated_delta: StepForms[GatedDeltaFn] = StepForms(
-            "triton+fla", gated_delta_rule_triton, gated_delta_rule_fla
-        )
-    else:
-        gated_delta = StepForms("triton+torch", gated_delta_rule_triton, gated_delta_rule)
-    return KernelBackends(
-        attention_backend,
-        gated_delta,
-        StepForms("triton+torch", causal_conv1d_triton, causal_conv1d),
-        ExpertsBackend("triton", fused_experts_triton),
-        sampling="torch",
-    )
+        gated_delta = StepForms("triton+fla", gated_delta_rule_triton, gated_delta_rule_fla)
+    conv: StepForms[CausalConvFn] = StepForms("triton+torch", causal_conv1d_triton, causal_conv1d)
+    return gated_delta, conv, ExpertsBackend("triton", fused_experts_triton)
 
 
 def select_backend(

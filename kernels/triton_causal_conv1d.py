@@ -22,36 +22,13 @@ import triton.language as tl
 from torch import Tensor
 
 from openinfer.kernels.state_index import StateIndex
-from openinfer.kernels.triton_gated_delta import read_conflicts, request_length
+from openinfer.kernels.triton_gated_delta import read_conflicts, request_length, save_launch
 from openinfer.kernels.triton_launch import KernelLaunch
 
 # Channels per program: one a thread of 4 warps, its W = 4 window inputs in 4 registers; Qwen3.5's 8192 channels
 # are 64 programs a request.
 BLOCK_C = 128
 NUM_WARPS = 4
-
-
-@triton.jit
-def _save_kernel(
-    state_ptr,  # (S, C, W-1), contiguous
-    saved_ptr,  # (B, C, W-1) scratch
-    read_slots_ptr,  # (B,) int64
-    conflicts_ptr,  # (B,) bool: request b's read slot is written by another request this step
-    channels,
-    WIDTH: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_W: tl.constexpr,  # next power of two >= W
-):
-    b, tile = tl.program_id(0), tl.program_id(1)
-    if tl.load(conflicts_ptr + b) == 0:
-        return
-    chans, cols = tile * BLOCK_C + tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_W)
-    mask = (chans[:, None] < channels) & (cols[None, :] < WIDTH - 1)
-    offsets = chans[:, None] * (WIDTH - 1) + cols[None, :]  # (C, W) within one slot
-    slot_size = channels * (WIDTH - 1)
-    slot = tl.load(read_slots_ptr + b)  # >= 0 where a conflict is flagged
-    inputs = tl.load(state_ptr + slot * slot_size + offsets, mask=mask)
-    tl.store(saved_ptr + b.to(tl.int64) * slot_size + offsets, inputs, mask=mask)
 
 
 @triton.jit
@@ -139,14 +116,7 @@ def causal_conv1d_launches(
     block_w = triton.next_power_of_2(width)
     grid = (index.num_requests, triton.cdiv(channels, block_channels))
     shapes = {"WIDTH": width, "BLOCK_C": block_channels, "BLOCK_W": block_w}
-    save = KernelLaunch(
-        _save_kernel,
-        grid,
-        (conv_state, saved, index.read_slots, conflicts, channels),
-        shapes,
-        num_warps=NUM_WARPS,
-        num_stages=1,
-    )
+    save = save_launch(conv_state, saved, index.read_slots, conflicts)
     conv = KernelLaunch(
         _conv_kernel,
         grid,

@@ -32,6 +32,7 @@ from openinfer.kernels.state_index import StateIndex
 from openinfer.kernels.triton_launch import KernelLaunch
 
 BLOCK_V = 8  # value columns per program: a 128 x 8 float32 state tile is 32 registers a thread of one warp
+SAVE_BLOCK = 1024  # state elements a save program copies: 8 a thread of 4 warps
 
 
 @triton.jit
@@ -46,25 +47,23 @@ def request_length(padded_tokens_ptr, grid_row, max_len, BLOCK_L: tl.constexpr):
 
 @triton.jit
 def _save_kernel(
-    state_ptr,  # (S, Hv, Dk, Dv) float32, contiguous
-    saved_ptr,  # (B, Hv, Dk, Dv) float32 scratch
+    state_ptr,  # (S, *slot_shape), contiguous: slot s is elements [s * slot_size, (s + 1) * slot_size)
+    saved_ptr,  # (B, *slot_shape) scratch
     read_slots_ptr,  # (B,) int64
     conflicts_ptr,  # (B,) bool: request b's read slot is written by another request this step
-    dk,
-    dv,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    slot_size,
+    BLOCK: tl.constexpr,  # elements per program
 ):
-    b, h, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """saved[b] = state[read_slots[b]] for the requests flagged in conflicts, BLOCK elements a program; the
+    gated delta rule's and the causal conv's save launch alike (`save_launch`)."""
+    b, part = tl.program_id(0), tl.program_id(1)
     if tl.load(conflicts_ptr + b) == 0:
         return
-    heads = tl.num_programs(1)
-    rows, cols = tl.arange(0, BLOCK_K), tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask = (rows[:, None] < dk) & (cols[None, :] < dv)
-    offsets = h * dk * dv + rows[:, None] * dv + cols[None, :]  # (K, V) within one slot
+    offsets = part * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < slot_size
     slot = tl.load(read_slots_ptr + b)  # >= 0 where a conflict is flagged
-    tile_state = tl.load(state_ptr + slot * heads * dk * dv + offsets, mask=mask)
-    tl.store(saved_ptr + b.to(tl.int64) * heads * dk * dv + offsets, tile_state, mask=mask)
+    values = tl.load(state_ptr + slot * slot_size + offsets, mask=mask)
+    tl.store(saved_ptr + b.to(tl.int64) * slot_size + offsets, values, mask=mask)
 
 
 @triton.jit
@@ -146,18 +145,19 @@ def read_conflicts(index: StateIndex) -> Tensor:
     return (stored & others).any(-1) & (reads >= 0)
 
 
+def save_launch(state: Tensor, saved: Tensor, read_slots: Tensor, conflicts: Tensor) -> KernelLaunch:
+    """The save launch (step 1 of the module docstring) of a contiguous state (S, *slot_shape) into saved
+    (B, *slot_shape): the initial states of the requests `conflicts` (B,) flags, from their `read_slots` (B,)."""
+    slot_size = state[0].numel()
+    grid = (read_slots.shape[0], triton.cdiv(slot_size, SAVE_BLOCK))
+    args = (state, saved, read_slots, conflicts, slot_size)
+    return KernelLaunch(_save_kernel, grid, args, {"BLOCK": SAVE_BLOCK}, num_warps=4, num_stages=1)
+
+
 def gated_delta_launches(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    state: Tensor,
-    index: StateIndex,
-    out: Tensor,
-    saved: Tensor,
-    conflicts: Tensor,
-) -> tuple[KernelLaunch, KernelLaunch]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, index: StateIndex,
+    out: Tensor, saved: Tensor, conflicts: Tensor,
+) -> tuple[KernelLaunch, KernelLaunch]:  # fmt: skip
     """The save and recur launches (gated_delta_rule_triton and the compile check); shapes as in
     `gated_delta_rule_triton`, out (N, Hv, Dv), saved (B, Hv, Dk, Dv) float32, conflicts (B,) bool."""
     num_requests, max_len = index.num_requests, index.max_query_len
@@ -173,14 +173,7 @@ def gated_delta_launches(
         raise ValueError("q, k, v, g and beta need a contiguous last dimension")
     block_k = max(16, triton.next_power_of_2(dk))
     grid = (num_requests, heads, triton.cdiv(dv, BLOCK_V))
-    save = KernelLaunch(
-        _save_kernel,
-        grid,
-        (state, saved, index.read_slots, conflicts, dk, dv),
-        {"BLOCK_K": block_k, "BLOCK_V": BLOCK_V},
-        num_warps=1,
-        num_stages=1,
-    )
+    save = save_launch(state, saved, index.read_slots, conflicts)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     recur = KernelLaunch(
         _recurrent_kernel,
@@ -203,13 +196,7 @@ def gated_delta_launches(
 
 
 def gated_delta_rule_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    state: Tensor,
-    index: StateIndex,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, index: StateIndex
 ) -> Tensor:
     """`gated_delta_rule`'s short path: q, k (N, Hk, Dk); v (N, Hv, Dv); g (N, Hv) float32; beta (N, Hv); state
     (S, Hv, Dk, Dv) float32; the slots and the (B, L) grid of `index` (its device tensors only). q and k are
