@@ -42,7 +42,9 @@ from openinfer.kernels.triton_tiles import (
     dot_dtype,
     head_dim_p2,
     load_paged_kv,
+    online_softmax_start,
     online_softmax_step,
+    query_rows,
 )
 
 
@@ -117,10 +119,9 @@ def _paged_attention_kernel(
     if tile * QUERIES >= query_len:  # a request shorter than max_query_len: nothing left for this tile
         return
 
-    rows = tl.arange(0, BLOCK_R)
-    query = tile * QUERIES + rows // GROUP_P2  # (R,) query index within the request
-    head = kv_head * GROUP + rows % GROUP_P2  # (R,) query head
-    row_ok = (rows % GROUP_P2 < GROUP) & (query < query_len)
+    query, head, row_ok = query_rows(
+        kv_head, tile * QUERIES, query_len, GROUP, GROUP_P2, BLOCK_R
+    )  # (R,) each
     token = (q_start + query).to(tl.int64)  # (R,) packed token index
     d = tl.arange(0, HEAD_DIM_P2)
     d_ok = d < HEAD_DIM
@@ -134,9 +135,7 @@ def _paged_attention_kernel(
     kv_lo = split * split_len
     kv_hi = tl.minimum(kv_end, kv_lo + split_len)
 
-    m_i = tl.full([BLOCK_R], -1e30, tl.float32)  # running max (finite: a fully masked row stays NaN-free)
-    l_i = tl.zeros([BLOCK_R], tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_R, HEAD_DIM_P2], tl.float32)
+    m_i, l_i, acc = online_softmax_start(BLOCK_R, HEAD_DIM_P2)
     table_row = block_tables_ptr + req * stride_table
     for start in range(kv_lo, kv_hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)  # (N,) key positions

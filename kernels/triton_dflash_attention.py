@@ -33,7 +33,9 @@ from openinfer.kernels.triton_tiles import (
     dot_dtype,
     head_dim_p2,
     load_paged_kv,
+    online_softmax_start,
     online_softmax_step,
+    query_rows,
 )
 
 
@@ -80,18 +82,14 @@ def _block_attention_kernel(
     context_len = tl.load(context_lens_ptr + req)
     block_len = tl.load(block_lens_ptr + req)
 
-    rows = tl.arange(0, BLOCK_R)
-    query = tile * QUERIES + rows // GROUP_P2  # (R,) slot of the block
-    head = kv_head * GROUP + rows % GROUP_P2  # (R,) query head
-    row_ok = (rows % GROUP_P2 < GROUP) & (query < block_width)
+    # (R,) each: the row's slot of the block, its query head, whether it is real
+    query, head, row_ok = query_rows(kv_head, tile * QUERIES, block_width, GROUP, GROUP_P2, BLOCK_R)
     d = tl.arange(0, HEAD_DIM_P2)
     d_ok = d < HEAD_DIM
     q_ptrs = q_ptr + req * stride_qb + query[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)  # (R, D)
 
-    m_i = tl.full([BLOCK_R], -1e30, tl.float32)  # running max (finite: a row without keys stays NaN-free)
-    l_i = tl.zeros([BLOCK_R], tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_R, HEAD_DIM_P2], tl.float32)
+    m_i, l_i, acc = online_softmax_start(BLOCK_R, HEAD_DIM_P2)
     table_row = block_tables_ptr + req.to(tl.int64) * stride_table
     for start in range(0, context_len, BLOCK_N):  # (a) the context, from the paged cache
         pos = start + tl.arange(0, BLOCK_N)  # (N,) context positions

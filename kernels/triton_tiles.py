@@ -1,6 +1,6 @@
 """Triton building blocks the paged attention kernels share (``triton_attention.py``, the DFlash block attention
-in ``triton_dflash_attention.py``): one online-softmax step over a tile of keys, a tile of keys and values read
-in place through a block table, and the tile sizes and launch options they are compiled with."""
+in ``triton_dflash_attention.py``): a program's query rows, an online softmax over tiles of keys, a tile of keys and
+values read in place through a block table, and the tile sizes and launch options they are compiled with."""
 
 from __future__ import annotations
 
@@ -21,6 +21,30 @@ WIDE_WARPS, WIDE_STAGES = 8, 2
 # group 4-8: ptxas capped itself at 128 registers); letting it use up to 255 spills nothing (198-222 on sm_80,
 # 129-153 on sm_90, benchmarks/triton_compile.py's full matrix).
 WIDE_MAX_REGISTERS = 255
+
+
+@triton.jit
+def query_rows(
+    kv_head, first_query, num_queries, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_R: tl.constexpr
+):
+    """A program's BLOCK_R rows: BLOCK_R // GROUP_P2 queries from first_query on, each times the GROUP query heads
+    of kv_head (GQA; GROUP_P2 - GROUP padding rows) -> query index (R,), query head (R,), whether the row is real
+    (R,): not padding and query < num_queries."""
+    rows = tl.arange(0, BLOCK_R)
+    query = first_query + rows // GROUP_P2
+    head = kv_head * GROUP + rows % GROUP_P2
+    row_ok = (rows % GROUP_P2 < GROUP) & (query < num_queries)
+    return query, head, row_ok
+
+
+@triton.jit
+def online_softmax_start(BLOCK_R: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
+    """The running max (finite: a row that sees no key stays NaN-free), sum of exp2 and output of
+    `online_softmax_step` before the first tile."""
+    m_i = tl.full([BLOCK_R], -1e30, tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM_P2], tl.float32)
+    return m_i, l_i, acc
 
 
 @triton.jit
