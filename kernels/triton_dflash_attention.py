@@ -121,15 +121,9 @@ def _block_attention_kernel(
 
 
 def block_attention_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cache: Tensor,
-    block_tables: Tensor,
-    context_lens: Tensor,
-    block_lens: Tensor,
-    scale: float,
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor,
+    block_tables: Tensor, context_lens: Tensor, block_lens: Tensor, scale: float,
+) -> Tensor:  # fmt: skip
     """DFlash block attention, non-causal: q (B, T, num_heads, head_dim) over request b's context positions
     [0, context_lens[b]) in `cache` (2, num_pages, page_size, num_kv_heads, head_dim), through
     block_tables (B, width) int32/int64, then over the first block_lens[b] of k/v (B, T, num_kv_heads,
@@ -141,16 +135,9 @@ def block_attention_triton(
 
 
 def block_attention_launch(
-    out: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cache: Tensor,
-    block_tables: Tensor,
-    context_lens: Tensor,
-    block_lens: Tensor,
-    scale: float,
-) -> KernelLaunch:
+    out: Tensor, q: Tensor, k: Tensor, v: Tensor, cache: Tensor,
+    block_tables: Tensor, context_lens: Tensor, block_lens: Tensor, scale: float,
+) -> KernelLaunch:  # fmt: skip
     """The launch of `_block_attention_kernel` for B, T >= 1 (block_attention_triton and the compile check)."""
     batch, block_width, num_heads, head_dim = q.shape
     _, _, page_size, num_kv_heads, _ = cache.shape
