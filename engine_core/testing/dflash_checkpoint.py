@@ -81,19 +81,32 @@ def dflash_checkpoint_config(
 ) -> dict[str, Any]:
     """The config.json of a z-lab DFlash drafter with num_layers layers of `target`'s sizes (the defaults are
     `make_tiny_dflash_checkpoint`'s)."""
-    layer_ids = target_layer_ids or zlab_target_layer_ids(target.num_hidden_layers, num_layers)
-    dflash_config: dict[str, Any] = {
-        "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
-        "target_layer_ids": list(layer_ids),
-    }
+    config = qwen3_drafter_config(target, num_layers, block_size, target_layer_ids, mask_token_id)
+    # z-lab's layout nests what the drafter reads of the target under dflash_config
+    dflash_config = {key: config.pop(key) for key in ("mask_token_id", "target_layer_ids")}
     if anchor is not None:
         dflash_config["sample_from_anchor"] = anchor is AnchorLayout.ANCHOR_SLOT
+    return {**config, "architectures": ["DFlashDraftModel"], "dflash_config": dflash_config}
+
+
+def qwen3_drafter_config(
+    target: ModelConfig,
+    num_layers: int,
+    block_size: int,
+    target_layer_ids: tuple[int, ...] | None,
+    mask_token_id: int | None,
+) -> dict[str, Any]:
+    """What a drafter's config.json says in either layout (z-lab's, DeepSpec's), at its top level: num_layers
+    Qwen3 layers of `target`'s sizes, the block size, and the target layers it reads (default: z-lab's choice)
+    and its mask token (default: the last vocabulary id)."""
     return {
-        "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "block_size": block_size,
         "num_target_layers": target.num_hidden_layers,
-        "dflash_config": dflash_config,
+        "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        "target_layer_ids": list(
+            target_layer_ids or zlab_target_layer_ids(target.num_hidden_layers, num_layers)
+        ),
         "vocab_size": target.vocab_size,
         "hidden_size": target.hidden_size,
         "intermediate_size": target.intermediate_size,

@@ -14,8 +14,8 @@ from openinfer.engine_core.models.drafter_values import DEEPSPEC_ARCHITECTURE
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.models.weights import iter_safetensors
 from openinfer.engine_core.testing.dflash_checkpoint import (
-    dflash_checkpoint_config,
     drafter_parameters,
+    qwen3_drafter_config,
     random_drafter_tensors,
     write_dflash_checkpoint,
 )
@@ -89,18 +89,9 @@ def dspark_checkpoint_config(
     fields at the top level (mask_token_id defaults to the last vocabulary id), `markov_head_type` only with a
     Markov head and `confidence_head_with_markov`
     only with a confidence head, as DeepSpec's config builder writes them."""
-    config = dflash_checkpoint_config(
-        target,
-        num_layers=num_layers,
-        block_size=block_size,
-        target_layer_ids=target_layer_ids,
-        mask_token_id=mask_token_id,
-    )
-    dflash = config.pop("dflash_config")
+    config = qwen3_drafter_config(target, num_layers, block_size, target_layer_ids, mask_token_id)
     config.update(
         architectures=[DEEPSPEC_ARCHITECTURE],
-        mask_token_id=dflash["mask_token_id"],
-        target_layer_ids=dflash["target_layer_ids"],
         layer_types=["full_attention"] * num_layers,
         markov_rank=markov_rank,
         enable_confidence_head=confidence_head,
