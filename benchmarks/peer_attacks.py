@@ -36,7 +36,11 @@ def peers_dir(port: int) -> tuple[Path, list[int]] | None:
         except OSError:
             continue
         peers = _flag(argv, "--peers-dir")
-        if "openinfer.frontend.process.main" in argv and _flag(argv, "--port") == str(port) and peers is not None:
+        if (
+            "openinfer.frontend.process.main" in argv
+            and _flag(argv, "--port") == str(port)
+            and peers is not None
+        ):
             folder = Path(peers)
             indices.append(int(_flag(argv, "--api-server-index") or 0))
     return None if folder is None else (folder, sorted(indices))
