@@ -26,7 +26,7 @@ from openinfer.engine_core.launch.vllm_flags import (
 )
 from openinfer.engine_core.process.engine_args import add_engine_args, num_spec_tokens_without_drafter
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
-from openinfer.frontend.process.flags import add_frontend_args, env_key
+from openinfer.frontend.process.flags import add_api_key_args, add_frontend_args
 
 ENGINE, FRONTEND = "engine", "frontend"
 # Engine flags serve.py sets per engine from what it resolved (the built-in pair, K's default, spec logs).
@@ -114,18 +114,7 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         default=5555,
         help="the frontend's engine ports (on 127.0.0.1): requests on this one, outputs on the next",
     )
-    group.add_argument(
-        "--api-key",
-        default=env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
-        help="require `Authorization: Bearer KEY` (default: $OPENINFER_API_KEY, else $VLLM_API_KEY, which "
-        "keep it out of `ps`); the frontend gets it in its environment, never on its command line",
-    )
-    group.add_argument(
-        "--admin-api-key",
-        default=env_key("OPENINFER_ADMIN_API_KEY"),
-        help="the key of the frontend's /admin routes, instead of --api-key (default: "
-        "$OPENINFER_ADMIN_API_KEY); without either they are off. Passed in the environment too",
-    )
+    add_api_key_args(group, "; the frontends get it in their environment, never on their command line")
     group.add_argument(
         "--zmq-curve-keys",
         type=Path,

@@ -32,7 +32,7 @@ logger = logging.getLogger("openinfer.engine")
 def curve_client_keys(folder: Path, engine_index: int) -> CurveClientKeys:
     """(engine public key, engine secret key, frontend public key) from an ``openinfer-keys`` folder.
 
-    The layout (see :mod:`openinfer.tools.curve_keys`): ``DIR/frontend.key`` and
+    The layout (see :mod:`openinfer.frontend.engines.server_keys`): ``DIR/frontend.key`` and
     ``DIR/engines/engine-<index>.key_secret``.
     """
     frontend_key = folder / "frontend.key"

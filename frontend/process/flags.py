@@ -137,6 +137,23 @@ def add_frontend_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
     )
 
 
+def add_api_key_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, passed_on: str = "") -> None:
+    """``--api-key`` and ``--admin-api-key``, by default from the environment (which keeps them out of `ps`);
+    ``passed_on`` ends each help text with how the keys reach the frontend (openinfer-serve's)."""
+    parser.add_argument(
+        "--api-key",
+        default=env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
+        help="require `Authorization: Bearer KEY` on every route but /health and /metrics (default: "
+        f"$OPENINFER_API_KEY, else $VLLM_API_KEY, which keep it out of `ps`; none when unset){passed_on}",
+    )
+    parser.add_argument(
+        "--admin-api-key",
+        default=env_key("OPENINFER_ADMIN_API_KEY"),
+        help="the key of the /admin routes, instead of --api-key (default: $OPENINFER_ADMIN_API_KEY); "
+        f"without either they are off{passed_on}",
+    )
+
+
 def env_key(*names: str) -> str | None:
     """The first of these environment variables that is set and not empty (empty means no key)."""
     return next((os.environ[name] for name in names if os.environ.get(name)), None)

@@ -23,7 +23,7 @@ from openinfer.frontend.openai.api_server import build_app
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.http_runner import serve
 from openinfer.frontend.openai.parsers.chat_parsers import chat_parsers
-from openinfer.frontend.process.flags import add_frontend_args, env_key, keep_alive_from_env
+from openinfer.frontend.process.flags import add_api_key_args, add_frontend_args, keep_alive_from_env
 from openinfer.frontend.ready_pipe import say_ready
 
 logger = logging.getLogger("openinfer.frontend")
@@ -58,18 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tcp://HOST:PORT for engines: requests go out on PORT, outputs come in on PORT+1 (default: "
         "this host only; engines elsewhere need tcp://0.0.0.0:5555, and --zmq-curve-keys)",
     )
-    parser.add_argument(
-        "--api-key",
-        default=env_key("OPENINFER_API_KEY", "VLLM_API_KEY"),
-        help="require `Authorization: Bearer KEY` on every route but /health and /metrics (default: "
-        "$OPENINFER_API_KEY, else $VLLM_API_KEY, which keep it out of `ps`; none when unset)",
-    )
-    parser.add_argument(
-        "--admin-api-key",
-        default=env_key("OPENINFER_ADMIN_API_KEY"),
-        help="the key of the /admin routes, instead of --api-key (default: $OPENINFER_ADMIN_API_KEY); "
-        "without either they are off",
-    )
+    add_api_key_args(parser)
     add_frontend_args(parser)
     parser.add_argument(
         "--zmq-curve-keys",
