@@ -146,7 +146,9 @@ def mask_token(split: TokenSplit) -> int:
     (the target's) means nothing but "mask"."""
     mask = builtin_tokenizer().token_to_id(NUL_BYTE_TOKEN)
     if mask is None:
-        raise SystemExit(f"the built-in tokenizer has no token {NUL_BYTE_TOKEN!r}: it is not the committed one")
+        raise SystemExit(
+            f"the built-in tokenizer has no token {NUL_BYTE_TOKEN!r}: it is not the committed one"
+        )
     if bool((split.train == mask).any() or (split.val == mask).any()):
         raise SystemExit(f"the mask token {mask} ({NUL_BYTE_TOKEN!r}) occurs in the dataset")
     return mask
