@@ -80,7 +80,7 @@ def attention_case(
 
         return call
 
-    backend = TorchAttentionBackend()
+    backend = TorchAttentionBackend(reads_in_place=True)
     return [
         step(padded_attention),
         step(in_place_attention),

@@ -49,19 +49,24 @@ def padded_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale
 
 
 class TorchAttentionBackend:
-    """Portable backend (CPU and CUDA). On the CPU each request reads its keys and values in place
-    (`cpu_attention.in_place_attention`: no per-layer copy of the whole context) unless the step is small
-    enough that one padded gather is cheaper (`in_place_pays`); on CUDA, the padded gather of
-    `padded_attention`, the reference every backend is tested against.
+    """Portable backend (CPU and CUDA), made for its device once (`kernel_backends.select_backend`). On the CPU
+    (``reads_in_place``) each request reads its keys and values in place (`cpu_attention.in_place_attention`:
+    no per-layer copy of the whole context) unless the step is small enough that one padded gather is cheaper
+    (`in_place_pays`); on CUDA, the padded gather of `padded_attention`, the reference every backend is tested
+    against.
     """
 
     name = BackendName.TORCH
     cuda_graphs = False  # per-step index tensors are built from host lists: not capturable
 
+    def __init__(self, reads_in_place: bool) -> None:
+        # the CPU's in-place path where it pays (it walks block runs the metadata finds on the host)
+        self.reads_in_place = reads_in_place
+
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float
     ) -> Tensor:
         write_kv_cache(kv_cache, k, v, meta.slot_mapping)
-        if q.device.type == "cpu" and in_place_pays(kv_cache, meta):
+        if self.reads_in_place and in_place_pays(kv_cache, meta):
             return in_place_attention(q, kv_cache, meta, scale)
         return padded_attention(q, kv_cache, meta, scale)

@@ -162,7 +162,7 @@ def select_backend(
     if name is BackendName.AUTO:
         name = BackendName.TRITON if device.type == "cuda" else BackendName.TORCH
     if name is BackendName.TORCH:
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(reads_in_place=device.type == "cpu")
     interpreted = name is BackendName.TRITON and os.environ.get("TRITON_INTERPRET") == "1"
     if device.type != "cuda" and not interpreted:
         raise ValueError(f"--attention-backend {name} needs a CUDA device; on {device} use torch (or auto)")

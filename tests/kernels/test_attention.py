@@ -9,6 +9,7 @@ from torch import Tensor
 from openinfer.kernels.attention import TorchAttentionBackend
 from openinfer.kernels.attention_backend import write_kv_cache
 from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.backend_name import BackendName
 from openinfer.kernels.flash_attention import FlashAttentionBackend
 from openinfer.kernels.kernel_backends import select_backend
 
@@ -79,7 +80,7 @@ def test_torch_backend_matches_reference(device: str, requests: list[tuple[int, 
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, requests, strict=True)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, requests, strict=True)])
     scale = HEAD_DIM**-0.5
-    out = TorchAttentionBackend().forward(
+    out = select_backend(torch.device(device), BackendName.TORCH).forward(
         torch.cat(qs).to(device), new_k.to(device), new_v.to(device), kv_cache, meta, scale
     )
 

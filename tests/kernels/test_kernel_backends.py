@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from openinfer.kernels.attention import TorchAttentionBackend
 from openinfer.kernels.backend_name import BackendName
 from openinfer.kernels.gated_delta import causal_conv1d, gated_delta_rule
 from openinfer.kernels.kernel_backends import choose_kernel_backends
@@ -48,6 +49,10 @@ def test_attention_column_follows_the_flag(monkeypatch: pytest.MonkeyPatch) -> N
     is refused, naming what to use."""
     kernels = choose_kernel_backends(torch.device("cuda"), BackendName.TORCH, fla_installed=False)
     assert kernels.attention.name == "torch"
+    assert isinstance(kernels.attention, TorchAttentionBackend)
+    assert not kernels.attention.reads_in_place  # CUDA: the padded gather, no host-side block runs
+    cpu_attention = choose_kernel_backends(CPU).attention
+    assert isinstance(cpu_attention, TorchAttentionBackend) and cpu_attention.reads_in_place
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs a CUDA device; on cpu use torch"):
         choose_kernel_backends(CPU, BackendName.TRITON)

@@ -18,6 +18,7 @@ from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.attention import TorchAttentionBackend
 from openinfer.kernels.attention_backend import write_kv_cache
 from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.backend_name import BackendName
 from openinfer.kernels.kernel_backends import select_backend
 from openinfer.kernels.triton_attention import TritonAttentionBackend, write_kv_cache_triton
 
@@ -81,7 +82,7 @@ def check_against_torch(step: Step, backend: TritonAttentionBackend, dtype: torc
     head_dim = step.q.shape[-1]
     expected_cache = step.kv_cache.clone()
     write_kv_cache(expected_cache, step.k, step.v, step.meta.slot_mapping)
-    expected = TorchAttentionBackend().forward(
+    expected = select_backend(DEVICE, BackendName.TORCH).forward(
         step.q.float(), step.k.float(), step.v.float(), step.kv_cache.float(), step.meta, head_dim**-0.5
     )
     out = backend.forward(step.q, step.k, step.v, step.kv_cache, step.meta, head_dim**-0.5)
