@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.hybrid_config import HybridConfig
-from openinfer.engine_core.models.qwen3 import PackedLinear, rms_normalize
+from openinfer.engine_core.models.packed_linear import PackedLinear
+from openinfer.engine_core.models.qwen3 import rms_normalize
 from openinfer.kernels.kernel_backends import KernelBackends
 from openinfer.kernels.state_index import StateIndex
 

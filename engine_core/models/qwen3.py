@@ -2,11 +2,16 @@
 
 Module and parameter names follow the Hugging Face checkpoint, except that q/k/v and gate/up are packed into
 one matrix each (`PackedLinear`, stored transposed); `load_weights` still reads the checkpoint's names.
+
+Tensor-parallel (a `TensorParallel` of several ranks, Megatron's split as vLLM does it): q/k/v and gate/up
+are column-parallel (each rank its query and KV heads, its slice of the MLP's width), o_proj and down_proj
+row-parallel with one all-reduce each, the embedding and the LM head vocab-parallel (`VocabMatrix`); norms
+are replicated. Each rank reads only its slices of the checkpoint. At one rank nothing of this runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -14,13 +19,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.packed_linear import PackedLinear, row_parallel_linear
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
+from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
-from openinfer.engine_core.models.weights import load_checkpoint
+from openinfer.engine_core.models.weights import Target, load_checkpoint
 from openinfer.kernels.attention_backend import AttentionBackend
 from openinfer.kernels.attention_metadata import AttentionMetadata
-from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
 from openinfer.kernels.kernel_backends import KernelBackends
+
+SINGLE = TensorParallel.SINGLE
 
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
@@ -42,56 +50,27 @@ class RMSNorm(nn.Module):
         return self.weight * rms_normalize(x.float(), self.eps).to(x.dtype)
 
 
-class PackedLinear(nn.Module):
-    """The checkpoint's projections of one input, packed side by side so that they cost one matmul:
-    y = x @ weight_t (+ bias), its columns the outputs of `parts` in order (q, k, v or gate, up).
-
-    weight_t (in_features, out_features) is the transpose of the checkpoint's (out, in) layout: on the CPU
-    MKL multiplies the few rows of a decode step by a row-major (in, out) matrix up to 2x faster than by
-    the transposed one `F.linear` hands it. `checkpoint_views` maps the checkpoint's names to views of it.
-    After loading, `pack_for_cpu` may add a copy in oneDNN's blocked layout for steps of 2+ rows (cpu_matmul.py).
-    """
-
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
-        super().__init__()
-        self.parts = dict(parts)  # checkpoint module name -> output width, in column order
-        out_features = sum(parts.values())
-        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed: Tensor | None = None  # a oneDNN-packed copy for steps of 2+ rows (pack_for_cpu), or None
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(n, in_features) -> (n, out_features)."""
-        return weight_matmul(x, self.weight_t, self.packed, self.bias)
-
-    def checkpoint_views(self) -> Iterator[tuple[str, Tensor]]:
-        """(checkpoint name relative to the parent module, view in the checkpoint tensor's shape) per part."""
-        start = 0
-        for name, width in self.parts.items():
-            yield f"{name}.weight", self.weight_t[:, start : start + width].t()  # (width, in_features)
-            if self.bias is not None:
-                yield f"{name}.bias", self.bias[start : start + width]
-            start += width
-
-    def pack_for_cpu(self) -> None:
-        """From now on multiply 2+ rows by a oneDNN-packed copy of the (loaded) weight; one row still by
-        weight_t, which MKL reads at the memory bandwidth (oneDNN's packed layout is ~25 % slower there)."""
-        self.packed = pack_weight(self.weight_t.t())
-
-
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    """Attention over this rank's query heads and the KV heads they read (all of them at one rank)."""
+
+    def __init__(
+        self, config: ModelConfig, attn_backend: AttentionBackend, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        heads = parallel.shard_range(config.num_attention_heads, "attention heads")
+        kv_heads = parallel.kv_heads(config.num_key_value_heads)
+        self.num_heads, self.num_kv_heads = heads.size, kv_heads.size
         self.head_dim = config.head_dim
         self.scale = config.attention_scale
         bias = config.attention_bias
-        q_width, kv_width = config.q_width, config.kv_width
+        q, kv = heads.scaled(self.head_dim), kv_heads.scaled(self.head_dim)  # checkpoint rows of q / k, v
         self.qkv_proj = PackedLinear(
-            config.hidden_size, {"q_proj": q_width, "k_proj": kv_width, "v_proj": kv_width}, bias
+            config.hidden_size,
+            {"q_proj": q.size, "k_proj": kv.size, "v_proj": kv.size},
+            bias,
+            out_shards={"q_proj": q, "k_proj": kv, "v_proj": kv},
         )
-        self.o_proj = PackedLinear(q_width, {"o_proj": config.hidden_size}, bias)
+        self.o_proj = row_parallel_linear(q, {"o_proj": config.hidden_size}, bias, parallel)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)  # per head, before RoPE
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.attn_backend = attn_backend
@@ -128,13 +107,21 @@ class Qwen3MLP(nn.Module):
 
 class Qwen3PackedMLP(nn.Module):
     """`Qwen3MLP`'s math with gate and up packed into one matmul (`PackedLinear`, loaded through
-    `checkpoint_views`)."""
+    `checkpoint_views`); tensor-parallel, each rank its slice of the intermediate width."""
 
-    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, intermediate_size: int | None = None, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
-        width = intermediate_size or config.intermediate_size
-        self.gate_up_proj = PackedLinear(config.hidden_size, {"gate_proj": width, "up_proj": width}, False)
-        self.down_proj = PackedLinear(width, {"down_proj": config.hidden_size}, False)
+        full = intermediate_size or config.intermediate_size
+        cols = parallel.shard_range(full, "MLP columns (intermediate_size)")
+        self.gate_up_proj = PackedLinear(
+            config.hidden_size,
+            {"gate_proj": cols.size, "up_proj": cols.size},
+            False,
+            out_shards={"gate_proj": cols, "up_proj": cols},
+        )
+        self.down_proj = row_parallel_linear(cols, {"down_proj": config.hidden_size}, False, parallel)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (n, intermediate_size) each
@@ -149,11 +136,15 @@ class Qwen3DecoderLayer(nn.Module):
     has_kv_cache = True  # every Qwen3 layer attends through its own KV cache
 
     def __init__(
-        self, config: ModelConfig, attn_backend: AttentionBackend, mlp: nn.Module | None = None
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        mlp: nn.Module | None = None,
+        parallel: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(config, attn_backend)
-        self.mlp = mlp if mlp is not None else Qwen3PackedMLP(config)
+        self.self_attn = Qwen3Attention(config, attn_backend, parallel)
+        self.mlp = mlp if mlp is not None else Qwen3PackedMLP(config, parallel=parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -200,23 +191,29 @@ class DecoderStack(nn.Module):
 
 class Qwen3Model(DecoderStack):
     def __init__(
-        self, config: ModelConfig, attn_backend: AttentionBackend, mlp_for_layer: MlpForLayer = lambda i: None
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        mlp_for_layer: MlpForLayer = lambda i: None,
+        parallel: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.embed_tokens = vocab_embedding(config)
+        self.embed_tokens = vocab_embedding(config, parallel)
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(config, attn_backend, mlp_for_layer(i)) for i in range(config.num_hidden_layers)
+            Qwen3DecoderLayer(config, attn_backend, mlp_for_layer(i), parallel)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
 
 
-def vocab_embedding(config: ModelConfig) -> VocabMatrix | nn.Embedding:
+def vocab_embedding(config: ModelConfig, parallel: TensorParallel = SINGLE) -> VocabMatrix | nn.Embedding:
     """The token embedding. Tied: it is the LM head too, held transposed for the head's matmul (VocabMatrix).
     Untied: a plain row-major embedding; given its (uninitialised) weight, nn.Embedding skips its random init
-    (load_weights fills it; normal_ would import torch._dynamo, ~1.5 s of every engine's start-up)."""
-    if config.tie_word_embeddings:
-        return VocabMatrix(config.vocab_size, config.hidden_size)
+    (load_weights fills it; normal_ would import torch._dynamo, ~1.5 s of every engine's start-up).
+    Vocab-parallel (several ranks): a VocabMatrix, tied or not (its lookup masks and sums over the ranks)."""
+    if config.tie_word_embeddings or not parallel.single:
+        return VocabMatrix(config.vocab_size, config.hidden_size, parallel)
     weight = torch.empty(config.vocab_size, config.hidden_size)
     return nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
 
@@ -233,16 +230,20 @@ class Qwen3ForCausalLM(nn.Module):
         kernels: KernelBackends,
         mlp_for_layer: MlpForLayer = lambda i: None,
         model: DecoderStack | None = None,
+        parallel: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         self.config = config
+        self.parallel = parallel  # this rank's place; the layers hold their own slices
         # `model`: another decoder stack (Qwen3.5's hybrid one); the layers run the kernels of `kernels`
         self.model: DecoderStack = (
-            model if model is not None else Qwen3Model(config, kernels.attention, mlp_for_layer)
+            model if model is not None else Qwen3Model(config, kernels.attention, mlp_for_layer, parallel)
         )
         # Tied checkpoints have no lm_head.weight: the embedding matrix serves as the head.
         self.lm_head = (
-            None if config.tie_word_embeddings else VocabMatrix(config.vocab_size, config.hidden_size)
+            None
+            if config.tie_word_embeddings
+            else VocabMatrix(config.vocab_size, config.hidden_size, parallel)
         )
 
     def forward(
@@ -271,7 +272,8 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, attn, aux_layer_ids)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """(n, hidden_size) -> (n, vocab_size) float32 (no copy when the model is float32)."""
+        """(n, hidden_size) -> (n, vocab_size) float32 (no copy when the model is float32); tensor-parallel,
+        every rank's vocabulary slice gathered, so each rank returns the whole logits."""
         head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
         assert isinstance(head, VocabMatrix)  # tied: the embedding is one
         return head.logits(hidden).float()
@@ -286,8 +288,9 @@ class Qwen3ForCausalLM(nn.Module):
 
     def load_weights(self, folder: Path) -> None:
         """Copy every tensor of the folder's safetensors (one file or an indexed set of shards) into the
-        parameter, or the part of a packed parameter, of the same Hugging Face name; a missing, unexpected
-        or misshapen tensor is an error."""
+        parameter, or the part of a packed parameter, of the same Hugging Face name (tensor-parallel: only
+        this rank's slice of a sharded tensor is read); a missing, unexpected or misshapen tensor is an
+        error."""
         load_checkpoint(
             Path(folder),
             self.checkpoint_tensors(),
@@ -296,16 +299,17 @@ class Qwen3ForCausalLM(nn.Module):
             skip=lambda name: name == "lm_head.weight" and self.lm_head is None,
         )
 
-    def checkpoint_tensors(self) -> dict[str, Tensor]:
+    def checkpoint_tensors(self) -> dict[str, Target]:
         """Every tensor a Hugging Face checkpoint of this model holds, by its name there: a parameter, or a
-        view of a packed parameter in the checkpoint tensor's shape (writing it writes the parameter)."""
-        targets: dict[str, Tensor] = {}
+        view of a packed parameter in the checkpoint tensor's shape (writing it writes the parameter); for a
+        sharded tensor, the view of this rank's slice and where that slice lies (`CheckpointSlice`)."""
+        targets: dict[str, Target] = {}
         for path, module in self.named_modules():
             if isinstance(module, PackedLinear):
                 parent = path.rpartition(".")[0]  # "model.layers.0.self_attn" for its qkv_proj
                 targets.update((f"{parent}.{name}", view) for name, view in module.checkpoint_views())
             elif isinstance(module, VocabMatrix):
-                targets[f"{path}.weight"] = module.weight  # (vocab, hidden): a view of weight_t
+                targets[f"{path}.weight"] = module.checkpoint_target()  # (vocab, hidden): a view of weight_t
             else:
                 prefix = f"{path}." if path else ""
                 targets.update((prefix + name, p) for name, p in module.named_parameters(recurse=False))

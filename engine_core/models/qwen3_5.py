@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
 from openinfer.engine_core.models.hybrid_config import HybridConfig, text_weight_name
+from openinfer.engine_core.models.packed_linear import PackedLinear
 from openinfer.engine_core.models.qwen3 import (
     DecoderStack,
-    PackedLinear,
     Qwen3ForCausalLM,
     Qwen3PackedMLP,
     rms_normalize,
@@ -36,7 +36,7 @@ from openinfer.engine_core.models.qwen3_moe import (
     per_expert_targets,
 )
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
-from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
+from openinfer.engine_core.models.weights import Target, checkpoint_names, load_checkpoint
 from openinfer.kernels.attention_backend import AttentionBackend
 from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.kernel_backends import ExpertsBackend, KernelBackends
@@ -210,7 +210,7 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
             ),
         )
 
-    def checkpoint_tensors(self, stacked_experts: bool = True) -> dict[str, Tensor]:
+    def checkpoint_tensors(self, stacked_experts: bool = True) -> dict[str, Target]:
         """Every text tensor by its name in a text-only checkpoint (`model.layers.N...`), the experts stacked
         (transformers 5's names) or per expert (`mlp.experts.E.gate_proj.weight`, ...)."""
         targets = super().checkpoint_tensors()

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig, MoeConfig
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
-from openinfer.engine_core.models.weights import checkpoint_names, load_checkpoint
+from openinfer.engine_core.models.weights import Target, checkpoint_names, load_checkpoint
 from openinfer.kernels.kernel_backends import ExpertsBackend, KernelBackends
 
 
@@ -91,7 +91,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             skip=lambda name: name == "lm_head.weight" and self.lm_head is None,
         )
 
-    def checkpoint_tensors(self, stacked_experts: bool = True) -> dict[str, Tensor]:
+    def checkpoint_tensors(self, stacked_experts: bool = True) -> dict[str, Target]:
         """Every tensor of a Hugging Face checkpoint of this model by its name there, the experts stacked
         (transformers 5's names) or, with `stacked_experts=False`, per expert (the released names)."""
         targets = super().checkpoint_tensors()
@@ -103,7 +103,7 @@ def holds_stacked_experts(names: list[str]) -> bool:
     return any(name.endswith(".mlp.experts.gate_up_proj") for name in names)
 
 
-def per_expert_targets(model: nn.Module, targets: dict[str, Tensor]) -> dict[str, Tensor]:
+def per_expert_targets(model: nn.Module, targets: dict[str, Target]) -> dict[str, Target]:
     """``targets`` (a model's checkpoint tensors, experts stacked) with every `Qwen3MoeExperts`' stacked
     tensors replaced by views of each expert's projections under the released names."""
     for path, module in model.named_modules():

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from openinfer.engine_core.models.tensor_parallel import TensorParallel
+from openinfer.engine_core.models.weights import CheckpointSlice, Target
 from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
 
 
@@ -19,25 +21,46 @@ class VocabMatrix(nn.Module):
     in the checkpoint's shape (loading writes through it). As an embedding, a token's row is a column of
     ``weight_t``: a strided read of hidden_size values, a few µs per token. On the CPU, `pack_for_cpu` may
     give the head a oneDNN-packed copy (kernels/cpu_matmul.py) for 2+ rows: 2x faster at 8 rows.
+
+    Vocab-parallel (``parallel`` of several ranks), each rank holds its slice ``rows`` of the vocabulary:
+    a lookup reads the rank's own ids (the others' rows are zero) and sums over the ranks; `logits` computes
+    the rank's columns and gathers every rank's, so each rank returns the whole (n, vocab_size).
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, parallel: TensorParallel = TensorParallel.SINGLE
+    ) -> None:
         super().__init__()
-        self.weight_t = nn.Parameter(torch.empty(hidden_size, vocab_size))
-        self.packed: Tensor | None = None  # (vocab, hidden) packed by oneDNN for 2+ rows of `logits`, or None
+        self.parallel = parallel
+        self.rows = parallel.shard_range(vocab_size, "vocabulary rows (vocab_size)")
+        self.weight_t = nn.Parameter(torch.empty(hidden_size, self.rows.size))
+        self.packed: Tensor | None = None  # (rows, hidden) packed by oneDNN for 2+ rows of `logits`, or None
 
     @property
     def weight(self) -> Tensor:
-        """(vocab_size, hidden_size), a view of ``weight_t``."""
+        """(rows, hidden_size), a view of ``weight_t`` (rows: vocab_size at one rank)."""
         return self.weight_t.t()
+
+    def checkpoint_target(self) -> Target:
+        """Where the checkpoint's (vocab_size, hidden_size) matrix goes: ``weight``, or this rank's rows."""
+        if self.rows.whole:
+            return self.weight
+        full_shape = (self.rows.total, self.weight_t.shape[0])
+        return CheckpointSlice(self.weight, full_shape, (self.rows.slice,))
 
     def forward(self, token_ids: Tensor) -> Tensor:
         """(...,) int64 token ids -> (..., hidden_size) embeddings."""
-        return F.embedding(token_ids, self.weight)
+        if self.parallel.single:
+            return F.embedding(token_ids, self.weight)
+        local = token_ids - self.rows.start
+        outside = (local < 0) | (local >= self.rows.size)  # another rank's ids
+        embedded = F.embedding(local.masked_fill(outside, 0), self.weight)  # (..., hidden_size)
+        return self.parallel.all_reduce(embedded.masked_fill_(outside.unsqueeze(-1), 0.0))
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """(n, hidden_size) -> (n, vocab_size) in the matrix's dtype: hidden @ weight.T."""
-        return weight_matmul(hidden, self.weight_t, self.packed)
+        """(n, hidden_size) -> (n, vocab_size) in the matrix's dtype: hidden @ weight.T (every rank's
+        columns gathered, in rank order, when vocab-parallel)."""
+        return self.parallel.all_gather_last(weight_matmul(hidden, self.weight_t, self.packed))
 
     def pack_for_cpu(self) -> None:
         """From now on compute `logits` of 2+ rows by a oneDNN-packed copy of the (loaded) matrix."""

@@ -62,34 +62,57 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+@dataclass(frozen=True)
+class CheckpointSlice:
+    """Where a rank's slice of a checkpoint tensor goes: ``target`` receives ``tensor[index]`` of the
+    checkpoint's tensor of ``full_shape``, read alone from the file (safetensors' ``get_slice``)."""
+
+    target: Tensor  # the parameter, or a view of part of one, in the slice's shape
+    full_shape: tuple[int, ...]  # the whole tensor's shape in the checkpoint (what config.json implies)
+    index: tuple[slice, ...]  # the slice, one per leading dimension
+
+
+# A checkpoint tensor's destination: a tensor that takes it whole, or a rank's slice of it.
+Target = Tensor | CheckpointSlice
+
+
 def load_checkpoint(
     folder: Path,
-    targets: Mapping[str, Tensor],
+    targets: Mapping[str, Target],
     *,
     unexpected_hint: str,
     skip: Callable[[str], bool] = lambda name: False,
     shape_problem: Callable[[str, tuple[int, ...]], str | None] = lambda name, shape: None,
 ) -> None:
-    """Copy every tensor of `folder`'s safetensors into the target tensor of the same name (a parameter, or a
-    view of part of one). A tensor with no target (unless `skip` says so), a misshapen one, or a target that
-    no tensor fills is an error naming `folder`. `unexpected_hint` follows the unexpected tensor's name;
-    `shape_problem` may explain a misshapen tensor better than the shapes alone."""
+    """Copy every tensor of `folder`'s safetensors into the target of the same name (a parameter, or a view
+    of part of one), or only the slice a `CheckpointSlice` names (the rest is never read). A tensor with no
+    target (unless `skip` says so; a skipped tensor is not read), one whose shape (read from its header,
+    before its data) is not its target's whole shape, or a target that no tensor fills is an error naming
+    `folder`. `unexpected_hint` follows the unexpected tensor's name; `shape_problem` may explain a
+    misshapen tensor better than the shapes alone."""
     loaded: set[str] = set()
-    for name, tensor in iter_safetensors(folder):
-        if skip(name):
-            continue
-        target = targets.get(name)
-        if target is None:
-            raise ValueError(f"{folder}: unexpected tensor {name!r}{unexpected_hint}")
-        if target.shape != tensor.shape:
-            shape = tuple(tensor.shape)
-            problem = shape_problem(name, shape)
-            if problem is None:
-                problem = f"tensor {name!r} has shape {shape}, the config says {tuple(target.shape)}"
-            raise ValueError(f"{folder}: {problem}")
-        with torch.no_grad():
-            _copy_in_memory_order(target, tensor)
-        loaded.add(name)
+    for file in checkpoint_files(folder):
+        with open_safetensors(file) as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                if skip(name):
+                    continue
+                target = targets.get(name)
+                if target is None:
+                    raise ValueError(f"{folder}: unexpected tensor {name!r}{unexpected_hint}")
+                part = f.get_slice(name)
+                shape = tuple(part.get_shape())
+                expected = tuple(target.shape) if isinstance(target, Tensor) else target.full_shape
+                if shape != expected:
+                    problem = shape_problem(name, shape)
+                    if problem is None:
+                        problem = f"tensor {name!r} has shape {shape}, the config says {expected}"
+                    raise ValueError(f"{folder}: {problem}")
+                with torch.no_grad():
+                    if isinstance(target, Tensor):
+                        _copy_in_memory_order(target, f.get_tensor(name))
+                    else:
+                        _copy_in_memory_order(target.target, part[target.index])
+                loaded.add(name)
     missing = sorted(targets.keys() - loaded)
     if missing:
         raise ValueError(f"{folder}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")

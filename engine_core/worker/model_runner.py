@@ -18,6 +18,7 @@ from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
+from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.weights import check_fits_checkpoint
 from openinfer.engine_core.worker.executor import ForwardOutput, reachable_positions, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
@@ -52,6 +53,10 @@ class ModelRunner:
     Decode and verify steps (a hybrid model's of up to 16 tokens a request) run as padded fixed shapes from
     CUDA graphs on CUDA when the attention backend allows it, unless ``enforce_eager`` (see
     :mod:`step_graphs`); everything else runs eagerly.
+
+    With ``parallel`` of several ranks (tensor parallelism, Qwen3 dense models so far) this runner is one
+    rank's: it loads and runs the rank's shard of the model (qwen3.py) and holds the KV cache of the rank's
+    KV heads; every rank runs the same steps, and each returns the whole logits.
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class ModelRunner:
         enforce_eager: bool = False,
         max_num_seqs: int = 256,
         state_geometry: StateGeometry | None = None,
+        parallel: TensorParallel = TensorParallel.SINGLE,
     ) -> None:
         check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
@@ -74,6 +80,13 @@ class ModelRunner:
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
+        self.parallel = parallel
+        if not parallel.single and (config.moe is not None or config.hybrid is not None):
+            raise ValueError(
+                f"{model_path}: tensor parallelism serves Qwen3 dense models so far, not this "
+                f"{'Qwen3.5' if config.hybrid is not None else 'Qwen3-MoE'} model: run it with "
+                "--tensor-parallel-size 1"
+            )
         # every kernel choice of this engine, made once here and handed to the layers (kernel_backends.py)
         self.kernels = choose_kernel_backends(self.device, attention_backend, block_size)
         self.attn_backend = self.kernels.attention
@@ -90,16 +103,26 @@ class ModelRunner:
         with torch.device("meta"):  # no throwaway random init; load_weights fills every parameter
             model = _model_class(config)(reachable, self.kernels)
         check_fits_checkpoint(model, Path(model_path))  # before config.json's sizes are allocated
+        if not parallel.single:  # the rank's shard, once the whole model's sizes fit the checkpoint
+            with torch.device("meta"):
+                model = Qwen3ForCausalLM(reachable, self.kernels, parallel=parallel)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):
             self.model.pack_for_cpu()
-        # (KV layers, 2, num_blocks, block_size, num_kv_heads, head_dim) in one allocation, a view per layer
-        # (a hybrid model's full-attention layers only). Block num_kv_blocks is the scratch block padded steps
-        # write into.
-        cache_shape = (2, num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
+        # (KV layers, 2, num_blocks, block_size, KV heads, head_dim) in one allocation, a view per layer (a
+        # hybrid model's full-attention layers only); KV heads: this rank's. Block num_kv_blocks is the
+        # scratch block padded steps write into.
+        kv_heads = parallel.kv_heads(config.num_key_value_heads).size
+        cache_shape = (2, num_kv_blocks + 1, block_size, kv_heads, config.head_dim)
         caches = torch.zeros((config.num_kv_layers, *cache_shape), dtype=self.dtype, device=self.device)
         self.kv_caches: list[Tensor] = list(caches.unbind(0))
+        logger.info(
+            "%s: weights %.1f MiB, KV cache %.1f MiB",
+            parallel.describe(),
+            sum(p.nbytes for p in self.model.parameters()) / 2**20,
+            caches.nbytes / 2**20,
+        )
         # A hybrid model's state slots: a group per request it can hold, one slot per request by default.
         self.state_geometry: StateGeometry | None = None
         if isinstance(self.model, Qwen3_5ForCausalLM):

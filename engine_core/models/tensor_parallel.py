@@ -1,0 +1,114 @@
+"""A rank's place in a tensor-parallel group: which slice of each sharded dimension it holds, and the two
+collectives the sharded layers call (an all-reduce after a row-parallel matmul, an all-gather of the
+vocab-parallel logits), as plain torch.distributed calls.
+
+KV heads split over the ranks like the query heads; with fewer KV heads than ranks each is replicated on
+world / num_kv_heads consecutive ranks (vLLM's rule): rank r holds KV head r // (world / num_kv_heads), which
+is the head its query heads read under grouped-query attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Entries start .. start + size - 1 of a checkpoint dimension of ``total`` entries: a rank's slice."""
+
+    start: int
+    size: int
+    total: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.start and 0 < self.size and self.start + self.size <= self.total):
+            raise ValueError(f"a shard must lie inside its dimension: {self}")
+
+    @property
+    def whole(self) -> bool:
+        """Whether the shard is the whole dimension (one rank, or a replicated tensor)."""
+        return self.size == self.total
+
+    @property
+    def slice(self) -> slice:
+        return slice(self.start, self.start + self.size)
+
+    def scaled(self, width: int) -> Shard:
+        """The same shard counted in units ``width`` entries wide: heads -> their columns (``width`` head_dim)."""
+        return Shard(self.start * width, self.size * width, self.total * width)
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """Rank ``rank`` of ``world_size`` ranks that run one model sharded. ``group`` is the torch.distributed
+    process group the collectives run in (None: the default group; never used at one rank, where every
+    collective is the identity and no call is made)."""
+
+    rank: int  # 0 .. world_size - 1
+    world_size: int  # ranks the model is split over (--tensor-parallel-size)
+    group: Any = None  # a torch.distributed ProcessGroup, or None (the default group; at one rank, none)
+
+    SINGLE: ClassVar[TensorParallel]  # one rank: the whole model, no collectives
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} of {self.world_size} ranks is no tensor-parallel rank")
+
+    @property
+    def single(self) -> bool:
+        """Whether this is the only rank (the unsharded model)."""
+        return self.world_size == 1
+
+    def describe(self) -> str:
+        """'rank 1/2', as logs name it."""
+        return f"rank {self.rank}/{self.world_size}"
+
+    def shard(self, total: int, what: str) -> int:
+        """This rank's count of ``total`` things split evenly over the ranks; ValueError naming the numbers
+        (``what`` names the things: "attention heads") when the ranks do not divide them."""
+        if total % self.world_size:
+            raise ValueError(
+                f"--tensor-parallel-size {self.world_size} does not divide the model's {total} {what}: choose "
+                "a size that does"
+            )
+        return total // self.world_size
+
+    def shard_range(self, total: int, what: str) -> Shard:
+        """This rank's slice of ``total`` things split evenly over the ranks (see ``shard``)."""
+        size = self.shard(total, what)
+        return Shard(self.rank * size, size, total)
+
+    def kv_heads(self, num_kv_heads: int) -> Shard:
+        """This rank's KV heads: an even split when there are at least as many heads as ranks, else the one
+        head it shares with world / num_kv_heads - 1 other ranks (see the module's docstring)."""
+        if num_kv_heads >= self.world_size:
+            return self.shard_range(num_kv_heads, "KV heads")
+        if self.world_size % num_kv_heads:
+            raise ValueError(
+                f"--tensor-parallel-size {self.world_size} is not a multiple of the model's {num_kv_heads} KV "
+                "heads: with fewer KV heads than ranks, each head is replicated on the same number of ranks"
+            )
+        return Shard(self.rank // (self.world_size // num_kv_heads), 1, num_kv_heads)
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        """x summed over the ranks, in place; x itself at one rank."""
+        if not self.single:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: Tensor) -> Tensor:
+        """(..., d) on each rank -> (..., world_size * d): the ranks' shards side by side in rank order; x
+        itself at one rank."""
+        if self.single:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]  # world x (..., d)
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)  # (..., world * d)
+
+
+TensorParallel.SINGLE = TensorParallel(0, 1, None)
