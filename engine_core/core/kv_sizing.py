@@ -33,6 +33,7 @@ import torch
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DEFAULT_CPU_KV_CACHE_GB, EngineConfig
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.kv_geometry import StateGeometry, page_bytes
+from openinfer.engine_core.models.tensor_parallel import kv_heads_per_rank
 from openinfer.engine_core.models.weights import checkpoint_shapes
 from openinfer.engine_core.spec_decode.drafter_loaders import block_drafter_config
 
@@ -123,10 +124,14 @@ def drafter_checkpoint(config: EngineConfig) -> Path | None:
     return spec.draft_model
 
 
-def kv_block_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes: the target's page and the start-time DFlash or DSpark drafter's, once its
-    config is checked against ``model`` (ValueError saying what does not fit)."""
-    block = page_bytes(model, config.block_size, dtype)
+def kv_block_bytes(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, tensor_parallel_size: int = 1
+) -> int:
+    """Bytes one KV block takes on each rank: the target's page (over a tensor-parallel rank's KV heads) and
+    the start-time DFlash or DSpark drafter's, once its config is checked against ``model`` (ValueError
+    saying what does not fit). Each rank's KV budget buys the same number of blocks."""
+    kv_heads = kv_heads_per_rank(model.num_key_value_heads, tensor_parallel_size)
+    block = page_bytes(model, config.block_size, dtype, kv_heads)
     spec = config.speculative
     if spec is not None and spec.method in CHECKPOINT_METHODS:
         block += page_bytes(block_drafter_config(spec, model).layers, config.block_size, dtype)

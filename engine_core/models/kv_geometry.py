@@ -11,10 +11,12 @@ if TYPE_CHECKING:
     from openinfer.engine_core.models.config import ModelConfig
 
 
-def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+def page_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype, kv_heads: int | None = None) -> int:
     """Bytes one page of ``block_size`` tokens takes across ``model``'s layers (keys and values): a target's
-    KV block, or a drafter's context-cache page."""
-    per_token = 2 * model.num_kv_layers * model.num_key_value_heads * model.head_dim
+    KV block, or a drafter's context-cache page. ``kv_heads``: the KV heads a page holds, when not all the
+    model's (a tensor-parallel rank's, `tensor_parallel.kv_heads_per_rank`)."""
+    heads = model.num_key_value_heads if kv_heads is None else kv_heads
+    per_token = 2 * model.num_kv_layers * heads * model.head_dim
     return per_token * block_size * dtype.itemsize
 
 

@@ -112,3 +112,9 @@ class TensorParallel:
 
 
 TensorParallel.SINGLE = TensorParallel(0, 1, None)
+
+
+def kv_heads_per_rank(num_kv_heads: int, world_size: int) -> int:
+    """The KV heads each of ``world_size`` ranks holds (every rank as many; see the module's docstring), what
+    a rank's KV page is sized by; ValueError as `TensorParallel.kv_heads` when the ranks cannot hold them."""
+    return TensorParallel(0, world_size).kv_heads(num_kv_heads).size

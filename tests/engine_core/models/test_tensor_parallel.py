@@ -1,6 +1,6 @@
 """Tensor parallelism without processes: the sharding arithmetic and its refusals, a rank's shard loaded from
-only its slices of the checkpoint, and the runner's per-rank KV cache and refusals (no collective runs: a rank
-is built and loaded, never stepped)."""
+only its slices of the checkpoint, and the runner's per-rank KV cache, its sizing and refusals (no collective
+runs: a rank is built and loaded, never stepped)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from openinfer.engine_core.config import EngineConfig
+from openinfer.engine_core.core.kv_sizing import kv_block_bytes
 from openinfer.engine_core.models import weights
+from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
@@ -191,3 +194,12 @@ def test_moe_and_qwen3_5_are_refused_at_two_ranks(tmp_path: Path) -> None:
     ):
         with pytest.raises(ValueError, match="tensor parallelism serves Qwen3 dense models so far"):
             ModelRunner(folder, CPU, 8, 4, parallel=TensorParallel(0, 2))
+
+
+def test_kv_blocks_are_sized_by_a_ranks_kv_heads(checkpoint: Path) -> None:
+    """A rank's KV block holds its KV heads: 2 layers x 2 (keys, values) x 1 head x 16 dims x 16 tokens x 4
+    bytes = 4096 at N = 2, whether the model's 2 KV heads are split or its one head is replicated."""
+    config = EngineConfig(model_path=checkpoint, served_model_name="t", kv_cache_gb=0.01)
+    model = ModelConfig.from_folder(checkpoint)
+    assert kv_block_bytes(config, model, torch.float32, tensor_parallel_size=2) == 2 * 2 * 1 * 16 * 16 * 4
+    assert kv_block_bytes(config, model, torch.float32) == 2 * 2 * model.num_key_value_heads * 16 * 16 * 4
