@@ -5,12 +5,15 @@ read the sharded KV cache back."""
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
+from openinfer.engine_core.testing.qwen3_checkpoint import make_qwen3_0_6b_shaped_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk
 from openinfer.engine_core.testing.tensor_parallel_ranks import run_ranks, runner_logits
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
@@ -30,18 +33,34 @@ STEPS = [
     # both decode: A at 8 tokens (its second block's end), B at 13
     [SeqChunk([200], 8, TABLE_A + [5], 1), SeqChunk([1], 13, TABLE_B, 1)],
 ]
-CASES = {
-    "tied": (True, SMALL_QWEN3),  # 4 query heads over 2 KV heads: one KV head a rank
-    "untied": (False, SMALL_QWEN3),  # the LM head its own vocab-parallel matrix
-    "one_kv_head": (True, {**SMALL_QWEN3, "num_key_value_heads": 1}),  # the KV head replicated on both ranks
+# Qwen3-0.6B's layout and vocabulary at small widths
+SMALL_REAL_VOCAB = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+# a small model of each layout N = 2 shards differently, built in a folder
+CASES: dict[str, Callable[[Path], Path]] = {
+    # 4 query heads over 2 KV heads: one KV head a rank
+    "tied": lambda folder: make_tiny_checkpoint(folder, seed=2, overrides=SMALL_QWEN3),
+    # the LM head its own vocab-parallel matrix
+    "untied": lambda folder: make_tiny_checkpoint(
+        folder, seed=2, tie_word_embeddings=False, overrides=SMALL_QWEN3
+    ),
+    # the one KV head replicated on both ranks
+    "one_kv_head": lambda folder: make_tiny_checkpoint(
+        folder, seed=2, overrides={**SMALL_QWEN3, "num_key_value_heads": 1}
+    ),
+    # Qwen3's 151,936-row vocabulary, bf16 weights in 2 files with an index: slices read across files
+    "real_vocab": lambda folder: make_qwen3_0_6b_shaped_checkpoint(folder, widths=SMALL_REAL_VOCAB),
 }
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tied, overrides = CASES[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    return make_tiny_checkpoint(folder, seed=2, tie_word_embeddings=tied, overrides=overrides)
+    return CASES[request.param](tmp_path_factory.mktemp(request.param))
 
 
 @pytest.mark.timeout(180)
@@ -50,7 +69,8 @@ def test_two_ranks_give_one_rank_logits(checkpoint: Path) -> None:
     float32 tolerance: the sharded prefill wrote each rank's KV heads where the decode steps read them."""
     expected = runner_logits(TensorParallel.SINGLE, checkpoint, STEPS, NUM_BLOCKS, BLOCK_SIZE)
     ranks = run_ranks(runner_logits, 2, checkpoint, STEPS, NUM_BLOCKS, BLOCK_SIZE, timeout_s=150)
-    assert [logits.shape for logits in expected] == [(7, 256), (3, 256), (2, 256)]
+    vocab = ModelConfig.from_folder(checkpoint).vocab_size
+    assert [logits.shape for logits in expected] == [(7, vocab), (3, vocab), (2, vocab)]
     for rank, steps in enumerate(ranks):
         for step, (got, want) in enumerate(zip(steps, expected, strict=True)):
             assert got.shape == want.shape
