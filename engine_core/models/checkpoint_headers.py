@@ -1,9 +1,9 @@
 """A checkpoint's tensors as its safetensors headers describe them (names, shapes, dtypes; no tensor data),
 checked against the shapes a config implies before any parameter is allocated or any tensor read.
 
-The loader (``weights.load_checkpoint``) reads each tensor whole before it compares its shape, so a
-checkpoint whose config and weights disagree could make it read gigabytes first; this check reads only the
-headers and refuses such a checkpoint with the loader's own messages. The files are the loader's too, opened
+The loader (``weights.load_checkpoint``) compares each tensor's shape as it reaches it, so a checkpoint
+whose config and weights disagree could make it read gigabytes of the tensors before first; this check reads
+only the headers and refuses such a checkpoint with the loader's own messages. The files are the loader's too, opened
 as it opens them (``weights.read_headers``): regular files inside the
 folder, a truncated file or a header too large a ValueError naming it.
 """

@@ -10,7 +10,7 @@ is the head its query heads read under grouped-query attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -51,7 +51,7 @@ class TensorParallel:
 
     rank: int  # 0 .. world_size - 1
     world_size: int  # ranks the model is split over (--tensor-parallel-size)
-    group: Any = None  # a torch.distributed ProcessGroup, or None (the default group; at one rank, none)
+    group: dist.ProcessGroup | None = None  # the collectives' group; None: the default one (one rank: none)
 
     SINGLE: ClassVar[TensorParallel]  # one rank: the whole model, no collectives
 
