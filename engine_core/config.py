@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 C = TypeVar("C", bound="DataclassInstance")
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # the KV cache on the CPU without --kv-cache-gb
+TP_NO_DRAFTER = "speculative decoding with --tensor-parallel-size > 1 is not supported yet"
 
 
 class SpecMethod(enum.StrEnum):
@@ -146,6 +147,12 @@ class EngineConfig:
     enforce_eager: bool = False  # --enforce-eager: no CUDA graphs (vLLM's flag)
     enable_prefix_caching: bool = True  # --no-enable-prefix-caching: every prompt computed (vLLM's flag)
     allowed_drafter_dirs: tuple[Path, ...] = ()  # run-time drafters must lie under one; none: no path loads
+    # --tensor-parallel-size N: ranks the model is sharded over (this process is rank 0; worker/rank_group.py)
+    tensor_parallel_size: int = 1
+    # each rank's device in rank order, rank 0's being `device`; () fills it in: the CPU for every rank, or
+    # CUDA devices device.index, device.index + 1, ...
+    rank_devices: tuple[Device, ...] = ()
+    rank_timeout: float = 60.0  # --rank-timeout: seconds a rank may keep the others waiting inside a step
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:
@@ -175,6 +182,7 @@ class EngineConfig:
         spec = self.speculative
         if self.fake_model and spec is not None and spec.method in CHECKPOINT_METHODS:
             raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
+        self._check_ranks()
         object.__setattr__(self, "frontend_addresses", tuple(self.frontend_addresses))
         if not self.frontend_addresses:
             raise ValueError("--frontend needs at least one tcp://HOST:PORT")
@@ -182,6 +190,38 @@ class EngineConfig:
             engine_addresses(address)  # ValueError naming it when it is not tcp://HOST:PORT
         if len(set(self.frontend_addresses)) != len(self.frontend_addresses):
             raise ValueError(f"--frontend names an address twice: {' '.join(self.frontend_addresses)}")
+
+    def _check_ranks(self) -> None:
+        """Refuse what tensor parallelism cannot run yet, and fill in each rank's device."""
+        size = self.tensor_parallel_size
+        if size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
+        if not self.rank_timeout > 0:
+            raise ValueError(f"--rank-timeout must be positive seconds, got {self.rank_timeout}")
+        if size > 1 and self.speculative is not None:
+            raise ValueError(
+                f"{TP_NO_DRAFTER}: drop --spec-method/--draft-model (openinfer-serve: --no-spec), or run "
+                "with --tensor-parallel-size 1"
+            )
+        if size > 1 and self.fake_model:
+            raise ValueError("--fake-model has no model to shard: drop --tensor-parallel-size")
+        devices = self.rank_devices or tuple(
+            self.device
+            if self.device.kind is DeviceKind.CPU
+            else Device(DeviceKind.CUDA, self.device.index + r)
+            for r in range(size)
+        )
+        object.__setattr__(self, "rank_devices", tuple(devices))
+        if len(devices) != size or devices[0] != self.device:
+            shown = ", ".join(map(str, devices))
+            raise ValueError(
+                f"--tensor-parallel-size {size} needs one device per rank, rank 0's first: got {shown} "
+                f"(--gpu names {size} GPUs, as --gpu 0,1)"
+            )
+        if any(d.kind is not self.device.kind for d in devices) or (
+            self.device.kind is DeviceKind.CUDA and len(set(devices)) != size
+        ):
+            raise ValueError(f"a tensor-parallel engine's ranks need {size} distinct GPUs, or the CPU each")
 
     @property
     def frontend_address(self) -> str:

@@ -89,7 +89,7 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
         "--log-level",
         args.log_level,
     )
-    command += ["--gpu", str(index)] if args.device == "cuda" else ["--device", "cpu"]
+    command += ["--gpu", engine_gpus(args, index)] if args.device == "cuda" else ["--device", "cpu"]
     for flag, value in (
         ("--model", args.model),
         ("--served-model-name", args.served_model_name),
@@ -103,6 +103,13 @@ def engine_command(args: argparse.Namespace, index: int) -> list[str]:
     if args.spec_log_dir:
         command.append(f"--spec-log={args.spec_log_dir}/spec-engine{index}.jsonl")
     return command + args.engine_argv
+
+
+def engine_gpus(args: argparse.Namespace, index: int) -> str:
+    """Engine ``index``'s GPUs under ``--device cuda``: GPU i for engine i, or with ``--tensor-parallel-size
+    N`` its N ranks' GPUs i*N ... i*N + N - 1 ("2,3")."""
+    size = max(args.tensor_parallel_size, 1)  # (below 1: the engine's config refuses it, naming the flag)
+    return ",".join(str(index * size + rank) for rank in range(size))
 
 
 def frontend_command(

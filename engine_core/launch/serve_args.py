@@ -104,7 +104,10 @@ def add_launcher_args(group: argparse._ArgumentGroup) -> None:
         "scrape of /metrics on the port shows the whole server (vLLM's flag)",
     )
     group.add_argument(
-        "--device", choices=list(DeviceKind), default="cpu", help="cpu, or cuda: engine i runs on GPU i"
+        "--device",
+        choices=list(DeviceKind),
+        default="cpu",
+        help="cpu, or cuda: engine i runs on GPU i (with --tensor-parallel-size N, on GPUs i*N ... i*N + N - 1)",
     )
     group.add_argument("--host", default="127.0.0.1", help="the frontend's HTTP address")
     group.add_argument("--port", type=int, default=8000, help="the frontend's HTTP port")

@@ -12,7 +12,10 @@ import msgspec
 
 from openinfer.protocol import DrafterMethod
 
-SCALE_OUT = "to use several GPUs, run one engine per GPU: --engines N --device cuda"
+SCALE_OUT = (
+    "to use several GPUs, shard the model over them (--tensor-parallel-size N) or run one engine per GPU "
+    "(--engines N --device cuda)"
+)
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,6 @@ class UnsupportedFlag:
 
 
 UNSUPPORTED: tuple[UnsupportedFlag, ...] = (
-    UnsupportedFlag(
-        ("--tensor-parallel-size", "-tp"), (1,),
-        f"openinfer runs the whole model on each GPU: it has no tensor parallelism; {SCALE_OUT}", int,
-    ),
     UnsupportedFlag(
         ("--pipeline-parallel-size", "-pp"), (1,), f"openinfer has no pipeline parallelism; {SCALE_OUT}", int
     ),

@@ -45,12 +45,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="One engine-core process, connected to a frontend over ZeroMQ.",
     )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--gpu", type=int, metavar="N", help="run on CUDA device N")
+    where.add_argument(
+        "--gpu",
+        type=gpu_list,
+        metavar="N[,N...]",
+        help="run on CUDA device N; with --tensor-parallel-size N, one device per rank (--gpu 0,1)",
+    )
     where.add_argument(
         "--device",
         choices=list(DeviceKind),
         default=DeviceKind.CPU,
-        help="run on this device (cuda: device 0)",
+        help="run on this device (cuda: device 0; with --tensor-parallel-size N, the first N of "
+        "CUDA_VISIBLE_DEVICES; cpu: N CPU ranks)",
     )
     parser.add_argument(
         "--frontend",
@@ -74,6 +80,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def gpu_list(text: str) -> tuple[int, ...]:
+    """``--gpu``'s value: CUDA device indices, comma-separated (``0`` or ``0,1``)."""
+    try:
+        gpus = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--gpu takes device indices such as 0 or 0,1, got {text!r}"
+        ) from None
+    if min(gpus) < 0 or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"--gpu takes distinct device indices >= 0, got {text!r}")
+    return gpus
+
+
 # vLLM's other names for --dtype's values.
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
@@ -92,14 +111,14 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     parser.add_argument(
         "--kv-cache-gb",
         type=float,
-        help="KV cache memory in GiB (default: --gpu-memory-utilization's share on CUDA, "
+        help="KV cache memory in GiB, per rank (default: --gpu-memory-utilization's share on CUDA, "
         f"{DEFAULT_CPU_KV_CACHE_GB:g} on the CPU)",
     )
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=0.9,
-        help="CUDA: the fraction of the GPU's memory this engine may use; the KV cache gets what the weights "
+        help="CUDA: the fraction of each GPU's memory this engine may use; the KV cache gets what the weights "
         "and activations leave of it, unless --kv-cache-gb or --num-kv-blocks (vLLM's flag). No effect on "
         "the CPU",
     )
@@ -118,8 +137,23 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     parser.add_argument(
         "--num-threads",
         type=int,
+        help="torch CPU threads, per rank (default 1: best decode latency when engines share the cores; with "
+        "--tensor-parallel-size N on the CPU, the cores / N)",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
         default=1,
-        help="torch CPU threads (1: best decode latency when engines share the cores)",
+        help="shard the model over N ranks, one process each (Qwen3 dense so far; N must divide the attention "
+        "heads): N GPUs (--gpu 0,1,..., or the first N of CUDA_VISIBLE_DEVICES) or N CPU ranks (vLLM's flag)",
+    )
+    parser.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=60.0,
+        help="with --tensor-parallel-size > 1: seconds a rank may keep the others waiting inside a step before "
+        "the engine ends (a rank that dies ends it at once)",
     )
     parser.add_argument(
         "--spec-method",
@@ -228,10 +262,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise ValueError("--confidence-threshold needs a DSpark drafter (--spec-method dspark)")
     elif args.enable_adaptive_verification:
         raise ValueError("--enable-adaptive-verification needs a drafter (--spec-method or --draft-model)")
-    if args.gpu is not None:
-        device = Device(DeviceKind.CUDA, args.gpu)
-    else:
-        device = Device(DeviceKind(args.device))
+    devices = rank_devices(args)
+    device = devices[0] if devices else Device(DeviceKind(args.device))
     allowed = args.allowed_drafter_dir or default_drafter_folders(model_path, draft_model)
     return from_flags(
         EngineConfig,
@@ -242,7 +274,32 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         speculative=speculative,
         default_draft_models=default_drafts,
         allowed_drafter_dirs=tuple(allowed),
+        rank_devices=devices,
     )
+
+
+def rank_devices(args: argparse.Namespace) -> tuple[Device, ...]:
+    """The devices ``--gpu`` names, one per rank; () without ``--gpu`` (the config fills them in: the CPU,
+    or the first N CUDA devices). ValueError when their count is not ``--tensor-parallel-size``."""
+    if args.gpu is None:
+        return ()
+    size = args.tensor_parallel_size
+    if size >= 1 and len(args.gpu) != size:  # (a size below 1 is the config's to refuse)
+        raise ValueError(
+            f"--gpu names {len(args.gpu)} device(s) for --tensor-parallel-size {size}: give one per rank "
+            f"(--gpu {','.join(map(str, range(size)))}), or --device cuda for the first {size} of "
+            "CUDA_VISIBLE_DEVICES"
+        )
+    return tuple(Device(DeviceKind.CUDA, gpu) for gpu in args.gpu)
+
+
+def num_threads(args: argparse.Namespace, cores: int) -> int:
+    """torch CPU threads for each of the engine's ranks: ``--num-threads``, else 1, or with N CPU ranks the
+    ``cores`` this process may use shared out (at least one each)."""
+    if args.num_threads is not None:
+        return max(1, args.num_threads)
+    size = args.tensor_parallel_size
+    return max(1, cores // size) if size > 1 and args.gpu is None and args.device == DeviceKind.CPU else 1
 
 
 def drafter_flags(

@@ -7,6 +7,7 @@ CurveZMQ keys; then :class:`EngineProcess` runs the loop.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import sys
@@ -19,11 +20,13 @@ from openinfer.engine_core.config import EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.kv_sizing import GpuMemory, kv_block_bytes, num_kv_blocks, state_geometry
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.process.engine_args import config_from_args, parse_args
+from openinfer.engine_core.process.engine_args import config_from_args, num_threads, parse_args
 from openinfer.engine_core.process.engine_process import CurveClientKeys, EngineProcess
 from openinfer.engine_core.process.tokenizer_files import check_tokenizer_files
 from openinfer.engine_core.worker.executor import ModelExecutor, resolve_dtype
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.worker.rank_group import ParallelRunner, RankGroupFailure, init_address
+from openinfer.engine_core.worker.rank_spec import RankSpec
 
 __all__ = ["config_from_args", "main", "parse_args"]  # the flags live in engine_args.py (no torch there)
 logger = logging.getLogger("openinfer.engine")
@@ -50,8 +53,10 @@ def curve_client_keys(folder: Path, engine_index: int) -> CurveClientKeys:
     return CurveClientKeys(public, secret, server_public)
 
 
-def load_runner(config: EngineConfig) -> ModelExecutor:
-    """The runner the engine core steps: the Qwen3 folder's, or the fake model's under ``--fake-model``.
+def load_runner(config: EngineConfig, threads: int = 1, log_level: str = "info") -> ModelExecutor:
+    """The runner the engine core steps: the Qwen3 folder's, or the fake model's under ``--fake-model``; with
+    ``--tensor-parallel-size N`` > 1 a :class:`ParallelRunner` (this process rank 0, N - 1 rank processes of
+    ``threads`` torch threads each, logging at ``log_level``).
 
     The KV cache holds as many blocks as :func:`kv_sizing.num_kv_blocks` says (``--num-kv-blocks``,
     ``--kv-cache-gb``, ``--gpu-memory-utilization``), a block being the target's page and the start-time
@@ -72,11 +77,19 @@ def load_runner(config: EngineConfig) -> ModelExecutor:
         model_config = ModelConfig.from_folder(config.model_path)
     gpu = GpuMemory(*torch.cuda.mem_get_info(device)) if device.type == "cuda" else None
     # first: it checks the start-time drafter against the target, before anything is sized from it
-    block_bytes = kv_block_bytes(config, model_config, dtype)
+    block_bytes = kv_block_bytes(config, model_config, dtype, config.tensor_parallel_size)  # a rank's
     states = state_geometry(config, model_config, dtype, gpu)  # a hybrid model's; None for Qwen3
     num_blocks = num_kv_blocks(config, model_config, dtype, block_bytes, gpu, states)
     if config.fake_model:
         return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
+    if config.tensor_parallel_size > 1:
+        spec = RankSpec(
+            config.engine_index, 0, config.tensor_parallel_size, init_address(), os.getpid(),
+            str(config.model_path), str(device), str(dtype).removeprefix("torch."), num_blocks,
+            config.block_size, config.attention_backend, config.enforce_eager, config.max_num_seqs, threads,
+            config.rank_timeout, log_level,
+        )  # fmt: skip
+        return ParallelRunner(spec, [str(d) for d in config.rank_devices])
     return ModelRunner(
         config.model_path,
         device,
@@ -97,17 +110,22 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format=f"%(asctime)s engine{args.engine_index} %(levelname)s %(message)s",
     )
-    torch.set_num_threads(max(1, args.num_threads))
+    threads = num_threads(args, len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads)
     try:
         config = config_from_args(args)
         keys = curve_client_keys(config.curve_keys, config.engine_index) if config.curve_keys else None
         check_tokenizer_files(config.model_path)
-        core = EngineCore(config, load_runner(config), incarnation=random.getrandbits(64))
+        runner = load_runner(config, threads, args.log_level)
+        core = EngineCore(config, runner, incarnation=random.getrandbits(64))
         core.grammars.compilers.warm()
         process = EngineProcess(config, core, keys)
     except (ValueError, FileNotFoundError, ImportError) as e:
         logger.error("%s", e)
         sys.exit(2)
+    except RankGroupFailure as e:  # a rank died or failed while the engine started
+        logger.error("%s", e)
+        sys.exit(1)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: process.stop())
     logger.info(
@@ -121,6 +139,11 @@ def main(argv: list[str] | None = None) -> None:
         " ".join(config.frontend_addresses),
     )
     process.run()
+    if isinstance(runner, ParallelRunner):
+        runner.close()  # the ranks told to stop; killed by pid if they do not
+    if process.failure is not None:  # a rank died, failed or hung: the whole engine ends
+        logger.error("engine %d ends: %s", config.engine_index, process.failure)
+        sys.exit(1)
     if process.refusal is not None:
         sys.exit(3)  # the frontend refused it (logged): a status of its own, for supervisors
     logger.info("engine %d stopped", config.engine_index)

@@ -12,12 +12,13 @@ from typing import NamedTuple
 import zmq
 
 from openinfer import protocol
-from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig
+from openinfer.engine_core.config import CHECKPOINT_METHODS, TP_NO_DRAFTER, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.frontend_links import STALLED, FrontendLink, FrontendLinks
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_loaders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
+from openinfer.engine_core.worker.rank_group import RankGroupFailure
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -54,6 +55,7 @@ class EngineProcess:
         self.frontends = FrontendLinks(config.frontend_addresses, self._socket, identity)
         self._stopping = False
         self.refusal: str | None = None  # why the frontend refused this engine (then run() returns)
+        self.failure: str | None = None  # why the engine must end: a rank of its group failed (run() returns)
         # A drafter being loaded in the background, and the command that asked for it.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-load")
         self._pending_load: tuple[FrontendLink, protocol.LoadDrafter, Future[SpecDecoder]] | None = None
@@ -84,6 +86,9 @@ class EngineProcess:
             busy = self.core.has_work
             try:
                 outputs = self.core.step()
+            except RankGroupFailure as e:  # its ranks are out of step: no later step can run
+                self.failure = str(e)
+                break
             except Exception:  # noqa: BLE001 - one bad step must not take the engine (and its peers) down
                 logger.exception("an engine step failed; ending the requests it was running")
                 outputs = self.core.fail_running("the engine failed while running this request; see its log")
@@ -142,6 +147,8 @@ class EngineProcess:
             self.core.unload_drafter()
             self._announce_counters()
             self._reply(link, command, True, "speculative decoding is off")
+        elif self.config.tensor_parallel_size > 1:
+            self._reply(link, command, False, TP_NO_DRAFTER)
         elif command.draft_model and not is_allowed(command.draft_model, self.config.allowed_drafter_dirs):
             logger.warning("drafter load refused: %r is outside --allowed-drafter-dir", command.draft_model)
             self._reply(link, command, False, NOT_ALLOWED.format(path=command.draft_model))

@@ -132,8 +132,8 @@ def test_every_engine_gets_its_own_index_device_and_spec_log() -> None:
     argv = ["/m", "--engines", "2", "--device", "cuda", "--spec-log-dir", "/logs", "--max-num-seqs", "8"]
     engines = [engine_flags(*argv, index=i) for i in range(2)]
     assert [(e.engine_index, e.gpu, str(e.spec_log)) for e in engines] == [
-        (0, 0, "/logs/spec-engine0.jsonl"),
-        (1, 1, "/logs/spec-engine1.jsonl"),
+        (0, (0,), "/logs/spec-engine0.jsonl"),
+        (1, (1,), "/logs/spec-engine1.jsonl"),
     ]
     assert [e.max_num_seqs for e in engines] == [8, 8]
     assert config_from_args(engines[1]).device == Device(DeviceKind.CUDA, 1)

@@ -89,9 +89,8 @@ def test_values_that_look_like_flags_stay_values() -> None:
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["-tp", "2"], "--tensor-parallel-size 2 is vLLM's; openinfer runs the whole model on each GPU"),
-        (["--tensor-parallel-size", "8"], "--engines N --device cuda"),
-        (["-pp", "2"], "no pipeline parallelism"),
+        (["-pp", "2"], "--pipeline-parallel-size 2 is vLLM's; openinfer has no pipeline parallelism"),
+        (["-pp", "2"], "--tensor-parallel-size N"),
         (["--data-parallel-size", "2"], "data parallelism is --engines N"),
         (["-q", "awq"], "--quantization awq is vLLM's; openinfer serves unquantized weights only"),
         (["--kv-cache-dtype", "fp8"], "the weights' dtype (--dtype)"),
@@ -122,9 +121,9 @@ def test_vllm_flags_openinfer_lacks_are_refused(
 
 
 def test_neutral_vllm_values_are_accepted_and_passed_to_no_one() -> None:
-    """-tp 1, -pp 1, -dp 1, --quantization none, --kv-cache-dtype auto, --cpu-offload-gb 0 and
+    """-pp 1, -dp 1, --quantization none, --kv-cache-dtype auto, --cpu-offload-gb 0 and
     --trust-remote-code ask for nothing openinfer lacks: accepted, and no child sees them."""
-    argv = ["-tp", "1", "-pp", "1", "-dp", "1", "-q", "none", "--kv-cache-dtype", "auto"]
+    argv = ["-pp", "1", "-dp", "1", "-q", "none", "--kv-cache-dtype", "auto"]
     serve = parse_args([*argv, "--cpu-offload-gb", "0", "--trust-remote-code"])
     assert serve.engine_argv == [] and serve.frontend_argv == []
 
@@ -182,6 +181,8 @@ def test_curve_keys_are_made_when_missing(tmp_path: Path) -> None:
         (["/m", "--fake-model"], "--fake-model serves no model"),
         (["--no-spec", "--kv-cache-gb", "0"], "--kv-cache-gb must be positive"),
         (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+        (["-tp", "2"], "speculative decoding with --tensor-parallel-size > 1 is not supported yet"),
+        (["--fake-model", "-tp", "2"], "--fake-model has no model to shard"),
     ],
 )
 def test_engine_flags_that_cannot_work_stop_serve_before_it_starts(argv: list[str], words: str) -> None:
@@ -218,3 +219,12 @@ def test_vllm_speculative_config_is_openinfers_drafter_flags() -> None:
         engine.prompt_lookup_max,
     ) == ("ngram", 4, 2, 5)
     assert not engine.enable_adaptive_verification
+
+
+def test_tensor_parallel_engines_get_their_ranks_gpus() -> None:
+    """-tp 2 reaches every engine; under --device cuda engine i gets GPUs 2i and 2i + 1, one per rank."""
+    serve = parse_args(["/m", "--engines", "2", "--device", "cuda", "-tp", "2", "--no-spec"])
+    engines = [child_reads(engine_command(serve, index), engine_args) for index in (0, 1)]
+    assert [(e.tensor_parallel_size, e.gpu) for e in engines] == [(2, (0, 1)), (2, (2, 3))]
+    cpu = child_reads(engine_command(parse_args(["/m", "-tp", "2"]), 0), engine_args)
+    assert (cpu.tensor_parallel_size, cpu.device, cpu.gpu) == (2, "cpu", None)

@@ -1,0 +1,184 @@
+"""An engine over two CPU ranks (``-tp 2``, gloo on loopback) as real processes: greedy completions equal one
+rank's behind a real frontend; a rank killed mid-stream ends its engine (the request gets the engine-death
+error, no process is left) and openinfer-serve starts the whole group again; what cannot run at N > 1 is
+refused at start with exit status 2 and the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from openinfer.engine_core.launch.local_cluster import python_module
+from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
+from tests.e2e.load import Load, first_tokens
+from tests.e2e.processes import Cluster, kill_all, serve_children
+from tests.e2e.serve_under_test import gone
+
+# Token prompts (the tiny model's 512-token vocabulary); the last is prefilled in chunks of 16 tokens.
+PROMPTS = [[5, 6, 7, 8], [100, 3, 9], [7] * 3 + list(range(200, 237))]
+MAX_TOKENS = 12
+RANK_STARTED = re.compile(r"started rank (\d+) of (\d+) \(pid (\d+)\)")
+
+
+def rank_pids(log: str) -> list[int]:
+    """The rank processes an engine's log says it started, in order."""
+    return [int(m.group(3)) for m in RANK_STARTED.finditer(log)]
+
+
+def wait_gone(pids: list[int], timeout: float = 30.0) -> None:
+    """Until every one of ``pids`` has exited (a bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while not all(gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running after {timeout} s: {pids}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[int, Cluster]]:
+    """A frontend and an engine of -tp 1, and a frontend and an engine of -tp 2 (rank 1 a process of its
+    own), both serving the tiny model with prefill chunks of 16 tokens."""
+    started = {tp: Cluster(tmp_path_factory.mktemp(f"tp{tp}")) for tp in (1, 2)}
+    try:
+        for tp, cluster in started.items():
+            cluster.start_frontend()
+            cluster.start_engine(tiny_model, 0, "-tp", str(tp), "--max-num-batched-tokens", "16")
+        for cluster in started.values():
+            cluster.wait_healthy(timeout=120)
+        yield started
+    finally:
+        for cluster in started.values():
+            cluster.stop()
+        kill_all(rank_pids(_log(started[2], "engine0")))
+
+
+def _log(cluster: Cluster, name: str) -> str:
+    assert cluster.log_dir is not None
+    return (cluster.log_dir / f"{name}.log").read_text(errors="replace")
+
+
+async def _completions(url: str, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy completions of ``prompts``, sent at once (so that the engine batches them)."""
+
+    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> list[int]:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+        body |= {"ignore_eos": True, "return_token_ids": True}
+        async with session.post(f"{url}/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            tokens: list[int] = (await r.json())["choices"][0]["token_ids"]
+            return tokens
+
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(one(session, p) for p in prompts)))
+
+
+async def test_two_ranks_complete_as_one(clusters: dict[int, Cluster]) -> None:
+    """Greedy tokens of -tp 2 equal -tp 1's on the same prompts (batched, one prefilled in chunks); the
+    sharded engine ran a rank process of its own."""
+    one, two = [await _completions(clusters[tp].url, PROMPTS) for tp in (1, 2)]
+    assert two == one and all(len(tokens) == MAX_TOKENS for tokens in one)
+    log = _log(clusters[2], "engine0")
+    assert len(rank_pids(log)) == 1 and "tensor parallel over 2 ranks" in log
+
+
+def _engine(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """openinfer-engine with ``flags`` run to its end (bounded), for a start it must refuse."""
+    argv = python_module("openinfer.engine_core.process.engine_cli", "--device", "cpu", *flags)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (
+            ["--spec-method", "ngram", "--num-spec-tokens", "3"],
+            "speculative decoding with --tensor-parallel-size",
+        ),
+        (["--fake-model"], "--fake-model has no model to shard"),
+    ],
+)
+def test_what_cannot_run_on_two_ranks_is_refused(
+    tmp_path: Path, tiny_model: Path, flags: list[str], words: str
+) -> None:
+    """A drafter or --fake-model with -tp 2: exit status 2 and the reason, before any rank starts."""
+    model = [] if "--fake-model" in flags else ["--model", str(tiny_model)]
+    done = _engine(tmp_path, *model, "-tp", "2", *flags)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert rank_pids(done.stderr) == []
+
+
+def test_ranks_that_do_not_divide_the_heads_are_refused_with_no_rank_left(tmp_path: Path) -> None:
+    """3 attention heads (over 1 KV head, which the ranks replicate) on 2 ranks: the model's own refusal,
+    raised by rank 0 once its rank process started, ends the engine with status 2 and that message, and the
+    rank process is gone."""
+    overrides = {**SMALL_TEXT_QWEN3, "num_attention_heads": 3, "num_key_value_heads": 1}
+    model = make_tiny_checkpoint(tmp_path / "three_heads", seed=3, overrides=overrides)
+    done = _engine(tmp_path, "--model", str(model), "-tp", "2", "--kv-cache-gb", "0.05")
+    pids = rank_pids(done.stderr)
+    kill_all(pids)
+    assert done.returncode == 2, done.stderr
+    assert "--tensor-parallel-size 2 does not divide the model's 3 attention heads" in done.stderr
+    assert len(pids) == 1 and gone(pids[0])
+
+
+async def test_a_killed_rank_ends_its_engine_and_serve_starts_the_group_again(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """kill -9 of rank 1 while a request streams: the stream ends with the engine-death error naming engine 0,
+    the engine exits 1 with a line naming the rank, no process of the group is left, serve starts the engine
+    (and so a new rank 1) again, and the next request completes."""
+    cluster = Cluster(tmp_path)
+    serve = cluster.start_serve(
+        tiny_model, "-tp", "2", "--no-spec", "--step-sleep", "0.05", "--engine-restart-backoff", "0.2"
+    )
+    seen: set[int] = set()
+    try:
+        cluster.wait_healthy(timeout=120)
+        engine = serve_children(serve.pid)["engine0"]
+        (rank,) = rank_pids(_serve_log(cluster))
+        seen |= {engine, rank}
+        load = Load(cluster.url, clients=0, timeout_s=60, model="tiny")
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True, "stream": True}
+        async with aiohttp.ClientSession() as session:
+            before = await first_tokens(session, cluster.url, "tiny")
+            stream = asyncio.create_task(load.request(session, dict(body)))
+            await wait_for_first_tokens_of(session, cluster.url, before + 1)
+            os.kill(rank, signal.SIGKILL)
+            outcome = await stream
+            wait_gone([engine, rank])
+            async with asyncio.timeout(120):  # serve restarts the engine, which starts its own rank 1
+                while len(rank_pids(_serve_log(cluster))) < 2 or "engine0" not in serve_children(serve.pid):
+                    await asyncio.sleep(0.1)
+            seen |= set(rank_pids(_serve_log(cluster))) | set(serve_children(serve.pid).values())
+            cluster.wait_healthy(timeout=120)
+            short = {**body, "max_tokens": 8}
+            after = await load.request(session, short)
+        assert outcome.kind == "engine_error" and "engine 0" in outcome.message, outcome
+        log = _serve_log(cluster)
+        assert f"rank 1 of 2 (pid {rank}) was killed by SIGKILL" in log
+        assert "engine 0 exited with code 1; starting it again" in log, log[-3000:]
+        assert after.kind == "ok", after
+        assert serve.poll() is None and serve_children(serve.pid)["engine0"] != engine
+    finally:
+        cluster.stop(30)
+        kill_all(seen)
+    wait_gone(sorted(seen))
+
+
+async def wait_for_first_tokens_of(session: aiohttp.ClientSession, url: str, count: float) -> None:
+    """Until ``count`` requests of "tiny" had their first token (a bounded wait)."""
+    async with asyncio.timeout(60):
+        while await first_tokens(session, url, "tiny") < count:
+            await asyncio.sleep(0.1)
+
+
+def _serve_log(cluster: Cluster) -> str:
+    return _log(cluster, "serve")
