@@ -182,3 +182,32 @@ async def wait_for_first_tokens_of(session: aiohttp.ClientSession, url: str, cou
 
 def _serve_log(cluster: Cluster) -> str:
     return _log(cluster, "serve")
+
+
+async def test_a_hung_rank_ends_its_engine_after_the_rank_timeout(tmp_path: Path, tiny_model: Path) -> None:
+    """SIGSTOP of rank 1 while a request streams: rank 0's next collective waits --rank-timeout (2 s), then
+    the engine ends (exit 1, a line saying why), the stream gets the engine-death error, and the stopped rank
+    is killed by its engine: nothing is left."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_frontend()
+        engine = cluster.start_engine(
+            tiny_model, 0, "-tp", "2", "--rank-timeout", "2", "--step-sleep", "0.05"
+        )
+        cluster.wait_healthy(timeout=120)
+        (rank,) = rank_pids(_log(cluster, "engine0"))
+        load = Load(cluster.url, clients=0, timeout_s=60, model="tiny")
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True, "stream": True}
+        async with aiohttp.ClientSession() as session:
+            before = await first_tokens(session, cluster.url, "tiny")
+            stream = asyncio.create_task(load.request(session, dict(body)))
+            await wait_for_first_tokens_of(session, cluster.url, before + 1)
+            os.kill(rank, signal.SIGSTOP)
+            outcome = await stream
+        assert engine.wait(60) == 1
+        wait_gone([rank])
+        assert outcome.kind == "engine_error" and "engine 0" in outcome.message, outcome
+        assert "kept the others waiting past --rank-timeout 2 s during a step" in _log(cluster, "engine0")
+    finally:
+        cluster.stop()
+        kill_all(rank_pids(_log(cluster, "engine0")))
