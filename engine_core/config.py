@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 C = TypeVar("C", bound="DataclassInstance")
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # the KV cache on the CPU without --kv-cache-gb
-TP_NO_DRAFTER = "speculative decoding with --tensor-parallel-size > 1 is not supported yet"
 
 
 class SpecMethod(enum.StrEnum):
@@ -31,6 +30,20 @@ class SpecMethod(enum.StrEnum):
 
 # The block drafters: a checkpoint folder (--draft-model) that reads the target's hidden states.
 CHECKPOINT_METHODS = frozenset({SpecMethod.DFLASH, SpecMethod.DSPARK})
+
+
+def check_drafter_ranks(method: DrafterMethod, tensor_parallel_size: int) -> None:
+    """Refuse a drafter that cannot run over ``tensor_parallel_size`` ranks (at start and for run-time loads).
+
+    The n-gram drafter runs at any N: it proposes on rank 0 from token ids alone, and its verify step is a
+    step like any other, which every rank runs. DFlash and DSpark share the target's embedding and LM head,
+    which are collectives at N > 1: not yet."""
+    if tensor_parallel_size > 1 and method in CHECKPOINT_METHODS:
+        raise ValueError(
+            f"speculative decoding with --tensor-parallel-size > 1 is not supported yet for {method} (its "
+            "drafter shares the target's embedding and LM head, sharded over the ranks): use --spec-method "
+            "ngram, drop the drafter (openinfer-serve: --no-spec), or run with --tensor-parallel-size 1"
+        )
 
 
 class ModelDtype(enum.StrEnum):
@@ -198,11 +211,8 @@ class EngineConfig:
             raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
         if not self.rank_timeout > 0:
             raise ValueError(f"--rank-timeout must be positive seconds, got {self.rank_timeout}")
-        if size > 1 and self.speculative is not None:
-            raise ValueError(
-                f"{TP_NO_DRAFTER}: drop --spec-method/--draft-model (openinfer-serve: --no-spec), or run "
-                "with --tensor-parallel-size 1"
-            )
+        if self.speculative is not None:
+            check_drafter_ranks(self.speculative.method, size)
         if size > 1 and self.fake_model:
             raise ValueError("--fake-model has no model to shard: drop --tensor-parallel-size")
         devices = self.rank_devices or tuple(

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,28 +16,17 @@ import aiohttp
 import pytest
 
 from openinfer.engine_core.launch.local_cluster import python_module
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 from tests.e2e.load import Load, first_tokens
 from tests.e2e.processes import Cluster, kill_all, serve_children
+from tests.e2e.rank_processes import rank_pids, wait_gone
 from tests.e2e.serve_under_test import gone
 
 # Token prompts (the tiny model's 512-token vocabulary); the last is prefilled in chunks of 16 tokens.
 PROMPTS = [[5, 6, 7, 8], [100, 3, 9], [7] * 3 + list(range(200, 237))]
 MAX_TOKENS = 12
-RANK_STARTED = re.compile(r"started rank (\d+) of (\d+) \(pid (\d+)\)")
-
-
-def rank_pids(log: str) -> list[int]:
-    """The rank processes an engine's log says it started, in order."""
-    return [int(m.group(3)) for m in RANK_STARTED.finditer(log)]
-
-
-def wait_gone(pids: list[int], timeout: float = 30.0) -> None:
-    """Until every one of ``pids`` has exited (a bounded wait)."""
-    deadline = time.monotonic() + timeout
-    while not all(gone(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"still running after {timeout} s: {pids}"
-        time.sleep(0.05)
+DFLASH_FOLDER = "<a DFlash checkpoint for the tiny model>"  # written by the test that names it
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +86,8 @@ def _engine(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     ("flags", "words"),
     [
         (
-            ["--spec-method", "ngram", "--num-spec-tokens", "3"],
-            "speculative decoding with --tensor-parallel-size",
+            ["--spec-method", "dflash", "--num-spec-tokens", "3", "--draft-model", DFLASH_FOLDER],
+            "speculative decoding with --tensor-parallel-size > 1 is not supported yet for dflash",
         ),
         (["--fake-model"], "--fake-model has no model to shard"),
     ],
@@ -108,7 +95,11 @@ def _engine(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
 def test_what_cannot_run_on_two_ranks_is_refused(
     tmp_path: Path, tiny_model: Path, flags: list[str], words: str
 ) -> None:
-    """A drafter or --fake-model with -tp 2: exit status 2 and the reason, before any rank starts."""
+    """A DFlash drafter (a real checkpoint for the model; n-gram runs at any N) or --fake-model with -tp 2:
+    exit status 2 and the reason, before any rank starts."""
+    if DFLASH_FOLDER in flags:
+        drafter = str(make_tiny_dflash_checkpoint(tmp_path / "dflash", tiny_model))
+        flags = [drafter if flag == DFLASH_FOLDER else flag for flag in flags]
     model = [] if "--fake-model" in flags else ["--model", str(tiny_model)]
     done = _engine(tmp_path, *model, "-tp", "2", *flags)
     assert done.returncode == 2 and words in done.stderr, done.stderr
