@@ -11,6 +11,13 @@ value dim), float32) live in slots of this layer's state tensors (`allocate_stat
 reads and which each token writes is the step's `StateIndex` (kernels/state_index.py). The conv and the delta
 rule run the engine's kernels (`KernelBackends.causal_conv` and `.gated_delta`: torch on the CPU, Triton and
 fla on CUDA), short or long form by the step's shape.
+
+Tensor-parallel (a `TensorParallel` of several ranks), each rank holds whole key heads and the value heads
+they serve (key head h serves value heads h * r ... h * r + r - 1, r = value heads / key heads): its q, k and v
+rows of in_proj_qkv (three slices of the checkpoint tensor) and the same conv channels, its value heads' rows
+of in_proj_z/b/a and entries of A_log and dt_bias, and its value heads' columns of out_proj (row-parallel:
+one all-reduce). The per-head norm is replicated; the conv and recurrent states hold the rank's channels and
+heads only. A rank count that does not divide the key heads is refused.
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.hybrid_config import HybridConfig
-from openinfer.engine_core.models.packed_linear import PackedLinear
+from openinfer.engine_core.models.packed_linear import PackedLinear, row_parallel_linear
 from openinfer.engine_core.models.qwen3 import rms_normalize
+from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
+from openinfer.engine_core.models.weights import CheckpointSlice, Target
 from openinfer.kernels.kernel_backends import KernelBackends
 from openinfer.kernels.state_index import StateIndex
 
@@ -49,15 +58,26 @@ class DepthwiseConv(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, hidden_size: int, hybrid: HybridConfig, eps: float, kernels: KernelBackends) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        hybrid: HybridConfig,
+        eps: float,
+        kernels: KernelBackends,
+        parallel: TensorParallel = TensorParallel.SINGLE,
+    ) -> None:
         super().__init__()
         self.causal_conv, self.gated_delta = kernels.causal_conv, kernels.gated_delta
-        self.num_k_heads, self.num_v_heads = hybrid.linear_num_key_heads, hybrid.linear_num_value_heads
         self.head_k_dim, self.head_v_dim = hybrid.linear_key_head_dim, hybrid.linear_value_head_dim
+        # this rank's key heads and the value heads they serve (all of them at one rank)
+        self.k_heads, self.v_heads = linear_heads(hybrid, parallel)
+        self.num_k_heads, self.num_v_heads = self.k_heads.size, self.v_heads.size
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
-        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim  # the rank's q, k and v channels
         self.conv_kernel = hybrid.linear_conv_kernel_dim
+        self.full_key_dim, self.full_conv_dim = hybrid.key_dim, hybrid.conv_dim  # the checkpoint's widths
+        values = self.v_heads.scaled(self.head_v_dim)  # checkpoint rows of in_proj_z, columns of out_proj
         self.in_proj = PackedLinear(
             hidden_size,
             {
@@ -67,16 +87,49 @@ class GatedDeltaNet(nn.Module):
                 "in_proj_a": self.num_v_heads,
             },
             False,
+            # in_proj_qkv's three row slices are `sharded_targets`'
+            out_shards={"in_proj_z": values, "in_proj_b": self.v_heads, "in_proj_a": self.v_heads},
         )
         self.conv1d = DepthwiseConv(self.conv_dim, self.conv_kernel)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, eps)
-        self.out_proj = PackedLinear(self.value_dim, {"out_proj": hidden_size}, False)
+        self.out_proj = row_parallel_linear(values, {"out_proj": hidden_size}, False, parallel)
         # Set by `allocate_states`: (num_slots, conv_dim, kernel - 1) in the weights' dtype and
         # (num_slots, value heads, key dim, value dim) float32.
         self.conv_state: Tensor | None = None
         self.recurrent_state: Tensor | None = None
+
+    def sharded_targets(self) -> dict[str, Target]:
+        """A rank's slices of the checkpoint tensors that are not one `PackedLinear` part's rows, by name
+        relative to this layer: in_proj_qkv's and conv1d's q, k and v rows, A_log's and dt_bias's value
+        heads. Empty at one rank (the parameters take the tensors whole)."""
+        if self.k_heads.whole:
+            return {}
+        keys, values = self.k_heads.scaled(self.head_k_dim), self.v_heads.scaled(self.head_v_dim)
+        rows = (  # the checkpoint's rows of q, k and v, in the rank's channel order
+            keys.slice,
+            slice(self.full_key_dim + keys.start, self.full_key_dim + keys.start + keys.size),
+            slice(2 * self.full_key_dim + values.start, 2 * self.full_key_dim + values.start + values.size),
+        )
+        qkv = self.in_proj.weight_t[:, : self.conv_dim].t()  # (conv_dim, hidden): the rank's q, k, v rows
+        ends = (self.key_dim, 2 * self.key_dim, self.conv_dim)
+
+        def three_slices(local: Tensor) -> tuple[CheckpointSlice, ...]:
+            full_shape = (self.full_conv_dim, *local.shape[1:])
+            starts = (0, *ends[:2])
+            return tuple(
+                CheckpointSlice(local[start:end], full_shape, (rows_,))
+                for start, end, rows_ in zip(starts, ends, rows, strict=True)
+            )
+
+        heads = (self.v_heads.total,)
+        return {
+            "in_proj_qkv.weight": three_slices(qkv),
+            "conv1d.weight": three_slices(self.conv1d.weight),
+            "A_log": CheckpointSlice(self.A_log, heads, (self.v_heads.slice,)),
+            "dt_bias": CheckpointSlice(self.dt_bias, heads, (self.v_heads.slice,)),
+        }
 
     def allocate_states(self, num_slots: int, device: torch.device) -> None:
         """Zeroed state slots for `num_slots` states (each request's slots come from the KV manager)."""
@@ -118,3 +171,18 @@ class GatedDeltaNet(nn.Module):
         )  # (n, v heads, v dim)
         out = self.norm(out, z.reshape(n, self.num_v_heads, self.head_v_dim))
         return self.out_proj(out.reshape(n, self.value_dim))
+
+
+def linear_heads(hybrid: HybridConfig, parallel: TensorParallel) -> tuple[Shard, Shard]:
+    """A rank's key heads and the value heads they serve, both split evenly; ValueError naming the numbers
+    when the ranks do not divide the key heads (a key head and its value heads stay on one rank)."""
+    num_k, num_v = hybrid.linear_num_key_heads, hybrid.linear_num_value_heads
+    if num_k % parallel.world_size:
+        raise ValueError(
+            f"--tensor-parallel-size {parallel.world_size} does not divide the model's {num_k} Gated DeltaNet "
+            f"key heads (linear_num_key_heads; {num_v} value heads, {num_v // num_k} to a key head): each rank "
+            "holds whole key heads with their value heads; choose a size that divides both"
+        )
+    return parallel.shard_range(num_k, "Gated DeltaNet key heads"), parallel.shard_range(
+        num_v, "Gated DeltaNet value heads"
+    )

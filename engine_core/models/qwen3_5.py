@@ -10,6 +10,10 @@ sigmoid(shared_expert_gate(x)).
 
 Released checkpoints are vision-language: the text weights are read under `model.language_model.*`, the
 vision tower (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are skipped.
+
+Tensor-parallel (dense only so far): the Gated DeltaNet layers split by heads (gated_deltanet.py), the
+full-attention layers as Qwen3's (each rank its query heads, with their interleaved gate rows, and its KV
+heads; o_proj row-parallel), the MLP, embedding and LM head as Qwen3's.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
 from openinfer.engine_core.models.hybrid_config import HybridConfig, text_weight_name
-from openinfer.engine_core.models.packed_linear import PackedLinear
+from openinfer.engine_core.models.packed_linear import PackedLinear, row_parallel_linear
 from openinfer.engine_core.models.qwen3 import (
+    SINGLE,
     DecoderStack,
     Qwen3ForCausalLM,
     Qwen3PackedMLP,
@@ -36,6 +41,7 @@ from openinfer.engine_core.models.qwen3_moe import (
     per_expert_targets,
 )
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
+from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.weights import Target, checkpoint_names, load_checkpoint
 from openinfer.kernels.attention_backend import AttentionBackend
 from openinfer.kernels.attention_metadata import AttentionMetadata
@@ -57,18 +63,33 @@ class ZeroCenteredRMSNorm(nn.Module):
 
 class GatedAttention(nn.Module):
     """Full attention whose query projection also yields a per-head output gate (q_proj's rows alternate
-    per head: head_dim query rows, then head_dim gate rows)."""
+    per head: head_dim query rows, then head_dim gate rows), over this rank's query heads and the KV heads
+    they read (all of them at one rank)."""
 
-    def __init__(self, config: ModelConfig, hybrid: HybridConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        hybrid: HybridConfig,
+        attn_backend: AttentionBackend,
+        parallel: TensorParallel = SINGLE,
+    ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        heads = parallel.shard_range(config.num_attention_heads, "attention heads")
+        kv_heads = parallel.kv_heads(config.num_key_value_heads)
+        self.num_heads, self.num_kv_heads = heads.size, kv_heads.size
         self.head_dim, self.rotary_dim = config.head_dim, hybrid.rotary_dim
         self.scale = config.attention_scale
-        q_width, kv_width, bias = config.q_width, config.kv_width, config.attention_bias
+        bias = config.attention_bias
+        # checkpoint rows of q_proj (a head's query and gate rows together), of k_proj / v_proj
+        query_gate, kv = heads.scaled(2 * self.head_dim), kv_heads.scaled(self.head_dim)
         self.qkv_proj = PackedLinear(
-            config.hidden_size, {"q_proj": 2 * q_width, "k_proj": kv_width, "v_proj": kv_width}, bias
+            config.hidden_size,
+            {"q_proj": query_gate.size, "k_proj": kv.size, "v_proj": kv.size},
+            bias,
+            out_shards={"q_proj": query_gate, "k_proj": kv, "v_proj": kv},
         )
-        self.o_proj = PackedLinear(q_width, {"o_proj": config.hidden_size}, bias)
+        queries = heads.scaled(self.head_dim)  # o_proj's input columns
+        self.o_proj = row_parallel_linear(queries, {"o_proj": config.hidden_size}, bias, parallel)
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps)
         self.attn_backend = attn_backend
@@ -112,20 +133,31 @@ class SharedExpertMoe(Qwen3MoeSparseBlock):
 
 
 class HybridDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, kernels: KernelBackends) -> None:
+    def __init__(
+        self, config: ModelConfig, layer: int, kernels: KernelBackends, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         hybrid = config.hybrid
         assert hybrid is not None
         self.is_linear = hybrid.is_linear(layer)
         self.has_kv_cache = not self.is_linear  # a full-attention layer reads the next of the model's caches
         self.linear_attn = (
-            GatedDeltaNet(config.hidden_size, hybrid, config.rms_norm_eps, kernels)
+            GatedDeltaNet(config.hidden_size, hybrid, config.rms_norm_eps, kernels, parallel)
             if self.is_linear
             else None
         )
-        self.self_attn = None if self.is_linear else GatedAttention(config, hybrid, kernels.attention)
+        self.self_attn = (
+            None if self.is_linear else GatedAttention(config, hybrid, kernels.attention, parallel)
+        )
+        if config.moe is not None and not parallel.single:
+            raise ValueError(
+                "tensor parallelism serves Qwen3.5 dense models so far, not Qwen3.5-MoE: run it with "
+                "--tensor-parallel-size 1"
+            )
         self.mlp: nn.Module = (
-            SharedExpertMoe(config, kernels.moe) if config.moe is not None else Qwen3PackedMLP(config)
+            SharedExpertMoe(config, kernels.moe)
+            if config.moe is not None
+            else Qwen3PackedMLP(config, parallel=parallel)
         )
         self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -149,13 +181,15 @@ class Qwen3_5Model(DecoderStack):
     """Embedding, hybrid layers, final norm. `kv_caches` holds the full-attention layers' caches only, in
     layer order; the DeltaNet layers keep their state in their own slots."""
 
-    def __init__(self, config: ModelConfig, kernels: KernelBackends) -> None:
+    def __init__(
+        self, config: ModelConfig, kernels: KernelBackends, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         hybrid = config.hybrid
         assert hybrid is not None
-        self.embed_tokens = vocab_embedding(config)
+        self.embed_tokens = vocab_embedding(config, parallel)
         self.layers = nn.ModuleList(
-            HybridDecoderLayer(config, i, kernels) for i in range(config.num_hidden_layers)
+            HybridDecoderLayer(config, i, kernels, parallel) for i in range(config.num_hidden_layers)
         )
         self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(hybrid.rotary_dim, config.rope_theta, config.max_position_embeddings)
@@ -165,10 +199,12 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
     """Qwen3.5 (dense or MoE) causal LM: `Qwen3ForCausalLM`'s interface (forward, aux layers, logits, CPU
     packing) over a hybrid stack. `allocate_states` gives the DeltaNet layers their state slots."""
 
-    def __init__(self, config: ModelConfig, kernels: KernelBackends) -> None:
+    def __init__(
+        self, config: ModelConfig, kernels: KernelBackends, parallel: TensorParallel = SINGLE
+    ) -> None:
         if config.hybrid is None:
             raise ValueError("Qwen3_5ForCausalLM needs a Qwen3.5 config (layer_types); this one is Qwen3")
-        super().__init__(config, kernels, model=Qwen3_5Model(config, kernels))
+        super().__init__(config, kernels, model=Qwen3_5Model(config, kernels, parallel), parallel=parallel)
 
     @property
     def linear_layers(self) -> list[GatedDeltaNet]:
@@ -214,4 +250,9 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
         """Every text tensor by its name in a text-only checkpoint (`model.layers.N...`), the experts stacked
         (transformers 5's names) or per expert (`mlp.experts.E.gate_proj.weight`, ...)."""
         targets = super().checkpoint_tensors()
+        for path, module in self.named_modules():  # a tensor-parallel rank's DeltaNet slices
+            if isinstance(module, GatedDeltaNet):
+                targets.update(
+                    (f"{path}.{name}", target) for name, target in module.sharded_targets().items()
+                )
         return targets if stacked_experts else per_expert_targets(self, targets)

@@ -72,8 +72,9 @@ class CheckpointSlice:
     index: tuple[slice, ...]  # the slice, one per leading dimension
 
 
-# A checkpoint tensor's destination: a tensor that takes it whole, or a rank's slice of it.
-Target = Tensor | CheckpointSlice
+# A checkpoint tensor's destination: a tensor that takes it whole, a rank's slice of it, or several slices
+# of it (each into its own view: a Gated DeltaNet rank's q, k and v rows of the packed in_proj_qkv).
+Target = Tensor | CheckpointSlice | tuple[CheckpointSlice, ...]
 
 
 def load_checkpoint(
@@ -85,11 +86,11 @@ def load_checkpoint(
     shape_problem: Callable[[str, tuple[int, ...]], str | None] = lambda name, shape: None,
 ) -> None:
     """Copy every tensor of `folder`'s safetensors into the target of the same name (a parameter, or a view
-    of part of one), or only the slice a `CheckpointSlice` names (the rest is never read). A tensor with no
-    target (unless `skip` says so; a skipped tensor is not read), one whose shape (read from its header,
-    before its data) is not its target's whole shape, or a target that no tensor fills is an error naming
-    `folder`. `unexpected_hint` follows the unexpected tensor's name; `shape_problem` may explain a
-    misshapen tensor better than the shapes alone."""
+    of part of one), or only the slice a `CheckpointSlice` (or each of several) names (the rest is never
+    read). A tensor with no target (unless `skip` says so; a skipped tensor is not read), one whose shape
+    (read from its header, before its data) is not its target's whole shape, or a target that no tensor
+    fills is an error naming `folder`. `unexpected_hint` follows the unexpected tensor's name;
+    `shape_problem` may explain a misshapen tensor better than the shapes alone."""
     loaded: set[str] = set()
     for file in checkpoint_files(folder):
         with open_safetensors(file) as f:
@@ -101,7 +102,12 @@ def load_checkpoint(
                     raise ValueError(f"{folder}: unexpected tensor {name!r}{unexpected_hint}")
                 part = f.get_slice(name)
                 shape = tuple(part.get_shape())
-                expected = tuple(target.shape) if isinstance(target, Tensor) else target.full_shape
+                slices: tuple[CheckpointSlice, ...] = ()  # a sliced target's slices (a tensor: none)
+                if isinstance(target, Tensor):
+                    expected = tuple(target.shape)
+                else:
+                    slices = (target,) if isinstance(target, CheckpointSlice) else target
+                    expected = slices[0].full_shape
                 if shape != expected:
                     problem = shape_problem(name, shape)
                     if problem is None:
@@ -111,7 +117,8 @@ def load_checkpoint(
                     if isinstance(target, Tensor):
                         _copy_in_memory_order(target, f.get_tensor(name))
                     else:
-                        _copy_in_memory_order(target.target, part[target.index])
+                        for piece in slices:
+                            _copy_in_memory_order(piece.target, part[piece.index])
                 loaded.add(name)
     missing = sorted(targets.keys() - loaded)
     if missing:

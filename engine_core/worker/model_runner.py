@@ -54,9 +54,10 @@ class ModelRunner:
     CUDA graphs on CUDA when the attention backend allows it, unless ``enforce_eager`` (see
     :mod:`step_graphs`); everything else runs eagerly.
 
-    With ``parallel`` of several ranks (tensor parallelism, Qwen3 dense models so far) this runner is one
-    rank's: it loads and runs the rank's shard of the model (qwen3.py) and holds the KV cache of the rank's
-    KV heads; every rank runs the same steps, and each returns the whole logits.
+    With ``parallel`` of several ranks (tensor parallelism, Qwen3 and Qwen3.5 dense models so far) this
+    runner is one rank's: it loads and runs the rank's shard of the model (qwen3.py, qwen3_5.py) and holds
+    the KV cache of the rank's KV heads and a hybrid model's state slots of the rank's DeltaNet heads (the
+    same `state_geometry` on every rank); every rank runs the same steps, and each returns the whole logits.
     """
 
     def __init__(
@@ -81,10 +82,10 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
         self.parallel = parallel
-        if not parallel.single and (config.moe is not None or config.hybrid is not None):
+        if not parallel.single and config.moe is not None:
             raise ValueError(
-                f"{model_path}: tensor parallelism serves Qwen3 dense models so far, not this "
-                f"{'Qwen3.5' if config.hybrid is not None else 'Qwen3-MoE'} model: run it with "
+                f"{model_path}: tensor parallelism serves Qwen3 dense models so far (and Qwen3.5 dense ones), "
+                f"not this {'Qwen3.5-MoE' if config.hybrid is not None else 'Qwen3-MoE'} model: run it with "
                 "--tensor-parallel-size 1"
             )
         # every kernel choice of this engine, made once here and handed to the layers (kernel_backends.py)
@@ -105,7 +106,7 @@ class ModelRunner:
         check_fits_checkpoint(model, Path(model_path))  # before config.json's sizes are allocated
         if not parallel.single:  # the rank's shard, once the whole model's sizes fit the checkpoint
             with torch.device("meta"):
-                model = Qwen3ForCausalLM(reachable, self.kernels, parallel=parallel)
+                model = _model_class(config)(reachable, self.kernels, parallel=parallel)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):

@@ -88,7 +88,7 @@ class ParallelRunner:
             self.runner = ModelRunner(
                 Path(spec.model_path), torch.device(devices[0]), spec.num_kv_blocks, spec.block_size,
                 spec.torch_dtype, BackendName(spec.attention_backend), spec.enforce_eager,
-                spec.max_num_seqs, parallel=parallel,
+                spec.max_num_seqs, spec.state_geometry, parallel=parallel,
             )  # fmt: skip
             self._guarded(lambda: dist.barrier(group=self.groups.control), "while the ranks loaded the model")
         except BaseException:

@@ -13,6 +13,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from openinfer.engine_core.models.kv_geometry import StateGeometry
+
 RANK_MODULE = "openinfer.engine_core.worker.rank_worker"
 # A rank waits this long for the driver's next header; the driver pings when idle far more often (PING_S).
 CONTROL_TIMEOUT = timedelta(days=1)
@@ -39,6 +41,8 @@ class RankSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     num_threads: int  # torch CPU threads of this rank
     rank_timeout: float  # seconds a collective inside a step may wait (--rank-timeout)
     log_level: str
+    # a hybrid model's state slots as the driver sized them, the same on every rank (None: no state)
+    state_geometry: StateGeometry | None = None
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
