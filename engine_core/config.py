@@ -166,6 +166,7 @@ class EngineConfig:
     # CUDA devices device.index, device.index + 1, ...
     rank_devices: tuple[Device, ...] = ()
     rank_timeout: float = 60.0  # --rank-timeout: seconds a rank may keep the others waiting inside a step
+    enable_expert_parallel: bool = False  # --enable-expert-parallel: MoE experts split whole over the ranks
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:

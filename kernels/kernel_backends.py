@@ -83,6 +83,8 @@ class ExpertsBackend:
 
     name: str  # "torch" (grouped matmuls) or "triton" (the fused-MoE kernel)
     run: ExpertsFn
+    # whether a pair whose id is E (an expert another rank holds) costs nothing; else ids must be < E
+    skips_absent: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def choose_kernel_backends(
     else:
         gated_delta = StepForms("torch", gated_delta_rule, gated_delta_rule)
         causal_conv = StepForms("torch", causal_conv1d, causal_conv1d)
-        moe = ExpertsBackend("torch", grouped_experts)
+        moe = ExpertsBackend("torch", grouped_experts, skips_absent=True)
     return KernelBackends(attention_backend, gated_delta, causal_conv, moe, sampling="torch")
 
 

@@ -1,7 +1,8 @@
 """The experts of a mixture-of-experts layer over routed tokens, in torch: for hidden (T, H), w13 (E, 2 * I, H)
 (gate rows then up rows), w2 (E, H, I), topk_weights (T, k) float32 and topk_ids (T, k) int64, each token's
 sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = topk_ids[t, j], (T, H) in hidden's
-dtype.
+dtype. A pair whose id is E (past the last expert: under expert parallelism, one that another rank holds)
+adds nothing.
 
 `grouped_experts` is the CPU's kernel and the reference of CUDA's (the Triton fused-MoE kernel of
 `triton_moe.py`; kernel_backends.py chooses): its cost follows the experts the batch routes to, the (token,
@@ -26,14 +27,16 @@ def grouped_experts(
     if num_tokens == 1:  # one decoding request: its k experts directly, no sort, gather or scatter
         return _one_token_experts(hidden, w13, w2, topk_weights, topk_ids)
     flat_ids = topk_ids.reshape(-1)  # (T * k,): pair p is token p // k's choice p % k
-    order = flat_ids.argsort(stable=True)  # pairs grouped by expert
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()  # (E,) pairs per expert
-    token_of_pair = order // top_k  # (T * k,) in expert order
-    x = hidden.index_select(0, token_of_pair)  # (T * k, H) each pair's token row, in expert order
-    down = torch.empty_like(x)  # (T * k, H) each pair's expert output
+    num_experts = w13.shape[0]
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()  # (E,) or (E + 1,): pairs per expert
+    # pairs grouped by expert, those of id E (no expert here) last and dropped: P of them are computed
+    order = flat_ids.argsort(stable=True)[: sum(counts[:num_experts])]  # (P,)
+    token_of_pair = order // top_k  # (P,) in expert order
+    x = hidden.index_select(0, token_of_pair)  # (P, H) each pair's token row, in expert order
+    down = torch.empty_like(x)  # (P, H) each pair's expert output
     width = w13.shape[1] // 2  # I
     start = 0
-    for expert, count in enumerate(counts):
+    for expert, count in enumerate(counts[:num_experts]):
         if count == 0:  # an expert no token picked costs nothing but this test
             continue
         end = start + count
@@ -41,7 +44,7 @@ def grouped_experts(
         act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])  # (n, I)
         torch.mm(act, w2[expert].t(), out=down[start:end])  # (n, H)
         start = end
-    weighted = down.float().mul_(topk_weights.reshape(-1)[order, None])  # (T * k, H) float32
+    weighted = down.float().mul_(topk_weights.reshape(-1)[order, None])  # (P, H) float32
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     return out.index_add_(0, token_of_pair, weighted).to(hidden.dtype)
 
@@ -55,6 +58,8 @@ def _one_token_experts(
     out = torch.zeros(1, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     ids, choices = topk_ids[0].sort()
     for expert, choice in zip(ids.tolist(), choices.tolist(), strict=True):
+        if expert == w13.shape[0]:  # no expert here (another rank's), nor after it: ids are sorted
+            break
         gate_up = F.linear(hidden, w13[expert])  # (1, 2 * I)
         act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])  # (1, I)
         out.add_(F.linear(act, w2[expert]).float().mul_(topk_weights[0, choice]))
@@ -68,6 +73,8 @@ def naive_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
     for t in range(hidden.shape[0]):
         for j in range(topk_ids.shape[1]):
             expert = int(topk_ids[t, j])
+            if expert == w13.shape[0]:  # another rank's expert
+                continue
             gate, up = (w13[expert] @ hidden[t]).chunk(2)  # (I,) each
             out[t] += topk_weights[t, j] * (w2[expert] @ (F.silu(gate) * up)).float()
     return out.to(hidden.dtype)

@@ -52,6 +52,8 @@ class TensorParallel:
     rank: int  # 0 .. world_size - 1
     world_size: int  # ranks the model is split over (--tensor-parallel-size)
     group: dist.ProcessGroup | None = None  # the collectives' group; None: the default one (one rank: none)
+    # --enable-expert-parallel: a MoE layer's experts split over the ranks whole (else each expert's width)
+    expert_parallel: bool = False
 
     SINGLE: ClassVar[TensorParallel]  # one rank: the whole model, no collectives
 
@@ -94,6 +96,20 @@ class TensorParallel:
                 "heads: with fewer KV heads than ranks, each head is replicated on the same number of ranks"
             )
         return Shard(self.rank // (self.world_size // num_kv_heads), 1, num_kv_heads)
+
+    def experts(self, num_experts: int) -> Shard:
+        """This rank's experts of a MoE layer: E / N whole experts under expert parallelism (refused, naming
+        the numbers, when N does not divide them), else every expert (each split by its width)."""
+        if not self.expert_parallel:
+            return Shard(0, num_experts, num_experts)
+        return self.shard_range(num_experts, "experts (--enable-expert-parallel gives each rank whole ones)")
+
+    def expert_width(self, width: int) -> Shard:
+        """This rank's slice of each expert's intermediate width: whole under expert parallelism, else split
+        like a dense MLP's (see ``shard``)."""
+        if self.expert_parallel:
+            return Shard(0, width, width)
+        return self.shard_range(width, "expert MLP columns (moe_intermediate_size)")
 
     def all_reduce(self, x: Tensor) -> Tensor:
         """x summed over the ranks, in place; x itself at one rank."""

@@ -149,6 +149,12 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "heads): N GPUs (--gpu 0,1,..., or the first N of CUDA_VISIBLE_DEVICES) or N CPU ranks (vLLM's flag)",
     )
     parser.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="with --tensor-parallel-size N: a MoE model's experts split over the ranks, E / N whole experts each "
+        "(N must divide them), instead of every expert split by its width (vLLM's flag)",
+    )
+    parser.add_argument(
         "--rank-timeout",
         type=float,
         default=60.0,

@@ -87,7 +87,7 @@ def load_runner(config: EngineConfig, threads: int = 1, log_level: str = "info")
             config.engine_index, 0, config.tensor_parallel_size, init_address(), os.getpid(),
             str(config.model_path), str(device), str(dtype).removeprefix("torch."), num_blocks,
             config.block_size, config.attention_backend, config.enforce_eager, config.max_num_seqs, threads,
-            config.rank_timeout, log_level, states,
+            config.rank_timeout, log_level, config.enable_expert_parallel, states,
         )  # fmt: skip
         return ParallelRunner(spec, [str(d) for d in config.rank_devices])
     return ModelRunner(

@@ -12,6 +12,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,12 @@ def runner_logits(
     steps: Sequence[Sequence[SeqChunk]],
     num_kv_blocks: int,
     block_size: int,
+    expert_parallel: bool = False,
 ) -> list[np.ndarray]:
     """A rank's job: a `ModelRunner` of ``folder`` on the CPU in float32 runs ``steps`` in order (each a
-    step's chunks, over one KV cache); each step's logits (sum of num_logits, vocab) as numpy."""
+    step's chunks, over one KV cache); each step's logits (sum of num_logits, vocab) as numpy. With
+    ``expert_parallel``, a MoE model's experts split whole over the ranks (--enable-expert-parallel)."""
+    parallel = replace(parallel, expert_parallel=expert_parallel)
     runner = ModelRunner(
         folder, torch.device("cpu"), num_kv_blocks, block_size, dtype=torch.float32, parallel=parallel
     )

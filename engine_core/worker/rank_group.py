@@ -84,7 +84,7 @@ class ParallelRunner:
                 self.ranks[rank] = subprocess.Popen(argv, preexec_fn=die_with_parent)
                 logger.info("started rank %d of %d (pid %d)", rank, spec.world_size, self.ranks[rank].pid)
             self.groups = self._join()
-            parallel = TensorParallel(0, spec.world_size, self.groups.model)
+            parallel = TensorParallel(0, spec.world_size, self.groups.model, spec.enable_expert_parallel)
             self.runner = ModelRunner(
                 Path(spec.model_path), torch.device(devices[0]), spec.num_kv_blocks, spec.block_size,
                 spec.torch_dtype, BackendName(spec.attention_backend), spec.enforce_eager,

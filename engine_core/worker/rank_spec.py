@@ -41,6 +41,7 @@ class RankSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     num_threads: int  # torch CPU threads of this rank
     rank_timeout: float  # seconds a collective inside a step may wait (--rank-timeout)
     log_level: str
+    enable_expert_parallel: bool = False  # a MoE model's experts split whole over the ranks
     # a hybrid model's state slots as the driver sized them, the same on every rank (None: no state)
     state_geometry: StateGeometry | None = None
 

@@ -56,7 +56,7 @@ def run_rank(spec: RankSpec) -> None:
         Path(spec.model_path), torch.device(spec.device), spec.num_kv_blocks, spec.block_size,
         spec.torch_dtype, BackendName(spec.attention_backend), spec.enforce_eager, spec.max_num_seqs,
         spec.state_geometry,
-        parallel=TensorParallel(spec.rank, spec.world_size, groups.model),
+        parallel=TensorParallel(spec.rank, spec.world_size, groups.model, spec.enable_expert_parallel),
     )  # fmt: skip
     dist.barrier(group=groups.control)
     serve_steps(runner, groups)

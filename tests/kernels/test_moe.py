@@ -47,3 +47,18 @@ def test_a_zero_weight_choice_adds_nothing() -> None:
     weights = torch.tensor([[1.0, 0.0]] * 4)
     single = grouped_experts(hidden, w13, w2, weights[:, :1], ids[:, :1])
     assert torch.equal(grouped_experts(hidden, w13, w2, weights, ids), single)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 6])
+def test_a_pair_of_id_e_adds_nothing(num_tokens: int) -> None:
+    """Id E (past the last expert: another rank's, under expert parallelism) adds nothing, whatever its
+    weight: the sum equals the one without that choice, in the grouped and the naive path (exact, float32)."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(num_tokens, H, generator=g)
+    w13, w2 = torch.randn(E, 2 * WIDTH, H, generator=g), torch.randn(E, H, WIDTH, generator=g)
+    weights, ids = random_routing(num_tokens, list(range(E)), seed=2)
+    absent = ids.clone()
+    absent[:, -1] = E  # every token's last choice held elsewhere
+    for experts in (grouped_experts, naive_experts):
+        kept = experts(hidden, w13, w2, weights[:, :-1], ids[:, :-1])
+        assert torch.equal(experts(hidden, w13, w2, weights, absent), kept)

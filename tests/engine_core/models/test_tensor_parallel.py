@@ -17,7 +17,6 @@ from openinfer.engine_core.core.kv_sizing import kv_block_bytes
 from openinfer.engine_core.models import weights
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
-from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
@@ -183,14 +182,6 @@ def test_a_sharded_rank_still_refuses_a_checkpoint_too_small(tmp_path: Path) -> 
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 512}))
     with pytest.raises(ValueError, match="config.json does not describe these weights"):
         ModelRunner(folder, CPU, 8, 4, parallel=TensorParallel(0, 2))
-
-
-def test_moe_is_refused_at_two_ranks(tmp_path: Path) -> None:
-    """Phase 1 shards Qwen3 dense only: a Qwen3-MoE model at N = 2 is refused, saying so (Qwen3.5 dense is
-    sharded: test_qwen3_5_tensor_parallel.py)."""
-    for folder in (make_tiny_moe_checkpoint(tmp_path / "moe"),):
-        with pytest.raises(ValueError, match="tensor parallelism serves Qwen3 dense models so far"):
-            ModelRunner(folder, CPU, 8, 4, parallel=TensorParallel(0, 2))
 
 
 def test_kv_blocks_are_sized_by_a_ranks_kv_heads(checkpoint: Path) -> None:
