@@ -14,9 +14,9 @@ from openinfer.engine_core.models import weights
 from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
+from openinfer.engine_core.testing.checkpoint_reads import ReadCounter
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from tests.engine_core.models.test_tensor_parallel import ReadCounter
 
 CPU = torch.device("cpu")
 STATES = StateGeometry(2, 1)  # 3 slots, the scratch one included

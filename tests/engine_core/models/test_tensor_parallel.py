@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from openinfer.engine_core.core.kv_sizing import kv_block_bytes
 from openinfer.engine_core.models import weights
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
+from openinfer.engine_core.testing.checkpoint_reads import ReadCounter
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
@@ -90,52 +90,6 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return make_tiny_checkpoint(
         folder, seed=3, tie_word_embeddings=request.param != "untied", overrides=overrides
     )
-
-
-class ReadCounter:
-    """Wraps safetensors' safe_open to count the values read, and the names read whole."""
-
-    def __init__(self) -> None:
-        self.values = 0
-        self.whole: list[str] = []
-        self.safe_open = weights.safe_open
-
-    def open(self, *args: Any, **kwargs: Any) -> Any:
-        counter, handle = self, self.safe_open(*args, **kwargs)
-
-        class Counted:
-            def __enter__(self) -> Counted:
-                self.f = handle.__enter__()
-                return self
-
-            def __exit__(self, *exc: object) -> None:
-                handle.__exit__(*exc)
-
-            def __getattr__(self, name: str) -> Any:  # keys, metadata
-                return getattr(self.f, name)
-
-            def get_tensor(self, name: str) -> torch.Tensor:
-                counter.whole.append(name)
-                tensor = self.f.get_tensor(name)
-                counter.values += tensor.numel()
-                return tensor
-
-            def get_slice(self, name: str) -> Any:
-                return CountedSlice(self.f.get_slice(name))
-
-        class CountedSlice:
-            def __init__(self, part: Any) -> None:
-                self.part = part
-
-            def __getattr__(self, name: str) -> Any:  # get_shape, get_dtype
-                return getattr(self.part, name)
-
-            def __getitem__(self, index: Any) -> torch.Tensor:
-                tensor = self.part[index]
-                counter.values += tensor.numel()
-                return tensor
-
-        return Counted()
 
 
 def test_a_rank_reads_only_its_slices(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
