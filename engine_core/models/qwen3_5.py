@@ -11,9 +11,10 @@ sigmoid(shared_expert_gate(x)).
 Released checkpoints are vision-language: the text weights are read under `model.language_model.*`, the
 vision tower (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are skipped.
 
-Tensor-parallel (dense only so far): the Gated DeltaNet layers split by heads (gated_deltanet.py), the
-full-attention layers as Qwen3's (each rank its query heads, with their interleaved gate rows, and its KV
-heads; o_proj row-parallel), the MLP, embedding and LM head as Qwen3's.
+Tensor-parallel: the Gated DeltaNet layers split by heads (gated_deltanet.py), the full-attention layers as
+Qwen3's (each rank its query heads, with their interleaved gate rows, and its KV heads; o_proj
+row-parallel), the dense MLP, embedding and LM head as Qwen3's, the MoE block as Qwen3-MoE's with its
+shared expert split by width inside the block's one all-reduce.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from openinfer.engine_core.models.qwen3 import (
     vocab_embedding,
 )
 from openinfer.engine_core.models.qwen3_moe import (
+    Qwen3MoeExperts,
     Qwen3MoeSparseBlock,
     holds_stacked_experts,
-    per_expert_targets,
+    other_experts,
 )
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
@@ -119,17 +121,30 @@ class GatedAttention(nn.Module):
 
 class SharedExpertMoe(Qwen3MoeSparseBlock):
     """Qwen3.5-MoE's block: Qwen3-MoE's router and experts (its config always renormalises the top-k) plus a
-    shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x))."""
+    shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)).
 
-    def __init__(self, config: ModelConfig, experts: ExpertsBackend) -> None:
+    Tensor-parallel, the experts as Qwen3-MoE's and the shared expert split by its width (the gate, one
+    column, replicated): each rank adds its slice's partial product to its experts' share, and the block's
+    one all-reduce sums both (the gate scales every rank's partial alike)."""
+
+    def __init__(
+        self, config: ModelConfig, experts: ExpertsBackend, parallel: TensorParallel = SINGLE
+    ) -> None:
         moe = config.moe
         assert moe is not None
-        super().__init__(config.hidden_size, moe, experts)
-        self.shared_expert = Qwen3PackedMLP(config, moe.shared_expert_intermediate_size)
+        super().__init__(config.hidden_size, moe, experts, parallel)
+        width = moe.shared_expert_intermediate_size
+        self.shared_expert = Qwen3PackedMLP(config, width, parallel)
+        cols = parallel.shard_range(width, "shared expert columns (shared_expert_intermediate_size)")
+        # down_proj's partial product only (no all-reduce of its own): the block's all-reduce sums it
+        self.shared_expert.down_proj = PackedLinear(
+            cols.size, {"down_proj": config.hidden_size}, False, in_shard=cols
+        )
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+    def partial(self, x: Tensor) -> Tensor:
+        """(n, H) -> (n, H): this rank's experts' share plus its slice of the gated shared expert."""
+        return super().partial(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
 class HybridDecoderLayer(nn.Module):
@@ -149,13 +164,8 @@ class HybridDecoderLayer(nn.Module):
         self.self_attn = (
             None if self.is_linear else GatedAttention(config, hybrid, kernels.attention, parallel)
         )
-        if config.moe is not None and not parallel.single:
-            raise ValueError(
-                "tensor parallelism serves Qwen3.5 dense models so far, not Qwen3.5-MoE: run it with "
-                "--tensor-parallel-size 1"
-            )
         self.mlp: nn.Module = (
-            SharedExpertMoe(config, kernels.moe)
+            SharedExpertMoe(config, kernels.moe, parallel)
             if config.moe is not None
             else Qwen3PackedMLP(config, parallel=parallel)
         )
@@ -229,9 +239,11 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
 
     def load_weights(self, folder: Path) -> None:
         """Copy the text weights of a released (vision-language) or a text-only checkpoint, the experts in
-        whichever form it holds them; the vision tower and the MTP head are skipped."""
+        whichever form it holds them; the vision tower and the MTP head are skipped, and so, under expert
+        parallelism, are the other ranks' experts."""
         folder = Path(folder)
         names = checkpoint_names(folder)
+        others = set(other_experts(self))
         targets = self.checkpoint_tensors(stacked_experts=holds_stacked_experts(names))
         # keyed by the checkpoint's names; a text tensor the checkpoint lacks keeps its name (reported missing)
         renamed = {name: targets[text] for name in names if (text := text_weight_name(name)) in targets}
@@ -242,17 +254,22 @@ class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
             renamed,
             unexpected_hint=" (is this a Qwen3.5 checkpoint of this config.json?)",
             skip=lambda name: (
-                text_weight_name(name) is None or (name == "lm_head.weight" and self.lm_head is None)
+                (text := text_weight_name(name)) is None
+                or text in others
+                or (name == "lm_head.weight" and self.lm_head is None)
             ),
         )
 
     def checkpoint_tensors(self, stacked_experts: bool = True) -> dict[str, Target]:
         """Every text tensor by its name in a text-only checkpoint (`model.layers.N...`), the experts stacked
-        (transformers 5's names) or per expert (`mlp.experts.E.gate_proj.weight`, ...)."""
+        (transformers 5's names) or per expert (`mlp.experts.E.gate_proj.weight`, ...); tensor-parallel, the
+        rank's slices (its DeltaNet heads, its experts or their widths)."""
         targets = super().checkpoint_tensors()
-        for path, module in self.named_modules():  # a tensor-parallel rank's DeltaNet slices
+        for path, module in self.named_modules():
             if isinstance(module, GatedDeltaNet):
-                targets.update(
-                    (f"{path}.{name}", target) for name, target in module.sharded_targets().items()
-                )
-        return targets if stacked_experts else per_expert_targets(self, targets)
+                targets.update((f"{path}.{name}", view) for name, view in module.sharded_targets().items())
+            elif isinstance(module, Qwen3MoeExperts):
+                del targets[f"{path}.gate_up_proj"], targets[f"{path}.down_proj"]
+                views = module.stacked_targets() if stacked_experts else module.per_expert_views()
+                targets.update((f"{path}.{name}", view) for name, view in views)
+        return targets

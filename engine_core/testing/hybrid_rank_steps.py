@@ -5,7 +5,7 @@ back each step's logits and, after the last, every Gated DeltaNet layer's states
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +41,14 @@ def hybrid_runner_outputs(
     num_kv_blocks: int,
     block_size: int,
     states: StateGeometry,
+    expert_parallel: bool = False,
 ) -> HybridRankOutput:
     """A rank's job: a float32 CPU `ModelRunner` of ``folder`` with the slots of ``states`` runs ``steps`` in
-    order; their logits and the DeltaNet layers' states at the end."""
+    order; their logits and the DeltaNet layers' states at the end. ``expert_parallel``: a MoE model's
+    experts split whole over the ranks (--enable-expert-parallel)."""
     runner = ModelRunner(
         folder, torch.device("cpu"), num_kv_blocks, block_size, dtype=torch.float32,
-        state_geometry=states, parallel=parallel,
+        state_geometry=states, parallel=replace(parallel, expert_parallel=expert_parallel),
     )  # fmt: skip
     logits = [runner.execute(step).logits.numpy() for step in steps]
     assert isinstance(runner.model, Qwen3_5ForCausalLM)

@@ -54,8 +54,8 @@ class ModelRunner:
     CUDA graphs on CUDA when the attention backend allows it, unless ``enforce_eager`` (see
     :mod:`step_graphs`); everything else runs eagerly.
 
-    With ``parallel`` of several ranks (tensor parallelism: Qwen3 dense and MoE, with or without expert
-    parallelism, and Qwen3.5 dense models so far) this runner is one rank's: it loads and runs the rank's
+    With ``parallel`` of several ranks (tensor parallelism: Qwen3 and Qwen3.5, dense or MoE, the MoE with or
+    without expert parallelism) this runner is one rank's: it loads and runs the rank's
     shard of the model (qwen3.py, qwen3_moe.py, qwen3_5.py) and holds the KV cache of the rank's KV heads
     and a hybrid model's state slots of the rank's DeltaNet heads (the same `state_geometry` on every rank);
     every rank runs the same steps, and each returns the whole logits.
@@ -83,11 +83,6 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.model_config = config = ModelConfig.from_folder(model_path)
         self.parallel = parallel
-        if not parallel.single and config.moe is not None and config.hybrid is not None:
-            raise ValueError(
-                f"{model_path}: tensor parallelism serves Qwen3 (dense and MoE) and Qwen3.5 dense models so "
-                "far, not this Qwen3.5-MoE model: run it with --tensor-parallel-size 1"
-            )
         # every kernel choice of this engine, made once here and handed to the layers (kernel_backends.py)
         self.kernels = choose_kernel_backends(self.device, attention_backend, block_size)
         self.attn_backend = self.kernels.attention

@@ -92,10 +92,3 @@ def test_ranks_that_split_a_key_head_are_refused(tmp_path: Path) -> None:
         r"\(linear_num_key_heads; 2 value heads",
     ):
         shard(folder, 0)
-
-
-def test_qwen3_5_moe_is_refused_at_two_ranks(tmp_path: Path) -> None:
-    """The hybrid MoE's experts are not sharded yet: refused at N = 2, saying to run it at N = 1."""
-    folder = make_tiny_qwen3_5_checkpoint(tmp_path, moe=True)
-    with pytest.raises(ValueError, match=r"Qwen3\.5-MoE.*--tensor-parallel-size 1"):
-        shard(folder, 0)

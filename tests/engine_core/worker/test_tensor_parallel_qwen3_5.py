@@ -1,7 +1,8 @@
-"""Two real rank processes joined by gloo run a Qwen3.5 dense model sharded (Gated DeltaNet heads and their
-states split, the full-attention layer as Qwen3's) and return the logits of one rank-free model (N = 1) on the
-same steps: a chunked prefill, a decode, a verification keeping every token's state, and decodes from the
-accepted states with a prefix state copied; each rank's state slots hold the N = 1 states of its heads."""
+"""Two real rank processes joined by gloo run a Qwen3.5 model sharded (Gated DeltaNet heads and their
+states split, the full-attention layer as Qwen3's; dense, or MoE with each expert split or whole) and return
+the logits of one rank-free model (N = 1) on the same steps: a chunked prefill, a decode, a verification
+keeping every token's state, and decodes from the accepted states with a prefix state copied; each rank's
+state slots hold the N = 1 states of its heads."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.testing.hybrid_rank_steps import HybridRankOutput, hybrid_runner_outputs
-from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
+from openinfer.engine_core.testing.qwen3_5_checkpoint import Layout, make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, step_of_chunks
 from openinfer.engine_core.testing.tensor_parallel_ranks import run_ranks
 from openinfer.engine_core.worker.rank_spec import RankSpec
@@ -76,20 +77,35 @@ def hybrid_steps() -> list[StepBatch]:
     ]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_qwen3_5_checkpoint(tmp_path_factory.mktemp("q35"), seed=4, overrides=SIZES)
+# each case: a MoE model or dense, whether its ranks split the experts whole, the checkpoint's layout
+CASES: dict[str, tuple[bool, bool, Layout]] = {
+    "dense": (False, False, "conditional"),  # the released layout: vision tower and MTP head skipped
+    # 8 experts of width 32 each split 16 + 16, the shared expert's 32 too; the experts per expert
+    "moe": (True, False, "conditional"),
+    # 4 experts whole on each rank (--enable-expert-parallel), the shared expert split by width
+    "moe_expert_parallel": (True, True, "conditional"),
+    # the same from a text-only checkpoint (`model.layers.*` names)
+    "moe_expert_parallel_text_only": (True, True, "causal_lm"),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
+    moe, expert_parallel, layout = CASES[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    checkpoint = make_tiny_qwen3_5_checkpoint(folder, seed=4, overrides=SIZES, moe=moe, layout=layout)
+    return checkpoint, expert_parallel
 
 
 @pytest.mark.timeout(180)
-def test_two_ranks_give_one_rank_logits_and_states(checkpoint: Path) -> None:
+def test_two_ranks_give_one_rank_logits_and_states(case: tuple[Path, bool]) -> None:
     """Each of 2 ranks returns the whole logits of every step, equal to the N = 1 runner's within float32
     tolerance, and its conv and recurrent state slots are the N = 1 slots of its channels and heads: the
     states were read, kept per token and copied where the one-rank model keeps them."""
-    steps = hybrid_steps()
-    args = (checkpoint, steps, NUM_BLOCKS, BLOCK_SIZE, STATES)
+    checkpoint, expert_parallel = case
+    args = (checkpoint, hybrid_steps(), NUM_BLOCKS, BLOCK_SIZE, STATES)
     expected = hybrid_runner_outputs(TensorParallel.SINGLE, *args)
-    ranks: list[HybridRankOutput] = run_ranks(hybrid_runner_outputs, 2, *args, timeout_s=150)
+    ranks: list[HybridRankOutput] = run_ranks(hybrid_runner_outputs, 2, *args, expert_parallel, timeout_s=150)
     vocab = ModelConfig.from_folder(checkpoint).vocab_size
     assert [logits.shape for logits in expected.logits] == [(7, vocab), (3, vocab), (5, vocab)] + [
         (2, vocab)
