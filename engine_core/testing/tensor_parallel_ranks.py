@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from openinfer.engine_core.models.kv_geometry import StateGeometry
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.engine_core.worker.step_batch import SeqChunk, chunk_step
@@ -117,3 +118,38 @@ def runner_logits(
     for chunks in steps:
         logits.append(runner.execute(chunk_step(chunks, runner)).logits.numpy())
     return logits
+
+
+def runner_greedy(
+    parallel: TensorParallel,
+    folder: Path,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    block_size: int = 4,
+    expert_parallel: bool = False,
+) -> list[list[int]]:
+    """A rank's job: greedy decoding of ``prompts`` in one batch on a float32 `ModelRunner` of ``folder`` (the
+    prompts prefilled in one step, then one token each a step). Every rank runs the same loop and takes the
+    same argmax (the logits are gathered whole on every rank); each returns the batch's output tokens. A
+    hybrid model's request i keeps its state in slot i."""
+    parallel = replace(parallel, expert_parallel=expert_parallel)
+    longest = max(len(p) for p in prompts) + max_tokens
+    per_request = -(-longest // block_size)  # blocks a request can fill
+    states = StateGeometry(len(prompts), 1)
+    runner = ModelRunner(
+        folder, torch.device("cpu"), len(prompts) * per_request, block_size, dtype=torch.float32,
+        max_num_seqs=len(prompts), state_geometry=states, parallel=parallel,
+    )  # fmt: skip
+    hybrid = runner.state_geometry is not None
+    tables = [list(range(i * per_request, (i + 1) * per_request)) for i in range(len(prompts))]
+    chunks = [SeqChunk(list(p), 0, tables[i], 1, i if hybrid else None) for i, p in enumerate(prompts)]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    for _ in range(max_tokens):
+        logits = runner.execute(chunk_step(chunks, runner)).logits  # (requests, vocab)
+        for i, token in enumerate(logits.argmax(dim=-1).tolist()):
+            outputs[i].append(token)
+        chunks = [
+            SeqChunk([out[-1]], len(p) + len(out) - 1, tables[i], 1, i if hybrid else None)
+            for i, (p, out) in enumerate(zip(prompts, outputs, strict=True))
+        ]
+    return outputs
