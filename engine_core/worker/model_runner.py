@@ -125,6 +125,10 @@ class ModelRunner:
             self.state_geometry = state_geometry or StateGeometry(max_num_seqs, 1)
             self.model.allocate_states(self.state_geometry.num_slots, self.device)
         capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
+        if capture and not parallel.single:
+            # the all-reduces inside a captured step have not run on a GPU yet: eager until they have
+            logger.info("%s: CUDA graphs off under tensor parallelism (eager steps)", parallel.describe())
+            capture = False
         self.step_graphs: StepGraphs | None = None
         if capture:
             self.step_graphs = StepGraphs(
