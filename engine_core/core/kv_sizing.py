@@ -138,14 +138,16 @@ def kv_block_bytes(
     return block
 
 
-def state_slot_bytes(model: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes one state slot takes across a hybrid model's DeltaNet layers: the conv state (kernel - 1 rows of
-    q/k/v at ``dtype``) and the float32 recurrent state (value heads x key dim x value dim); 0 for Qwen3."""
+def state_slot_bytes(model: ModelConfig, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
+    """Bytes one state slot takes on each rank across a hybrid model's DeltaNet layers: the conv state
+    (kernel - 1 rows of the rank's q/k/v channels at ``dtype``) and the float32 recurrent state (the rank's
+    value heads x key dim x value dim: the heads split over the ranks); 0 for Qwen3."""
     hybrid = model.hybrid
     if hybrid is None:
         return 0
-    conv = hybrid.conv_dim * (hybrid.linear_conv_kernel_dim - 1) * dtype.itemsize
-    recurrent = hybrid.linear_num_value_heads * hybrid.linear_key_head_dim * hybrid.linear_value_head_dim * 4
+    conv = hybrid.conv_dim // tensor_parallel_size * (hybrid.linear_conv_kernel_dim - 1) * dtype.itemsize
+    value_heads = hybrid.linear_num_value_heads // tensor_parallel_size
+    recurrent = value_heads * hybrid.linear_key_head_dim * hybrid.linear_value_head_dim * 4
     return len(hybrid.linear_layers) * (conv + recurrent)
 
 
@@ -159,7 +161,7 @@ def state_geometry(
         return None
     spec = config.speculative
     size = 1 + (spec.num_spec_tokens if spec is not None else 0)
-    slot = state_slot_bytes(model, dtype)
+    slot = state_slot_bytes(model, dtype, config.tensor_parallel_size)
     per_group = (size + config.enable_prefix_caching) * slot  # its slots and, caching, one prefix slot
     budget = _cache_budget(config, model, dtype, gpu)
     groups = config.max_num_seqs
@@ -172,7 +174,8 @@ def state_geometry(
         )  # fmt: skip
     geometry = StateGeometry(groups, size)
     if config.enable_prefix_caching:
-        geometry = StateGeometry(groups, size, groups, prefix_interval(model, config.block_size, dtype))
+        interval = prefix_interval(model, config.block_size, dtype, config.tensor_parallel_size)
+        geometry = StateGeometry(groups, size, groups, interval)
     logger.info(
         "hybrid model: %d state groups of %d slot(s) and %d prefix state slots (every %d tokens), %.1f MiB of "
         "states (%.2f MiB a slot)",
@@ -182,11 +185,15 @@ def state_geometry(
     return geometry
 
 
-def prefix_interval(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+def prefix_interval(
+    model: ModelConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
+) -> int:
     """Tokens between two positions whose state a hybrid model's prefix cache keeps: the fewest whole blocks
-    whose KV pages take at least one state's bytes, so that a kept state costs no more than the tokens it
-    serves (vLLM likewise sizes a hybrid model's blocks to its state)."""
-    pages = -(-state_slot_bytes(model, dtype) // page_bytes(model, block_size, dtype))
+    whose KV pages take at least one state's bytes (both a rank's), so that a kept state costs no more than the
+    tokens it serves (vLLM likewise sizes a hybrid model's blocks to its state)."""
+    kv_heads = kv_heads_per_rank(model.num_key_value_heads, tensor_parallel_size)
+    state = state_slot_bytes(model, dtype, tensor_parallel_size)
+    pages = -(-state // page_bytes(model, block_size, dtype, kv_heads))
     return block_size * max(1, pages)
 
 
@@ -205,7 +212,9 @@ def _cache_budget(
 def _cuda_budget(
     config: EngineConfig, model: ModelConfig, dtype: torch.dtype, gpu: GpuMemory
 ) -> CudaKvBudget:
-    weights = checkpoint_bytes(config.model_path, dtype)
+    # a rank's share of the target (its slices; the few replicated norms aside), and the drafter whole (it runs
+    # on rank 0, the rank this budget sizes for)
+    weights = checkpoint_bytes(config.model_path, dtype) // config.tensor_parallel_size
     drafter = drafter_checkpoint(config)
     if drafter is not None:
         weights += checkpoint_bytes(drafter, dtype)
@@ -228,7 +237,8 @@ def num_kv_blocks(
     state slots, are taken from the budget first."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    state_bytes = 0 if states is None else states.num_slots * state_slot_bytes(model, dtype)
+    slot = state_slot_bytes(model, dtype, config.tensor_parallel_size)
+    state_bytes = 0 if states is None else states.num_slots * slot
     if config.kv_cache_gb is not None or gpu is None:
         budget = _cache_budget(config, model, dtype, gpu)
         assert budget is not None

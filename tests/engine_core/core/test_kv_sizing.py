@@ -18,15 +18,20 @@ from openinfer.engine_core.core.kv_sizing import (
     cuda_kv_budget,
     kv_block_bytes,
     num_kv_blocks,
+    state_slot_bytes,
 )
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.kv_geometry import page_bytes
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
+from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
+from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.process.engine_args import config_from_args, parse_args
 from openinfer.engine_core.process.engine_cli import load_runner
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
+from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
+from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.kernels.kernel_backends import choose_kernel_backends
 
 H200 = GpuMemory(free=140 * GIB, total=141 * GIB)
@@ -148,3 +153,31 @@ def test_the_cli_sizes_by_the_gpu_share_unless_told() -> None:
     assert config_from_args(parse_args([])).kv_cache_gb is None
     assert config_from_args(parse_args(["--kv-cache-gb", "2"])).kv_cache_gb == 2.0
     assert config_from_args(parse_args(["--gpu-memory-utilization", "0.5"])).gpu_memory_utilization == 0.5
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_ranks_state_slot_is_what_its_deltanet_layers_allocate(tmp_path: Path, world_size: int) -> None:
+    """Under tensor parallelism a hybrid model's state slot is sized as one rank allocates it (its q/k/v
+    channels and value heads): the bytes of rank 1's DeltaNet states, per slot; half of one rank's at N = 2."""
+    folder = make_tiny_qwen3_5_checkpoint(tmp_path / "q", seed=0)
+    model = ModelConfig.from_folder(folder)
+    parallel = TensorParallel(world_size - 1, world_size)
+    runner = ModelRunner(folder, torch.device("cpu"), 8, 4, dtype=torch.float32, parallel=parallel)
+    assert runner.state_geometry is not None and isinstance(runner.model, Qwen3_5ForCausalLM)
+    allocated = sum(layer.state_bytes for layer in runner.model.linear_layers)
+    assert state_slot_bytes(model, torch.float32, world_size) == allocated
+    assert state_slot_bytes(model, torch.float32, 2) * 2 == state_slot_bytes(model, torch.float32)
+
+
+def test_the_gpu_share_holds_a_ranks_slice_of_the_weights(tmp_path: Path) -> None:
+    """On CUDA each rank's --gpu-memory-utilization share holds its slice of the target's weights (1 / N of
+    the checkpoint), so at N = 2 a rank's KV cache gains half the weights' bytes."""
+    target = make_tiny_checkpoint(tmp_path / "t")
+    model = ModelConfig.from_folder(target)
+    one, two = (
+        EngineConfig(model_path=target, served_model_name="t", kv_cache_gb=None, tensor_parallel_size=n)
+        for n in (1, 2)
+    )
+    weights = checkpoint_bytes(target, torch.float32)
+    blocks = [num_kv_blocks(config, model, torch.float32, 1, H200) for config in (one, two)]
+    assert blocks[1] - blocks[0] == weights - weights // 2
