@@ -32,20 +32,6 @@ class SpecMethod(enum.StrEnum):
 CHECKPOINT_METHODS = frozenset({SpecMethod.DFLASH, SpecMethod.DSPARK})
 
 
-def check_drafter_ranks(method: DrafterMethod, tensor_parallel_size: int) -> None:
-    """Refuse a drafter that cannot run over ``tensor_parallel_size`` ranks (at start and for run-time loads).
-
-    The n-gram drafter runs at any N: it proposes on rank 0 from token ids alone, and its verify step is a
-    step like any other, which every rank runs. DFlash and DSpark share the target's embedding and LM head,
-    which are collectives at N > 1: not yet."""
-    if tensor_parallel_size > 1 and method in CHECKPOINT_METHODS:
-        raise ValueError(
-            f"speculative decoding with --tensor-parallel-size > 1 is not supported yet for {method} (its "
-            "drafter shares the target's embedding and LM head, sharded over the ranks): use --spec-method "
-            "ngram, drop the drafter (openinfer-serve: --no-spec), or run with --tensor-parallel-size 1"
-        )
-
-
 class ModelDtype(enum.StrEnum):
     """``--dtype``: the weights' and KV cache's; auto is float32 on the CPU (exact parity with transformers)
     and bfloat16 on CUDA (``worker/executor.py`` ``resolve_dtype``)."""
@@ -212,8 +198,6 @@ class EngineConfig:
             raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
         if not self.rank_timeout > 0:
             raise ValueError(f"--rank-timeout must be positive seconds, got {self.rank_timeout}")
-        if self.speculative is not None:
-            check_drafter_ranks(self.speculative.method, size)
         if size > 1 and self.fake_model:
             raise ValueError("--fake-model has no model to shard: drop --tensor-parallel-size")
         devices = self.rank_devices or tuple(

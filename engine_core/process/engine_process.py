@@ -12,7 +12,7 @@ from typing import NamedTuple
 import zmq
 
 from openinfer import protocol
-from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig, check_drafter_ranks
+from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.frontend_links import STALLED, FrontendLink, FrontendLinks
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
@@ -152,7 +152,6 @@ class EngineProcess:
             self._reply(link, command, False, NOT_ALLOWED.format(path=command.draft_model))
         else:
             try:
-                check_drafter_ranks(command.method, self.config.tensor_parallel_size)  # n-gram at any N
                 spec = DrafterSpec(
                     command.method,
                     command.num_spec_tokens,

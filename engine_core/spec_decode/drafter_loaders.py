@@ -97,11 +97,16 @@ def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
     """A DFlash or DSpark checkpoint beside the target (``block_drafter_config``'s checks first)."""
     from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
     from openinfer.engine_core.worker.model_runner import ModelRunner
+    from openinfer.engine_core.worker.rank_group import ParallelRunner
 
-    if not isinstance(runner, ModelRunner):  # block drafters share the target's embedding and LM head
+    if not isinstance(runner, ModelRunner | ParallelRunner):  # they share the target's embedding and head
         raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
     config = block_drafter_config(spec, runner.model_config)
     assert spec.draft_model is not None  # block_drafter_config refuses a spec without one
+    if isinstance(
+        runner, ParallelRunner
+    ):  # N > 1: rank 0's whole copy, before the drafter's free-memory check
+        runner.load_draft_head()
     drafter = DFlashDrafter(spec.draft_model, runner, spec.num_spec_tokens, config=config)
     if spec.confidence_threshold and not drafter.estimates_confidence:
         raise ValueError(

@@ -5,6 +5,8 @@ The engine process is the driver and rank 0: it starts ranks 1 .. N-1 (``python 
 loopback only), all join one gloo group on 127.0.0.1, and each builds its shard's ``ModelRunner``. Each step
 the driver broadcasts the step's decision once (:mod:`step_broadcast`: a header, then the payload), then every
 rank runs it, the sharded layers' collectives inside; rank 0 returns the output and the engine reads it back.
+A block drafter (DFlash, DSpark) runs on rank 0 alone: its embedding and LM head are rank 0's whole copy of
+the target's (:mod:`draft_head`), loaded with the drafter, so drafting is never a collective.
 A rank that dies, raises or keeps the others waiting past ``--rank-timeout`` ends the engine: the step raises
 :class:`RankGroupFailure`, or, while the engine is idle, the watch thread finds the dead rank and exits.
 """
@@ -27,8 +29,10 @@ from typing import TypeVar
 import msgspec
 import torch
 import torch.distributed as dist
+from torch import Tensor, nn
 
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
+from openinfer.engine_core.worker.draft_head import DraftHead
 from openinfer.engine_core.worker.executor import ForwardOutput
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.engine_core.worker.rank_spec import (
@@ -42,6 +46,7 @@ from openinfer.engine_core.worker.rank_spec import (
 )
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_broadcast import StepKind, StepMessage, bare_message, pack_step
+from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.backend_name import BackendName
 
 logger = logging.getLogger(__name__)
@@ -66,7 +71,11 @@ class ParallelRunner:
     """The engine's :class:`~openinfer.engine_core.worker.executor.ModelExecutor` over ``spec.world_size``
     ranks: rank 0 (a ``ModelRunner`` in this process) and one child process per other rank, on ``devices``
     (one per rank, torch's spelling). :meth:`close` stops them; they are killed by pid on every other way
-    out (an exception, ``sys.exit``), and die with this process if it is killed."""
+    out (an exception, ``sys.exit``), and die with this process if it is killed.
+
+    It is also a block drafter's ``DraftTarget`` (rank 0's geometry, shard and aux hidden states, which are
+    whole: each block's all-reduce leaves every rank the full hidden states), once :meth:`load_draft_head`
+    has given rank 0 its copy of the embedding and LM head; the drafter drafts eagerly (no step graphs)."""
 
     def __init__(self, spec: RankSpec, devices: Sequence[str]) -> None:
         self.spec = spec
@@ -99,6 +108,9 @@ class ParallelRunner:
         self.device, self.dtype, self.model_config = runner.device, runner.dtype, runner.model_config
         self.block_size, self.num_kv_blocks = runner.block_size, runner.num_kv_blocks
         self.state_geometry = runner.state_geometry
+        self.attn_backend = runner.attn_backend
+        self.step_graphs: StepGraphs | None = None  # a drafter's padded steps: none at N > 1
+        self._draft_head: DraftHead | None = None
         pids = ", ".join(f"rank {r}: pid {p.pid}" for r, p in self.ranks.items())
         logger.info("tensor parallel over %d ranks (rank 0: this process; %s)", spec.world_size, pids)
         threading.Thread(target=self._watch, name="rank-watch", daemon=True).start()
@@ -116,6 +128,29 @@ class ParallelRunner:
                 return self.runner.execute(step, aux_layer_ids)
 
         return self._guarded(run, "during a step")
+
+    @property
+    def model(self) -> nn.Module:
+        """Rank 0's shard of the target (a drafter weighs no more than its parameters)."""
+        return self.runner.model
+
+    def load_draft_head(self) -> DraftHead:
+        """Rank 0's whole copy of the target's embedding and LM head for a drafter, read from the checkpoint
+        (its two tensors only) the first time; held from then on."""
+        if self._draft_head is None:
+            runner = self.runner
+            self._draft_head = DraftHead.load(
+                Path(self.spec.model_path), runner.model_config, runner.device, runner.dtype
+            )
+        return self._draft_head
+
+    def embed(self, token_ids: Tensor) -> Tensor:
+        """(...,) int64 token ids -> (..., hidden) the target's embeddings, on rank 0 alone (the copy)."""
+        return self.load_draft_head().embed(token_ids)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """(n, hidden) -> (n, vocab) float32 logits through the target's LM head, on rank 0 alone (the copy)."""
+        return self.load_draft_head().compute_logits(hidden)
 
     def close(self) -> None:
         """Tell the ranks to exit and wait for them a bounded time, when the group is whole; kill what

@@ -1,7 +1,7 @@
 """N-gram speculation on an engine over two CPU ranks (``-tp 2 --spec-method ngram``, gloo on loopback) as
 real processes: greedy completions equal a one-rank engine's without speculation, drafts are accepted, and
 /metrics equals the engine's spec log bin by bin; adaptive verification measures its step costs through the
-ranks; at run time an n-gram drafter loads and a DFlash one is refused."""
+ranks; at run time a DFlash drafter loads (it drafts on rank 0) and an n-gram one after it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.tools.spec_tally import tally_metrics
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
 from tests.e2e.rank_processes import cluster_log, rank_pids, stop_with_ranks
@@ -40,12 +41,16 @@ def prompts() -> list[list[int]]:
 def clusters(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[str, Cluster]]:
     """Three frontends, each with one engine serving the tiny model: "reference" at -tp 1 without a drafter;
     "ngram" at -tp 2 with n-gram K=4 (admin API on); "adaptive" the same with adaptive verification. The
-    two-rank engines write spec logs and prefill in chunks of 16 tokens."""
+    two-rank engines write spec logs and prefill in chunks of 16 tokens; "ngram" may load drafters from the
+    folder of a DFlash drafter for the tiny model (``cluster.dflash``)."""
     started = {name: Cluster(tmp_path_factory.mktemp(name)) for name in ("reference", "ngram", "adaptive")}
+    dflash = make_tiny_dflash_checkpoint(tmp_path_factory.mktemp("drafters") / "d", tiny_model)
+    started["ngram"].dflash = dflash  # type: ignore[attr-defined]
     try:
         started["reference"].start_frontend()
         started["reference"].start_engine(tiny_model, 0, "-tp", "1")
-        for name, extra in (("ngram", []), ("adaptive", ["--enable-adaptive-verification"])):
+        allowed = ["--allowed-drafter-dir", str(dflash.parent)]
+        for name, extra in (("ngram", allowed), ("adaptive", ["--enable-adaptive-verification"])):
             cluster = started[name]
             assert cluster.log_dir is not None
             cluster.start_frontend("--admin-api-key", ADMIN_KEY)
@@ -126,18 +131,19 @@ async def test_adaptive_verification_measures_its_step_costs_through_the_ranks(
 
 
 async def test_run_time_drafter_loads_on_two_ranks(clusters: dict[str, Cluster]) -> None:
-    """Admin API on the -tp 2 engine: a DFlash load is refused (400, saying n-gram works), an n-gram load of
-    the same K is installed (its counters go on), and the engine stays lossless and exactly counted."""
+    """Admin API on the -tp 2 engine: a DFlash drafter of the same K loads (rank 0 drafts with its copy of the
+    embedding and LM head) and the engine stays lossless and exactly counted; then an n-gram one loads and
+    the counters go on."""
     cluster = clusters["ngram"]
     url = f"{cluster.url}/admin/engines/0/drafter"
-    async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as s:
-        async with s.post(url, json={"method": "dflash", "num_spec_tokens": K}) as r:
-            status, error = r.status, (await r.json())["error"]
-        body = {"method": "ngram", "num_spec_tokens": K, "prompt_lookup_min": 2}
-        async with s.post(url, json=body) as r:
-            assert r.status == 200, await r.text()
-            assert (await r.json())["num_spec_tokens"] == K
-    assert (status, error["code"]) == (400, "drafter_refused"), error
-    assert "--tensor-parallel-size > 1 is not supported yet for dflash" in error["message"]
-    assert "use --spec-method ngram" in error["message"]
-    await _lossless_and_counted(cluster, await _reference(clusters))
+    draft_model = str(cluster.dflash)  # type: ignore[attr-defined]
+    for body in (
+        {"method": "dflash", "num_spec_tokens": K, "draft_model": draft_model},
+        {"method": "ngram", "num_spec_tokens": K, "prompt_lookup_min": 2},
+    ):
+        async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as s:
+            async with s.post(url, json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["num_spec_tokens"] == K
+        await _lossless_and_counted(cluster, await _reference(clusters))
+    assert "rank 0: drafter's embedding/LM head copy" in cluster_log(cluster, "engine0")

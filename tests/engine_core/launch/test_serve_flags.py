@@ -16,9 +16,10 @@ from openinfer.engine_core.launch.serve import (
     frontend_env,
     parse_args,
     prepare,
+    resolve_builtin,
 )
 from openinfer.engine_core.launch.serve_args import LAUNCHER_SETS
-from openinfer.engine_core.process.engine_args import add_engine_args
+from openinfer.engine_core.process.engine_args import add_engine_args, config_from_args
 from openinfer.engine_core.process.engine_args import parse_args as engine_args
 from openinfer.frontend.process.flags import add_frontend_args
 from openinfer.frontend.process.main import parse_args as frontend_args
@@ -181,7 +182,6 @@ def test_curve_keys_are_made_when_missing(tmp_path: Path) -> None:
         (["/m", "--fake-model"], "--fake-model serves no model"),
         (["--no-spec", "--kv-cache-gb", "0"], "--kv-cache-gb must be positive"),
         (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
-        (["-tp", "2"], "speculative decoding with --tensor-parallel-size > 1 is not supported yet"),
         (["--fake-model", "-tp", "2"], "--fake-model has no model to shard"),
     ],
 )
@@ -189,6 +189,16 @@ def test_engine_flags_that_cannot_work_stop_serve_before_it_starts(argv: list[st
     """An engine's own checks run in the launcher first: an error naming the flag, nothing started."""
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         prepare(parse_args(argv))
+
+
+def test_the_builtin_drafter_runs_over_two_ranks() -> None:
+    """openinfer-serve -tp 2 serves the built-in pair with its DFlash drafter (every drafter runs at any N):
+    the engine's flags as it will read them pass its checks."""
+    serve = parse_args(["-tp", "2"])
+    resolve_builtin(serve)
+    config = config_from_args(engine_args(engine_command(serve, 0)[3:]))  # after `python -m module`
+    assert config.tensor_parallel_size == 2
+    assert config.speculative is not None and config.speculative.method == "dflash"
 
 
 @pytest.mark.parametrize(

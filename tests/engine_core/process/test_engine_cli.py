@@ -57,7 +57,8 @@ def test_device_refuses_what_torch_would_not_run(text: str) -> None:
 
 def test_tensor_parallel_flags_reach_the_config() -> None:
     """-tp N (vLLM's name) with N CPU ranks, or one GPU per rank from --gpu 0,1 or --device cuda (the first N
-    visible devices); 1 by default. An n-gram drafter (adaptive verification too) is taken at N > 1."""
+    visible devices); 1 by default. Every drafter (n-gram with adaptive verification, DFlash, DSpark) is taken
+    at N > 1."""
     assert config_from_args(parse_args([])).tensor_parallel_size == 1
     cpu = config_from_args(parse_args(["-tp", "2"]))
     assert (cpu.tensor_parallel_size, cpu.rank_devices) == (2, (Device(), Device()))
@@ -69,6 +70,10 @@ def test_tensor_parallel_flags_reach_the_config() -> None:
     ngram = ["--spec-method", "ngram", "--num-spec-tokens", "3", "--enable-adaptive-verification"]
     spec = config_from_args(parse_args(["-tp", "2", *ngram])).speculative  # n-gram runs at any N
     assert spec is not None and (spec.method, spec.adaptive_verification) == ("ngram", True)
+    for method in ("dflash", "dspark"):  # every drafter runs at any N (a block drafter on rank 0)
+        drafter = ["--spec-method", method, "--num-spec-tokens", "3", "--draft-model", "/d"]
+        spec = config_from_args(parse_args(["-tp", "2", *drafter])).speculative
+        assert spec is not None and (spec.method, spec.draft_model) == (method, Path("/d"))
 
 
 @pytest.mark.parametrize(
@@ -77,10 +82,6 @@ def test_tensor_parallel_flags_reach_the_config() -> None:
         (["-tp", "0"], "--tensor-parallel-size must be >= 1, got 0"),
         (["-tp", "2", "--gpu", "0"], "--gpu names 1 device(s) for --tensor-parallel-size 2"),
         (["--gpu", "0,1"], "--gpu names 2 device(s) for --tensor-parallel-size 1"),
-        (
-            ["-tp", "2", "--spec-method", "dspark", "--num-spec-tokens", "3", "--draft-model", "/d"],
-            "speculative decoding with --tensor-parallel-size > 1 is not supported yet for dspark",
-        ),
         (["-tp", "2", "--fake-model"], "--fake-model has no model to shard"),
         (["-tp", "2", "--rank-timeout", "0"], "--rank-timeout must be positive"),
     ],
