@@ -27,6 +27,11 @@ EMBEDDING = "model.embed_tokens.weight"  # the text model's names (a released Qw
 LM_HEAD = "lm_head.weight"
 
 
+def draft_head_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes the copy of ``config``'s embedding (and untied LM head) takes at ``dtype`` (:attr:`DraftHead.nbytes`)."""
+    return (1 if config.tie_word_embeddings else 2) * config.vocab_size * config.hidden_size * dtype.itemsize
+
+
 class DraftHead(nn.Module):
     """A target's (vocab_size, hidden_size) embedding and, untied, its LM head, whole (``TensorParallel.SINGLE``)."""
 
