@@ -6,6 +6,7 @@ refused at start with exit status 2 and the reason."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from openinfer.engine_core.launch.local_cluster import python_module
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 from tests.e2e.load import Load, first_tokens
-from tests.e2e.processes import Cluster, kill_all, serve_children
+from tests.e2e.processes import ADMIN_KEY, Cluster, kill_all, serve_children
 from tests.e2e.rank_processes import rank_pids, wait_gone
 from tests.e2e.serve_under_test import gone
 
@@ -105,13 +106,17 @@ def test_ranks_that_do_not_divide_the_heads_are_refused_with_no_rank_left(tmp_pa
 async def test_a_killed_rank_ends_its_engine_and_serve_starts_the_group_again(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """kill -9 of rank 1 while a request streams: the stream ends with the engine-death error naming engine 0,
-    the engine exits 1 with a line naming the rank, no process of the group is left, serve starts the engine
-    (and so a new rank 1) again, and the next request completes."""
+    """kill -9 of rank 1 while a request streams (n-gram drafting, K = 3): the stream ends with the
+    engine-death error naming engine 0, the engine exits 1 with a line naming the rank, no process of the
+    group is left, serve starts the engine (and so a new rank 1) again, the next request completes, and
+    /metrics equals the spec log of both incarnations bin by bin (openinfer-verify-log --engines-url: the
+    drafts the frontend counted, an unsent tail of the killed one's apart)."""
     cluster = Cluster(tmp_path)
+    spec_log = tmp_path / "spec.jsonl"
     serve = cluster.start_serve(
-        tiny_model, "-tp", "2", "--no-spec", "--step-sleep", "0.05", "--engine-restart-backoff", "0.2"
-    )
+        tiny_model, "-tp", "2", "--spec-method", "ngram", "--num-spec-tokens", "3", "--spec-log", spec_log,
+        "--step-sleep", "0.05", "--engine-restart-backoff", "0.2", env={"OPENINFER_ADMIN_API_KEY": ADMIN_KEY},
+    )  # fmt: skip
     seen: set[int] = set()
     try:
         cluster.wait_healthy(timeout=120)
@@ -119,11 +124,16 @@ async def test_a_killed_rank_ends_its_engine_and_serve_starts_the_group_again(
         (rank,) = rank_pids(_serve_log(cluster))
         seen |= {engine, rank}
         load = Load(cluster.url, clients=0, timeout_s=60, model="tiny")
-        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True, "stream": True}
+        # greedy on [11, 12] * 8: the tiny model's continuation repeats itself, so n-gram lookups hit
+        body = {"model": "tiny", "prompt": [11, 12] * 8, "max_tokens": 200, "temperature": 0}
+        body |= {"ignore_eos": True, "stream": True}
         async with aiohttp.ClientSession() as session:
             before = await first_tokens(session, cluster.url, "tiny")
             stream = asyncio.create_task(load.request(session, dict(body)))
             await wait_for_first_tokens_of(session, cluster.url, before + 1)
+            async with asyncio.timeout(60):  # the killed incarnation has drafted
+                while not spec_log.exists() or not spec_log.read_text():
+                    await asyncio.sleep(0.05)
             os.kill(rank, signal.SIGKILL)
             outcome = await stream
             wait_gone([engine, rank])
@@ -132,14 +142,25 @@ async def test_a_killed_rank_ends_its_engine_and_serve_starts_the_group_again(
                     await asyncio.sleep(0.1)
             seen |= set(rank_pids(_serve_log(cluster))) | set(serve_children(serve.pid).values())
             cluster.wait_healthy(timeout=120)
-            short = {**body, "max_tokens": 8}
-            after = await load.request(session, short)
+            short = {**body, "max_tokens": 16}
+        # a new connection: the session's pooled ones sat idle through the restart, past the server's 5 s
+        # keep-alive, and a reused one the server has closed fails the request (ServerDisconnectedError)
+        async with aiohttp.ClientSession() as fresh:
+            after = await load.request(fresh, short)
         assert outcome.kind == "engine_error" and "engine 0" in outcome.message, outcome
         log = _serve_log(cluster)
         assert f"rank 1 of 2 (pid {rank}) was killed by SIGKILL" in log
         assert "engine 0 exited with code 1; starting it again" in log, log[-3000:]
         assert after.kind == "ok", after
         assert serve.poll() is None and serve_children(serve.pid)["engine0"] != engine
+        lines = spec_log.read_text().splitlines()
+        assert len({json.loads(line)["incarnation"] for line in lines}) == 2  # drafts before and after
+        verify = subprocess.run(
+            python_module("openinfer.tools.verify_log", "--metrics-url", f"{cluster.url}/metrics")
+            + ["--spec-log", str(spec_log), "--engines-url", f"{cluster.url}/admin/engines"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "OPENINFER_ADMIN_API_KEY": ADMIN_KEY},
+        )  # fmt: skip
+        assert verify.returncode == 0, verify.stdout + verify.stderr
     finally:
         cluster.stop(30)
         kill_all(seen)
