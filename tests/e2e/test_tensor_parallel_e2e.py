@@ -12,9 +12,11 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer.engine_core.launch.local_cluster import python_module
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
@@ -205,3 +207,43 @@ async def test_a_hung_rank_ends_its_engine_after_the_rank_timeout(tmp_path: Path
     finally:
         cluster.stop()
         kill_all(rank_pids(_log(cluster, "engine0")))
+
+
+async def test_prefix_cache_logprobs_grammar_and_penalties_are_unchanged_on_two_ranks(
+    clusters: dict[int, Cluster],
+) -> None:
+    """A 50-token prompt (3 full blocks of 16) sent twice, the second served from the prefix cache, with 2
+    logprobs per token, a regex constraint and penalties: -tp 2 returns -tp 1's tokens, text and logprobs
+    (within float32 noise), and its /metrics count the cached tokens."""
+    body = {
+        "model": "tiny",
+        "prompt": list(range(300, 350)),
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": 2,
+    }
+    body |= {"presence_penalty": 0.5, "repetition_penalty": 1.2, "return_token_ids": True}
+    body |= {"structured_outputs": {"regex": "[a-z]+"}}
+    answers: dict[int, list[Any]] = {}
+    async with aiohttp.ClientSession() as session:
+        for tp, cluster in clusters.items():
+            answers[tp] = []
+            for _ in range(2):
+                async with session.post(f"{cluster.url}/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    answers[tp].append((await r.json())["choices"][0])
+        async with session.get(f"{clusters[2].url}/metrics") as r:
+            metrics = await r.text()
+    for one, two in zip(answers[1], answers[2], strict=True):
+        assert two["token_ids"] == one["token_ids"] and two["text"] == one["text"]
+        assert str(two["text"]).isalpha()  # the regex held
+        ones, twos = one["logprobs"]["token_logprobs"], two["logprobs"]["token_logprobs"]
+        assert len(ones) == len(twos) and all(abs(a - b) < 1e-4 for a, b in zip(ones, twos, strict=True))
+    hits = [
+        s.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "vllm:prefix_cache_hits"
+        for s in family.samples
+        if s.name.endswith("_total")
+    ]
+    assert sum(hits) >= 48  # the second request's 3 full blocks
