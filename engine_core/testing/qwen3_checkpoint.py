@@ -135,6 +135,17 @@ QWEN3_CHAT_TEMPLATE = """\
 """  # noqa: E501 - the template's own long lines
 
 
+# Qwen3-0.6B's layout and vocabulary at small widths (4 query heads over 2 KV heads): a real-vocabulary model
+# tensor-parallel tests shard over two ranks, one KV head a rank
+SMALL_REAL_VOCAB_WIDTHS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+
+
 def make_qwen3_0_6b_shaped_checkpoint(
     folder: Path | str,
     *,

@@ -4,18 +4,16 @@ runs the gpu-marked tests where a machine has them)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 import torch
 
 from openinfer.engine_core.launch.local_cluster import python_module
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from tests.e2e.processes import Cluster
-from tests.e2e.rank_processes import stop_with_ranks
+from tests.e2e.rank_processes import greedy_token_ids, stop_with_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,22 +46,9 @@ def gpu_clusters(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
             stop_with_ranks(cluster, 0)
 
 
-async def _completions(url: str) -> list[list[int]]:
-    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> list[int]:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-        body |= {"ignore_eos": True, "return_token_ids": True}
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            tokens: list[int] = (await r.json())["choices"][0]["token_ids"]
-            return tokens
-
-    async with aiohttp.ClientSession() as session:
-        return list(await asyncio.gather(*(one(session, p) for p in PROMPTS)))
-
-
 async def test_two_gpus_complete_as_one(gpu_clusters: dict[int, Cluster], tiny_model: Path) -> None:
     """Greedy tokens over two GPUs (NCCL all-reduces and the logits all-gather) equal one GPU's, and are
     transformers' greedy tokens (teacher-forced)."""
-    one, two = [await _completions(gpu_clusters[tp].url) for tp in (1, 2)]
+    one, two = [await greedy_token_ids(gpu_clusters[tp].url, PROMPTS, MAX_TOKENS) for tp in (1, 2)]
     assert two == one
     assert_hf_greedy(tiny_model, PROMPTS, two)

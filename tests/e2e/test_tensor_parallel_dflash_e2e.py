@@ -16,7 +16,7 @@ from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_che
 from openinfer.protocol.spec_log import parse_spec_log_line
 from openinfer.tools.spec_tally import tally_metrics
 from tests.e2e.processes import Cluster
-from tests.e2e.rank_processes import cluster_log, rank_pids, stop_with_ranks
+from tests.e2e.rank_processes import cluster_log, greedy_token_ids, rank_pids, stop_with_ranks
 from tests.e2e.settled_metrics import metrics_matching_logs
 
 K = 4
@@ -65,24 +65,10 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Clu
             stop_with_ranks(cluster, 0)
 
 
-async def _completions(url: str) -> list[list[int]]:
-    """Greedy completions of PROMPTS, one request at a time (so that each round's batch is the same on
-    every engine)."""
-    tokens: list[list[int]] = []
-    async with aiohttp.ClientSession() as session:
-        for prompt in PROMPTS:
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-            body |= {"ignore_eos": True, "return_token_ids": True}
-            async with session.post(f"{url}/v1/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                tokens.append((await r.json())["choices"][0]["token_ids"])
-    return tokens
-
-
 async def _lossless_and_counted(cluster: Cluster, reference: list[list[int]]) -> dict[str, int]:
     """Completions on ``cluster`` equal ``reference``; its /metrics equals its spec log bin by bin; the bins."""
     assert cluster.log_dir is not None
-    assert await _completions(cluster.url) == reference
+    assert await greedy_token_ids(cluster.url, PROMPTS, MAX_TOKENS, batched=False) == reference
     async with aiohttp.ClientSession() as session:
         text, logs = await metrics_matching_logs(session, cluster.url, [cluster.log_dir / "spec0.jsonl"], K)
     assert not logs.malformed and set(logs.engines) == {0}
@@ -108,7 +94,7 @@ async def test_dflash_on_two_ranks_is_lossless_counted_and_drafts_as_one(
 ) -> None:
     """-tp 2 with DFlash K=4: greedy tokens equal -tp 1's without speculation, drafts are accepted, /metrics
     equals the spec log bin by bin, every round's counts equal -tp 1 DFlash's, and rank 0 logged its copy."""
-    reference = await _completions(clusters["reference"].url)
+    reference = await greedy_token_ids(clusters["reference"].url, PROMPTS, MAX_TOKENS, batched=False)
     assert all(len(tokens) == MAX_TOKENS for tokens in reference)
     bins = await _lossless_and_counted(clusters["dflash2"], reference)
     assert bins["drafts"] > 0 and bins["accepted_tokens"] > 0
@@ -122,6 +108,6 @@ async def test_dflash_on_two_ranks_is_lossless_counted_and_drafts_as_one(
 async def test_dspark_on_two_ranks_is_lossless_and_counted(clusters: dict[str, Cluster]) -> None:
     """-tp 2 with a DSpark drafter (Markov and confidence heads) K=4: greedy tokens equal -tp 1's without
     speculation and /metrics equals the spec log bin by bin."""
-    reference = await _completions(clusters["reference"].url)
+    reference = await greedy_token_ids(clusters["reference"].url, PROMPTS, MAX_TOKENS, batched=False)
     bins = await _lossless_and_counted(clusters["dspark2"], reference)
     assert bins["drafts"] > 0

@@ -22,7 +22,7 @@ from openinfer.engine_core.launch.local_cluster import python_module
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
 from tests.e2e.load import Load, first_tokens
 from tests.e2e.processes import ADMIN_KEY, Cluster, kill_all, serve_children
-from tests.e2e.rank_processes import rank_pids, wait_gone
+from tests.e2e.rank_processes import greedy_token_ids, rank_pids, wait_gone
 from tests.e2e.serve_under_test import gone
 
 # Token prompts (the tiny model's 512-token vocabulary); the last is prefilled in chunks of 16 tokens.
@@ -53,25 +53,10 @@ def _log(cluster: Cluster, name: str) -> str:
     return (cluster.log_dir / f"{name}.log").read_text(errors="replace")
 
 
-async def _completions(url: str, prompts: list[list[int]]) -> list[list[int]]:
-    """Greedy completions of ``prompts``, sent at once (so that the engine batches them)."""
-
-    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> list[int]:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-        body |= {"ignore_eos": True, "return_token_ids": True}
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            tokens: list[int] = (await r.json())["choices"][0]["token_ids"]
-            return tokens
-
-    async with aiohttp.ClientSession() as session:
-        return list(await asyncio.gather(*(one(session, p) for p in prompts)))
-
-
 async def test_two_ranks_complete_as_one(clusters: dict[int, Cluster]) -> None:
     """Greedy tokens of -tp 2 equal -tp 1's on the same prompts (batched, one prefilled in chunks); the
     sharded engine ran a rank process of its own."""
-    one, two = [await _completions(clusters[tp].url, PROMPTS) for tp in (1, 2)]
+    one, two = [await greedy_token_ids(clusters[tp].url, PROMPTS, MAX_TOKENS) for tp in (1, 2)]
     assert two == one and all(len(tokens) == MAX_TOKENS for tokens in one)
     log = _log(clusters[2], "engine0")
     assert len(rank_pids(log)) == 1 and "tensor parallel over 2 ranks" in log

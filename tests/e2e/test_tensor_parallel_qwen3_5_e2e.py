@@ -4,15 +4,13 @@ sizing carried to rank 1 by its RankSpec) and prefill in chunks."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
-import aiohttp
 import pytest
 
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 from tests.e2e.processes import Cluster
-from tests.e2e.rank_processes import cluster_log, rank_pids, stop_with_ranks
+from tests.e2e.rank_processes import cluster_log, greedy_token_ids, rank_pids, stop_with_ranks
 
 MAX_TOKENS = 16
 # token prompts of the tiny model's 512-token vocabulary: repeats (n-gram lookups hit), random ids, and one
@@ -40,25 +38,10 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Clu
             stop_with_ranks(cluster, 0)
 
 
-async def _completions(url: str) -> list[list[int]]:
-    """Greedy completions of PROMPTS, sent at once (so that the engine batches them)."""
-
-    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> list[int]:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-        body |= {"ignore_eos": True, "return_token_ids": True}
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            tokens: list[int] = (await r.json())["choices"][0]["token_ids"]
-            return tokens
-
-    async with aiohttp.ClientSession() as session:
-        return list(await asyncio.gather(*(one(session, p) for p in PROMPTS)))
-
-
 async def test_two_ranks_complete_as_one(clusters: dict[int, Cluster]) -> None:
     """Greedy tokens of the -tp 2 n-gram engine equal the -tp 1 engine's on the same prompts; the sharded
     engine ran a rank process of its own."""
-    one, two = [await _completions(clusters[tp].url) for tp in (1, 2)]
+    one, two = [await greedy_token_ids(clusters[tp].url, PROMPTS, MAX_TOKENS) for tp in (1, 2)]
     assert two == one and all(len(tokens) == MAX_TOKENS for tokens in one)
     log = cluster_log(clusters[2], "engine0")
     assert len(rank_pids(log)) == 1 and "tensor parallel over 2 ranks" in log

@@ -5,7 +5,6 @@ ranks; at run time a DFlash drafter loads (it drafts on rank 0) and an n-gram on
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.tools.spec_tally import tally_metrics
 from tests.e2e.processes import ADMIN_HEADERS, ADMIN_KEY, Cluster
-from tests.e2e.rank_processes import cluster_log, rank_pids, stop_with_ranks
+from tests.e2e.rank_processes import cluster_log, greedy_token_ids, rank_pids, stop_with_ranks
 from tests.e2e.settled_metrics import metrics_matching_logs
 
 K = 4
@@ -65,23 +64,8 @@ def clusters(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iter
             stop_with_ranks(cluster, 0)
 
 
-async def _completions(session: aiohttp.ClientSession, url: str) -> list[list[int]]:
-    """Greedy completions of :func:`prompts`, sent at once (so that the engine batches them)."""
-
-    async def one(prompt: list[int]) -> list[int]:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-        body |= {"ignore_eos": True, "return_token_ids": True}
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            tokens: list[int] = (await r.json())["choices"][0]["token_ids"]
-            return tokens
-
-    return list(await asyncio.gather(*(one(p) for p in prompts())))
-
-
 async def _reference(clusters: dict[str, Cluster]) -> list[list[int]]:
-    async with aiohttp.ClientSession() as session:
-        tokens = await _completions(session, clusters["reference"].url)
+    tokens = await greedy_token_ids(clusters["reference"].url, prompts(), MAX_TOKENS)
     assert all(len(t) == MAX_TOKENS for t in tokens)
     return tokens
 
@@ -92,7 +76,7 @@ async def _lossless_and_counted(cluster: Cluster, reference: list[list[int]]) ->
     tokens); the log's bins."""
     assert cluster.log_dir is not None
     async with aiohttp.ClientSession() as session:
-        assert await _completions(session, cluster.url) == reference
+        assert await greedy_token_ids(cluster.url, prompts(), MAX_TOKENS) == reference
         text, logs = await metrics_matching_logs(session, cluster.url, [cluster.log_dir / "spec0.jsonl"], K)
     assert not logs.malformed and set(logs.engines) == {0}
     bins = logs.engines[0].bins(K, K + 1)

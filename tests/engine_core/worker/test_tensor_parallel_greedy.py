@@ -14,20 +14,15 @@ import pytest
 
 from openinfer.engine_core.testing.hf_greedy import assert_hf_greedy
 from openinfer.engine_core.testing.qwen3_5_checkpoint import load_hf_text_model, make_tiny_qwen3_5_checkpoint
-from openinfer.engine_core.testing.qwen3_checkpoint import make_qwen3_0_6b_shaped_checkpoint
+from openinfer.engine_core.testing.qwen3_checkpoint import (
+    SMALL_REAL_VOCAB_WIDTHS,
+    make_qwen3_0_6b_shaped_checkpoint,
+)
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
 from openinfer.engine_core.testing.tensor_parallel_ranks import run_ranks, runner_greedy
 
 PROMPTS = [[5, 17, 4, 99, 250, 8, 31], list(range(40, 53)), [7, 7, 7, 3]]
 MAX_TOKENS = 8
-# Qwen3-0.6B's layout and vocabulary at small widths (2 KV heads: one a rank)
-SMALL_REAL_VOCAB = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
 
 
 @dataclass(frozen=True)
@@ -40,7 +35,7 @@ class Case:
 
 
 CASES = {
-    "qwen3-real-vocab": Case(lambda f: make_qwen3_0_6b_shaped_checkpoint(f, widths=SMALL_REAL_VOCAB)),
+    "qwen3-real-vocab": Case(lambda f: make_qwen3_0_6b_shaped_checkpoint(f, widths=SMALL_REAL_VOCAB_WIDTHS)),
     "qwen3-moe": Case(lambda f: make_tiny_moe_checkpoint(f, seed=4)),
     "qwen3-moe-expert-parallel": Case(lambda f: make_tiny_moe_checkpoint(f, seed=4), expert_parallel=True),
     "qwen3.5": Case(lambda f: make_tiny_qwen3_5_checkpoint(f, seed=3), load=load_hf_text_model),

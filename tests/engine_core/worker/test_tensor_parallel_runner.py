@@ -13,7 +13,10 @@ import pytest
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
-from openinfer.engine_core.testing.qwen3_checkpoint import make_qwen3_0_6b_shaped_checkpoint
+from openinfer.engine_core.testing.qwen3_checkpoint import (
+    SMALL_REAL_VOCAB_WIDTHS,
+    make_qwen3_0_6b_shaped_checkpoint,
+)
 from openinfer.engine_core.testing.seq_chunks import SeqChunk
 from openinfer.engine_core.testing.tensor_parallel_ranks import run_ranks, runner_logits
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
@@ -33,14 +36,6 @@ STEPS = [
     # both decode: A at 8 tokens (its second block's end), B at 13
     [SeqChunk([200], 8, TABLE_A + [5], 1), SeqChunk([1], 13, TABLE_B, 1)],
 ]
-# Qwen3-0.6B's layout and vocabulary at small widths
-SMALL_REAL_VOCAB = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
 # a small model of each layout N = 2 shards differently, built in a folder
 CASES: dict[str, Callable[[Path], Path]] = {
     # 4 query heads over 2 KV heads: one KV head a rank
@@ -54,7 +49,7 @@ CASES: dict[str, Callable[[Path], Path]] = {
         folder, seed=2, overrides={**SMALL_QWEN3, "num_key_value_heads": 1}
     ),
     # Qwen3's 151,936-row vocabulary, bf16 weights in 2 files with an index: slices read across files
-    "real_vocab": lambda folder: make_qwen3_0_6b_shaped_checkpoint(folder, widths=SMALL_REAL_VOCAB),
+    "real_vocab": lambda folder: make_qwen3_0_6b_shaped_checkpoint(folder, widths=SMALL_REAL_VOCAB_WIDTHS),
 }
 
 
