@@ -146,7 +146,7 @@ class EngineConfig:
     enforce_eager: bool = False  # --enforce-eager: no CUDA graphs (vLLM's flag)
     enable_prefix_caching: bool = True  # --no-enable-prefix-caching: every prompt computed (vLLM's flag)
     allowed_drafter_dirs: tuple[Path, ...] = ()  # run-time drafters must lie under one; none: no path loads
-    # --tensor-parallel-size N: ranks the model is sharded over (this process is rank 0; worker/rank_group.py)
+    # --tensor-parallel-size N: ranks the model is sharded over (this process is rank 0; worker/parallel/rank_group.py)
     tensor_parallel_size: int = 1
     # each rank's device in rank order, rank 0's being `device`; () fills it in: the CPU for every rank, or
     # CUDA devices device.index, device.index + 1, ...

@@ -36,7 +36,7 @@ from openinfer.engine_core.models.kv_geometry import StateGeometry, page_bytes
 from openinfer.engine_core.models.tensor_parallel import kv_heads_per_rank
 from openinfer.engine_core.models.weights import checkpoint_shapes
 from openinfer.engine_core.spec_decode.drafter_loaders import block_drafter_config
-from openinfer.engine_core.worker.draft_head import draft_head_bytes
+from openinfer.engine_core.worker.parallel.draft_head import draft_head_bytes
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -215,7 +215,7 @@ def _cuda_budget(
 ) -> CudaKvBudget:
     # a rank's share of the target (its slices; the few replicated norms aside), and the drafter whole (it runs
     # on rank 0, the rank this budget sizes for) with, at N > 1, rank 0's whole copy of the target's embedding
-    # and LM head that it drafts through (worker/draft_head.py)
+    # and LM head that it drafts through (worker/parallel/draft_head.py)
     weights = checkpoint_bytes(config.model_path, dtype) // config.tensor_parallel_size
     drafter = drafter_checkpoint(config)
     if drafter is not None:

@@ -25,8 +25,8 @@ from openinfer.engine_core.process.engine_process import CurveClientKeys, Engine
 from openinfer.engine_core.process.tokenizer_files import check_tokenizer_files
 from openinfer.engine_core.worker.executor import ModelExecutor, resolve_dtype
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.engine_core.worker.rank_group import ParallelRunner, RankGroupFailure, init_address
-from openinfer.engine_core.worker.rank_spec import RankSpec
+from openinfer.engine_core.worker.parallel.rank_group import ParallelRunner, RankGroupFailure, init_address
+from openinfer.engine_core.worker.parallel.rank_spec import RankSpec
 
 __all__ = ["config_from_args", "main", "parse_args"]  # the flags live in engine_args.py (no torch there)
 logger = logging.getLogger("openinfer.engine")

@@ -18,7 +18,7 @@ from openinfer.engine_core.process.frontend_links import STALLED, FrontendLink, 
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_loaders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
-from openinfer.engine_core.worker.rank_group import RankGroupFailure
+from openinfer.engine_core.worker.parallel.rank_group import RankGroupFailure
 
 logger = logging.getLogger("openinfer.engine")
 

@@ -97,7 +97,7 @@ def _load_block_drafter(spec: DrafterSpec, runner: ModelExecutor) -> Drafter:
     """A DFlash or DSpark checkpoint beside the target (``block_drafter_config``'s checks first)."""
     from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
     from openinfer.engine_core.worker.model_runner import ModelRunner
-    from openinfer.engine_core.worker.rank_group import ParallelRunner
+    from openinfer.engine_core.worker.parallel.rank_group import ParallelRunner
 
     if not isinstance(runner, ModelRunner | ParallelRunner):  # they share the target's embedding and head
         raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")

@@ -1,4 +1,4 @@
-"""Rank 0's copy of a target's embedding and LM head for a drafter at N > 1 (worker/draft_head.py): its
+"""Rank 0's copy of a target's embedding and LM head for a drafter at N > 1 (worker/parallel/draft_head.py): its
 lookups and logits equal the one-rank runner's exactly, loading it reads those tensors only, and rank 0's CUDA
 share counts its bytes."""
 
@@ -18,8 +18,8 @@ from openinfer.engine_core.testing.checkpoint_reads import ReadCounter
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny_checkpoint
-from openinfer.engine_core.worker.draft_head import DraftHead, draft_head_bytes
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.engine_core.worker.parallel.draft_head import DraftHead, draft_head_bytes
 
 CPU = torch.device("cpu")
 

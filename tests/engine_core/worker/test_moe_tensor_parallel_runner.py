@@ -16,7 +16,7 @@ from openinfer.engine_core.process.engine_args import config_from_args, parse_ar
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk
 from openinfer.engine_core.testing.tensor_parallel_ranks import run_ranks, runner_logits
-from openinfer.engine_core.worker.rank_spec import RankSpec
+from openinfer.engine_core.worker.parallel.rank_spec import RankSpec
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16

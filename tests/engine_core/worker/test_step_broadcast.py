@@ -8,8 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from openinfer.engine_core.worker.step_batch import SeqChunk, StepBatch, step_of_chunks
-from openinfer.engine_core.worker.step_broadcast import (
+from openinfer.engine_core.worker.parallel.step_broadcast import (
     HEADER_LEN,
     StepKind,
     bare_message,
@@ -18,6 +17,7 @@ from openinfer.engine_core.worker.step_broadcast import (
     payload_size,
     unpack_step,
 )
+from openinfer.engine_core.worker.step_batch import SeqChunk, StepBatch, step_of_chunks
 
 # two chunks: a 5-token prefill over 2 blocks of 4, a 1-token decode at position 9 over 3 blocks
 CHUNKS = [

@@ -19,7 +19,7 @@ from openinfer.engine_core.testing.hybrid_rank_steps import HybridRankOutput, hy
 from openinfer.engine_core.testing.qwen3_5_checkpoint import Layout, make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, step_of_chunks
 from openinfer.engine_core.testing.tensor_parallel_ranks import run_ranks
-from openinfer.engine_core.worker.rank_spec import RankSpec
+from openinfer.engine_core.worker.parallel.rank_spec import RankSpec
 from openinfer.engine_core.worker.step_batch import StepBatch
 
 BLOCK_SIZE = 4

@@ -32,10 +32,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
-from openinfer.engine_core.worker.draft_head import DraftHead
 from openinfer.engine_core.worker.executor import ForwardOutput
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.engine_core.worker.rank_spec import (
+from openinfer.engine_core.worker.parallel.draft_head import DraftHead
+from openinfer.engine_core.worker.parallel.rank_spec import (
     PING_S,
     RANK_MODULE,
     RankGroups,
@@ -44,8 +44,13 @@ from openinfer.engine_core.worker.rank_spec import (
     join_groups,
     leave_groups,
 )
+from openinfer.engine_core.worker.parallel.step_broadcast import (
+    StepKind,
+    StepMessage,
+    bare_message,
+    pack_step,
+)
 from openinfer.engine_core.worker.step_batch import StepBatch
-from openinfer.engine_core.worker.step_broadcast import StepKind, StepMessage, bare_message, pack_step
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.backend_name import BackendName
 

@@ -1,5 +1,5 @@
-"""A tensor-parallel rank process (``python -m openinfer.engine_core.worker.rank_worker SPEC_JSON``), started
-by its engine's :class:`~openinfer.engine_core.worker.rank_group.ParallelRunner`, never by hand.
+"""A tensor-parallel rank process (``python -m openinfer.engine_core.worker.parallel.rank_worker SPEC_JSON``), started
+by its engine's :class:`~openinfer.engine_core.worker.parallel.rank_group.ParallelRunner`, never by hand.
 
 It joins the engine's group, builds its shard's ``ModelRunner`` and then runs every step the driver
 broadcasts, in order, until a STOP header (exit 0). Anything that fails (its own error, or a collective whose
@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.worker.model_runner import ModelRunner
-from openinfer.engine_core.worker.rank_spec import RankGroups, RankSpec, join_groups, leave_groups
-from openinfer.engine_core.worker.step_broadcast import (
+from openinfer.engine_core.worker.parallel.rank_spec import RankGroups, RankSpec, join_groups, leave_groups
+from openinfer.engine_core.worker.parallel.step_broadcast import (
     HEADER_LEN,
     StepKind,
     header_kind,

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from openinfer.engine_core.models.kv_geometry import StateGeometry
 
-RANK_MODULE = "openinfer.engine_core.worker.rank_worker"
+RANK_MODULE = "openinfer.engine_core.worker.parallel.rank_worker"
 # A rank waits this long for the driver's next header; the driver pings when idle far more often (PING_S).
 CONTROL_TIMEOUT = timedelta(days=1)
 PING_S = 60.0  # seconds without a header after which an idle driver sends a PING
