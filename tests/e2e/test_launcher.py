@@ -122,7 +122,7 @@ def test_serve_model_positional_with_curve_keys_and_an_api_key(tmp_path: Path, t
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["-tp", "2"], "--tensor-parallel-size 2 is vLLM's; openinfer runs the whole model on each GPU"),
+        (["-pp", "2"], "--pipeline-parallel-size 2 is vLLM's; openinfer has no pipeline parallelism"),
         (
             ["--quantization", "fp8"],
             "--quantization fp8 is vLLM's; openinfer serves unquantized weights only",
