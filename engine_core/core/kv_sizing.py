@@ -125,13 +125,11 @@ def drafter_checkpoint(config: EngineConfig) -> Path | None:
     return spec.draft_model
 
 
-def kv_block_bytes(
-    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, tensor_parallel_size: int = 1
-) -> int:
+def kv_block_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes one KV block takes on each rank: the target's page (over a tensor-parallel rank's KV heads) and
     the start-time DFlash or DSpark drafter's, once its config is checked against ``model`` (ValueError
     saying what does not fit). Each rank's KV budget buys the same number of blocks."""
-    kv_heads = kv_heads_per_rank(model.num_key_value_heads, tensor_parallel_size)
+    kv_heads = kv_heads_per_rank(model.num_key_value_heads, config.tensor_parallel_size)
     block = page_bytes(model, config.block_size, dtype, kv_heads)
     spec = config.speculative
     if spec is not None and spec.method in CHECKPOINT_METHODS:

@@ -77,7 +77,7 @@ def load_runner(config: EngineConfig, threads: int = 1, log_level: str = "info")
         model_config = ModelConfig.from_folder(config.model_path)
     gpu = GpuMemory(*torch.cuda.mem_get_info(device)) if device.type == "cuda" else None
     # first: it checks the start-time drafter against the target, before anything is sized from it
-    block_bytes = kv_block_bytes(config, model_config, dtype, config.tensor_parallel_size)  # a rank's
+    block_bytes = kv_block_bytes(config, model_config, dtype)  # a rank's
     states = state_geometry(config, model_config, dtype, gpu)  # a hybrid model's; None for Qwen3
     num_blocks = num_kv_blocks(config, model_config, dtype, block_bytes, gpu, states)
     if config.fake_model:

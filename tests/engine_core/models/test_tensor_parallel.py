@@ -143,5 +143,8 @@ def test_kv_blocks_are_sized_by_a_ranks_kv_heads(checkpoint: Path) -> None:
     bytes = 4096 at N = 2, whether the model's 2 KV heads are split or its one head is replicated."""
     config = EngineConfig(model_path=checkpoint, served_model_name="t", kv_cache_gb=0.01)
     model = ModelConfig.from_folder(checkpoint)
-    assert kv_block_bytes(config, model, torch.float32, tensor_parallel_size=2) == 2 * 2 * 1 * 16 * 16 * 4
+    ranks = EngineConfig(
+        model_path=checkpoint, served_model_name="t", kv_cache_gb=0.01, tensor_parallel_size=2
+    )
+    assert kv_block_bytes(ranks, model, torch.float32) == 2 * 2 * 1 * 16 * 16 * 4
     assert kv_block_bytes(config, model, torch.float32) == 2 * 2 * model.num_key_value_heads * 16 * 16 * 4
