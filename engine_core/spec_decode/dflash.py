@@ -266,12 +266,8 @@ class DFlashDrafter:
         )
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)  # (B, block_width)
         positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)  # (B * block_width,)
-        return self._logits(ids, positions_t, context, max(q.max_drafts for q in batch))
-
-    def _logits(self, ids: Tensor, positions: Tensor, context: BlockContext, num_drafts: int) -> Tensor:
-        """ids (B, T) block tokens at positions (B * T,) -> (B, num_drafts, vocab) float32 logits of the draft
-        slots (the first `num_drafts` from the layout's first draft slot), through :meth:`compute_logits`."""
-        return self._block(ids, positions, context, num_drafts)[0]
+        # (B, max max_drafts, vocab) float32: the draft slots' logits, from the layout's first draft slot on
+        return self._block(ids, positions_t, context, max(q.max_drafts for q in batch))[0]
 
     def _drafts(
         self,
@@ -281,7 +277,7 @@ class DFlashDrafter:
         num_drafts: int,
         sampling: DraftSampling | None = None,
     ) -> DeviceDrafts:
-        """The drafts of the blocks: greedy (the argmax of :meth:`_logits`), or with ``sampling`` drawn slot by
+        """The drafts of the blocks: greedy (the argmax of the draft slots' logits), or with ``sampling`` drawn slot by
         slot from softmax(logits / T) for the rows with T > 0, with the distributions they were drawn from;
         and, with a confidence head, each slot's confidence from its hidden state and
         (``confidence_head_with_markov``) the Markov embedding of the token before it (DeepSpec's
