@@ -64,8 +64,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, conv_state: Tensor, index: StateInd
     x's dtype: per request, a causal depthwise conv over [state inputs, its tokens] then SiLU; returns (N, C) in
     x's dtype. conv_state[s] holds the W-1 inputs before a request's next token (zeros when read_slots[b] == -1).
     After the call conv_state[write_slots[t]] holds the W-1 inputs ending at token t (inclusive)."""
-    zero_reads = index.zero_reads or x.device.type != "cpu"  # the host facts are trusted on the CPU only
-    init = read_states(conv_state, index.read_slots, zero_reads=zero_reads)  # (B, C, W-1)
+    init = read_states(conv_state, index.read_slots, zero_reads=index.zero_reads)  # (B, C, W-1)
     if index.max_query_len <= RECURRENT_MAX_QUERY_LEN:
         grid = x[index.padded_tokens]  # (B, L, C)
         out, windows = _conv_grid(grid, init, weight)  # (B, L, C), (B, L, C, W-1)
@@ -123,12 +122,10 @@ def gated_delta_rule(
     if groups > 1:
         q32, k32 = q32.repeat_interleave(groups, dim=1), k32.repeat_interleave(groups, dim=1)  # (N, Hv, Dk)
     v32, g32, beta32 = v.float(), g.float(), beta.float()
-    on_cpu = q.device.type == "cpu"  # the host facts are trusted on the CPU only (never graph-captured)
-    if on_cpu and index.own_block is not None:
+    if index.own_block is not None:  # a CPU decode's block of slots (StateIndex.build: host facts)
         return _decode_in_place(q32, k32, v32, g32, beta32, state, *index.own_block).to(v.dtype)
-    zero_reads = index.zero_reads or not on_cpu
     # (B, Hv, Dk, Dv) float32, every read before any write
-    h0 = read_states(state, index.read_slots, zero_reads=zero_reads)
+    h0 = read_states(state, index.read_slots, zero_reads=index.zero_reads)
     if short:
         # Padded positions come after their request's last token: what they do to its state is never stored
         # (their write slots are -1) and their outputs are never gathered.

@@ -29,7 +29,8 @@ class StateIndex:
     read_slots: Tensor  # (B,) int64 on the device: slot holding the state before request b's first token
     write_slots: Tensor  # (N,) int64 on the device: slot to store the state *after* token t
     host_write_slots: list[int]  # write_slots on the host: the long path stores only the tokens that have one
-    # Host facts about the slots, for the CPU's torch forms (the CUDA kernels read neither): whether some read
+    # Host facts about the slots, for the torch forms, set only for a step built for the CPU (`build`; the CUDA
+    # kernels read neither): whether some read
     # slot is -1 (a gathered state is zero-filled only then), and for a decode whose requests each read and
     # write one slot of their own, together a block of consecutive slots, that block's first slot and the
     # requests in slot order (the CPU then updates the block in place); None for any other step.
@@ -71,8 +72,10 @@ class StateIndex:
             read_slots=torch.tensor(read_slots, dtype=torch.int64, device=device),
             write_slots=writes.to(device),
             host_write_slots=list(write_slots),
-            zero_reads=min(read_slots) < 0,
-            own_block=own_block(read_slots, write_slots, max_len),
+            # host facts only for a step on the CPU: elsewhere a captured graph may replay the index with
+            # other slots, so the kernels take their general path (zero-filled reads, no block in place)
+            zero_reads=min(read_slots) < 0 or device.type != "cpu",
+            own_block=own_block(read_slots, write_slots, max_len) if device.type == "cpu" else None,
             max_query_len=max_len,
             padded_tokens=tokens.to(device),
             padded_write_slots=torch.where(valid, writes[tokens], -1).to(device),
