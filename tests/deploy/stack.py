@@ -143,6 +143,7 @@ def global_config(host_targets: list[str]) -> dict[str, Any]:
     config = yaml.safe_load((PROMETHEUS_DIR / "federation.yml").read_text())
     config["global"]["scrape_interval"] = "1s"
     config["global"]["evaluation_interval"] = "1s"
+    config["rule_files"] = [str(PROMETHEUS_DIR / path) for path in config["rule_files"]]
     (job,) = config["scrape_configs"]
     job["static_configs"] = [{"targets": host_targets}]
     return config

@@ -189,6 +189,31 @@ def test_federation_equals_both_hosts_spec_logs(stack: Stack) -> None:
     assert all(curve[key] <= value * (1 + 1e-9) and value <= 1 for key, value in conditional.items())
 
 
+def test_global_prometheus_records_the_fleet(stack: Stack) -> None:
+    """federation.yml's fleet rules (rules/openinfer-fleet.yml) on the global Prometheus: the fleet totals
+    equal both hosts' spec logs exactly, and the fleet ratios exist for every position of the largest K."""
+    fleet = stack.fleet
+    everything = total(tally for host in stack.hosts.values() for tally in host.logs.values())
+    k_max = max(max(ks) for ks in HOSTS.values())
+    expected = {
+        "fleet:spec_decode_num_drafts:sum": everything.num_drafts,
+        "fleet:spec_decode_num_draft_tokens:sum": everything.num_draft_tokens,
+        "fleet:spec_decode_num_accepted_tokens:sum": everything.num_accepted_tokens,
+    }
+
+    def recorded() -> bool:  # a fleet evaluation after both hosts' final totals were federated
+        return all(list(fleet.vector(name).values()) == [value] for name, value in expected.items())
+
+    wait_until(recorded, 10, "the fleet rules to record both hosts' totals", stack.processes)
+    per_pos = fleet.vector("fleet:spec_decode_num_accepted_tokens_per_pos:sum", None, "position")
+    assert per_pos == {(str(i),): everything.bins(k_max)[f"per_pos[{i}]"] for i in range(k_max)}
+    (rate,) = fleet.vector("fleet:spec_decode_acceptance_rate:ratio_rate1m").values()
+    host_rates = [total(h.logs.values()).acceptance_rate for h in stack.hosts.values()]
+    assert min(host_rates) * (1 - 1e-9) <= rate <= max(host_rates) * (1 + 1e-9)  # a weighted mean of hosts'
+    curve = fleet.vector("fleet:spec_decode_per_pos_acceptance_rate:ratio_rate1m", None, "position")
+    assert set(curve) == {(str(i),) for i in range(k_max)}
+
+
 def test_readme_has_the_fleet_queries() -> None:
     """deploy/README.md shows the fleet-wide queries these tests run."""
     readme = re.sub(r"\s+", " ", (DEPLOY / "README.md").read_text())

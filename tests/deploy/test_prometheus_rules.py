@@ -24,10 +24,15 @@ def promtool(*args: str | Path, cwd: Path = PROMETHEUS_DIR) -> None:
 
 
 def test_every_file_is_checked() -> None:
-    """The host config, the federation config, recording and alerting rules, and their tests exist."""
-    assert [p.name for p in CONFIGS] == ["federation.yml", "prometheus.yml"]
-    assert [p.name for p in RULES] == ["openinfer-alerts.yml", "openinfer-recording.yml"]
-    assert len(RULE_TESTS) == 2
+    """The host, fleet and federation configs, recording (host and fleet) and alerting rules, and a test file
+    for each rule file exist."""
+    assert [p.name for p in CONFIGS] == ["federation.yml", "fleet.yml", "prometheus.yml"]
+    assert [p.name for p in RULES] == [
+        "openinfer-alerts.yml",
+        "openinfer-fleet.yml",
+        "openinfer-recording.yml",
+    ]
+    assert [p.name for p in RULE_TESTS] == [f"{p.stem}_test.yml" for p in RULES]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
