@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from openinfer.engine_core.kv_events_config import KVEventsConfig
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
 from openinfer.protocol.addresses import engine_addresses
@@ -153,6 +154,7 @@ class EngineConfig:
     rank_devices: tuple[Device, ...] = ()
     rank_timeout: float = 60.0  # --rank-timeout: seconds a rank may keep the others waiting inside a step
     enable_expert_parallel: bool = False  # --enable-expert-parallel: MoE experts split whole over the ranks
+    kv_events_config: KVEventsConfig | None = None  # --kv-events-config: publish the prefix cache's changes
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:
@@ -183,6 +185,10 @@ class EngineConfig:
         if self.fake_model and spec is not None and spec.method in CHECKPOINT_METHODS:
             raise ValueError(f"--fake-model has no hidden states for {spec.method}; use --spec-method ngram")
         self._check_ranks()
+        if self.publishes_kv_events and not self.enable_prefix_caching:
+            raise ValueError(
+                "--kv-events-config publishes the prefix cache's changes: drop --no-enable-prefix-caching"
+            )
         object.__setattr__(self, "frontend_addresses", tuple(self.frontend_addresses))
         if not self.frontend_addresses:
             raise ValueError("--frontend needs at least one tcp://HOST:PORT")
@@ -217,6 +223,10 @@ class EngineConfig:
             self.device.kind is DeviceKind.CUDA and len(set(devices)) != size
         ):
             raise ValueError(f"a tensor-parallel engine's ranks need {size} distinct GPUs, or the CPU each")
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        return self.kv_events_config is not None and self.kv_events_config.publishes
 
     @property
     def frontend_address(self) -> str:

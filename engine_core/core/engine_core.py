@@ -9,6 +9,7 @@ import torch
 
 from openinfer.engine_core.config import DrafterSpec, EngineConfig
 from openinfer.engine_core.core.kv_cache_manager import KVCacheManager
+from openinfer.engine_core.core.kv_event_log import KVEventLog
 from openinfer.engine_core.core.prefix_states import PrefixStates
 from openinfer.engine_core.core.request_checks import refusal
 from openinfer.engine_core.core.runtime_facts import RuntimeFacts
@@ -51,6 +52,9 @@ class EngineCore:
                 else None
             ),
         )
+        if config.publishes_kv_events:  # the first event of a process: whatever an earlier one held is gone
+            self.kv_cache.event_log = KVEventLog(facts.block_size)
+            self.kv_cache.event_log.cleared()
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens)
         # Requests without a seed of their own draw from this one (no global RNG state).
         self.generator = torch.Generator(device=runner.device).manual_seed(config.seed)

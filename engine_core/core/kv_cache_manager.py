@@ -26,6 +26,8 @@ Prefix caching has vLLM's semantics, so the numbers agree:
   may be kept stores it (``plan_state_captures``, then ``commit_state_captures`` once the step has run).
 - Queries and hits are counted in tokens when a request is admitted for the first time (never again after a
   preemption): ``counters``, cumulative for the engine's life, None when caching is off.
+- With an ``event_log`` (``--kv-events-config``), every change of the set of cached keys is recorded there as
+  vLLM's KV events, in order (kv_event_log.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from openinfer.engine_core.config import check_kv_geometry
+from openinfer.engine_core.core.kv_event_log import KVEventLog
 from openinfer.engine_core.core.prefix_states import PrefixStates
 from openinfer.engine_core.request import Request
 from openinfer.protocol import PrefixCacheCounters
@@ -77,6 +80,8 @@ class KVCacheManager:
         self._free_groups = list(range(num_state_groups - 1, -1, -1))  # popped from the end: 0 first
         # a hybrid model's kept prefix states (None: its prefixes are never hit)
         self.prefix_states = prefix_states if enable_caching and num_state_groups else None
+        # the cache's changes as KV events, when someone publishes them (None: not recorded)
+        self.event_log: KVEventLog | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -173,15 +178,21 @@ class KVCacheManager:
         if not self.enable_caching or full <= request.num_cached_blocks:  # the common case: none new
             return
         keys = self._keys(request, full)
+        new_run: int | None = None  # the first of the blocks just cached whose keys are new to the cache
         for i in range(request.num_cached_blocks, full):
             block, key = request.block_ids[i], keys[i]
             previous = self._cached.get(key)
             if previous is not None:
+                self._stored(request, new_run, i)
+                new_run = None
                 if self._is_hit(previous):
                     continue
-                self._key_of[previous] = None
+                self._key_of[previous] = None  # the key moves to this block: no change of the set
+            elif new_run is None:
+                new_run = i
             self._cached[key] = block
             self._key_of[block] = key
+        self._stored(request, new_run, full)
         request.num_cached_blocks = full
 
     def trim(self, request: Request, num_tokens: int) -> bool:
@@ -240,6 +251,8 @@ class KVCacheManager:
         for block in self._cached.values():
             self._key_of[block] = None
         self._cached.clear()
+        if self.event_log is not None:
+            self.event_log.cleared()
         if self.prefix_states is not None:
             self.prefix_states.reset()
 
@@ -260,6 +273,11 @@ class KVCacheManager:
             )
         return keys
 
+    def _stored(self, request: Request, first: int | None, last: int) -> None:
+        """Record blocks ``first .. last - 1`` of the request as newly cached (none when ``first`` is None)."""
+        if self.event_log is not None and first is not None and first < last:
+            self.event_log.stored(request.prefix_keys, first, last, request.all_token_ids)
+
     def _take_free(self) -> int:
         """The block at the front of the free queue, out of the cache if it was cached."""
         block, _ = self._free.popitem(last=False)
@@ -267,6 +285,8 @@ class KVCacheManager:
         if key is not None:
             del self._cached[key]
             self._key_of[block] = None
+            if self.event_log is not None:
+                self.event_log.removed(key)
         self._refs[block] = 1
         return block
 

@@ -31,6 +31,7 @@ from openinfer.engine_core.config import (
     ModelDtype,
     from_flags,
 )
+from openinfer.engine_core.kv_events_config import KVEventsConfig, read_kv_events_config
 from openinfer.engine_core.spec_decode.drafter_loaders import default_drafter_folders, folder_drafter
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
@@ -226,8 +227,24 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
         help="reuse the KV of cached prompt prefixes (on by default; vLLM's flag)",
     )
     parser.add_argument(
+        "--kv-events-config",
+        type=_kv_events_config,
+        metavar="JSON",
+        help="publish the prefix cache's changes as vLLM's KV events, for routers that route by them (vLLM's "
+        'flag and JSON: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558"}; engine i takes each port + i)',
+    )
+    parser.add_argument(
         "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
     )
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    """``--kv-events-config``'s value, refused as a usage error when it does not read."""
+    try:
+        return read_kv_events_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -15,6 +15,7 @@ from openinfer import protocol
 from openinfer.engine_core.config import CHECKPOINT_METHODS, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.process.frontend_links import STALLED, FrontendLink, FrontendLinks
+from openinfer.engine_core.process.kv_event_publisher import KVEventPublisher
 from openinfer.engine_core.process.tokenizer_files import read_tokenizer_config
 from openinfer.engine_core.spec_decode.drafter_loaders import CANNOT_LOAD, NOT_ALLOWED, is_allowed
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
@@ -53,6 +54,11 @@ class EngineProcess:
         self.context = zmq.Context()
         identity = protocol.engine_identity(config.engine_index, self.incarnation)
         self.frontends = FrontendLinks(config.frontend_addresses, self._socket, identity)
+        self.kv_events = (
+            KVEventPublisher(config.kv_events_config, config.engine_index, self.context)
+            if config.kv_events_config is not None and config.publishes_kv_events
+            else None
+        )
         self._stopping = False
         self.refusal: str | None = None  # why the frontend refused this engine (then run() returns)
         self.failure: str | None = None  # why the engine must end: a rank of its group failed (run() returns)
@@ -93,12 +99,16 @@ class EngineProcess:
                 logger.exception("an engine step failed; ending the requests it was running")
                 outputs = self.core.fail_running("the engine failed while running this request; see its log")
             self._send_outputs(outputs)
+            if self.kv_events is not None and self.core.kv_cache.event_log is not None:
+                self.kv_events.publish(self.core.kv_cache.event_log.take())
             # After the send: a drafter of a new K starts its counters from zero, so the step's drafts must
             # leave in a snapshot of the counters that hold them (its spec-log lines name that seq).
             self._finish_drafter_load()
             if busy and self.config.step_sleep > 0:
                 time.sleep(self.config.step_sleep)  # --step-sleep: a slowed engine, for latency tests
         self._loader.shutdown(wait=False, cancel_futures=True)
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.context.destroy(linger=1000)
 
     def _read_inputs(self, link: FrontendLink) -> None:
