@@ -1,10 +1,11 @@
-"""deploy/docker-compose.yml resolved by Debian's docker-compose (no Docker engine needed), and readers of the
-resolved services: what the compose and CUDA image tests check."""
+"""deploy/docker-compose.yml and docker-compose.fleet.yml resolved by Debian's docker-compose (no Docker engine
+needed), and readers of the resolved services: what the compose and CUDA image tests check."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -12,15 +13,30 @@ import yaml
 from tests.deploy.stack import DEPLOY, require_tools
 
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
+FLEET_FILE = DEPLOY / "docker-compose.fleet.yml"
+FLEET_ENV_FILE = DEPLOY / "fleet.env"
 ALWAYS = {"frontend", "prometheus", "grafana"}
 
 
 def compose_config(*flags: str, **env: str) -> dict[str, Any]:
     """`docker-compose -f deploy/docker-compose.yml [flags] config`, with deploy/.env and ``env``, parsed."""
+    return resolved(["-f", str(COMPOSE_FILE), *flags], env)
+
+
+def fleet_config(*flags: str, **env: str) -> dict[str, Any]:
+    """`docker-compose -f deploy/docker-compose.fleet.yml --env-file deploy/fleet.env [flags] config`, parsed."""
+    return resolved(["-f", str(FLEET_FILE), "--env-file", str(FLEET_ENV_FILE), *flags], env)
+
+
+def resolved(options: list[str], env: dict[str, str]) -> dict[str, Any]:
     require_tools("docker-compose")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "OPENINFER_", "DOCKER_"))}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COMPOSE_", "OPENINFER_", "DOCKER_", "ROUTER_", "NODE_", "KV_"))
+    }
     result = subprocess.run(
-        ["docker-compose", "-f", str(COMPOSE_FILE), *flags, "config"],
+        ["docker-compose", *options, "config"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -57,6 +73,6 @@ def port_pair(port: str | dict[str, Any]) -> tuple[int, int]:
     return int(target), int(published)
 
 
-def env_file() -> dict[str, str]:
-    lines = (DEPLOY / ".env").read_text().splitlines()
+def env_file(path: Path = DEPLOY / ".env") -> dict[str, str]:
+    lines = path.read_text().splitlines()
     return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
