@@ -68,7 +68,7 @@ def parse_router(argv: list[str]) -> Any:
 
 def check_router_names_nodes(router: Any, nodes: dict[str, Node]) -> None:
     """The router's workers are exactly ``nodes`` (host name -> node), in order, each with its KV event
-    socket and replay socket, and it hashes blocks of the nodes' size."""
+    socket and replay socket; it hashes blocks of the nodes' size and indexes them as the nodes' model."""
     assert router.worker_urls == [node.url(host) for host, node in nodes.items()]
     assert router.kv_event_source == [
         f"{node.url(host)}={node.kv_endpoint(host)}" for host, node in nodes.items()
@@ -77,6 +77,7 @@ def check_router_names_nodes(router: Any, nodes: dict[str, Node]) -> None:
         f"{node.url(host)}={node.kv_endpoint(host, 'replay_endpoint')}" for host, node in nodes.items()
     ]
     assert {node.args.block_size for node in nodes.values()} == {router.kv_event_block_size}
+    assert {node.args.served_model_name for node in nodes.values()} == {router.kv_event_model}
     for node in nodes.values():
         assert node.kv_events == KV_EVENTS
         assert node.args.engines == 1  # one engine: its sockets are the config's ports themselves
