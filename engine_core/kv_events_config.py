@@ -31,9 +31,7 @@ class KVEventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for name, endpoint in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint)):
             bad_port = endpoint is not None and endpoint.startswith("tcp://") and not _port(endpoint)
             if endpoint is not None and (not endpoint.startswith(_SCHEMES) or bad_port):
-                raise ValueError(
-                    f"{name} {endpoint!r}: give a ZMQ address such as tcp://*:5557"
-                )
+                raise ValueError(f"{name} {endpoint!r}: give a ZMQ address such as tcp://*:5557")
         for name, value in (("buffer_steps", self.buffer_steps), ("max_queue_size", self.max_queue_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

@@ -3,8 +3,10 @@
 An engine publishes its prefix cache's changes, in the order the cache changes, on a ZMQ PUB socket: each
 message is three frames, ``(topic, sequence, payload)``: the topic as given (UTF-8), an 8-byte big-endian
 sequence number (0, 1, 2, ... per engine process) and a :class:`KVEventBatch` as MessagePack. The layout is
-vLLM's (``vllm/distributed/kv_events.py``), so existing consumers decode it unchanged: structs as arrays in
-field order, each event a tagged array whose first element names its class (``"BlockStored"``, ...).
+current vLLM's (``vllm/distributed/kv_events.py``), the one ``vllm-router`` decodes: the batch an array
+``[ts, events, data_parallel_rank]``, each event a map whose ``"type"`` names its class (``"BlockStored"``,
+...) with every field vLLM declares without a default present (None where openinfer has nothing to say).
+Consumers check the keys strictly, so no field of ours is added.
 
 Block hashes are vLLM's default external form: the low 64 bits of the block's SHA-256 key as an unsigned
 integer (its last 8 bytes, big-endian). A block's key chains over its parent's, so a hash names its prefix.
@@ -23,7 +25,7 @@ def external_block_hash(key: bytes) -> int:
     return int.from_bytes(key[-8:], "big")
 
 
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag_field="type", tag=True):
     """One change of an engine's prefix cache."""
 
 
@@ -60,3 +62,14 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     ts: float  # unix seconds
     events: list[KVEvent]
     data_parallel_rank: int | None = None  # vLLM's field: openinfer sets the engine index
+
+
+class KVEventsEndpoint(msgspec.Struct, array_like=True, frozen=True):
+    """Where an engine publishes its KV events (in its hello), so a frontend can tell routers
+    (``/kv_event_sources``). A wildcard host (``*``) means the engine's host."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+    hwm: int
+    buffer_steps: int

@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 from openinfer.protocol.counters import MAX_SPEC_TOKENS, PrefixCacheCounters, SpecDecodeCounters
+from openinfer.protocol.kv_events import KVEventsEndpoint
 
 __all__ = ["MAX_SPEC_TOKENS", "PrefixCacheCounters", "SpecDecodeCounters"]  # re-exported: messages carry them
 
@@ -205,6 +206,7 @@ class EngineHello(msgspec.Struct, tag="hello", array_like=True):
     # True toward the engine's metrics frontend (its first --frontend), which alone exports the engine's
     # counters and gauges; False toward the others (several frontends over the same engines)
     exports_metrics: bool = True
+    kv_events: KVEventsEndpoint | None = None  # where it publishes KV events (--kv-events-config); None: not
 
 
 class DrafterReply(msgspec.Struct, tag="drafter_reply", array_like=True):

@@ -2,10 +2,11 @@
 not from openinfer's structs: it reads the frames and MessagePack arrays as raw values, as a router would.
 
 Frames: ``(topic, 8-byte big-endian sequence, payload)``. Payload: ``[ts, events, data_parallel_rank?]``;
-each event an array whose first element is its class name: ``["BlockStored", block_hashes,
-parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, ...]``, ``["BlockRemoved",
-block_hashes, medium, ...]``, ``["AllBlocksCleared"]``. Replay: send ``(b"", start)`` from a DEALER (the
-server's ROUTER sees ``(identity, b"", start)``), read ``(b"", sequence, payload)`` until sequence -1.
+each event a map whose ``type`` is its class name, with exactly vLLM's keys: ``{"type": "BlockStored",
+"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}``,
+``{"type": "BlockRemoved", "block_hashes", "medium"}``, ``{"type": "AllBlocksCleared"}``. Replay (as
+vllm-router reads it): send ``(b"", start)`` from a DEALER (the server's ROUTER sees ``(identity, b"",
+start)``), read ``(b"", topic, sequence, payload)`` until sequence -1.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from typing import Any
 
 import msgspec
 import zmq
+
+STORED_KEYS = {
+    "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"
+}  # fmt: skip
 
 
 @dataclass
@@ -41,18 +46,20 @@ def decode_batch(sequence: int, payload: bytes) -> Batch:
     ts, events = raw[0], raw[1]
     decoded: list[Any] = []
     for event in events:
-        tag = event[0]
+        assert isinstance(event, dict), event
+        tag = event["type"]
         if tag == "BlockStored":
-            hashes, parent, token_ids, block_size, lora_id, medium = event[1:7]
-            assert lora_id is None and medium == "GPU", event
-            assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
+            assert set(event) == STORED_KEYS, event
+            hashes, token_ids, block_size = event["block_hashes"], event["token_ids"], event["block_size"]
+            assert event["lora_id"] is None and event["lora_name"] is None and event["medium"] == "GPU", event
+            assert hashes and all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
             assert len(token_ids) == len(hashes) * block_size, event
-            decoded.append(Stored(hashes, parent, token_ids, block_size))
+            decoded.append(Stored(hashes, event["parent_block_hash"], token_ids, block_size))
         elif tag == "BlockRemoved":
-            assert event[2] == "GPU", event
-            decoded.append(("removed", event[1]))
+            assert set(event) == {"type", "block_hashes", "medium"} and event["medium"] == "GPU", event
+            decoded.append(("removed", event["block_hashes"]))
         else:
-            assert tag == "AllBlocksCleared" and len(event) == 1, event
+            assert event == {"type": "AllBlocksCleared"}, event
             decoded.append(("cleared",))
     return Batch(sequence, ts, decoded, raw[2] if len(raw) == 3 else None)
 
@@ -121,8 +128,8 @@ class EventReader:
             deadline = time.monotonic() + timeout
             while True:
                 assert dealer.poll(int(max(0.0, deadline - time.monotonic()) * 1000)), "no replay answer"
-                empty, number, payload = dealer.recv_multipart()
-                assert empty == b""
+                empty, topic, number, payload = dealer.recv_multipart()
+                assert empty == b"" and topic == self.topic
                 sequence = int.from_bytes(number, "big", signed=True)
                 if sequence == -1:
                     assert payload == b""

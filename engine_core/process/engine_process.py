@@ -234,6 +234,7 @@ class EngineProcess:
             tokenizer_config_json=read_tokenizer_config(tokenizer_config.parent),
             load=self.core.load_snapshot(),
             exports_metrics=link.exports_metrics,
+            kv_events=self.kv_events.source if self.kv_events is not None else None,
         )
         self._send(link, hello)
 

@@ -4,9 +4,10 @@ Each batch leaves as three frames ``(topic, sequence, payload)`` (protocol/kv_ev
 counting 0, 1, 2, ... for the engine process; the first batch is ``AllBlocksCleared``, so a subscriber that
 knew an earlier process of the same engine drops what it held. The last ``buffer_steps`` batches are kept:
 a request on the replay socket, ``(identity, b"", start)`` with ``start`` an 8-byte big-endian sequence
-number, is answered with every kept batch from ``start`` on, ``(identity, b"", sequence, payload)`` each,
-then ``(identity, b"", -1 as 8 signed bytes, b"")``. The engine's loop only encodes and queues; the thread
-owns both sockets after they are bound.
+number, is answered with every kept batch from ``start`` on, ``(identity, b"", topic, sequence, payload)``
+each, then ``(identity, b"", topic, -1 as 8 signed bytes, b"")``: the frames of the live stream behind the
+envelope, as vllm-router reads them (and TensorRT-LLM sends them; vLLM's own publisher leaves out the
+topic). The engine's loop only encodes and queues; the thread owns both sockets after they are bound.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import msgspec
 import zmq
 
 from openinfer.engine_core.kv_events_config import KVEventsConfig, offset_endpoint
-from openinfer.protocol.kv_events import KVEvent, KVEventBatch
+from openinfer.protocol.kv_events import KVEvent, KVEventBatch, KVEventsEndpoint
 
 logger = logging.getLogger("openinfer.engine")
 
@@ -38,6 +39,9 @@ class KVEventPublisher:
             offset_endpoint(config.replay_endpoint, engine_index) if config.replay_endpoint else None
         )
         self.engine_index = engine_index
+        self.source = KVEventsEndpoint(
+            self.endpoint, self.replay_endpoint, config.topic, config.hwm, config.buffer_steps
+        )
         self._topic = config.topic.encode()
         self._encoder = msgspec.msgpack.Encoder()
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=config.max_queue_size)
@@ -105,8 +109,8 @@ class KVEventPublisher:
             first = int.from_bytes(start, "big")
             for sequence, payload in list(self._kept):
                 if sequence >= first:
-                    replay.send_multipart((identity, b"", sequence.to_bytes(8, "big"), payload))
-            replay.send_multipart((identity, b"", END_OF_REPLAY, b""))
+                    replay.send_multipart((identity, b"", self._topic, sequence.to_bytes(8, "big"), payload))
+            replay.send_multipart((identity, b"", self._topic, END_OF_REPLAY, b""))
 
     def _close_sockets(self) -> None:
         self._pub.close(linger=1000)  # what is sent reaches subscribers still connected
