@@ -74,8 +74,7 @@ class Fleet:
         self.nodes = [start_node(log_dir / f"node{i}", *node_flags) for i in range(nodes)]
         self.policy = policy
         self.router = ProcessGroup(log_dir / "router")
-        self.router_url = f"http://{HOST}:{free_port()}"
-        self.router_metrics_port = free_port()
+        self.router_url = ""  # set by start_router, on ports free then (a stopped router's may linger)
 
     def __enter__(self) -> Fleet:
         try:
@@ -104,9 +103,10 @@ class Fleet:
         binary = router_binary()
         if binary is None:
             raise FileNotFoundError(f"{ROUTER} is not installed (pip install vllm-router)")
-        port = self.router_url.rsplit(":", 1)[1]
-        argv = [binary, "--host", HOST, "--port", port, "--policy", policy, "--log-level", "debug"]
-        argv += ["--prometheus-host", HOST, "--prometheus-port", str(self.router_metrics_port)]
+        port = free_port()
+        self.router_url = f"http://{HOST}:{port}"
+        argv = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--log-level", "debug"]
+        argv += ["--prometheus-host", HOST, "--prometheus-port", str(free_port())]
         argv += ["--worker-urls", *(node.url for node in self.nodes)]
         if policy == "kv_aware":
             for node in self.nodes:
