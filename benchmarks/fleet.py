@@ -56,12 +56,16 @@ class Node:
 
 
 def start_node(log_dir: Path, *flags: str) -> Node:
-    """A node with KV events on two free loopback ports (not yet waited for: see :meth:`Fleet.__enter__`)."""
+    """A node with KV events on two free loopback ports and its engines' spec logs in ``log_dir/spec-logs``
+    (not yet waited for: see :meth:`Fleet.__enter__`)."""
     port = free_port_pair()
     events, replay = f"tcp://{HOST}:{port}", f"tcp://{HOST}:{port + 1}"
     config = {"enable_kv_cache_events": True, "endpoint": events, "replay_endpoint": replay}
     cluster = LocalCluster(log_dir)
-    cluster.start_serve("--kv-events-config", json.dumps(config), "--log-level", "warning", *flags)
+    spec_logs = ["--spec-log-dir", str(log_dir / "spec-logs")]
+    cluster.start_serve(
+        "--kv-events-config", json.dumps(config), "--log-level", "warning", *spec_logs, *flags
+    )
     return Node(cluster, events, replay)
 
 

@@ -2,7 +2,8 @@
 ``kv_aware``, fed by the nodes' KV events, a shared-prefix group lands on the node that holds its blocks
 (seeded on the node a tie would not pick) and unrelated concurrent prompts spread over both; ``cache_aware``
 keeps a group on one node and spreads unrelated load; ``round_robin`` alternates. Every response through the
-router (completions, chat, streams) is the one a node gives directly."""
+router (completions, chat, streams) is the one a node gives directly. At the end, the two nodes' /metrics
+summed equal their spec logs summed, bin by bin (speculation is on: the built-in DFlash drafter)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 
 from openinfer.benchmarks.fleet import Fleet, Node, router_binary
 from openinfer.engine_core.builtin_model import BUILTIN_MODEL_NAME
+from openinfer.frontend.metrics.spec_decode.acceptance_tally import AcceptanceTally
+from openinfer.tools.spec_tally import read_spec_logs, scrape_metrics, tally_metrics
 from tests.kv_event_reader import EventReader
 
 pytestmark = [
@@ -110,7 +113,7 @@ def wait_router_knows(fleet: Fleet, node: Node, reader: EventReader, prompt: str
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with Fleet(tmp_path_factory.mktemp("fleet"), 2, None, "--no-spec") as fleet:
+    with Fleet(tmp_path_factory.mktemp("fleet"), 2, None) as fleet:
         yield fleet
 
 
@@ -180,3 +183,35 @@ def test_round_robin_alternates_with_exact_answers(routed: Fleet) -> None:
     assert sorted(nodes) == [0, 0, 1, 1] and nodes[0] != nodes[1], nodes
     for (_, direct_call, prompt), (_, answer) in zip(sends, routed_answers, strict=True):
         assert answer == direct_call(direct, prompt)
+
+
+def tallies(node: Node) -> tuple[AcceptanceTally, AcceptanceTally]:
+    """A node's engine 0 as its /metrics counts it and as its spec log does (empty when it has none yet)."""
+    assert node.cluster.log_dir is not None
+    logs = read_spec_logs(sorted(node.cluster.log_dir.glob("spec-logs/*.jsonl")))
+    return tally_metrics(scrape_metrics(f"{node.url}/metrics")).get(0, AcceptanceTally()), logs.engines.get(
+        0, AcceptanceTally()
+    )
+
+
+def same(a: AcceptanceTally, b: AcceptanceTally) -> bool:
+    k = max(a.num_spec_tokens, b.num_spec_tokens, len(a.per_pos), len(b.per_pos))
+    return a.bins(k, k + 1) == b.bins(k, k + 1)
+
+
+def test_two_nodes_metrics_sum_to_their_spec_logs(fleet: Fleet) -> None:
+    """After every request above (run first: this module's tests share the nodes), each node's /metrics
+    equals its spec log, and the two summed (what a fleet dashboard adds up) equal the logs summed."""
+    complete(fleet.url, text(random.Random(3), 30), max_tokens=24)  # drafts, even when run alone
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        pairs = [tallies(node) for node in fleet.nodes]
+        if all(same(*pair) for pair in pairs):
+            break
+        assert time.monotonic() < deadline, pairs
+        time.sleep(0.1)
+    total_scraped, total_logged = AcceptanceTally(), AcceptanceTally()
+    for scraped, logged in pairs:
+        total_scraped.add(scraped)
+        total_logged.add(logged)
+    assert total_scraped.num_drafts > 0 and same(total_scraped, total_logged)
