@@ -32,10 +32,12 @@ class Containers:
         args: list[str],
         mounts: tuple[tuple[Path, str, str], ...] = (),
         env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
     ) -> str:
         """``podman run -d`` of ``image`` with ``args`` for its entrypoint; ``mounts`` are (host path,
-        container path, options); returns the container's id."""
-        flags = ["--network", "host"]
+        container path, options); ``options`` more of podman run's (``--entrypoint``, ``--read-only``);
+        returns the container's id."""
+        flags = ["--network", "host", *options]
         for source, target, options in mounts:
             flags += ["-v", f"{source}:{target}:{options}"]
         for key, value in (env or {}).items():

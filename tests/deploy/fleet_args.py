@@ -10,10 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from openinfer.engine_core.launch.serve_args import build_parser
 from openinfer.engine_core.launch.serve_args import parse_args as parse_serve_args
 
-KV_EVENTS_FLAG = "--kv-events-config"
 # vLLM's KV events config, as every node in deploy/ gives it (the ports are the nodes' container ports).
 KV_EVENTS = {
     "enable_kv_cache_events": True,
@@ -21,11 +19,6 @@ KV_EVENTS = {
     "endpoint": "tcp://*:5557",
     "replay_endpoint": "tcp://*:5558",
 }
-
-
-def serve_knows_kv_events() -> bool:
-    """Whether openinfer-serve accepts vLLM's --kv-events-config (engine KV events, issue 42)."""
-    return KV_EVENTS_FLAG in build_parser()[0].format_help()
 
 
 @dataclass
@@ -46,15 +39,12 @@ class Node:
 
 
 def parse_node(argv: list[str]) -> Node:
-    """``argv`` (``openinfer-serve`` and its flags) parsed with openinfer-serve's parser. Its --kv-events-config
-    is vLLM's JSON; until openinfer-serve knows the flag, it is read here and left out of the parse."""
+    """``argv`` (``openinfer-serve`` and its flags) parsed with openinfer-serve's parser, and its
+    --kv-events-config (vLLM's JSON) read as a dict."""
     assert argv[0] == "openinfer-serve", argv
-    args = argv[1:]
-    at = args.index(KV_EVENTS_FLAG)
-    kv_events = json.loads(args[at + 1])
-    if not serve_knows_kv_events():
-        args = args[:at] + args[at + 2 :]
-    return Node(parse_serve_args(args), kv_events)
+    args = parse_serve_args(argv[1:])
+    assert args.kv_events_config is not None and args.kv_events_config.publishes, argv
+    return Node(args, json.loads(argv[argv.index("--kv-events-config") + 1]))
 
 
 def parse_router(argv: list[str]) -> Any:
@@ -63,6 +53,11 @@ def parse_router(argv: list[str]) -> Any:
 
     router = parse_router_args(argv)
     router._validate_router_args()  # what `vllm-router` runs before it starts
+    # And what its Rust side refuses when it starts (not at parse): event sources under another policy, or
+    # without a model.
+    if router.kv_event_source or router.kv_event_replay_source:
+        assert router.policy == "kv_aware", "vllm-router: --kv-event-source requires the kv_aware policy"
+        assert router.kv_event_model, "vllm-router: static KV event sources require a model identity"
     return router
 
 

@@ -84,12 +84,10 @@ def test_commands_parse_with_the_real_clis(profile: str) -> None:
     assert services["router"]["build"]["dockerfile"] == "deploy/Dockerfile.router"
 
 
-def test_policy_and_block_size_are_variables() -> None:
-    """ROUTER_POLICY picks the router's policy; KV_BLOCK_SIZE sets the nodes' block size and the router's
-    together."""
-    services = active(fleet_config(ROUTER_POLICY="round_robin", KV_BLOCK_SIZE="32"), {"gpu"})
+def test_block_size_is_one_variable() -> None:
+    """KV_BLOCK_SIZE sets the nodes' block size and the router's together."""
+    services = active(fleet_config(KV_BLOCK_SIZE="32"), {"gpu"})
     router = parse_router(services["router"]["command"])
-    assert router.policy == "round_robin"
     check_router_names_nodes(router, nodes(services))
     assert router.kv_event_block_size == 32
 

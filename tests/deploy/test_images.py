@@ -13,45 +13,21 @@ their inputs under OPENINFER_IMAGE_CACHE (default ~/.cache/openinfer-images); th
 from __future__ import annotations
 
 import asyncio
-import re
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from openinfer.tools.spec_tally import total
+from tests.deploy.built_images import TORCH_VERSION, Images, ready_images
 from tests.deploy.containers import Containers, FrontendContainers, PrometheusContainer
-from tests.deploy.images import (
-    CACHE,
-    Storage,
-    WheelIndex,
-    base_image,
-    build,
-    cpu_torch_wheels,
-    image_tag,
-    reachable,
-    require_image_tools,
-)
+from tests.deploy.images import Storage, reachable, require_image_tools
 from tests.deploy.live_host import Host, run_load, wait_for_final_counters, wait_for_zero_scrape
 from tests.deploy.recorded_checks import check_host_ratios, check_totals
-from tests.deploy.stack import DEPLOY, host_config, wait_until
+from tests.deploy.stack import host_config, wait_until
 
 pytestmark = pytest.mark.timeout(1200)  # a first run bootstraps the base and builds every image (4-6 min)
 
 KS = (7, 4)  # K of each engine (the built-in drafter drafts up to 7)
-TORCH_VERSION = re.search(r"ARG TORCH_VERSION=(\S+)", (DEPLOY / "Dockerfile.cpu").read_text()).group(1)  # type: ignore[union-attr]
-PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-
-
-@dataclass
-class Images:
-    storage: Storage
-    frontend: str
-    cpu: str
-    prometheus: str
 
 
 @pytest.fixture(scope="module")
@@ -66,34 +42,6 @@ def images() -> Iterator[Images]:
         yield ready_images(storage)
     finally:
         storage.unmount()
-
-
-def ready_images(storage: Storage) -> Images:
-    started = time.monotonic()
-    base = base_image(storage)
-    frontend = image_tag("localhost/openinfer-frontend", DEPLOY / "Dockerfile.frontend", base, {})
-    if not storage.has_image(frontend):
-        build(storage, frontend, DEPLOY / "Dockerfile.frontend", base, {})
-    cpu_args = {"TORCH_VERSION": TORCH_VERSION}
-    cpu = image_tag("localhost/openinfer-cpu", DEPLOY / "Dockerfile.cpu", base, cpu_args)
-    if not storage.has_image(cpu):
-        if reachable(f"{PYTORCH_CPU_INDEX}/torch/"):
-            build(storage, cpu, DEPLOY / "Dockerfile.cpu", base, cpu_args)
-        else:
-            # The same wheels as PyTorch's CPU index would give, through this machine's pip, on loopback.
-            with WheelIndex(cpu_torch_wheels(TORCH_VERSION, storage.cache)) as index:
-                build(
-                    storage, cpu, DEPLOY / "Dockerfile.cpu", base, {**cpu_args, "TORCH_INDEX_URL": index.url}
-                )
-    dockerfile = Path(__file__).with_name("Dockerfile.prometheus")
-    prometheus = image_tag("localhost/openinfer-prometheus", dockerfile, base, {})
-    if not storage.has_image(prometheus):
-        with tempfile.TemporaryDirectory() as empty:
-            build(storage, prometheus, dockerfile, base, {}, context=Path(empty))
-    print(
-        f"\nimages ready in {time.monotonic() - started:.0f} s (cache: {CACHE}): {frontend} {cpu} {prometheus}"
-    )
-    return Images(storage, frontend, cpu, prometheus)
 
 
 @pytest.fixture(scope="module")
