@@ -1,15 +1,15 @@
 """The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, Prometheus
-/metrics, /admin and vLLM's /tokenize, /detokenize and /version, behind the middlewares of
+/metrics, /admin, vLLM's /tokenize, /detokenize and /version, and what routers in front read (server and
+model info, loads, KV event sources: :mod:`~openinfer.frontend.openai.router_routes`; the render routes:
+:mod:`~openinfer.frontend.openai.render_routes`), behind the middlewares of
 :mod:`openinfer.frontend.openai.middleware`."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +30,7 @@ from openinfer.frontend.openai.body.census_worker import CensusWorker
 from openinfer.frontend.openai.body.limits import BodyLimits
 from openinfer.frontend.openai.chat_request import ChatRequest, parse_chat_request
 from openinfer.frontend.openai.choices import Choices
-from openinfer.frontend.openai.completion_request import (
-    INLINE_PROMPT_CHARS,
-    CompletionRequest,
-    parse_completion_request,
-)
+from openinfer.frontend.openai.completion_request import CompletionRequest, parse_completion_request
 from openinfer.frontend.openai.cors import CorsPolicy
 from openinfer.frontend.openai.errors import ApiError, engine_failed, invalid_request, no_engine
 from openinfer.frontend.openai.generation import EngineRequestError
@@ -50,8 +46,10 @@ from openinfer.frontend.openai.middleware import (
     request_id_middleware,
 )
 from openinfer.frontend.openai.parsers.chat_parsers import ChatParsers
-from openinfer.frontend.openai.prepared_request import PreparedRequest
+from openinfer.frontend.openai.render_routes import add_render_routes
+from openinfer.frontend.openai.request_preparation import prepare_request
 from openinfer.frontend.openai.response_format import ResponseIds
+from openinfer.frontend.openai.router_routes import add_router_routes
 from openinfer.frontend.openai.structured_outputs_config import StructuredOutputsConfig
 from openinfer.frontend.openai.template_pool import ChatTemplatePool
 from openinfer.frontend.openai.utility_routes import add_utility_routes
@@ -134,6 +132,8 @@ def build_app(
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     add_admin_routes(app, client, drafter_timeout, body_timeout, api_servers)
     add_utility_routes(app, api._body, api._model, templates)
+    add_router_routes(app, client)
+    add_render_routes(app, api._body, api._model, templates, api.chat_parsers, api.structured_config)
     return app
 
 
@@ -212,18 +212,7 @@ class _OpenAIApi:
         if options.structured is not None:
             await self.grammar_checks.check(options.structured)
         ids = _response_ids(request, parsed.response_prefix, model)
-        request_id = _engine_request_id(request, ids)
-        prepare: Callable[[ServedModel, str], PreparedRequest]
-        if isinstance(parsed, ChatRequest):  # its prompt: the model's template over the messages, in a worker
-            prompt = await parsed.render(model, self.templates)
-            prepare, long = (
-                functools.partial(parsed.prepare, prompt=prompt),
-                len(prompt) > INLINE_PROMPT_CHARS,
-            )
-        else:
-            prepare, long = parsed.prepare, parsed.prepares_off_loop
-        # a long prompt to tokenize: not on the loop
-        prepared = await asyncio.to_thread(prepare, model, request_id) if long else prepare(model, request_id)
+        prepared = await prepare_request(parsed, model, _engine_request_id(request, ids), self.templates)
         choices = Choices(
             self.client, self.frontend_metrics, model, prepared, options, arrival, ids, self.spec_metrics
         )

@@ -47,6 +47,10 @@ _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "function_call": ((None, "none", "auto"), _NO_FUNCTIONS),
     **TEMPLATE_UNSUPPORTED,
     "modalities": ((None, ["text"]), 'openinfer serves text only: `modalities` must be ["text"]'),
+    # SGLang's, which sglang-router and vllm-router add to every chat they forward (at these defaults): the
+    # reasoning parser's output is always apart and streamed as it comes
+    "separate_reasoning": ((None, True), "`separate_reasoning: false` is not supported by openinfer"),
+    "stream_reasoning": ((None, True), "`stream_reasoning: false` is not supported by openinfer"),
 }
 
 
@@ -73,6 +77,8 @@ class ChatBody(SamplingBody, frozen=True):
     continue_final_message: Any = None
     chat_template: Any = None
     modalities: Any = None
+    separate_reasoning: Any = None
+    stream_reasoning: Any = None
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ _TYPE_MESSAGES = {
 class CompletionBody(SamplingBody, frozen=True):
     """The JSON body of ``POST /v1/completions``; null means the default, as absent does, unless said."""
 
-    # One prompt: text, token ids, or a one-element list of either (a batch of one).
+    # Text, token ids, or a batch: a list of either (/v1/completions takes a batch of one, its render any).
     prompt: str | list[TokenId | str | list[TokenId]] | None = None
     max_tokens: Int64 | None = 16  # null: as many as the model length leaves
     logprobs: Int64 | None = None
@@ -82,26 +82,39 @@ def parse_completion_request(
 
     ``structured_config``: the server's structured-outputs settings, put on the request's constraint here
     (default: none)."""
+    return parse_completion_batch(body, structured_config, max_prompts=1)[0]
+
+
+def parse_completion_batch(
+    body: bytes, structured_config: StructuredOutputsConfig | None = None, max_prompts: int | None = None
+) -> list[CompletionRequest]:
+    """As :func:`parse_completion_request`, one request per prompt of the body's batch (a list of texts or of
+    token-id lists), at most ``max_prompts`` of them (None: any number, as /v1/completions/render takes)."""
     completion = decode_body(body, CompletionBody, _TYPE_MESSAGES)
     refuse_unsupported(completion, _UNSUPPORTED)
     logprobs = check_logprobs_count(completion.logprobs, "logprobs")
     structured = parse_structured(completion.response_format, completion.structured_outputs)
     structured = (structured_config or StructuredOutputsConfig()).applied(structured)
     options = SamplingOptions.from_body(completion, "max_tokens", completion.max_tokens, logprobs, structured)
-    return CompletionRequest(prompt=_prompt(completion.prompt), model=completion.model, options=options)
+    batch = _batch(completion.prompt)
+    if max_prompts is not None and len(batch) > max_prompts:
+        raise invalid_request(
+            f"got {len(batch)} prompts; openinfer takes one prompt per request for now", param="prompt"
+        )
+    return [CompletionRequest(_prompt(one), completion.model, options) for one in batch]
 
 
-def _prompt(prompt: str | list[int | str | list[int]] | None) -> str | list[int]:
-    """One prompt: a string, token ids, or a one-element list of either."""
+def _batch(prompt: str | list[int | str | list[int]] | None) -> list[object]:
+    """The prompts of a body's ``prompt``: a list of texts or token-id lists is a batch, anything else one."""
     if prompt is None:
         raise invalid_request("`prompt` is required", param="prompt")
-    one: object = prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        if len(prompt) > 1:
-            raise invalid_request(
-                f"got {len(prompt)} prompts; openinfer takes one prompt per request for now", param="prompt"
-            )
-        one = prompt[0]
+        return list(prompt)
+    return [prompt]
+
+
+def _prompt(one: object) -> str | list[int]:
+    """One prompt of a batch: a string or token ids."""
     if not one:  # "" or []
         raise invalid_request("`prompt` must not be empty", param="prompt")
     if isinstance(one, str):

@@ -37,6 +37,9 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_logprobs": ((None,), "`prompt_logprobs` is not supported by openinfer"),
     "allowed_token_ids": ((None,), "`allowed_token_ids` is not supported by openinfer: use `logit_bias`"),
     **{f"guided_{kind}": ((None,), _GUIDED.format(kind)) for kind in ("json", "regex", "choice", "grammar")},
+    # SGLang's, which sglang-router and vllm-router add to every body they forward (at these defaults)
+    "no_stop_trim": ((None, False), "`no_stop_trim` is not supported: send `include_stop_str_in_output`"),
+    "return_hidden_states": ((None, False), "`return_hidden_states` is not supported by openinfer"),
 }
 
 # Messages for fields whose types the generic "`x` must be ..." says badly.
@@ -84,6 +87,8 @@ class SamplingBody(LogitsBody, frozen=True):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    no_stop_trim: Any = None
+    return_hidden_states: Any = None
 
 
 @dataclass(frozen=True)

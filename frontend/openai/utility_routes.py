@@ -138,13 +138,13 @@ def add_utility_routes(
     served models' bounds (503 while no engine is up: the tokenizers come from the engines' hellos);
     ``find_model``: the served model a request names (404 for an unknown one); ``templates``: where chat
     messages are rendered."""
-    routes = _UtilityRoutes(read_body, find_model, templates, _package_version())
+    routes = _UtilityRoutes(read_body, find_model, templates, package_version())
     app.router.add_post("/tokenize", routes.tokenize)
     app.router.add_post("/detokenize", routes.detokenize)
     app.router.add_get("/version", routes.version)
 
 
-def _package_version() -> str:
+def package_version() -> str:
     """openinfer's installed version; "unknown" for sources that were never installed (no metadata)."""
     try:
         return importlib.metadata.version("openinfer")

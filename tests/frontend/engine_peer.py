@@ -29,6 +29,7 @@ import zmq.asyncio
 
 from openinfer import protocol
 from openinfer.frontend.addresses import engine_addresses
+from openinfer.protocol.kv_events import KVEventsEndpoint
 from tests.frontend import tiny_tokenizer
 
 
@@ -61,6 +62,7 @@ class PeerConfig:
     refuse_drafter: str | None = None  # answer every drafter command not ok, with this message
     ignore_drafter_commands: bool = False  # never answer a drafter command
     exports_metrics: bool = True  # its hello's: False, another frontend is its metrics frontend
+    kv_events: KVEventsEndpoint | None = None  # its hello's: where it says it publishes KV events
 
 
 class EnginePeer:
@@ -151,6 +153,7 @@ class EnginePeer:
             tokenizer_config_json=c.tokenizer_config_json or tiny_tokenizer.tokenizer_config_json(),
             load=self._load(),
             exports_metrics=c.exports_metrics,
+            kv_events=c.kv_events,
         )
 
     def _load(self) -> protocol.LoadSnapshot:
