@@ -12,14 +12,18 @@ The images are tests/deploy/built_images.py's, cached by a hash of their inputs.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
+from openinfer.engine_core.launch.local_cluster import free_port
 from openinfer.tools.spec_tally import AcceptanceTally, read_spec_logs, tally_metrics
 from tests.deploy.built_images import cpu_image, router_image
+from tests.deploy.compose_files import FLEET_FILE
 from tests.deploy.containers import Containers
 from tests.deploy.fleet import FleetNode, RouterContainer, complete, ports
 from tests.deploy.images import Storage, base_image, reachable, require_image_tools
@@ -168,3 +172,20 @@ def test_kv_aware_routes_to_the_node_holding_the_prefix(fleet: Fleet) -> None:
         after = [node.requests_served() for node in fleet.nodes]
         went.append([node.name for node, b, a in zip(fleet.nodes, before, after, strict=True) if a > b])
     assert went == [[node.name] for node in fleet.nodes], f"{went}\n{fleet.router.log()[-3000:]}"
+
+
+def test_fleet_file_healthchecks_on_the_live_containers(fleet: Fleet) -> None:
+    """docker-compose.fleet.yml's healthchecks pass against a live node and the live router (their port
+    replaced by the container's) and fail where nothing listens."""
+    services = yaml.safe_load(FLEET_FILE.read_text())["services"]
+
+    def run(service: str, replace: tuple[str, str]) -> int:
+        test = services[service]["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        argv = [arg.replace(*replace) for arg in test[1:]]
+        return subprocess.run(argv, timeout=30, capture_output=True).returncode
+
+    for name in ("node-0", "cpu-node-1"):
+        assert run(name, ("http://127.0.0.1:8000", fleet.nodes[0].url)) == 0, name
+    assert run("router", ("http://127.0.0.1:30000", fleet.router.url)) == 0
+    assert run("router", ("http://127.0.0.1:30000", f"http://127.0.0.1:{free_port()}")) != 0
