@@ -33,6 +33,8 @@ SAMPLES = {
     "allowed_origins": '["http://app.example"]',
     "allowed_methods": '["GET"]',
     "allowed_headers": '["Authorization"]',
+    "kv_events_config": '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}',
+    "compilation_config": '{"level": 3, "cache_dir": "/tmp/cache"}',
 }
 NEEDS = {"enable_auto_tool_choice": ["--tool-call-parser", "hermes"]}  # flags that work only with another
 
