@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from openinfer.engine_core.compilation_config import CompilationConfig
 from openinfer.engine_core.kv_events_config import KVEventsConfig
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
@@ -155,6 +156,8 @@ class EngineConfig:
     rank_timeout: float = 60.0  # --rank-timeout: seconds a rank may keep the others waiting inside a step
     enable_expert_parallel: bool = False  # --enable-expert-parallel: MoE experts split whole over the ranks
     kv_events_config: KVEventsConfig | None = None  # --kv-events-config: publish the prefix cache's changes
+    # -O / --compilation-config: the model step compiled with torch.compile (level 1-3) or eager (0)
+    compilation: CompilationConfig = CompilationConfig()
 
     def __post_init__(self) -> None:
         if self.engine_index < 0:

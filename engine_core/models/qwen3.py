@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
+from openinfer.engine_core.models.opaque_ops import attention
 from openinfer.engine_core.models.packed_linear import PackedLinear, row_parallel_linear
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
@@ -54,9 +55,14 @@ class Qwen3Attention(nn.Module):
     """Attention over this rank's query heads and the KV heads they read (all of them at one rank)."""
 
     def __init__(
-        self, config: ModelConfig, attn_backend: AttentionBackend, parallel: TensorParallel = SINGLE
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        parallel: TensorParallel = SINGLE,
+        cache_index: int = 0,
     ) -> None:
         super().__init__()
+        self.cache_index = cache_index  # which of the model's KV caches this layer's is
         heads = parallel.shard_range(config.num_attention_heads, "attention heads")
         kv_heads = parallel.kv_heads(config.num_key_value_heads)
         self.num_heads, self.num_kv_heads = heads.size, kv_heads.size
@@ -76,7 +82,7 @@ class Qwen3Attention(nn.Module):
         self.attn_backend = attn_backend
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, attn: AttentionMetadata
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor | None, attn: AttentionMetadata | None
     ) -> Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x).view(n, -1, self.head_dim)  # (n, heads + 2 * kv_heads, head_dim)
@@ -88,7 +94,9 @@ class Qwen3Attention(nn.Module):
         )  # (heads + kv_heads, head_dim)
         qk = apply_rope(weight * rms_normalize(qk.float(), self.q_norm.eps).to(qk.dtype), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (n, heads | kv_heads, head_dim)
-        out = self.attn_backend.forward(q, k, v, kv_cache, attn, self.scale)  # (n, heads, head_dim)
+        out = attention(
+            self.attn_backend, q, k, v, kv_cache, attn, self.scale, self.cache_index
+        )  # (n, heads, head_dim)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -141,15 +149,21 @@ class Qwen3DecoderLayer(nn.Module):
         attn_backend: AttentionBackend,
         mlp: nn.Module | None = None,
         parallel: TensorParallel = SINGLE,
+        index: int = 0,
     ) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(config, attn_backend, parallel)
+        self.self_attn = Qwen3Attention(config, attn_backend, parallel, cache_index=index)
         self.mlp = mlp if mlp is not None else Qwen3PackedMLP(config, parallel=parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, hidden: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, attn: AttentionMetadata
+        self,
+        hidden: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        kv_cache: Tensor | None,
+        attn: AttentionMetadata | None,
     ) -> Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -169,12 +183,14 @@ class DecoderStack(nn.Module):
         self,
         input_ids: Tensor,
         positions: Tensor,
-        kv_caches: list[Tensor],
-        attn: AttentionMetadata,
+        kv_caches: Sequence[Tensor],
+        attn: AttentionMetadata | None,
         aux_layer_ids: Sequence[int] = (),
     ) -> tuple[Tensor, list[Tensor]]:
         """The final norm of the last layer's output, and the aux layers' outputs in the order asked:
-        transformers' last hidden state is taken after the final norm, so the last layer's aux is too."""
+        transformers' last hidden state is taken after the final norm, so the last layer's aux is too.
+        ``attn`` is None only while torch.compile traces the stack (compiled_forward.py: the opaque ops read
+        the step's metadata from their step context)."""
         hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # (num_tokens, rotary dims) each
         caches = iter(kv_caches)
@@ -200,7 +216,7 @@ class Qwen3Model(DecoderStack):
         super().__init__()
         self.embed_tokens = vocab_embedding(config, parallel)
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(config, attn_backend, mlp_for_layer(i), parallel)
+            Qwen3DecoderLayer(config, attn_backend, mlp_for_layer(i), parallel, index=i)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -278,12 +294,13 @@ class Qwen3ForCausalLM(nn.Module):
         assert isinstance(head, VocabMatrix)  # tied: the embedding is one
         return head.logits(hidden).float()
 
-    def pack_for_cpu(self) -> None:
+    def pack_for_cpu(self, head_only: bool = False) -> None:
         """Give every projection and the LM head a oneDNN-packed copy for CPU matmuls of 2+ rows
         (kernels/cpu_matmul.py; call after `load_weights`, only where `cpu_packing_available`). The plain
-        matrices stay, for single-row steps and embedding lookups: twice the weights' memory on the CPU."""
+        matrices stay, for single-row steps and embedding lookups: twice the weights' memory on the CPU.
+        ``head_only``: the LM head alone (a compiled stack's weights are inductor's to pack)."""
         for module in self.modules():
-            if isinstance(module, PackedLinear | VocabMatrix):
+            if isinstance(module, VocabMatrix) or (isinstance(module, PackedLinear) and not head_only):
                 module.pack_for_cpu()
 
     def load_weights(self, folder: Path) -> None:

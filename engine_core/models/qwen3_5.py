@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.gated_deltanet import GatedDeltaNet
 from openinfer.engine_core.models.hybrid_config import HybridConfig, text_weight_name
+from openinfer.engine_core.models.opaque_ops import attention, deltanet
 from openinfer.engine_core.models.packed_linear import PackedLinear, row_parallel_linear
 from openinfer.engine_core.models.qwen3 import (
     SINGLE,
@@ -74,8 +75,12 @@ class GatedAttention(nn.Module):
         hybrid: HybridConfig,
         attn_backend: AttentionBackend,
         parallel: TensorParallel = SINGLE,
+        cache_index: int = 0,
     ) -> None:
         super().__init__()
+        self.cache_index = (
+            cache_index  # which of the model's KV caches (its full-attention layers') is this one's
+        )
         heads = parallel.shard_range(config.num_attention_heads, "attention heads")
         kv_heads = parallel.kv_heads(config.num_key_value_heads)
         self.num_heads, self.num_kv_heads = heads.size, kv_heads.size
@@ -97,7 +102,7 @@ class GatedAttention(nn.Module):
         self.attn_backend = attn_backend
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, attn: AttentionMetadata
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor | None, attn: AttentionMetadata | None
     ) -> Tensor:
         n, heads, dim = x.shape[0], self.num_heads, self.head_dim
         query_gate, k, v = self.qkv_proj(x).split(
@@ -106,8 +111,9 @@ class GatedAttention(nn.Module):
         q, gate = query_gate.view(n, heads, 2 * dim).chunk(2, dim=-1)  # (n, heads, head_dim) each
         q = self._rope(self.q_norm(q), cos, sin)
         k = self._rope(self.k_norm(k.view(n, self.num_kv_heads, dim)), cos, sin)
-        out = self.attn_backend.forward(
-            q, k, v.view(n, self.num_kv_heads, dim), kv_cache, attn, self.scale
+        v = v.view(n, self.num_kv_heads, dim)
+        out = attention(
+            self.attn_backend, q, k, v, kv_cache, attn, self.scale, self.cache_index
         )  # (n, heads, head_dim)
         out = out.reshape(n, heads * dim) * torch.sigmoid(gate.reshape(n, heads * dim))
         return self.o_proj(out)
@@ -156,13 +162,18 @@ class HybridDecoderLayer(nn.Module):
         assert hybrid is not None
         self.is_linear = hybrid.is_linear(layer)
         self.has_kv_cache = not self.is_linear  # a full-attention layer reads the next of the model's caches
+        earlier = [hybrid.is_linear(i) for i in range(layer)]
+        # this layer's place among the model's DeltaNet layers, or among its full-attention layers' caches
+        self.index = earlier.count(True) if self.is_linear else earlier.count(False)
         self.linear_attn = (
             GatedDeltaNet(config.hidden_size, hybrid, config.rms_norm_eps, kernels, parallel)
             if self.is_linear
             else None
         )
         self.self_attn = (
-            None if self.is_linear else GatedAttention(config, hybrid, kernels.attention, parallel)
+            None
+            if self.is_linear
+            else GatedAttention(config, hybrid, kernels.attention, parallel, cache_index=self.index)
         )
         self.mlp: nn.Module = (
             SharedExpertMoe(config, kernels.moe, parallel)
@@ -173,15 +184,18 @@ class HybridDecoderLayer(nn.Module):
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, hidden: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor | None, attn: AttentionMetadata
+        self,
+        hidden: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        kv_cache: Tensor | None,
+        attn: AttentionMetadata | None,
     ) -> Tensor:
         x = self.input_layernorm(hidden)
         if self.linear_attn is not None:
-            if attn.states is None:
-                raise ValueError("a Gated DeltaNet layer needs the step's state slots (attn.states)")
-            mixed = self.linear_attn(x, attn.states)
+            mixed = deltanet(self.linear_attn, x, attn, self.index)
         else:
-            assert self.self_attn is not None and kv_cache is not None
+            assert self.self_attn is not None
             mixed = self.self_attn(x, cos, sin, kv_cache, attn)
         hidden = hidden + mixed
         return hidden + self.mlp(self.post_attention_layernorm(hidden))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig, MoeConfig
+from openinfer.engine_core.models.opaque_ops import experts
 from openinfer.engine_core.models.qwen3 import SINGLE, Qwen3ForCausalLM
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
 from openinfer.engine_core.models.weights import CheckpointSlice, Target, checkpoint_names, load_checkpoint
@@ -111,8 +112,8 @@ class Qwen3MoeSparseBlock(nn.Module):
         held = self.experts.experts
         if not held.whole:
             topk_weights, topk_ids = local_routing(topk_weights, topk_ids, held, self.experts_kernel)
-        return self.experts_kernel.run(
-            x, self.experts.gate_up_proj, self.experts.down_proj, topk_weights, topk_ids
+        return experts(
+            self.experts_kernel, x, self.experts.gate_up_proj, self.experts.down_proj, topk_weights, topk_ids
         )
 
 

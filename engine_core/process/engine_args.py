@@ -22,6 +22,13 @@ from openinfer.engine_core.builtin_model import (
     builtin_tokenizer_folder,
     is_builtin_target,
 )
+from openinfer.engine_core.compilation_config import (
+    DEFAULT_LEVEL,
+    MAX_LEVEL,
+    CompilationConfig,
+    read_compilation_config,
+    with_level,
+)
 from openinfer.engine_core.config import (
     DEFAULT_CPU_KV_CACHE_GB,
     Device,
@@ -218,7 +225,25 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     parser.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run every step eagerly: no CUDA graphs for decode and verify steps (vLLM's flag)",
+        help="run every step eagerly: no compiled model step, no CUDA graphs for decode and verify steps "
+        "(vLLM's flag)",
+    )
+    parser.add_argument(
+        "-O",
+        "--optimization-level",
+        dest="optimization_level",
+        type=int,
+        choices=range(MAX_LEVEL + 1),
+        metavar="LEVEL",
+        help=f"vLLM's -O0..-O{MAX_LEVEL}: 0 runs the model step eagerly, 1-{MAX_LEVEL} compile it with "
+        f"torch.compile (inductor), the same at each; default {DEFAULT_LEVEL} (README: Compiled model step)",
+    )
+    parser.add_argument(
+        "--compilation-config",
+        type=_compilation_config,
+        metavar="JSON",
+        help='vLLM\'s JSON: {"level": 0-3 (or "mode"), "cache_dir": where compiled artifacts are kept '
+        "(default ~/.cache/openinfer/torch_compile)}; -O's level wins over its own",
     )
     parser.add_argument(
         "--enable-prefix-caching",
@@ -237,6 +262,14 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     parser.add_argument(
         "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
     )
+
+
+def _compilation_config(text: str) -> CompilationConfig:
+    """``--compilation-config``'s value, refused as a usage error when it does not read."""
+    try:
+        return read_compilation_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _kv_events_config(text: str) -> KVEventsConfig:
@@ -298,6 +331,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         default_draft_models=default_drafts,
         allowed_drafter_dirs=tuple(allowed),
         rank_devices=devices,
+        compilation=with_level(args.compilation_config, args.optimization_level),
     )
 
 

@@ -83,6 +83,10 @@ def load_runner(config: EngineConfig, threads: int = 1, log_level: str = "info")
     if config.fake_model:
         return FakeModelRunner(config.model_path, device, num_blocks, config.block_size, dtype)
     if config.tensor_parallel_size > 1:
+        if config.compilation.compiles:  # the all-reduces inside a traced graph are not built yet
+            logger.warning(
+                "the model step runs eagerly under --tensor-parallel-size > 1: -O1..3 not built there"
+            )
         spec = RankSpec(
             config.engine_index, 0, config.tensor_parallel_size, init_address(), os.getpid(),
             str(config.model_path), str(device), str(dtype).removeprefix("torch."), num_blocks,
@@ -100,6 +104,7 @@ def load_runner(config: EngineConfig, threads: int = 1, log_level: str = "info")
         config.enforce_eager,
         config.max_num_seqs,
         states,
+        compilation=config.compilation,
     )
 
 

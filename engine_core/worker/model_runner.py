@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from openinfer.engine_core.compilation_config import CompilationConfig
 from openinfer.engine_core.config import ModelDtype, check_kv_geometry
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.kv_geometry import StateGeometry
@@ -20,6 +21,7 @@ from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.weights import check_fits_checkpoint
+from openinfer.engine_core.worker.compiled_forward import CompiledForward, compiler_missing
 from openinfer.engine_core.worker.executor import ForwardOutput, reachable_positions, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
@@ -73,6 +75,7 @@ class ModelRunner:
         max_num_seqs: int = 256,
         state_geometry: StateGeometry | None = None,
         parallel: TensorParallel = TensorParallel.SINGLE,
+        compilation: CompilationConfig | None = None,
     ) -> None:
         check_kv_geometry(num_kv_blocks, block_size)
         self.device = torch.device(device)
@@ -104,8 +107,10 @@ class ModelRunner:
                 model = _model_class(config)(reachable, self.kernels, parallel=parallel)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
+        self.compiled = self._compile(compilation, enforce_eager)
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):
-            self.model.pack_for_cpu()
+            # compiled: inductor packs the stack's weights itself; the LM head (run eagerly) is packed here
+            self.model.pack_for_cpu(head_only=self.compiled is not None)
         # (KV layers, 2, num_blocks, block_size, KV heads, head_dim) in one allocation, a view per layer (a
         # hybrid model's full-attention layers only); KV heads: this rank's. Block num_kv_blocks is the
         # scratch block padded steps write into.
@@ -135,6 +140,18 @@ class ModelRunner:
                 self.model, self.kv_caches, block_size, num_kv_blocks, positions,
                 max_num_seqs, capture=True, state_geometry=self.state_geometry,
             )  # fmt: skip
+
+    def _compile(self, compilation: CompilationConfig | None, enforce_eager: bool) -> CompiledForward | None:
+        """The compiled stack when ``compilation`` asks for one (never under --enforce-eager, nor on a host
+        that cannot compile: one warning, then eager)."""
+        if compilation is None or not compilation.compiles or enforce_eager:
+            return None
+        missing = compiler_missing(self.device)
+        if missing is not None:
+            logger.warning("the model step runs eagerly, not compiled: %s", missing)
+            return None
+        mixers = self.model.linear_layers if isinstance(self.model, Qwen3_5ForCausalLM) else ()
+        return CompiledForward(self.model, self.kernels, compilation, mixers)
 
     def embed(self, token_ids: Tensor) -> Tensor:
         """(...,) int64 token ids -> (..., hidden) input embeddings (a drafter shares them)."""
@@ -166,7 +183,12 @@ class ModelRunner:
             return ForwardOutput(*self.step_graphs.run(step, *padded, aux_layer_ids))
         inputs = self._prepare(step)
         aux: Tensor | None = None
-        if aux_layer_ids:
+        if self.compiled is not None:
+            hidden, layers = self.compiled(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, aux_layer_ids
+            )
+            aux = torch.cat(layers, dim=-1) if aux_layer_ids else None
+        elif aux_layer_ids:
             hidden, layers = self.model.forward_with_aux(
                 inputs.input_ids,
                 inputs.positions,
