@@ -44,6 +44,7 @@
 #   BENCH_TIMEOUT    seconds for one bench run (default 1200)
 #   VLLM_PORT, OPENINFER_PORT, OPENINFER_ENGINE_PORT (uses it and the next): default free ports
 #   VLLM_CPU_KVCACHE_SPACE (default 2), VLLM_EXTRA_ARGS, OPENINFER_EXTRA_ARGS: extra server flags
+#   OPENINFER_LEVELS openinfer's -O levels, one server run each (default "0": eager; "0 3": eager and compiled)
 #   OUT_DIR          where logs and JSON go (default: a new /tmp/vs_vllm.XXXXXX)
 # Exit: 0 with the table; 1 when a server fails to start or a bench run fails; 2 when vLLM (or the
 # project) is missing.
@@ -60,6 +61,7 @@ WORKLOADS=${WORKLOADS:-"builtin real"}
 DATASET=${DATASET:-$ROOT/engine_core/builtin/data/tinyshakespeare.txt}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
 CONCURRENCIES=${CONCURRENCIES:-"1 8"}
+OPENINFER_LEVELS=${OPENINFER_LEVELS:-0}
 INPUT_LEN=${INPUT_LEN:-64}
 OUTPUT_LEN=${OUTPUT_LEN:-128}
 REAL_NUM_PROMPTS=${REAL_NUM_PROMPTS:-16}
@@ -264,54 +266,66 @@ run_workload() {
     serve_and_bench vllm "http://127.0.0.1:$VLLM_PORT" "$OUT_DIR/$WORKLOAD-vllm.log" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-enable-prefix-caching \
         --host 127.0.0.1 --port "$VLLM_PORT" --seed "$SEED" ${VLLM_EXTRA_ARGS:-}
-    # shellcheck disable=SC2086
-    serve_and_bench openinfer "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/$WORKLOAD-openinfer.log" "$PY" -m openinfer.engine_core.launch.serve \
-        --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec --no-enable-prefix-caching \
-        --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
-        --startup-timeout "$STARTUP_TIMEOUT" ${OPENINFER_EXTRA_ARGS:-}
+    local level
+    for level in $OPENINFER_LEVELS; do
+        # shellcheck disable=SC2086
+        serve_and_bench "openinfer_O$level" "http://127.0.0.1:$OPENINFER_PORT" "$OUT_DIR/$WORKLOAD-openinfer-O$level.log" "$PY" -m openinfer.engine_core.launch.serve \
+            --model "$MODEL_DIR" --served-model-name "$SERVED_NAME" --dtype float32 --no-spec --no-enable-prefix-caching \
+            --host 127.0.0.1 --port "$OPENINFER_PORT" --engine-port "$OPENINFER_ENGINE_PORT" \
+            --startup-timeout "$STARTUP_TIMEOUT" "-O$level" ${OPENINFER_EXTRA_ARGS:-}
+    done
     if [[ $WORKLOAD == real ]]; then
         for len in $INPUT_LENS; do  # with both servers stopped: the copy bandwidth of a quiet machine
             floors+=$(timeout 300 "$PY" "$ROOT/benchmarks/decode_profile.py" --floor-only --model "$MODEL_DIR" \
                 --prompt-len "$len")$'\n' || die 1 "the memory floor could not be measured"
         done
     fi
-    local up_vllm="STARTUP_${WORKLOAD}_vllm" up_openinfer="STARTUP_${WORKLOAD}_openinfer"
+    local up_vllm="STARTUP_${WORKLOAD}_vllm" ups=""
+    for level in $OPENINFER_LEVELS; do
+        local up="STARTUP_${WORKLOAD}_openinfer_O$level"
+        ups+="openinfer_O$level=${!up} "
+    done
     "$PY" - "$OUT_DIR" "$WORKLOAD" "$MODEL_DIR" "$INPUT_LENS" "$CONCURRENCIES" "$VLLM_VERSION" \
-        "${!up_vllm}" "${!up_openinfer}" "$floors" <<'EOF' | tee "$OUT_DIR/$WORKLOAD-table.md"
+        "${!up_vllm}" "$ups" "$floors" <<'EOF' | tee "$OUT_DIR/$WORKLOAD-table.md"
 import json, os, sys
 
-out, workload, model, input_lens, concurrencies, vllm_version, vllm_up, oi_up, floors = sys.argv[1:]
+out, workload, model, input_lens, concurrencies, vllm_version, vllm_up, oi_ups, floors = sys.argv[1:]
 runs = [(n, c) for n in input_lens.split() for c in concurrencies.split()]
+oi_up = dict(item.split("=") for item in oi_ups.split())  # openinfer_O<level> -> seconds to /health
+servers = ["vllm", *oi_up]
 load = {}
-for server in ("vllm", "openinfer"):
+for server in servers:
     for n, c in runs:
         with open(os.path.join(out, f"{workload}-{server}-in{n}-c{c}.json")) as f:
             report = json.load(f)
         load[server, n, c] = (report["config"], report["load"])
 config = load[("vllm", *runs[0])][0]
-greedy = [open(os.path.join(out, f"{workload}-{s}-greedy.txt")).read() for s in ("vllm", "openinfer")]
+greedy = [open(os.path.join(out, f"{workload}-{s}-greedy.txt")).read() for s in servers]
 
-print(f"\n{workload}: vLLM {vllm_version} (CPU) vs openinfer-serve --no-spec; {os.path.basename(model)}, float32, "
-      "127.0.0.1")
+print(f"\n{workload}: vLLM {vllm_version} (CPU) vs openinfer-serve --no-spec at -O{', -O'.join(s[-1] for s in oi_up)}; "
+      f"{os.path.basename(model)}, float32, 127.0.0.1")
 print(f"workload: {config['num_prompts']} {config['dataset_name']} prompts from "
       f"{os.path.basename(config['dataset_path'])} (seed {config['seed']}), {config['max_tokens']} output tokens, "
       f"temperature {config['temperature']}, ignore_eos {config['ignore_eos']}")
-print(f"startup to /health: vLLM {vllm_up} s, openinfer {oi_up} s; "
-      f"greedy 'ROMEO:' continuation identical on both: {'yes' if greedy[0] == greedy[1] else 'NO'}")
+print(f"startup to /health: vLLM {vllm_up} s, " + ", ".join(f"openinfer -O{s[-1]} {t} s" for s, t in oi_up.items())
+      + f"; greedy 'ROMEO:' continuation identical on all: {'yes' if len(set(greedy)) == 1 else 'NO'}")
 if floors.strip():
     print(floors.strip())
 print("\n| server | prompt tokens | concurrency | ok/failed | output tok/s | mean TTFT (ms) | median TTFT (ms) "
       "| mean TPOT (ms) |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for n, c in runs:
-    for server, label in (("vllm", "vLLM"), ("openinfer", "openinfer")):
+    for server in servers:
+        label = "vLLM" if server == "vllm" else f"openinfer -O{server[-1]}"
         r = load[server, n, c][1]
         print(f"| {label} | {n} | {c} | {r['completed']}/{r['failed']} | {r['output_throughput']:.1f} | "
               f"{r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} |")
-    v, o = load["vllm", n, c][1], load["openinfer", n, c][1]
-    ratio = lambda key: f"{o[key] / v[key]:.2f}x" if v[key] else "n/a"
-    print(f"| **openinfer/vLLM** | {n} | {c} | | **{ratio('output_throughput')}** | {ratio('mean_ttft_ms')} | "
-          f"{ratio('median_ttft_ms')} | {ratio('mean_tpot_ms')} |")
+    v = load["vllm", n, c][1]
+    for server in oi_up:
+        o = load[server, n, c][1]
+        ratio = lambda key: f"{o[key] / v[key]:.2f}x" if v[key] else "n/a"
+        print(f"| **openinfer -O{server[-1]}/vLLM** | {n} | {c} | | **{ratio('output_throughput')}** | "
+              f"{ratio('mean_ttft_ms')} | {ratio('median_ttft_ms')} | {ratio('mean_tpot_ms')} |")
 print("\n(ratio > 1 is better for openinfer in tok/s, worse in TTFT and TPOT; a mean TTFT far above the median"
       " means a few stalled requests, e.g. another process on the core vLLM pins its model thread to)")
 EOF

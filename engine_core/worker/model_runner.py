@@ -146,6 +146,11 @@ class ModelRunner:
         that cannot compile: one warning, then eager)."""
         if compilation is None or not compilation.compiles or enforce_eager:
             return None
+        if self.device.type != "cpu":  # the compiled graph under CUDA graphs has not run on a GPU yet
+            logger.warning(
+                "the model step runs eagerly on %s (with CUDA graphs): -O1..3 is CPU-only so far", self.device
+            )
+            return None
         missing = compiler_missing(self.device)
         if missing is not None:
             logger.warning("the model step runs eagerly, not compiled: %s", missing)
