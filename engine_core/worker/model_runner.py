@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,7 +22,6 @@ from openinfer.engine_core.models.qwen3_5 import Qwen3_5ForCausalLM
 from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.weights import check_fits_checkpoint
-from openinfer.engine_core.worker.compiled_forward import CompiledForward, compiler_missing
 from openinfer.engine_core.worker.executor import ForwardOutput, reachable_positions, resolve_dtype
 from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.engine_core.worker.step_graphs import StepGraphs
@@ -31,6 +31,11 @@ from openinfer.kernels.cpu_matmul import cpu_packing_available
 from openinfer.kernels.host_copy import host_to_device_parts
 from openinfer.kernels.kernel_backends import choose_kernel_backends
 from openinfer.kernels.state_index import StateIndex
+
+if (
+    TYPE_CHECKING
+):  # imported when a step is compiled: torch._dynamo (and triton, where installed) load with it
+    from openinfer.engine_core.worker.compiled_forward import CompiledForward
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +156,8 @@ class ModelRunner:
                 "the model step runs eagerly on %s (with CUDA graphs): -O1..3 is CPU-only so far", self.device
             )
             return None
+        from openinfer.engine_core.worker.compiled_forward import CompiledForward, compiler_missing
+
         missing = compiler_missing(self.device)
         if missing is not None:
             logger.warning("the model step runs eagerly, not compiled: %s", missing)
