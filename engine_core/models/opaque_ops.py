@@ -1,6 +1,7 @@
-"""The model's ops that a compiled forward keeps opaque: paged attention, a Gated DeltaNet layer's mixing and
-the MoE experts, each a ``torch.library`` custom op, so that torch.compile traces the decoder stack as one
-graph (token count dynamic) without breaking at every layer.
+"""The model's ops that a compiled forward keeps opaque: paged attention, a Gated DeltaNet layer's mixing, the
+MoE experts and the projections by oneDNN-packed weights (kernels/cpu_matmul.py: inductor's own GEMMs were
+slower on the CPU than these, docs/benchmarks.md), each a ``torch.library`` custom op, so that torch.compile
+traces the decoder stack as one graph (token count dynamic) without breaking at every layer.
 
 These ops read what varies per step and cannot be a graph input (the attention metadata's host lists, the KV
 caches, the state slots) from a :class:`StepContext`, set around the compiled call by :func:`step_context`
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from openinfer.kernels.attention_backend import AttentionBackend
 from openinfer.kernels.attention_metadata import AttentionMetadata
+from openinfer.kernels.cpu_matmul import weight_matmul
 from openinfer.kernels.kernel_backends import ExpertsBackend
 from openinfer.kernels.state_index import StateIndex
 
@@ -35,6 +37,7 @@ class StepContext:
     attention_backend: AttentionBackend
     experts_backend: ExpertsBackend
     mixers: Sequence[Mixer] = ()  # a hybrid model's Gated DeltaNet layers, in layer order
+    packed: Sequence[Tensor] = ()  # the projections' oneDNN-packed weights, by their pack_index
 
 
 _running: list[StepContext] = []  # the step a compiled forward runs now: at most one (step_context)
@@ -94,6 +97,27 @@ def _moe_experts_shape(
     hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor
 ) -> Tensor:
     return torch.empty_like(hidden)
+
+
+@torch.library.custom_op("openinfer::packed_matmul", mutates_args=())
+def packed_matmul(x: Tensor, weight_t: Tensor, bias: Tensor | None, pack_index: int) -> Tensor:
+    """x @ weight_t (+ bias) by packed weight ``pack_index`` for 2+ rows (cpu_matmul.weight_matmul)."""
+    return weight_matmul(x, weight_t, _context().packed[pack_index], bias)
+
+
+@packed_matmul.register_fake
+def _packed_matmul_shape(x: Tensor, weight_t: Tensor, bias: Tensor | None, pack_index: int) -> Tensor:
+    return x.new_empty(x.shape[0], weight_t.shape[1])
+
+
+def linear(
+    x: Tensor, weight_t: Tensor, packed: Tensor | None, bias: Tensor | None, pack_index: int | None
+) -> Tensor:
+    """x @ weight_t (+ bias): by the packed copy where there is one; traced by torch.compile with one
+    (``pack_index`` given), the opaque op."""
+    if pack_index is not None and torch.compiler.is_compiling():
+        return torch.ops.openinfer.packed_matmul(x, weight_t, bias, pack_index)
+    return weight_matmul(x, weight_t, packed, bias)
 
 
 def attention(

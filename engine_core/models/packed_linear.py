@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
+from openinfer.engine_core.models.opaque_ops import linear
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
 from openinfer.engine_core.models.weights import CheckpointSlice, Target
 from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
@@ -50,10 +51,12 @@ class PackedLinear(nn.Module):
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: Tensor | None = None  # a oneDNN-packed copy for steps of 2+ rows (pack_for_cpu), or None
+        # packed, its place in a compiled step's context (compiled_forward.py sets it); None: not compiled
+        self.pack_index: int | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         """(n, in_features) -> (n, out_features)."""
-        return weight_matmul(x, self.weight_t, self.packed, self.bias)
+        return linear(x, self.weight_t, self.packed, self.bias, self.pack_index)
 
     def checkpoint_views(self) -> Iterator[tuple[str, Target]]:
         """(checkpoint name relative to the parent module, target) per part: a view in the checkpoint

@@ -294,13 +294,12 @@ class Qwen3ForCausalLM(nn.Module):
         assert isinstance(head, VocabMatrix)  # tied: the embedding is one
         return head.logits(hidden).float()
 
-    def pack_for_cpu(self, head_only: bool = False) -> None:
+    def pack_for_cpu(self) -> None:
         """Give every projection and the LM head a oneDNN-packed copy for CPU matmuls of 2+ rows
         (kernels/cpu_matmul.py; call after `load_weights`, only where `cpu_packing_available`). The plain
-        matrices stay, for single-row steps and embedding lookups: twice the weights' memory on the CPU.
-        ``head_only``: the LM head alone (a compiled stack's weights are inductor's to pack)."""
+        matrices stay, for single-row steps and embedding lookups: twice the weights' memory on the CPU."""
         for module in self.modules():
-            if isinstance(module, VocabMatrix) or (isinstance(module, PackedLinear) and not head_only):
+            if isinstance(module, PackedLinear | VocabMatrix):
                 module.pack_for_cpu()
 
     def load_weights(self, folder: Path) -> None:

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from openinfer.engine_core.compilation_config import CompilationConfig
 from openinfer.engine_core.models.opaque_ops import Mixer, StepContext, step_context
+from openinfer.engine_core.models.packed_linear import PackedLinear
 from openinfer.engine_core.models.qwen3 import Qwen3ForCausalLM
 from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.kernel_backends import KernelBackends
@@ -62,6 +63,11 @@ class CompiledForward:
         self.model = model
         self.kernels = kernels
         self.mixers = tuple(mixers)  # a hybrid model's Gated DeltaNet layers, in layer order
+        # the projections keep openinfer's oneDNN-packed weights, each an opaque op reading its copy here
+        projections = [m for m in model.modules() if isinstance(m, PackedLinear) and m.packed is not None]
+        for index, module in enumerate(projections):
+            module.pack_index = index
+        self.packed = tuple(module.packed for module in projections if module.packed is not None)
         # the RoPE table is built on first use: built before tracing, every graph reads the one table
         weight = next(model.parameters())
         model.model.rotary.cos_sin(torch.zeros(1, dtype=torch.int64, device=weight.device), weight.dtype)
@@ -69,7 +75,7 @@ class CompiledForward:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         # inductor and AOTAutograd keep their caches here (read when a graph compiles, not at import)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
-        # freezing: the weights are constants, prepacked for oneDNN and folded into the graph
+        # freezing: the weights are constants, folded into the graph (the packed ones stay opaque)
         options: dict[str, str | int | bool | Callable[..., Any]] = {"freezing": True, "fx_graph_cache": True}
         self._compiled = torch.compile(self._stack, backend="inductor", fullgraph=True, options=options)
         self._num_graphs = 0
@@ -94,7 +100,9 @@ class CompiledForward:
         if input_ids.shape[0] > 1:  # one graph for every count from 2 up; a one-token step has its own
             torch._dynamo.mark_dynamic(input_ids, 0, min=2, max=_MAX_TOKENS)
             torch._dynamo.mark_dynamic(positions, 0, min=2, max=_MAX_TOKENS)
-        context = StepContext(attn, kv_caches, self.kernels.attention, self.kernels.moe, self.mixers)
+        context = StepContext(
+            attn, kv_caches, self.kernels.attention, self.kernels.moe, self.mixers, self.packed
+        )
         counters = torch._dynamo.utils.counters
         hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
         started = time.perf_counter()

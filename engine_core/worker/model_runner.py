@@ -112,10 +112,8 @@ class ModelRunner:
                 model = _model_class(config)(reachable, self.kernels, parallel=parallel)
         self.model = model.to(self.dtype).to_empty(device=self.device).eval()
         self.model.load_weights(Path(model_path))
-        self.compiled = self._compile(compilation, enforce_eager)
         if self.device.type == "cpu" and cpu_packing_available(self.dtype):
-            # compiled: inductor packs the stack's weights itself; the LM head (run eagerly) is packed here
-            self.model.pack_for_cpu(head_only=self.compiled is not None)
+            self.model.pack_for_cpu()
         # (KV layers, 2, num_blocks, block_size, KV heads, head_dim) in one allocation, a view per layer (a
         # hybrid model's full-attention layers only); KV heads: this rank's. Block num_kv_blocks is the
         # scratch block padded steps write into.
@@ -134,6 +132,7 @@ class ModelRunner:
         if isinstance(self.model, Qwen3_5ForCausalLM):
             self.state_geometry = state_geometry or StateGeometry(max_num_seqs, 1)
             self.model.allocate_states(self.state_geometry.num_slots, self.device)
+        self.compiled = self._compile(compilation, enforce_eager)  # after packing: it reads the packed copies
         capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
         if capture and not parallel.single:
             # the all-reduces inside a captured step have not run on a GPU yet: eager until they have
