@@ -119,6 +119,7 @@ class EngineCore:
         self.scheduler.drop_drafts()
         self.spec = loaded
         self.kv_cache.hit_filter = loaded.hit_filter
+        self.runner.warm_up(loaded.aux_layer_ids)  # a compiled step's graphs with the drafter's aux layers
         logger.info("drafter loaded: %s", loaded.describe())
         return loaded.describe()
 

@@ -47,6 +47,11 @@ class ModelExecutor(Protocol):
         concatenated in that order at every token (a drafter's context features)."""
         ...
 
+    def warm_up(self, aux_layer_ids: Sequence[int] = ()) -> None:
+        """Compile now whatever the first steps (with these aux layers) would compile, so that no request's
+        step waits for it (a runner that compiles nothing does nothing)."""
+        ...
+
 
 def reachable_positions(max_position_embeddings: int, num_kv_blocks: int, block_size: int) -> int:
     """How many positions a step of an engine can reach: the model's, or fewer when its KV cache holds fewer

@@ -74,6 +74,9 @@ class FakeModelRunner:
         self.device = torch.device(self.device)
 
     @torch.inference_mode()
+    def warm_up(self, aux_layer_ids: Sequence[int] = ()) -> None:
+        """Nothing to compile."""
+
     def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """(sum of num_logits, vocab_size) float32 logits, each chunk's last num_logits rows in order; no
         hidden states (a DFlash drafter needs a real model's: the engine refuses it with --fake-model first)."""

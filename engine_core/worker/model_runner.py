@@ -23,7 +23,7 @@ from openinfer.engine_core.models.qwen3_moe import Qwen3MoeForCausalLM
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.weights import check_fits_checkpoint
 from openinfer.engine_core.worker.executor import ForwardOutput, reachable_positions, resolve_dtype
-from openinfer.engine_core.worker.step_batch import StepBatch
+from openinfer.engine_core.worker.step_batch import SeqChunk, StepBatch, step_of_chunks
 from openinfer.engine_core.worker.step_graphs import StepGraphs
 from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.backend_name import BackendName
@@ -144,6 +144,7 @@ class ModelRunner:
                 self.model, self.kv_caches, block_size, num_kv_blocks, positions,
                 max_num_seqs, capture=True, state_geometry=self.state_geometry,
             )  # fmt: skip
+        self.warm_up()  # a compiled runner's graphs, before the engine serves
 
     def _compile(self, compilation: CompilationConfig | None, enforce_eager: bool) -> CompiledForward | None:
         """The compiled stack when ``compilation`` asks for one (never under --enforce-eager, nor on a host
@@ -163,6 +164,18 @@ class ModelRunner:
             return None
         mixers = self.model.linear_layers if isinstance(self.model, Qwen3_5ForCausalLM) else ()
         return CompiledForward(self.model, self.kernels, compilation, mixers)
+
+    def warm_up(self, aux_layer_ids: Sequence[int] = ()) -> None:
+        """A compiled runner compiles its one-token and its dynamic graph (with ``aux_layer_ids``) now, over
+        the scratch block and a hybrid model's scratch slot (what padding writes: nothing a request holds):
+        the engine does this before it serves, since a step that compiles keeps it silent past the frontend's
+        engine timeout."""
+        if self.compiled is None:
+            return
+        slot = self.state_geometry.scratch_slot if self.state_geometry is not None else None
+        for num_tokens in (1, 2):
+            chunk = SeqChunk([0] * num_tokens, 0, [self.num_kv_blocks], state_slot=slot)
+            self.execute(step_of_chunks([chunk], self.block_size), aux_layer_ids)
 
     def embed(self, token_ids: Tensor) -> Tensor:
         """(...,) int64 token ids -> (..., hidden) input embeddings (a drafter shares them)."""

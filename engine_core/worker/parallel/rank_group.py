@@ -120,6 +120,9 @@ class ParallelRunner:
         logger.info("tensor parallel over %d ranks (rank 0: this process; %s)", spec.world_size, pids)
         threading.Thread(target=self._watch, name="rank-watch", daemon=True).start()
 
+    def warm_up(self, aux_layer_ids: Sequence[int] = ()) -> None:
+        """Nothing to compile: ranks run eagerly (engine_cli.py warns when -O asked otherwise)."""
+
     def execute(self, step: StepBatch, aux_layer_ids: Sequence[int] = ()) -> ForwardOutput:
         """Send the step to every rank once, run rank 0's shard of it; the whole logits (every rank has them).
         RankGroupFailure when any rank cannot take part."""
