@@ -22,13 +22,7 @@ from openinfer.engine_core.builtin_model import (
     builtin_tokenizer_folder,
     is_builtin_target,
 )
-from openinfer.engine_core.compilation_config import (
-    DEFAULT_LEVEL,
-    MAX_LEVEL,
-    CompilationConfig,
-    read_compilation_config,
-    with_level,
-)
+from openinfer.engine_core.compilation_config import with_level
 from openinfer.engine_core.config import (
     DEFAULT_CPU_KV_CACHE_GB,
     Device,
@@ -38,7 +32,7 @@ from openinfer.engine_core.config import (
     ModelDtype,
     from_flags,
 )
-from openinfer.engine_core.kv_events_config import KVEventsConfig, read_kv_events_config
+from openinfer.engine_core.process.vllm_json_flags import add_vllm_json_args
 from openinfer.engine_core.spec_decode.drafter_loaders import default_drafter_folders, folder_drafter
 from openinfer.kernels.backend_name import BackendName
 from openinfer.protocol import DFlashAnchor, DrafterMethod
@@ -229,55 +223,15 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "(vLLM's flag)",
     )
     parser.add_argument(
-        "-O",
-        "--optimization-level",
-        dest="optimization_level",
-        type=int,
-        choices=range(MAX_LEVEL + 1),
-        metavar="LEVEL",
-        help=f"vLLM's -O0..-O{MAX_LEVEL}: 0 runs the model step eagerly, 1-{MAX_LEVEL} compile it with "
-        f"torch.compile (inductor), the same at each; default {DEFAULT_LEVEL} (README: Compiled model step)",
-    )
-    parser.add_argument(
-        "--compilation-config",
-        type=_compilation_config,
-        metavar="JSON",
-        help='vLLM\'s JSON: {"level": 0-3 (or "mode"), "cache_dir": where compiled artifacts are kept '
-        "(default ~/.cache/openinfer/torch_compile)}; -O's level wins over its own",
-    )
-    parser.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="reuse the KV of cached prompt prefixes (on by default; vLLM's flag)",
     )
-    parser.add_argument(
-        "--kv-events-config",
-        type=_kv_events_config,
-        metavar="JSON",
-        help="publish the prefix cache's changes as vLLM's KV events, for routers that route by them (vLLM's "
-        'flag and JSON: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
-        '"replay_endpoint": "tcp://*:5558"}; engine i takes each port + i)',
-    )
+    add_vllm_json_args(parser)
     parser.add_argument(
         "--step-sleep", type=float, default=0.0, help="seconds slept after each busy step (a slowed engine)"
     )
-
-
-def _compilation_config(text: str) -> CompilationConfig:
-    """``--compilation-config``'s value, refused as a usage error when it does not read."""
-    try:
-        return read_compilation_config(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _kv_events_config(text: str) -> KVEventsConfig:
-    """``--kv-events-config``'s value, refused as a usage error when it does not read."""
-    try:
-        return read_kv_events_config(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
