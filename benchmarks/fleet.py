@@ -13,8 +13,6 @@ import re
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -26,9 +24,11 @@ from openinfer.engine_core.launch.local_cluster import (
     HOST,
     LocalCluster,
     ProcessGroup,
+    answers_health,
     free_port,
     free_port_pair,
 )
+from openinfer.tools.spec_tally import scrape_metrics
 
 ROUTER = "vllm-router"
 POLICIES = ("kv_aware", "cache_aware", "round_robin")
@@ -119,7 +119,7 @@ class Fleet:
             argv += ["--kv-event-block-size", "16", "--kv-event-model", BUILTIN_MODEL_NAME]
         self.router.spawn("router", argv, env={"NO_COLOR": "1"})
         deadline = time.monotonic() + 60
-        while not _answers(f"{self.router_url}/health"):
+        while not answers_health(self.router_url):  # vllm-router listens once its workers are healthy
             self.router.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{ROUTER} did not answer in 60 s:\n{self.router.logs()}")
@@ -150,8 +150,7 @@ class Fleet:
 
 
 def finished_requests(url: str) -> int:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = scrape_metrics(f"{url}/metrics")
     return round(
         sum(
             sample.value
@@ -160,11 +159,3 @@ def finished_requests(url: str) -> int:
             if sample.name == "vllm:request_success_total"
         )
     )
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from openinfer.benchmarks.bench_run import RunConfig, run_benchmark
@@ -25,6 +24,7 @@ from openinfer.benchmarks.prefix_cache import PrefixCacheCounts, prefix_cache_co
 from openinfer.benchmarks.request_client import SamplingConfig
 from openinfer.benchmarks.vocabulary import load_tokenizer
 from openinfer.engine_core.builtin_model import BUILTIN_MODEL_NAME, builtin_text_path
+from openinfer.tools.spec_tally import scrape_metrics
 
 ALONE = "one node"
 
@@ -33,9 +33,8 @@ def fleet_counts(fleet: Fleet) -> PrefixCacheCounts:
     """The prefix-cache counters summed over every node and engine."""
     total = PrefixCacheCounts()
     for node in fleet.nodes:
-        with urllib.request.urlopen(f"{node.url}/metrics", timeout=10) as response:
-            for counts in prefix_cache_counts(response.read().decode()).values():
-                total = total.plus(counts)
+        for counts in prefix_cache_counts(scrape_metrics(f"{node.url}/metrics")).values():
+            total = total.plus(counts)
     return total
 
 
