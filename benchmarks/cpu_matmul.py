@@ -52,7 +52,7 @@ def main() -> None:
         for name, out_features, in_features in WEIGHTS:
             weight = torch.randn(out_features, in_features, generator=g).to(dtype)  # (out, in)
             transposed = weight.t().contiguous()  # (in, out) row-major
-            packed = pack_weight(weight)
+            packed = pack_weight(weight).matrix
             iters = max(3, args.iters // 4) if out_features > 100_000 else args.iters
             for rows in args.rows:
                 if out_features > 100_000 and rows > 64:

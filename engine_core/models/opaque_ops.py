@@ -21,7 +21,7 @@ from torch import Tensor
 
 from openinfer.kernels.attention_backend import AttentionBackend
 from openinfer.kernels.attention_metadata import AttentionMetadata
-from openinfer.kernels.cpu_matmul import weight_matmul
+from openinfer.kernels.cpu_matmul import PackedWeight, weight_matmul
 from openinfer.kernels.kernel_backends import ExpertsBackend
 from openinfer.kernels.state_index import StateIndex
 
@@ -37,7 +37,7 @@ class StepContext:
     attention_backend: AttentionBackend
     experts_backend: ExpertsBackend
     mixers: Sequence[Mixer] = ()  # a hybrid model's Gated DeltaNet layers, in layer order
-    packed: Sequence[Tensor] = ()  # the projections' oneDNN-packed weights, by their pack_index
+    packed: Sequence[PackedWeight] = ()  # the projections' oneDNN-packed weights, by their pack_index
 
 
 _running: list[StepContext] = []  # the step a compiled forward runs now: at most one (step_context)
@@ -101,7 +101,7 @@ def _moe_experts_shape(
 
 @torch.library.custom_op("openinfer::packed_matmul", mutates_args=())
 def packed_matmul(x: Tensor, weight_t: Tensor, bias: Tensor | None, pack_index: int) -> Tensor:
-    """x @ weight_t (+ bias) by packed weight ``pack_index`` for 2+ rows (cpu_matmul.weight_matmul)."""
+    """x @ weight_t (+ bias) by packed weight ``pack_index`` (cpu_matmul.weight_matmul)."""
     return weight_matmul(x, weight_t, _context().packed[pack_index], bias)
 
 
@@ -111,7 +111,11 @@ def _packed_matmul_shape(x: Tensor, weight_t: Tensor, bias: Tensor | None, pack_
 
 
 def linear(
-    x: Tensor, weight_t: Tensor, packed: Tensor | None, bias: Tensor | None, pack_index: int | None
+    x: Tensor,
+    weight_t: Tensor,
+    packed: PackedWeight | None,
+    bias: Tensor | None,
+    pack_index: int | None,
 ) -> Tensor:
     """x @ weight_t (+ bias): by the packed copy where there is one; traced by torch.compile with one
     (``pack_index`` given), the opaque op."""

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.opaque_ops import linear
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
 from openinfer.engine_core.models.weights import CheckpointSlice, Target
-from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
+from openinfer.kernels.cpu_matmul import PackedWeight, pack_weight, weight_matmul
 
 
 class PackedLinear(nn.Module):
@@ -27,7 +27,7 @@ class PackedLinear(nn.Module):
     weight_t (in_features, out_features) is the transpose of the checkpoint's (out, in) layout: on the CPU
     MKL multiplies the few rows of a decode step by a row-major (in, out) matrix up to 2x faster than by
     the transposed one `F.linear` hands it. `checkpoint_views` maps the checkpoint's names to views of it.
-    After loading, `pack_for_cpu` may add a copy in oneDNN's blocked layout for steps of 2+ rows (cpu_matmul.py).
+    After loading, `pack_for_cpu` may add a copy in oneDNN's blocked layout (cpu_matmul.py).
 
     `out_shards` (a part's slice of its checkpoint tensor's output rows) and `in_shard` (the slice of the
     input columns every part holds) describe a tensor-parallel rank's slice; by default each is whole.
@@ -50,7 +50,7 @@ class PackedLinear(nn.Module):
         out_features = sum(parts.values())
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed: Tensor | None = None  # a oneDNN-packed copy for steps of 2+ rows (pack_for_cpu), or None
+        self.packed: PackedWeight | None = None  # a oneDNN-packed copy (pack_for_cpu), or None
         # packed, its place in a compiled step's context (compiled_forward.py sets it); None: not compiled
         self.pack_index: int | None = None
 
@@ -73,8 +73,8 @@ class PackedLinear(nn.Module):
             start += width
 
     def pack_for_cpu(self) -> None:
-        """From now on multiply 2+ rows by a oneDNN-packed copy of the (loaded) weight; one row still by
-        weight_t, which MKL reads at the memory bandwidth (oneDNN's packed layout is ~25 % slower there)."""
+        """From now on multiply by a oneDNN-packed copy of the (loaded) weight: 2+ rows, and one row too
+        where this CPU reads the packed layout faster (cpu_matmul.py); the others by weight_t."""
         self.packed = pack_weight(self.weight_t.t())
 
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.weights import CheckpointSlice, Target
-from openinfer.kernels.cpu_matmul import pack_weight, weight_matmul
+from openinfer.kernels.cpu_matmul import PackedWeight, pack_weight, weight_matmul
 
 
 class VocabMatrix(nn.Module):
@@ -20,7 +20,7 @@ class VocabMatrix(nn.Module):
     (issue 23's profile: the LM head is ~85 % of a 2-layer Qwen3-0.6B step's bytes). ``weight`` is the view
     in the checkpoint's shape (loading writes through it). As an embedding, a token's row is a column of
     ``weight_t``: a strided read of hidden_size values, a few µs per token. On the CPU, `pack_for_cpu` may
-    give the head a oneDNN-packed copy (kernels/cpu_matmul.py) for 2+ rows: 2x faster at 8 rows.
+    give the head a oneDNN-packed copy (kernels/cpu_matmul.py): 2x faster at 8 rows, and on some CPUs at 1.
 
     Vocab-parallel (``parallel`` of several ranks), each rank holds its slice ``rows`` of the vocabulary:
     a lookup reads the rank's own ids (the others' rows are zero) and sums over the ranks; `logits` computes
@@ -34,7 +34,7 @@ class VocabMatrix(nn.Module):
         self.parallel = parallel
         self.rows = parallel.shard_range(vocab_size, "vocabulary rows (vocab_size)")
         self.weight_t = nn.Parameter(torch.empty(hidden_size, self.rows.size))
-        self.packed: Tensor | None = None  # (rows, hidden) packed by oneDNN for 2+ rows of `logits`, or None
+        self.packed: PackedWeight | None = None  # (rows, hidden) packed by oneDNN for `logits`, or None
 
     @property
     def weight(self) -> Tensor:
@@ -63,5 +63,6 @@ class VocabMatrix(nn.Module):
         return self.parallel.all_gather_last(weight_matmul(hidden, self.weight_t, self.packed))
 
     def pack_for_cpu(self) -> None:
-        """From now on compute `logits` of 2+ rows by a oneDNN-packed copy of the (loaded) matrix."""
+        """From now on compute `logits` by a oneDNN-packed copy of the (loaded) matrix (for the row counts
+        `PackedWeight.min_rows` says)."""
         self.packed = pack_weight(self.weight)
