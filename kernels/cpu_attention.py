@@ -10,8 +10,9 @@ piece at a time.
 - A decode or a verification (at most FEW_QUERIES queries) folds its queries and the GQA group into the rows
   of two batched matmuls per KV head, which read the strided views without a copy, piece by piece under an
   online softmax (float32), the causal mask on the pieces past its context.
-- A prefill chunk runs `scaled_dot_product_attention` (torch's CPU flash kernel) over its whole context,
-  a view when the context is one run, else gathered.
+- A prefill chunk runs `chunk_attention` (cpu_chunk_attention.py: torch's CPU flash kernel or oneDNN
+  matmuls, whichever this CPU runs faster) over its whole context, a view when the context is one run, else
+  gathered.
 
 Small batches over short contexts still take the padded gather (`in_place_pays`), whose one call beats B
 small ones while its copy stays in cache. `benchmarks/cpu_attention.py` measures both.
@@ -23,8 +24,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from openinfer.kernels.cpu_chunk_attention import chunk_attention
 
 if TYPE_CHECKING:
     from openinfer.kernels.attention_metadata import AttentionMetadata
@@ -147,30 +149,6 @@ def few_query_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, b:
         running_max = new_max
     out = acc.div_(denominator).to(q.dtype)  # (Hkv, G * Q, D)
     return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(q.shape)
-
-
-def chunk_attention(q: Tensor, keys: Tensor, values: Tensor, context_len: int, scale: float) -> Tensor:
-    """Q query tokens at positions context_len.. : q (Q, num_heads, head_dim) over keys/values
-    (context_len + Q, num_kv_heads, head_dim), causal within the chunk -> (Q, num_heads, head_dim)."""
-    num_queries, num_heads, _ = q.shape
-    seq_len = keys.shape[0]
-    if context_len == 0:
-        mask = None  # a fresh prompt: plain causal
-    else:  # query i sits at position context_len + i and sees keys 0..context_len + i
-        query_pos = torch.arange(context_len, seq_len)[:, None]  # (Q, 1)
-        mask = torch.arange(seq_len)[None, :] <= query_pos  # (Q, S) bool
-    # 4-D, batch 1: torch's CPU flash-attention kernel takes only 4-D inputs; 3-D ones fall back to the math
-    # path, which materializes the (H, Q, S) scores (2x slower on a 512-token chunk over 1,500 keys).
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],  # (1, H, Q, D)
-        keys.transpose(0, 1)[None],  # (1, Hkv, S, D) view
-        values.transpose(0, 1)[None],
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=num_heads != keys.shape[1],
-    )  # (1, H, Q, D)
-    return out[0].transpose(0, 1)
 
 
 def in_place_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float) -> Tensor:

@@ -115,7 +115,7 @@ class DFlashDrafter:
                 num_drafts=num_spec_tokens,
                 page_size=self.page_size,
                 width=step_graphs.width,
-                max_batch=step_graphs.max_batch,
+                buckets=step_graphs.buckets,
                 device=self.device,
                 capture=step_graphs.capture,
             )

@@ -29,7 +29,7 @@ from openinfer.engine_core.models.dflash import BlockContext
 from openinfer.engine_core.spec_decode.draft_sampling import DraftSampling
 from openinfer.engine_core.spec_decode.drafter import DraftQuery
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
-from openinfer.engine_core.worker.step_graphs import BATCH_BUCKETS, bucket_for
+from openinfer.engine_core.worker.step_graphs import bucket_for
 
 # (ids (B, T) int64, positions (B * T,) int64, context, sampling or None) -> the B blocks' K drafts, greedy or
 # drawn (with their distributions), and confidences
@@ -101,13 +101,14 @@ class DraftGraphs:
         num_drafts: int,
         page_size: int,
         width: int,
-        max_batch: int,
+        buckets: Sequence[int],
         device: torch.device,
         capture: bool,
     ) -> None:
         self.forward, self.mask_token_id = forward, mask_token_id
         self.block_width, self.page_size, self.width = block_width, page_size, width  # T, page, table columns
-        self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(max_batch, 1))
+        self.buckets = tuple(buckets)  # requests per padded forward, ascending (the target's)
+        self.max_batch = self.buckets[-1]
         self.capture = capture  # False: the padded forward runs eagerly (the CPU tests' path)
         self.num_runs = 0  # padded forwards run (graph replays when capturing)
         self._graphs: dict[tuple[int, bool], _Graph] = {}  # by (bucket, sampled)
@@ -123,7 +124,7 @@ class DraftGraphs:
         """The batch bucket these queries run padded in, or None (run them eagerly)."""
         if max(-(-q.position // self.page_size) for q in queries) > self.width:
             return None
-        return bucket_for(len(queries), self.max_batch)
+        return bucket_for(len(queries), self.buckets)
 
     def run(self, queries: Sequence[DraftQuery], block_lens: Sequence[int], batch: int) -> list[list[int]]:
         """K greedy draft ids per query (query order), from the padded forward: one read-back."""
@@ -134,7 +135,7 @@ class DraftGraphs:
         """The batch bucket of requests with these block tables (whole), or None (run them eagerly)."""
         if max(len(b) for b in block_ids) > self.width:
             return None
-        return bucket_for(len(block_ids), self.max_batch)
+        return bucket_for(len(block_ids), self.buckets)
 
     def run_on_device(
         self,

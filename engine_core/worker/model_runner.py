@@ -133,16 +133,21 @@ class ModelRunner:
             self.state_geometry = state_geometry or StateGeometry(max_num_seqs, 1)
             self.model.allocate_states(self.state_geometry.num_slots, self.device)
         self.compiled = self._compile(compilation, enforce_eager)  # after packing: it reads the packed copies
+        compilation = compilation or CompilationConfig()
         capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
+        capture = capture and compilation.cuda_graphs
         if capture and not parallel.single:
             # the all-reduces inside a captured step have not run on a GPU yet: eager until they have
             logger.info("%s: CUDA graphs off under tensor parallelism (eager steps)", parallel.describe())
             capture = False
         self.step_graphs: StepGraphs | None = None
-        if capture:
+        buckets = compilation.capture_sizes(max_num_seqs)
+        if capture and not buckets:
+            logger.warning("no CUDA graph capture size is at most max_num_seqs %d: eager steps", max_num_seqs)
+        if capture and buckets:
             self.step_graphs = StepGraphs(
                 self.model, self.kv_caches, block_size, num_kv_blocks, positions,
-                max_num_seqs, capture=True, state_geometry=self.state_geometry,
+                buckets, capture=True, state_geometry=self.state_geometry,
             )  # fmt: skip
         self.warm_up()  # a compiled runner's graphs, before the engine serves
 
@@ -166,15 +171,16 @@ class ModelRunner:
         return CompiledForward(self.model, self.kernels, compilation, mixers)
 
     def warm_up(self, aux_layer_ids: Sequence[int] = ()) -> None:
-        """A compiled runner compiles its one-token and its dynamic graph (with ``aux_layer_ids``) now, over
-        the scratch block and a hybrid model's scratch slot (what padding writes: nothing a request holds):
-        the engine does this before it serves, since a step that compiles keeps it silent past the frontend's
-        engine timeout."""
+        """A compiled runner compiles its one-token and its dynamic graph, and one per ``compile_sizes``
+        (with ``aux_layer_ids``), now, over the scratch block and a hybrid model's scratch slot (what padding
+        writes: nothing a request holds): the engine does this before it serves, since a step that compiles
+        keeps it silent past the frontend's engine timeout."""
         if self.compiled is None:
             return
         slot = self.state_geometry.scratch_slot if self.state_geometry is not None else None
-        for num_tokens in (1, 2):
-            chunk = SeqChunk([0] * num_tokens, 0, [self.num_kv_blocks], state_slot=slot)
+        for num_tokens in sorted({1, 2, *self.compiled.compile_sizes}):
+            blocks = [self.num_kv_blocks] * -(-num_tokens // self.block_size)  # the scratch block, again
+            chunk = SeqChunk([0] * num_tokens, 0, blocks, state_slot=slot)
             self.execute(step_of_chunks([chunk], self.block_size), aux_layer_ids)
 
     def embed(self, token_ids: Tensor) -> Tensor:

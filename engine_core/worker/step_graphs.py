@@ -45,7 +45,6 @@ from openinfer.kernels.state_index import RECURRENT_MAX_QUERY_LEN, StateIndex
 from openinfer.protocol import MAX_SPEC_TOKENS
 
 MAX_QUERY_LEN = MAX_SPEC_TOKENS + 1  # the longest verification: K drafts and the current token
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 QUERY_BUCKETS = (1, 2, 4, 8, 16, MAX_QUERY_LEN)  # q is padded up to one of these: few shapes to capture
 WARMUP_RUNS = 2  # forwards over a shape's first step before it is recorded
 
@@ -81,9 +80,9 @@ def uniform_query_len(step: StepBatch) -> int | None:
     return next(q for q in QUERY_BUCKETS if step.max_query_len <= q)
 
 
-def bucket_for(num_reqs: int, max_batch: int) -> int | None:
-    """The smallest batch bucket holding ``num_reqs`` requests, or None past ``max_batch``."""
-    return next((b for b in BATCH_BUCKETS if num_reqs <= b <= max_batch), None)
+def bucket_for(num_reqs: int, buckets: Sequence[int]) -> int | None:
+    """The smallest of the (ascending) batch ``buckets`` holding ``num_reqs`` requests, or None past the last."""
+    return next((b for b in buckets if num_reqs <= b), None)
 
 
 def pad_step(step: StepBatch, batch: int, query_len: int, scratch_block: int) -> PaddedStep:
@@ -133,7 +132,7 @@ class StepGraphs:
         block_size: int,
         scratch_block: int,
         max_model_len: int,
-        max_batch: int,
+        buckets: Sequence[int],
         capture: bool,
         state_geometry: StateGeometry | None = None,
     ) -> None:
@@ -141,7 +140,10 @@ class StepGraphs:
         self.block_size, self.scratch_block = block_size, scratch_block
         # a hybrid model's scratch state slot: the warm-up's state writes go there (None: no state)
         self.scratch_state = state_geometry.scratch_slot if state_geometry is not None else None
-        self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(max_batch, 1))
+        self.buckets = tuple(
+            buckets
+        )  # requests per padded step, ascending (compilation_config.capture_sizes)
+        self.max_batch = self.buckets[-1]
         self.width = -(-(max_model_len + MAX_QUERY_LEN) // block_size)  # block-table columns
         self.capture = capture  # False: the padded step runs eagerly (the CPU tests' path)
         # per shape, its graph (None without capture: the shape has warmed up, and runs eagerly)
@@ -168,7 +170,7 @@ class StepGraphs:
         """(bucket, q) when this step can run padded, else None (run it eagerly as it is): a hybrid model's
         up to RECURRENT_MAX_QUERY_LEN tokens a request (the DeltaNet kernels' longer form reads host lists)."""
         query_len = uniform_query_len(step)
-        batch = bucket_for(step.num_chunks, self.max_batch)
+        batch = bucket_for(step.num_chunks, self.buckets)
         if query_len is None or batch is None:
             return None
         if self.scratch_state is not None and query_len > RECURRENT_MAX_QUERY_LEN:

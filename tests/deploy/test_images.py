@@ -85,11 +85,17 @@ def test_frontend_image_has_no_torch(images: Images) -> None:
 
 
 def test_cpu_image_has_the_cpu_torch(images: Images) -> None:
-    """The CPU engine image holds torch's CPU build at the pinned version and no triton, and structured outputs
-    (xgrammar, which lists triton as a requirement) import without it."""
+    """The CPU engine image holds torch's CPU build at the pinned version and no triton, structured outputs
+    (xgrammar, which lists triton as a requirement) import without it, and inductor compiles there (its C++
+    compiler is in the image: -O3 engines compile, not fall back to eager), into the user's cache folder."""
     probe = (
         "import importlib.util as u, torch, xgrammar, openinfer.engine_core.sample.structured_output; "
-        "print(torch.__version__, torch.version.cuda, u.find_spec('triton') is not None)"
+        "from openinfer.engine_core.worker.compiled_forward import compiler_missing; "
+        "from openinfer.engine_core.compilation_config import CompilationConfig; "
+        "d = CompilationConfig().artifact_dir(); d.mkdir(parents=True); "
+        "f = torch.compile(lambda x: torch.sin(x) * 2, backend='inductor'); "
+        "print(torch.__version__, torch.version.cuda, u.find_spec('triton') is not None, "
+        "compiler_missing(torch.device('cpu')), f(torch.zeros(3)).tolist(), d.is_dir())"
     )
     out = images.storage.podman("run", "--rm", "--entrypoint", "python", images.cpu, "-c", probe)
-    assert out.strip().splitlines()[-1] == f"{TORCH_VERSION}+cpu None False"
+    assert out.strip().splitlines()[-1] == f"{TORCH_VERSION}+cpu None False None [0.0, 0.0, 0.0] True"

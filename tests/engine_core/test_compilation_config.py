@@ -1,6 +1,7 @@
 """-O and --compilation-config, vLLM's flags, on openinfer-engine and openinfer-serve: the level and cache
-folder reach the engine's config, -O wins over the JSON's level, a bare level is taken, vLLM's keys that
-openinfer has not are refused by name, and without either flag the step runs eagerly (DEFAULT_LEVEL)."""
+folder reach the engine's config, -O wins over the JSON's level, a bare level is taken, the compile and CUDA
+graph sizes and cudagraph_mode are read, vLLM's keys that openinfer has not are refused by name, and without
+either flag the step runs eagerly (DEFAULT_LEVEL)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def test_levels_and_cache_folder() -> None:
     assert compilation("--compilation-config", '{"mode": 3}').compiles
     assert read_compilation_config("3") == CompilationConfig(level=3)  # vLLM's bare form
     assert CompilationConfig(cache_dir="~/x").artifact_dir() == Path.home() / "x"
+    sized = compilation(
+        "--compilation-config",
+        '{"compile_sizes": [1, 8], "cudagraph_capture_sizes": [4, 1, 2], "cudagraph_mode": "FULL_DECODE_ONLY"}',
+    )
+    assert sized.compile_sizes == [1, 8] and sized.capture_sizes(256) == (1, 2, 4) and sized.cuda_graphs
+    assert not compilation("--compilation-config", '{"cudagraph_mode": "NONE"}').cuda_graphs
 
 
 def test_serve_passes_them_to_every_engine() -> None:
@@ -41,6 +48,9 @@ def test_serve_passes_them_to_every_engine() -> None:
         ('{"level": 4}', r"level must be 0 \(eager\) to 3 \(compiled\), got 4"),
         ('{"level": 1, "mode": 3}', "level 1 and mode 3 disagree"),
         ("[3]", "Expected `object`"),
+        ('{"compile_sizes": [0, 8]}', r"compile_sizes must be positive, got \[0, 8\]"),
+        ('{"cudagraph_capture_sizes": ["a"]}', "Expected `int`"),
+        ('{"cudagraph_mode": "full"}', "cudagraph_mode must be one of NONE, PIECEWISE, FULL"),
     ],
 )
 def test_refusals(text: str, message: str) -> None:

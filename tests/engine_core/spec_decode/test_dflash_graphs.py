@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from openinfer.engine_core.compilation_config import CompilationConfig
 from openinfer.engine_core.models.dflash import torch_block_attention, triton_block_attention
 from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
@@ -48,7 +49,13 @@ def make_drafter(
     runner = ModelRunner(target, device, NUM_PAGES, PAGE, torch.float32, backend, enforce_eager=True)
     if graphs:
         runner.step_graphs = StepGraphs(
-            runner.model, runner.kv_caches, PAGE, NUM_PAGES, MAX_LEN, max_batch, capture=device.type == "cuda"
+            runner.model,
+            runner.kv_caches,
+            PAGE,
+            NUM_PAGES,
+            MAX_LEN,
+            CompilationConfig().capture_sizes(max_batch),
+            capture=device.type == "cuda",
         )
     return DFlashDrafter(draft, runner, num_spec_tokens=K)
 

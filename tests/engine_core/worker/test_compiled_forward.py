@@ -7,6 +7,7 @@ kept few (the artifacts of one module share a cache folder)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -19,11 +20,19 @@ from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_
 from openinfer.engine_core.compilation_config import CompilationConfig
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
+from openinfer.engine_core.testing.engine_cores import generate_greedy, generate_with, make_core
 from openinfer.engine_core.testing.qwen3_5_checkpoint import make_tiny_qwen3_5_checkpoint
 from openinfer.engine_core.testing.qwen3_moe_checkpoint import make_tiny_moe_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.worker.model_runner import ModelRunner
+from openinfer.protocol import StructuredOutputs
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"}},
+    "required": ["name", "ok"],
+    "additionalProperties": False,
+}
 
 PROMPTS = [list(range(3, 43)), list(range(200, 221)), [7, 9, 11]]
 MAX_TOKENS = 16
@@ -74,6 +83,47 @@ def test_qwen3_greedy_and_speculation_lossless(compiled: CompilationConfig) -> N
         core = make_core(builtin_target_folder(), compilation=compiled, speculative=spec)
         assert generate_greedy(core, PROMPTS, MAX_TOKENS) == eager, spec.method
         assert core.spec is not None and core.spec.counters.num_drafts > 0
+
+
+def test_dspark_and_structured_output_unchanged(compiled: CompilationConfig) -> None:
+    """The built-in DSpark pair compiled (confidence-set verify lengths) is lossless, and a regex and a JSON
+    schema constraint write the same tokens compiled as eager, with and without the drafter."""
+    constraints = [
+        StructuredOutputs("regex", r"[0-9]{2,4}-(yes|no)"),
+        StructuredOutputs("json", json.dumps(SCHEMA), any_whitespace=False),
+    ]
+    each = [{"structured_outputs": c} for c in constraints] + [{}]
+    eager, _ = generate_with(make_core(builtin_target_folder()), PROMPTS, each, max_tokens=24)
+    dspark = DrafterSpec("dspark", 7, builtin_drafter_folder("dspark"))
+    for spec in (None, dspark):
+        core = fresh_core(builtin_target_folder(), compilation=compiled, speculative=spec)
+        assert generate_with(core, PROMPTS, each, max_tokens=24)[0] == eager, spec
+    assert core.spec is not None and core.spec.counters.num_drafts > 0
+
+
+def test_compile_sizes_get_their_own_graphs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """compile_sizes [3, 40]: warm-up compiles a graph for exactly 3 and exactly 40 tokens beside the
+    dynamic one (40 tokens span three scratch blocks); a 3-token step takes its graph and equals eager."""
+    torch._dynamo.reset()
+    sized = CompilationConfig(level=3, cache_dir=str(tmp_path / "cache"), compile_sizes=[3, 40])
+    with caplog.at_level(logging.INFO, logger="openinfer.engine_core.worker.compiled_forward"):
+        runners = [
+            ModelRunner(builtin_target_folder(), torch.device("cpu"), 32, 16, torch.float32, compilation=c)
+            for c in (None, sized)
+        ]
+    lines = [r.getMessage() for r in caplog.records if "compiled the model step" in r.getMessage()]
+    assert [line.split(" in ")[0] for line in lines] == [
+        "compiled the model step for 1 tokens",
+        "compiled the model step for 2 tokens",
+        "compiled the model step for exactly 3 tokens",
+        "compiled the model step for exactly 40 tokens",
+    ]
+    caplog.clear()
+    chunks = [SeqChunk([5, 6, 7], 0, [0])]
+    with caplog.at_level(logging.INFO, logger="openinfer.engine_core.worker.compiled_forward"):
+        eager, fast = (r.execute(chunk_step(chunks, r)).logits.numpy() for r in runners)
+    assert "compiled" not in caplog.text  # served by the graph warm-up made
+    np.testing.assert_allclose(fast, eager, atol=1e-4, rtol=0)
 
 
 def test_moe_greedy(compiled: CompilationConfig, tmp_path: Path) -> None:

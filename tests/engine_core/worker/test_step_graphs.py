@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from openinfer.engine_core.compilation_config import CompilationConfig
 from openinfer.engine_core.config import DrafterSpec, EngineConfig, ModelDtype
 from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.models.kv_geometry import StateGeometry
@@ -44,8 +45,9 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def padded(runner: ModelRunner) -> ModelRunner:
     """``runner`` with its decode and verify steps run padded, eagerly (the CPU twin of graph replay)."""
+    buckets = CompilationConfig().capture_sizes(8)  # 1, 2, 4, 8
     runner.step_graphs = StepGraphs(
-        runner.model, runner.kv_caches, runner.block_size, runner.num_kv_blocks, 256, max_batch=8,
+        runner.model, runner.kv_caches, runner.block_size, runner.num_kv_blocks, 256, buckets,
         capture=False, state_geometry=runner.state_geometry,
     )  # fmt: skip
     return runner
@@ -81,7 +83,13 @@ def test_shapes_and_buckets() -> None:
     decode, verify = SeqChunk([5], 7, [0, 1]), SeqChunk([5, 6, 7], 3, [2, 4], num_logits=3)
     assert uniform_query_len(step_of_chunks([decode, verify], BLOCK_SIZE)) == 4  # 3 tokens: the bucket of 4
     assert uniform_query_len(step_of_chunks([SeqChunk([5, 6], 0, [3], num_logits=1)], BLOCK_SIZE)) is None
-    assert [bucket_for(n, 64) for n in (1, 3, 5, 9, 64, 65)] == [1, 4, 8, 16, 64, None]
+    default = CompilationConfig().capture_sizes(64)  # 1, 2, 4, 8, 16, 24, 32, 48, 64
+    assert [bucket_for(n, default) for n in (1, 3, 5, 9, 64, 65)] == [1, 4, 8, 16, 64, None]
+    # vLLM's cudagraph_capture_sizes name the buckets; none past max_cudagraph_capture_size or max_num_seqs
+    sized = CompilationConfig(cudagraph_capture_sizes=[8, 1, 3], max_cudagraph_capture_size=8)
+    assert sized.capture_sizes(64) == (1, 3, 8) and sized.capture_sizes(4) == (1, 3)
+    assert [bucket_for(n, sized.capture_sizes(64)) for n in (1, 2, 3, 4, 8, 9)] == [1, 3, 3, 8, 8, None]
+    assert CompilationConfig(max_cudagraph_capture_size=20).capture_sizes(256)[-1] == 16
 
 
 def test_padding_writes_only_the_scratch_block() -> None:
