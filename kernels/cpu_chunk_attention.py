@@ -41,10 +41,15 @@ _PROBE_ROUNDS = 3
 def chunk_attention(q: Tensor, keys: Tensor, values: Tensor, context_len: int, scale: float) -> Tensor:
     """Q query tokens at positions context_len.. : q (Q, num_heads, head_dim) over keys/values
     (context_len + Q, num_kv_heads, head_dim), causal within the chunk -> (Q, num_heads, head_dim)."""
-    large = q.shape[0] >= MIN_QUERIES and q.shape[0] * keys.shape[0] >= MIN_PAIRS
-    if large and chunk_attention_by_onednn(q.dtype):
+    if takes_onednn(q.shape[0], keys.shape[0], q.dtype):
         return onednn_chunk_attention(q, keys, values, context_len, scale)
     return flash_chunk_attention(q, keys, values, context_len, scale)
+
+
+def takes_onednn(num_queries: int, seq_len: int, dtype: torch.dtype) -> bool:
+    """Whether `chunk_attention` runs a chunk of ``num_queries`` over ``seq_len`` keys by the oneDNN blocks."""
+    large = num_queries >= MIN_QUERIES and num_queries * seq_len >= MIN_PAIRS
+    return large and chunk_attention_by_onednn(dtype)
 
 
 def flash_chunk_attention(q: Tensor, keys: Tensor, values: Tensor, context_len: int, scale: float) -> Tensor:

@@ -15,6 +15,7 @@ from openinfer.kernels.cpu_chunk_attention import (
     chunk_attention_by_onednn,
     flash_chunk_attention,
     onednn_chunk_attention,
+    takes_onednn,
 )
 from openinfer.kernels.cpu_matmul import cpu_packing_available
 
@@ -60,5 +61,6 @@ def test_chunk_attention_dispatch() -> None:
         keys, values = torch.randn(2, context_len + num_queries, 2, 32, generator=generator)
         got = chunk_attention(q, keys, values, context_len, 0.2)
         onednn = num_queries == 200 and chunk_attention_by_onednn(torch.float32)
+        assert takes_onednn(num_queries, context_len + num_queries, torch.float32) is onednn
         chosen = onednn_chunk_attention if onednn else flash_chunk_attention
         assert torch.equal(got, chosen(q, keys, values, context_len, 0.2))
