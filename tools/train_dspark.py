@@ -160,6 +160,7 @@ def main() -> None:
         confidence_head=args.confidence_head,
         confidence_with_markov=args.confidence_head and args.markov_rank > 0,
         mask_token_id=args.mask_token_id,
+        num_anchors=args.anchors,
     )
     model = new_drafter(config, args.seed)
     if args.init_from is not None:

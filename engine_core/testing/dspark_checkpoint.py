@@ -20,6 +20,9 @@ from openinfer.engine_core.testing.dflash_checkpoint import (
     write_dflash_checkpoint,
 )
 
+# Draft blocks per training sequence: tools/train_dspark.py's default --anchors (DeepSpec's configs use 512).
+DEFAULT_NUM_ANCHORS = 48
+
 
 def make_tiny_dspark_checkpoint(
     folder: Path | str,
@@ -83,18 +86,21 @@ def dspark_checkpoint_config(
     confidence_head: bool,
     confidence_with_markov: bool,
     mask_token_id: int | None = None,
+    num_anchors: int = DEFAULT_NUM_ANCHORS,
 ) -> dict[str, Any]:
     """The config.json DeepSpec writes for a drafter of `target` (the defaults are
     `make_tiny_dspark_checkpoint`'s): the target's Qwen3 fields, num_hidden_layers the draft's, DeepSpec's
-    fields at the top level (mask_token_id defaults to the last vocabulary id), `markov_head_type` only with a
-    Markov head and `confidence_head_with_markov`
-    only with a confidence head, as DeepSpec's config builder writes them."""
+    fields at the top level (mask_token_id defaults to the last vocabulary id; `num_anchors`, the draft
+    blocks per training sequence, which DeepSpec's `Qwen3DSparkModel` requires though inference never reads
+    it), `markov_head_type` only with a Markov head and `confidence_head_with_markov` only with a confidence
+    head, as DeepSpec's config builder writes them."""
     config = qwen3_drafter_config(target, num_layers, block_size, target_layer_ids, mask_token_id)
     config.update(
         architectures=[DEEPSPEC_ARCHITECTURE],
         layer_types=["full_attention"] * num_layers,
         markov_rank=markov_rank,
         enable_confidence_head=confidence_head,
+        num_anchors=num_anchors,
     )
     if markov_rank > 0:
         config["markov_head_type"] = markov_head_type.value
