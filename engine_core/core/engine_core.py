@@ -223,7 +223,12 @@ class EngineCore:
         started = time.perf_counter()
         output = self.worker.execute(decided, spec)
         if self.step_costs is not None and decided.scheduled:
-            self.step_costs.observe(decided.num_tokens, time.perf_counter() - started)
+            costs = self.step_costs
+            attention = sum(
+                costs.attention_seconds(s.num_new_tokens + len(s.spec_token_ids), s.start)
+                for s in decided.scheduled
+            )
+            costs.observe(decided.num_tokens, time.perf_counter() - started, attention)
         outputs = []
         if decided.scheduled:
             updates = self.scheduler.update_from_output(decided, output)

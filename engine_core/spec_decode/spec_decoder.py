@@ -229,7 +229,8 @@ class SpecDecoder:
                 else counter_survival(self.counters, request.spec_counters, n)
                 for i, (request, n) in enumerate(zip(requests, lengths, strict=True))
             ]
-            lengths = verify_lengths(survival, self.step_costs, max(base_tokens, len(requests)))
+            contexts = [request.num_computed_tokens for request in requests]  # what each verify attends to
+            lengths = verify_lengths(survival, self.step_costs, max(base_tokens, len(requests)), contexts)
             if rated is None:
                 lengths = self._explore(lengths, [len(d) for d in drafts])
         rounds = []

@@ -12,6 +12,7 @@ import pytest
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.spec_decode.adaptive import (
     EXPLORE_EVERY,
+    AttentionCosts,
     StepCosts,
     confidence_survival,
     counter_survival,
@@ -81,6 +82,56 @@ def test_step_costs_interpolate_and_learn() -> None:
     assert costs.overhead == 0.0
 
 
+def rate_at(
+    lengths: tuple[int, ...], survival: list[list[float]], costs: StepCosts, contexts: list[int]
+) -> float:
+    """Expected tokens per second of verifying each round's first lengths[r] drafts, each round r with
+    1 + lengths[r] queries over contexts[r] tokens (base: one token a round)."""
+    base = len(survival)
+    expected = base + sum(sum(row[:n]) for row, n in zip(survival, lengths, strict=True))
+    attention = sum(costs.attention_seconds(1 + n, c) for n, c in zip(lengths, contexts, strict=True))
+    return expected / (costs.seconds(base + sum(lengths)) + attention)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_context_priced_budget_is_the_best_of_every_allocation(seed: int) -> None:
+    """With each round's attention priced by its context (rounds at 10, 500 and 4,000 tokens), no
+    allocation beats verify_lengths' (all enumerated)."""
+    rng = random.Random(seed)
+    survival = [sorted((rng.random() for _ in range(rng.randint(1, 4))), reverse=True) for _ in range(3)]
+    costs = StepCosts(
+        {n: 0.002 + 0.0002 * n for n in (1, 2, 4, 8, 16)},
+        attention=AttentionCosts(64, rng.random() * 2e-7, rng.random() * 2e-7),
+    )
+    contexts = [rng.choice((10, 500, 4000)) for _ in survival]
+    chosen = verify_lengths(survival, costs, len(survival), contexts)
+    best = max(
+        rate_at(c, survival, costs, contexts)
+        for c in itertools.product(*(range(len(r) + 1) for r in survival))
+    )
+    assert rate_at(tuple(chosen), survival, costs, contexts) == pytest.approx(best)
+
+
+def test_attention_by_context() -> None:
+    """Past the context the forward was measured at, a request's attention costs its keys once and each
+    query's pairs; within it, nothing; at 2,000 tokens of context a verification of 8 drafts that costs
+    3.7x a decode (as measured on the CPU) gets fewer drafts verified than at 100 tokens; an observed step
+    leaves the attention's estimate out of the overhead."""
+    attention = AttentionCosts(64, per_key=1e-6, per_pair=0.5e-6)
+    assert attention.seconds(1, 64) == 0.0 and attention.seconds(1, 10) == 0.0
+    assert attention.seconds(8, 1064) == pytest.approx(1000 * (1e-6 + 8 * 0.5e-6))
+    flat = {n: 0.010 for n in (1, 2, 4, 8, 16)}  # the forward: 10 ms whatever the tokens
+    # per_pair such that 8 queries at 2,000 tokens cost 3.7x one query's 10 ms step: (3.7 - 1) * 10 ms
+    costs = StepCosts(flat, attention=AttentionCosts(64, 0.0, 0.027 / (7 * 1936)))
+    survival = [[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]]
+    assert verify_lengths(survival, costs, 1, [100]) == [7]
+    assert verify_lengths(survival, costs, 1, [2000]) < [7]
+    costs.observe(1, 0.020, attention=0.004)  # 20 ms: 10 forward, 4 attention, 6 left to the overhead
+    assert costs.overhead == pytest.approx(0.0006)
+    with pytest.raises(ValueError, match="never negative"):
+        StepCosts(flat, attention=AttentionCosts(0, -1.0, 0.0))
+
+
 def test_survival_estimates() -> None:
     assert confidence_survival([0.5, 0.8, 1.0]) == pytest.approx([0.5, 0.4, 0.4])
     engine = SpecDecodeCounters.zero(3)
@@ -116,6 +167,7 @@ def test_engine_verifies_what_pays(
     spec = DrafterSpec("ngram", K, adaptive_verification=True)
     core = make_core(target, speculative=spec, spec_log=log)
     assert core.step_costs is not None and core.spec is not None
+    assert core.step_costs.attention is not None  # priced: the tiny model's cache holds a long context
     if costs is not None:
         core.spec.step_costs = costs  # a fixed curve the engine's own measurements do not move
     outputs, _ = run(core, spec_prompts())
