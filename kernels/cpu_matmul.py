@@ -28,9 +28,9 @@ logger = logging.getLogger(__name__)
 
 # oneDNN blocks the packed weight for this many rows (vLLM's choice too); any row count runs on it.
 _PACKED_FOR_ROWS = 32
-# The one-row probe's matrix: (1024, 32,768) float32 = 128 MiB, beyond a CPU's cache, so it times the
+# The one-row probe's matrix: (1024, 16,384) float32 = 64 MiB, beyond a CPU's cache, so it times the
 # memory path a decode step's weights take.
-_PROBE_SHAPE = (1024, 32_768)
+_PROBE_SHAPE = (1024, 16_384)
 _PROBE_ROUNDS = 3
 
 
