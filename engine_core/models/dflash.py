@@ -51,6 +51,7 @@ from openinfer.engine_core.models.checkpoint_headers import check_headers
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
+from openinfer.engine_core.models.packed_linear import Linear
 from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import load_checkpoint
@@ -141,10 +142,10 @@ class DFlashAttention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scale = config.head_dim, config.attention_scale
         hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(hidden, config.q_width, bias=bias)
-        self.k_proj = nn.Linear(hidden, config.kv_width, bias=bias)
-        self.v_proj = nn.Linear(hidden, config.kv_width, bias=bias)
-        self.o_proj = nn.Linear(config.q_width, hidden, bias=bias)
+        self.q_proj = Linear(hidden, config.q_width, bias=bias)
+        self.k_proj = Linear(hidden, config.kv_width, bias=bias)
+        self.v_proj = Linear(hidden, config.kv_width, bias=bias)
+        self.o_proj = Linear(config.q_width, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.attention = attention
@@ -205,7 +206,7 @@ class DFlashDraftModel(nn.Module):
         self.layers = nn.ModuleList(
             DFlashDecoderLayer(layers, attention) for _ in range(layers.num_hidden_layers)
         )
-        self.fc = nn.Linear(
+        self.fc = Linear(
             len(config.target_layer_ids) * config.target_hidden_size, layers.hidden_size, bias=False
         )
         self.hidden_norm = RMSNorm(layers.hidden_size, layers.rms_norm_eps)

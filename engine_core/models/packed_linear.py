@@ -101,6 +101,25 @@ def row_parallel_linear(
     return RowParallelLinear(in_shard, parts, bias, parallel)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (the checkpoint's (out, in) weight as it is) that, after `pack_for_cpu`, multiplies by a
+    oneDNN-packed copy of its weight for the row counts this CPU runs faster that way (cpu_matmul.py): a
+    drafter's projections, which are not packed side by side."""
+
+    packed: PackedWeight | None = None  # set by pack_for_cpu
+
+    def pack_for_cpu(self) -> None:
+        """From now on multiply by a oneDNN-packed copy of the (loaded) weight where it pays."""
+        self.packed = pack_weight(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., in_features) -> (..., out_features)."""
+        if self.packed is None:
+            return super().forward(x)
+        rows = x.reshape(-1, x.shape[-1])  # (n, in_features)
+        return weight_matmul(rows, self.weight.t(), self.packed, self.bias).view(*x.shape[:-1], -1)
+
+
 def _target(view: Tensor, shards: tuple[Shard, ...]) -> Target:
     """``view`` itself when it takes the whole checkpoint tensor, else the slice of it that it takes."""
     if all(shard.whole for shard in shards):

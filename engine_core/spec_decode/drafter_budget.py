@@ -30,7 +30,9 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash import BlockAttention, DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.kv_geometry import page_bytes
+from openinfer.engine_core.models.packed_linear import Linear, PackedLinear
 from openinfer.engine_core.spec_decode.drafter import DraftTarget
+from openinfer.kernels.cpu_matmul import cpu_packing_available
 
 GIB = 2**30
 SMALL_DRAFTER_BYTES = 256 * 2**20  # the parameter budget of a drafter beside a toy target (see above)
@@ -141,6 +143,10 @@ def load_within_budget(
     memory.check(weight_bytes(target.model), free_memory(target.device))
     model = model.to(target.dtype).to_empty(device=target.device).eval()
     model.load_weights(path)
+    if target.device.type == "cpu" and cpu_packing_available(target.dtype):  # as the target's are
+        for module in model.modules():
+            if isinstance(module, PackedLinear | Linear):
+                module.pack_for_cpu()
     return model
 
 
