@@ -215,6 +215,7 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Run one model step over the scheduled requests and return what changed for the frontend (the
         outputs of requests ended since the last step first; a step that raises keeps them for the next)."""
+        began = time.perf_counter()
         self._admit_compiled()
         decided = self.scheduler.schedule()
         spec = self.spec
@@ -244,6 +245,8 @@ class EngineCore:
                 )
                 for request, drafts, num_proposed in proposals:
                     self.scheduler.set_drafts(request, drafts, num_proposed)
+                tokens = sum(len(out.new_token_ids) for out in outputs)
+                spec.observe_step(decided, tokens, time.perf_counter() - began)
         if self.spec_log is not None:
             self.spec_log.flush()
         ended, self._ended = self._ended, []

@@ -27,6 +27,7 @@ from openinfer.engine_core.spec_decode.drafter import (
     DraftQuery,
 )
 from openinfer.engine_core.spec_decode.drafter_loaders import DRAFTERS
+from openinfer.engine_core.spec_decode.drafting_policy import DraftingPolicy
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
@@ -56,6 +57,9 @@ class SpecDecoder:
         # The engine's step costs (measured at start, refreshed every step): set when it installs the drafter,
         # needed by adaptive verification.
         self.step_costs: StepCosts | None = None
+        # with adaptive verification, whether proposing pays, measured step by step (drafting_policy.py)
+        self.drafting = DraftingPolicy() if spec.adaptive_verification else None
+        self._proposed = False  # whether this step's drafter proposed for anyone
         self._log = log
         # A drafter that reads hidden states can draft only for requests whose whole context it has seen (those
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
@@ -136,13 +140,26 @@ class SpecDecoder:
                 hidden = aux[row : row + s.num_new_tokens + len(s.spec_token_ids)]
                 context.append(ContextUpdate(request.block_ids, s.start, hidden))
         if context:
-            self.drafter.extend_context(context)
+            self.drafter.extend_context(context)  # written whether or not it proposes: later drafts read it
+        if self.drafting is not None and not self.drafting.choose():
+            self._proposers, picked = [], []  # proposing does not pay now: no drafts after this step
+        self._proposed = bool(picked)
         self._draft_probs = None
         if self._on_device is None or verified is None or not picked:
             return None
         proposed = self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
         self._draft_probs = proposed.probs  # stays on the device until the rounds are verified
         return proposed
+
+    def observe_step(self, decided: SchedulerOutput, num_tokens: int, seconds: float) -> None:
+        """The whole step (``seconds``, ``num_tokens`` output tokens) for the drafting policy: a decode step
+        (every request one new token, drafts aside) tells it the rate of its mode."""
+        if self.drafting is None or not decided.scheduled:
+            return
+        if any(not s.samples or s.num_new_tokens != 1 for s in decided.scheduled):
+            return  # prefill in it: its time is not a decode's
+        verified = any(s.spec_token_ids for s in decided.scheduled)
+        self.drafting.observe(self._proposed, verified, num_tokens, seconds)
 
     def _device_queries(
         self, decided: SchedulerOutput, verified: Verified, picked: list[int]

@@ -170,6 +170,7 @@ def test_engine_verifies_what_pays(
     assert core.step_costs.attention is not None  # priced: the tiny model's cache holds a long context
     if costs is not None:
         core.spec.step_costs = costs  # a fixed curve the engine's own measurements do not move
+        core.spec.drafting = None  # every step proposes: what is verified is the curve's choice alone
     outputs, _ = run(core, spec_prompts())
     assert outputs == baseline
     lines = read_spec_log(log)

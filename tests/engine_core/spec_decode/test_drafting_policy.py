@@ -1,0 +1,66 @@
+"""The drafting policy of adaptive verification: it speculates, then measures plain decoding, then runs the
+faster mode and explores the other in short windows; a step that switches mode or holds prefill moves no
+rate. In an engine where plain decoding is (made) far faster, proposing stops but for the exploring windows,
+the drafter's context is still written (its exploring rounds accept drafts), and the tokens and counters
+are those of a run without speculation and of the spec log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
+from openinfer.engine_core.config import DrafterSpec
+from openinfer.engine_core.spec_decode.drafting_policy import EXPLORE_EVERY, EXPLORE_STEPS, DraftingPolicy
+from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
+from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
+
+
+def test_modes_in_order_then_the_faster_with_exploring_windows() -> None:
+    policy = DraftingPolicy()
+    assert [policy.choose() for _ in range(3)] == [True] * 3  # speculating is unmeasured
+    policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
+    assert policy.choose() is False  # plain decoding is unmeasured
+    policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
+    chosen = [policy.choose() for _ in range(2 * EXPLORE_EVERY)]
+    # steps 5..68: speculating, but plain in the window at each multiple of EXPLORE_EVERY
+    windows = [step for step, mode in enumerate(chosen, start=5) if not mode]
+    assert windows == [s for s in range(5, 5 + 2 * EXPLORE_EVERY) if s % EXPLORE_EVERY < EXPLORE_STEPS]
+    assert len(windows) == 2 * EXPLORE_STEPS
+
+
+def test_only_steps_in_one_mode_count() -> None:
+    """A switching step (verified drafts, proposed none, or the reverse) moves nothing; a step in a mode
+    moves its rate a tenth of the way (an exponential moving average)."""
+    policy = DraftingPolicy()
+    policy.observe(proposed=False, verified=True, tokens=30, seconds=0.01)
+    policy.observe(proposed=True, verified=False, tokens=1, seconds=0.01)
+    assert policy.rates == {True: None, False: None}
+    policy.observe(proposed=True, verified=True, tokens=30, seconds=0.01)
+    policy.observe(proposed=True, verified=True, tokens=10, seconds=0.01)
+    assert policy.rates[True] == pytest.approx(3000 + 0.1 * (1000 - 3000))
+
+
+def test_an_engine_stops_proposing_where_it_does_not_pay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The built-in DFlash pair with adaptive verification, its policy's rates fixed with plain decoding a
+    million times faster: it proposes only in the exploring windows, those rounds still accept drafts (the
+    context was written meanwhile), and the output is that of no speculation, its counters the spec log's."""
+    prompts = [list(range(3, 40)), list(range(100, 117))]
+    baseline = generate_greedy(make_core(builtin_target_folder()), prompts, 120)
+    log = tmp_path / "spec.jsonl"
+    spec = DrafterSpec("dflash", 7, builtin_drafter_folder("dflash"), adaptive_verification=True)
+    core = make_core(builtin_target_folder(), speculative=spec, spec_log=log)
+    assert core.spec is not None and core.spec.drafting is not None
+    core.spec.drafting.rates = {True: 1.0, False: 1e6}
+    monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)  # the rates stay
+    assert generate_greedy(core, prompts, 120) == baseline
+    lines = read_spec_log(log)
+    counters = core.spec.counters
+    assert counters == spec_log_counters(lines, 7)
+    steps = core.spec.drafting.steps
+    # at most two proposers per exploring step, one round each; the windows' first steps propose
+    assert 0 < len(lines) <= 2 * EXPLORE_STEPS * (steps // EXPLORE_EVERY + 1)
+    assert counters.num_accepted_tokens > 0
