@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 # Every this-many steps the mode not in use runs for EXPLORE_STEPS steps (the first switches, the rest count).
 EXPLORE_EVERY = 32
 EXPLORE_STEPS = 3
-# How much one measured step moves its mode's rate (an exponential moving average).
+# How much one measured step moves its mode's rate at least (an exponential moving average; the first
+# 1 / RATE_EMA steps of a mode are averaged evenly, so that one odd first step does not set it for long).
 RATE_EMA = 0.1
 
 
@@ -28,6 +29,7 @@ class DraftingPolicy:
     """The engine's measured tokens per second with and without proposing, and the mode of the next step."""
 
     rates: dict[bool, float | None] = field(default_factory=lambda: {True: None, False: None})
+    counts: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # steps measured per mode
     steps: int = 0  # steps chosen so far
 
     def choose(self) -> bool:
@@ -44,8 +46,9 @@ class DraftingPolicy:
         output tokens in ``seconds``: it moves the rate of its mode, when it is in one."""
         if proposed != verified or tokens <= 0 or seconds <= 0:
             return
-        rate, old = tokens / seconds, self.rates[proposed]
-        self.rates[proposed] = rate if old is None else old + RATE_EMA * (rate - old)
+        self.counts[proposed] += 1
+        rate, old = tokens / seconds, self.rates[proposed] or 0.0
+        self.rates[proposed] = old + max(RATE_EMA, 1 / self.counts[proposed]) * (rate - old)
 
     def describe(self) -> str:
         def text(rate: float | None) -> str:

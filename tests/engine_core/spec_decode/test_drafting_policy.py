@@ -31,15 +31,21 @@ def test_modes_in_order_then_the_faster_with_exploring_windows() -> None:
 
 
 def test_only_steps_in_one_mode_count() -> None:
-    """A switching step (verified drafts, proposed none, or the reverse) moves nothing; a step in a mode
-    moves its rate a tenth of the way (an exponential moving average)."""
+    """A switching step (verified drafts, proposed none, or the reverse) moves nothing; a mode's first ten
+    steps are averaged evenly, each later one moves its rate a tenth of the way (a moving average)."""
     policy = DraftingPolicy()
     policy.observe(proposed=False, verified=True, tokens=30, seconds=0.01)
     policy.observe(proposed=True, verified=False, tokens=1, seconds=0.01)
     assert policy.rates == {True: None, False: None}
     policy.observe(proposed=True, verified=True, tokens=30, seconds=0.01)
     policy.observe(proposed=True, verified=True, tokens=10, seconds=0.01)
-    assert policy.rates[True] == pytest.approx(3000 + 0.1 * (1000 - 3000))
+    assert policy.rates[True] == pytest.approx(2000)  # (3,000 + 1,000) / 2
+    for _ in range(8):
+        policy.observe(proposed=True, verified=True, tokens=20, seconds=0.01)
+    assert policy.rates[True] == pytest.approx(2000) and policy.counts[True] == 10
+    policy.observe(proposed=True, verified=True, tokens=30, seconds=0.01)
+    assert policy.rates[True] == pytest.approx(2000 + 0.1 * (3000 - 2000))
+    assert policy.rates[False] is None
 
 
 def test_an_engine_stops_proposing_where_it_does_not_pay(
