@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.opaque_ops import linear
 from openinfer.engine_core.models.tensor_parallel import Shard, TensorParallel
+from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.models.weights import CheckpointSlice, Target
 from openinfer.kernels.cpu_matmul import PackedWeight, pack_weight, weight_matmul
 
@@ -118,6 +119,15 @@ class Linear(nn.Linear):
             return super().forward(x)
         rows = x.reshape(-1, x.shape[-1])  # (n, in_features)
         return weight_matmul(rows, self.weight.t(), self.packed, self.bias).view(*x.shape[:-1], -1)
+
+
+def pack_modules_for_cpu(model: nn.Module) -> None:
+    """Give every projection (`PackedLinear`, `Linear`) and vocabulary matrix in ``model`` a oneDNN-packed
+    copy (kernels/cpu_matmul.py; call after loading, only where `cpu_packing_available`). The plain matrices
+    stay, for the rows the packed copy does not serve and for embedding lookups: twice the weights' memory."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear | Linear | VocabMatrix):
+            module.pack_for_cpu()
 
 
 def _target(view: Tensor, shards: tuple[Shard, ...]) -> Target:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.opaque_ops import attention
-from openinfer.engine_core.models.packed_linear import PackedLinear, row_parallel_linear
+from openinfer.engine_core.models.packed_linear import PackedLinear, pack_modules_for_cpu, row_parallel_linear
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.tensor_parallel import TensorParallel
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
@@ -295,12 +295,8 @@ class Qwen3ForCausalLM(nn.Module):
         return head.logits(hidden).float()
 
     def pack_for_cpu(self) -> None:
-        """Give every projection and the LM head a oneDNN-packed copy for CPU matmuls of 2+ rows
-        (kernels/cpu_matmul.py; call after `load_weights`, only where `cpu_packing_available`). The plain
-        matrices stay, for single-row steps and embedding lookups: twice the weights' memory on the CPU."""
-        for module in self.modules():
-            if isinstance(module, PackedLinear | VocabMatrix):
-                module.pack_for_cpu()
+        """Give every projection and the LM head a oneDNN-packed copy (`pack_modules_for_cpu`)."""
+        pack_modules_for_cpu(self)
 
     def load_weights(self, folder: Path) -> None:
         """Copy every tensor of the folder's safetensors (one file or an indexed set of shards) into the

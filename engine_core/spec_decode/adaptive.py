@@ -144,7 +144,7 @@ def verify_lengths(
             candidate = expected / (costs.seconds(base_tokens + b) + attention)
             if candidate > best_rate * (1 + 1e-12):
                 best_rate, best, improved = candidate, order[:b], True
-        if not improved:
+        if not improved or len(set(per_slot)) <= 1:  # one attention cost a slot: the order is survival's
             break
     lengths = [0] * len(survival)
     for _, _, r in best:

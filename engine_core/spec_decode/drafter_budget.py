@@ -30,7 +30,7 @@ from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash import BlockAttention, DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.kv_geometry import page_bytes
-from openinfer.engine_core.models.packed_linear import Linear, PackedLinear
+from openinfer.engine_core.models.packed_linear import pack_modules_for_cpu
 from openinfer.engine_core.spec_decode.drafter import DraftTarget
 from openinfer.kernels.cpu_matmul import cpu_packing_available
 
@@ -144,9 +144,7 @@ def load_within_budget(
     model = model.to(target.dtype).to_empty(device=target.device).eval()
     model.load_weights(path)
     if target.device.type == "cpu" and cpu_packing_available(target.dtype):  # as the target's are
-        for module in model.modules():
-            if isinstance(module, PackedLinear | Linear):
-                module.pack_for_cpu()
+        pack_modules_for_cpu(model)
     return model
 
 

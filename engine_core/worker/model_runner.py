@@ -132,8 +132,8 @@ class ModelRunner:
         if isinstance(self.model, Qwen3_5ForCausalLM):
             self.state_geometry = state_geometry or StateGeometry(max_num_seqs, 1)
             self.model.allocate_states(self.state_geometry.num_slots, self.device)
-        self.compiled = self._compile(compilation, enforce_eager)  # after packing: it reads the packed copies
         compilation = compilation or CompilationConfig()
+        self.compiled = self._compile(compilation, enforce_eager)  # after packing: it reads the packed copies
         capture = self.device.type == "cuda" and not enforce_eager and self.attn_backend.cuda_graphs
         capture = capture and compilation.cuda_graphs
         if capture and not parallel.single:
@@ -151,10 +151,10 @@ class ModelRunner:
             )  # fmt: skip
         self.warm_up()  # a compiled runner's graphs, before the engine serves
 
-    def _compile(self, compilation: CompilationConfig | None, enforce_eager: bool) -> CompiledForward | None:
+    def _compile(self, compilation: CompilationConfig, enforce_eager: bool) -> CompiledForward | None:
         """The compiled stack when ``compilation`` asks for one (never under --enforce-eager, nor on a host
         that cannot compile: one warning, then eager)."""
-        if compilation is None or not compilation.compiles or enforce_eager:
+        if not compilation.compiles or enforce_eager:
             return None
         if self.device.type != "cpu":  # the compiled graph under CUDA graphs has not run on a GPU yet
             logger.warning(

@@ -140,9 +140,8 @@ class StepGraphs:
         self.block_size, self.scratch_block = block_size, scratch_block
         # a hybrid model's scratch state slot: the warm-up's state writes go there (None: no state)
         self.scratch_state = state_geometry.scratch_slot if state_geometry is not None else None
-        self.buckets = tuple(
-            buckets
-        )  # requests per padded step, ascending (compilation_config.capture_sizes)
+        # requests per padded step, ascending (compilation_config.capture_sizes)
+        self.buckets = tuple(buckets)
         self.max_batch = self.buckets[-1]
         self.width = -(-(max_model_len + MAX_QUERY_LEN) // block_size)  # block-table columns
         self.capture = capture  # False: the padded step runs eagerly (the CPU tests' path)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.hybrid_config import text_weight_name
+from openinfer.engine_core.models.packed_linear import pack_modules_for_cpu
 from openinfer.engine_core.models.vocab_matrix import VocabMatrix
 from openinfer.engine_core.models.weights import Target, checkpoint_names, load_checkpoint
 from openinfer.kernels.cpu_matmul import cpu_packing_available
@@ -60,9 +61,7 @@ class DraftHead(nn.Module):
         targets.update((text, target) for text, target in wanted.items() if text not in present)
         load_checkpoint(folder, targets, unexpected_hint="", skip=lambda name: name not in targets)
         if device.type == "cpu" and cpu_packing_available(dtype):  # as the runner packs its head
-            for module in head.modules():
-                if isinstance(module, VocabMatrix):
-                    module.pack_for_cpu()
+            pack_modules_for_cpu(head)
         logger.info("rank 0: drafter's embedding/LM head copy %.1f MiB", head.nbytes / 2**20)
         return head
 
