@@ -20,12 +20,13 @@ small ones while its copy stays in cache. `benchmarks/cpu_attention.py` measures
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from openinfer.kernels.attention_metadata import BlockRun
 from openinfer.kernels.cpu_chunk_attention import chunk_attention
 
 if TYPE_CHECKING:
@@ -61,16 +62,15 @@ def in_place_pays(kv_cache: Tensor, meta: AttentionMetadata) -> bool:
     return gathered > PADDED_GATHER_LIMIT
 
 
-def key_pieces(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> Iterator[tuple[int, Tensor]]:
-    """Request b's keys and values in order, as (first position, (2, n, num_kv_heads, head_dim)) pieces: a
+def key_pieces(
+    kv_cache: Tensor, runs: list[BlockRun], table: Tensor, seq_len: int
+) -> Iterator[tuple[int, Tensor]]:
+    """The keys and values of positions [0, seq_len) of a request whose block table is ``table`` (its runs
+    of consecutive ids ``runs``), in order, as (first position, (2, n, num_kv_heads, head_dim)) pieces: a
     view of the cache for each run of VIEW_MIN_BLOCKS blocks or more, the short runs between them gathered
-    GATHER_PIECE_BLOCKS blocks at a time. The last piece ends at the request's last key."""
+    GATHER_PIECE_BLOCKS blocks at a time. The last piece ends at position seq_len - 1."""
     two, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     rows = kv_cache.view(two, num_blocks, block_size * num_kv_heads * head_dim)
-    assert meta.block_runs is not None, "CPU attention metadata finds its block runs"
-    runs = meta.block_runs[b]
-    table = meta.block_tables[b]
-    seq_len = meta.context_lens[b] + meta.query_lens[b]
 
     def piece(index: int, blocks: Tensor) -> tuple[int, Tensor]:  # blocks (2, n, block_size, ...)
         start = index * block_size
@@ -97,58 +97,107 @@ def key_pieces(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> Iterator[tu
         yield gathered(pending, runs[-1].offset + runs[-1].length)
 
 
+def request_pieces(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> list[tuple[int, Tensor]]:
+    """`key_pieces` of request b of a step: its context and the step's new keys."""
+    assert meta.block_runs is not None, "CPU attention metadata finds its block runs"
+    seq_len = meta.context_lens[b] + meta.query_lens[b]
+    return list(key_pieces(kv_cache, meta.block_runs[b], meta.block_tables[b], seq_len))
+
+
 def request_kv(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> Tensor:
     """(2, seq_len, num_kv_heads, head_dim): request b's keys and values, a view of the cache when its
     blocks are one run, else a copy of its blocks."""
-    pieces = [kv for _, kv in key_pieces(kv_cache, meta, b)]
+    pieces = [kv for _, kv in request_pieces(kv_cache, meta, b)]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
-def few_query_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, b: int, scale: float) -> Tensor:
-    """Request b's Q queries at positions context_len.. (q (Q, num_heads, head_dim), causal) over its keys,
-    piece by piece (`key_pieces`) under an online softmax in float32 -> (Q, num_heads, head_dim). The G
-    query heads sharing a KV head and the Q queries are the rows of one matmul per KV head: nothing is
-    repeated, the strided views are read without a copy."""
+# (first position, number of keys) of a piece -> the (Q, n) keys hidden from each query, or None: all seen
+HiddenKeys = Callable[[int, int], Tensor | None]
+
+
+def piece_attention(q: Tensor, pieces: list[tuple[int, Tensor]], scale: float, hidden: HiddenKeys) -> Tensor:
+    """Q queries (q (Q, num_heads, head_dim)) over keys and values given in pieces ((first position,
+    (2, n, num_kv_heads, head_dim)), at least one), under an online softmax in float32 -> (Q, num_heads,
+    head_dim). The G query heads sharing a KV head and the Q queries are the rows of one matmul per KV head:
+    nothing is repeated, strided views are read without a copy. Every query must see a key of the first
+    piece."""
     num_queries, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[3]
+    num_kv_heads = pieces[0][1].shape[2]
     group = num_heads // num_kv_heads
     rows = group * num_queries
     # (Q, H, D) -> (Hkv, G * Q, D): row g * Q + i is query i of head kv * G + g
     grouped = (
         q.view(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(-1, rows, head_dim)
     )
-    context_len = meta.context_lens[b]
-    query_pos = torch.arange(context_len, context_len + num_queries)[:, None]  # (Q, 1)
 
     def scores_of(start: int, keys: Tensor) -> Tensor:  # keys (n, Hkv, D) at positions start.. -> float32
         n = keys.shape[0]
         scores = torch.bmm(grouped, keys.permute(1, 2, 0)).float().mul_(scale)  # (Hkv, G * Q, n)
-        if start + n - 1 > context_len:  # keys past the first query's position: hide them from earlier ones
-            hidden = torch.arange(start, start + n)[None, :] > query_pos  # (Q, n)
-            scores.view(num_kv_heads, group, num_queries, n).masked_fill_(hidden, float("-inf"))
+        mask = hidden(start, n)  # (Q, n) or None
+        if mask is not None:
+            scores.view(num_kv_heads, group, num_queries, n).masked_fill_(mask, float("-inf"))
         return scores
 
-    pieces = list(key_pieces(kv_cache, meta, b))
+    def heads_out(out: Tensor) -> Tensor:  # (Hkv, G * Q, D) -> (Q, H, D)
+        return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(q.shape)
+
     if len(pieces) == 1:  # one softmax, no running statistics
         keys, values = pieces[0][1].unbind(0)  # (S, Hkv, D) each
-        probs = scores_of(0, keys).softmax(-1).to(q.dtype)  # (Hkv, G * Q, S)
-        out = torch.bmm(probs, values.transpose(0, 1))  # (Hkv, G * Q, D)
-        return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(q.shape)
+        probs = scores_of(pieces[0][0], keys).softmax(-1).to(q.dtype)  # (Hkv, G * Q, S)
+        return heads_out(torch.bmm(probs, values.transpose(0, 1)))
     running_max = torch.full((num_kv_heads, rows, 1), float("-inf"))  # (Hkv, G * Q, 1) float32
     denominator = torch.zeros_like(running_max)  # (Hkv, G * Q, 1)
     acc = torch.zeros(num_kv_heads, rows, head_dim)  # (Hkv, G * Q, D) float32
     for start, kv in pieces:
         keys, values = kv.unbind(0)  # (n, Hkv, D) each
         scores = scores_of(start, keys)
-        # key 0 is in the first piece and visible to every query: the running max is finite from then on
+        # every query sees a key of the first piece: the running max is finite from then on
         new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
         probs = scores.sub_(new_max).exp_()  # (Hkv, G * Q, n)
         rescale = (running_max - new_max).exp_()  # exp(-inf) = 0 on the first piece
         denominator.mul_(rescale).add_(probs.sum(-1, keepdim=True))
         acc.mul_(rescale).add_(torch.bmm(probs.to(q.dtype), values.transpose(0, 1)).float())
         running_max = new_max
-    out = acc.div_(denominator).to(q.dtype)  # (Hkv, G * Q, D)
-    return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(q.shape)
+    return heads_out(acc.div_(denominator).to(q.dtype))
+
+
+def few_query_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, b: int, scale: float) -> Tensor:
+    """Request b's Q queries at positions context_len.. (q (Q, num_heads, head_dim), causal) over its keys
+    (`request_pieces`, `piece_attention`) -> (Q, num_heads, head_dim)."""
+    num_queries = q.shape[0]
+    context_len = meta.context_lens[b]
+    query_pos = torch.arange(context_len, context_len + num_queries)[:, None]  # (Q, 1)
+
+    def causal(start: int, n: int) -> Tensor | None:  # keys past the first query's position: hide them
+        if start + n - 1 <= context_len:
+            return None
+        return torch.arange(start, start + n)[None, :] > query_pos  # (Q, n)
+
+    return piece_attention(q, request_pieces(kv_cache, meta, b), scale, causal)
+
+
+def block_attention_in_place(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache: Tensor,
+    block_tables: Tensor,
+    block_runs: list[list[BlockRun]],
+    context_lens: list[int],
+    block_lens: list[int],
+    scale: float,
+) -> Tensor:
+    """Non-causal draft-block attention (DFlash, DSpark) reading the context where the cache holds it: block
+    b's queries q[b] (B, T, num_heads, head_dim) see its context positions [0, context_lens[b]) in ``cache``
+    ((2, num_pages, page_size, num_kv_heads, head_dim); its pages ``block_tables[b]``, in runs of consecutive
+    ids ``block_runs[b]``) and its own first block_lens[b] keys and values of k[b], v[b] (B, T, num_kv_heads,
+    head_dim) -> (B, T, num_heads, head_dim). Padding queries are computed like the others."""
+    out = torch.empty_like(q)
+    for b, (context_len, block_len) in enumerate(zip(context_lens, block_lens, strict=True)):
+        pieces = list(key_pieces(cache, block_runs[b], block_tables[b], context_len)) if context_len else []
+        pieces.append((context_len, torch.stack((k[b, :block_len], v[b, :block_len]))))  # (2, len, Hkv, D)
+        out[b] = piece_attention(q[b], pieces, scale, lambda start, n: None)
+    return out
 
 
 def in_place_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float) -> Tensor:

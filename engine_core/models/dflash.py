@@ -43,6 +43,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -56,6 +57,8 @@ from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention_backend import write_kv_cache
+from openinfer.kernels.attention_metadata import BlockRun, find_block_runs
+from openinfer.kernels.cpu_attention import block_attention_in_place
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,15 @@ class BlockContext:
         block = torch.arange(self.block_width, device=device)[None, :] < self.block_lens[:, None]
         return torch.cat((context, block), dim=1)
 
+    @cached_property
+    def host(self) -> tuple[list[int], list[int], list[list[BlockRun]]]:
+        """Context lengths, block lengths and each table's runs of consecutive pages over its context, on
+        the host (read once per draft forward, by the CPU's in-place attention)."""
+        tables = self.block_tables.cpu().numpy().astype(np.int64)  # (B, width)
+        context_lens = self.context_lens.cpu().numpy().astype(np.int64)  # (B,)
+        runs = find_block_runs(tables, context_lens, self.page_size)
+        return context_lens.tolist(), self.block_lens.tolist(), runs
+
 
 # A DeepSpec checkpoint's copies of the target's embedding and LM head: the target's own serve the drafter.
 _DEEPSPEC_TARGET_COPIES = frozenset({"embed_tokens.weight", "lm_head.weight"})
@@ -121,6 +133,17 @@ def torch_block_attention(
         enable_gqa=q.shape[2] != k.shape[2],
     )  # (B, heads, T, head_dim)
     return out.transpose(1, 2)
+
+
+def cpu_block_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float
+) -> Tensor:
+    """The CPU path: each block's context read in place (views of the cache's runs of pages, no copy of the
+    whole context), its own keys last, under one online softmax (kernels/cpu_attention.py)."""
+    context_lens, block_lens, runs = context.host
+    return block_attention_in_place(
+        q, k, v, cache, context.block_tables, runs, context_lens, block_lens, scale
+    )
 
 
 def triton_block_attention(

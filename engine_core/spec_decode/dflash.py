@@ -11,6 +11,7 @@ from torch import Tensor
 from openinfer.engine_core.models.dflash import (
     BlockAttention,
     BlockContext,
+    cpu_block_attention,
     torch_block_attention,
     triton_block_attention,
 )
@@ -39,10 +40,13 @@ from openinfer.kernels.host_copy import host_to_device
 from openinfer.protocol.counters import num_spec_tokens_problem
 
 
-def follow_backend(backend: AttentionBackend) -> BlockAttention:
+def follow_backend(backend: AttentionBackend, device: torch.device) -> BlockAttention:
     """The draft attention matching the target's backend: the Triton kernel when the target runs Triton's,
-    torch's SDPA otherwise (the CPU default; flash-attn has no block kernel here)."""
-    return triton_block_attention if backend.name is BackendName.TRITON else torch_block_attention
+    on the CPU the context read in place, else torch's SDPA over a gathered copy (flash-attn has no block
+    kernel here)."""
+    if backend.name is BackendName.TRITON:
+        return triton_block_attention
+    return cpu_block_attention if device.type == "cpu" else torch_block_attention
 
 
 class DFlashDrafter:
@@ -98,7 +102,7 @@ class DFlashDrafter:
         target_positions = runner.model_config.max_position_embeddings
         max_positions = reachable_positions(target_positions, runner.num_kv_blocks, runner.block_size)
         max_positions += config.block_size  # a block's slots past the context
-        attention = follow_backend(runner.attn_backend)
+        attention = follow_backend(runner.attn_backend, runner.device)
         self.model = load_within_budget(path, config, attention, runner, max_positions)
         # Drafts at temperature > 0 are drawn with each request's own generator, else with this one.
         self.generator = torch.Generator(self.device).manual_seed(0)

@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from openinfer.engine_core.compilation_config import CompilationConfig
-from openinfer.engine_core.models.dflash import torch_block_attention, triton_block_attention
+from openinfer.engine_core.models.dflash import (
+    cpu_block_attention,
+    torch_block_attention,
+    triton_block_attention,
+)
 from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
@@ -202,14 +206,15 @@ def test_cuda_graph_dspark_drafts_and_confidences_equal_eager(target: Path, tmp_
 
 
 def test_triton_padded_drafts_equal_eager(target: Path, tmp_path: Path) -> None:
-    """A runner on the Triton backend gives its drafter the Triton block kernel (the torch one otherwise):
-    padded (a bucket of 4) and eagerly (5 requests) through it, under the interpreter on the CPU, the drafts
-    are the torch eager path's."""
+    """A runner on the Triton backend gives its drafter the Triton block kernel (on the torch backend the
+    CPU's in-place one, torch's SDPA on CUDA): padded (a bucket of 4) and eagerly (5 requests) through it,
+    under the interpreter on the CPU, the drafts are the torch backend's eager path's."""
     draft = draft_checkpoint(tmp_path, target)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     eager = make_drafter(target, draft, device, "torch", graphs=False)
     padded = make_drafter(target, draft, device, "triton", graphs=True, max_batch=4)
-    assert eager.model.layers[0].self_attn.attention is torch_block_attention
+    expected = cpu_block_attention if device.type == "cpu" else torch_block_attention
+    assert eager.model.layers[0].self_attn.attention is expected
     assert padded.model.layers[0].self_attn.attention is triton_block_attention
     check_padded_drafts(eager, padded, [[1, 5, 9], [9, 8, 7, 6, 5]])
 
