@@ -37,7 +37,7 @@ Learned from z-lab/dflash (`dflash/model.py`, `model/dflash.py`), cross-checked 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -51,12 +51,12 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.checkpoint_headers import check_headers
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.dflash_context import ContextProjection
 from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
 from openinfer.engine_core.models.packed_linear import Linear
 from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import load_checkpoint
-from openinfer.kernels.attention_backend import write_kv_cache
 from openinfer.kernels.attention_metadata import BlockRun, find_block_runs
 from openinfer.kernels.cpu_attention import block_attention_in_place
 
@@ -211,8 +211,8 @@ class DFlashDraftModel(nn.Module):
     has them, and its copies of the target's `embed_tokens` and `lm_head`, which are not loaded: the target's
     serve (DeepSpec copies them from the target and freezes them).
 
-    `context_caches` holds one tensor per draft layer, (2, num_pages, page_size, num_kv_heads, head_dim),
-    filled by `write_context` and read by `forward` through `attention` (torch's SDPA by default).
+    The context cache is one tensor (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), filled by
+    `write_context` (all layers at once) and read by `forward`, a layer's slice each, through `attention`.
     With `max_positions`, RoPE is looked up in a table of the positions below it, built on first use (no
     host-to-device copy per call, so a forward can be captured in a CUDA graph).
     """
@@ -246,18 +246,32 @@ class DFlashDraftModel(nn.Module):
             self.confidence_head = ConfidenceHead(
                 layers.hidden_size, heads.markov_rank, heads.confidence_with_markov
             )
+        self.context_projection: ContextProjection | None = None  # fuse_context, once loaded
+
+    def fuse_context(self, pack: bool) -> None:
+        """Fuse the loaded layers' context projections for `write_context` (`ContextProjection`; ``pack``:
+        with a oneDNN-packed copy, as `pack_modules_for_cpu` gives the other projections)."""
+        attns = [cast("DFlashDecoderLayer", layer).self_attn for layer in self.layers]
+        self.context_projection = ContextProjection(
+            [a.k_proj for a in attns],
+            [a.v_proj for a in attns],
+            [a.k_norm.weight for a in attns],
+            attns[0].k_norm.eps,
+            attns[0].num_kv_heads,
+            pack,
+        )
 
     def write_context(
-        self, aux_hidden: Tensor, positions: Tensor, slot_mapping: Tensor, context_caches: Sequence[Tensor]
+        self, aux_hidden: Tensor, positions: Tensor, slot_mapping: Tensor, context_cache: Tensor
     ) -> None:
         """aux_hidden (n, len(target_layer_ids) * target_hidden): the target's layer outputs at `positions`
-        (n,); each draft layer's context key/value for them goes to `slot_mapping` (n,) of its cache."""
+        (n,); every draft layer's context key/value for them goes to `slot_mapping` (n,) of its cache,
+        context_cache[layer] (`fuse_context` first)."""
+        if self.context_projection is None:
+            raise RuntimeError("write_context needs the fused projections: call fuse_context after loading")
         features = self.hidden_norm(self.fc(aux_hidden))  # (n, hidden)
         cos, sin = self.rotary.cos_sin(positions, features.dtype)  # (n, head_dim) each
-        layers = cast("Iterable[DFlashDecoderLayer]", self.layers)  # ModuleList iterates as plain Modules
-        for layer, cache in zip(layers, context_caches, strict=True):
-            k, v = layer.self_attn.context_kv(features, cos, sin)
-            write_kv_cache(cache, k, v, slot_mapping)
+        self.context_projection.write(features, cos, sin, context_cache, slot_mapping)
 
     def forward(
         self, block_embeds: Tensor, positions: Tensor, context_caches: Sequence[Tensor], context: BlockContext

@@ -106,7 +106,9 @@ class DFlashDrafter:
         self.model = load_within_budget(path, config, attention, runner, max_positions)
         # Drafts at temperature > 0 are drawn with each request's own generator, else with this one.
         self.generator = torch.Generator(self.device).manual_seed(0)
-        self.context_caches = context_caches(config.layers, runner)  # one per draft layer
+        # (num_layers, 2, num_pages, page_size, kv_heads, head_dim): layer l's cache is context_caches[l]
+        self.context_caches = context_caches(config.layers, runner)
+        self._layer_caches = self.context_caches.unbind(0)
         step_graphs = runner.step_graphs
         self.graphs: DraftGraphs | None = None
         if step_graphs is not None:
@@ -309,7 +311,7 @@ class DFlashDrafter:
         (B, num_drafts, r), else None, and with ``sampling`` the drawn drafts (B, num_drafts) and the
         distributions they were drawn from (B, num_drafts, vocab), else None."""
         embeds = self._target.embed(ids) * self.config.input_embedding_scale  # (B, T, hidden)
-        hidden = self.model(embeds, positions, self.context_caches, context)  # (B, T, hidden)
+        hidden = self.model(embeds, positions, self._layer_caches, context)  # (B, T, hidden)
         first = self.config.anchor.first_draft_slot
         draft_hidden = hidden[:, first : first + num_drafts]  # (B, num_drafts, hidden)
         logits = self.compute_logits(draft_hidden.flatten(0, 1))  # (B * num_drafts, vocab)

@@ -143,14 +143,16 @@ def load_within_budget(
     memory.check(weight_bytes(target.model), free_memory(target.device))
     model = model.to(target.dtype).to_empty(device=target.device).eval()
     model.load_weights(path)
-    if target.device.type == "cpu" and cpu_packing_available(target.dtype):  # as the target's are
+    pack = target.device.type == "cpu" and cpu_packing_available(target.dtype)  # as the target's are
+    if pack:
         pack_modules_for_cpu(model)
+    model.fuse_context(pack)
     return model
 
 
-def context_caches(layers: ModelConfig, target: DraftTarget) -> list[Tensor]:
-    """The draft layers' context caches, zeroed in one allocation, one view per layer: (2, num_pages,
-    page_size, num_kv_heads, head_dim) each, a page per target KV block; ValueError when they do not fit."""
+def context_caches(layers: ModelConfig, target: DraftTarget) -> Tensor:
+    """The draft layers' context caches, zeroed, in one tensor (num_layers, 2, num_pages, page_size,
+    num_kv_heads, head_dim), a page per target KV block; ValueError when they do not fit."""
     shape = (2, target.num_kv_blocks, target.block_size, layers.num_key_value_heads, layers.head_dim)
     try:
         caches = torch.zeros((layers.num_hidden_layers, *shape), dtype=target.dtype, device=target.device)
@@ -159,4 +161,4 @@ def context_caches(layers: ModelConfig, target: DraftTarget) -> list[Tensor]:
             f"the drafter's context cache for {target.num_kv_blocks} KV blocks does not fit on {target.device}: "
             "start the engine with this drafter (its KV cache is then sized for both) or lower the target's share"
         ) from e
-    return list(caches.unbind(0))
+    return caches
