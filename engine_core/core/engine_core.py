@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -17,7 +18,7 @@ from openinfer.engine_core.core.scheduler import Scheduler
 from openinfer.engine_core.request import Request, RequestStatus
 from openinfer.engine_core.sample.sampler import Sampler
 from openinfer.engine_core.sample.structured_output import GrammarCompilers, GrammarQueue
-from openinfer.engine_core.scheduler_output import RequestUpdate
+from openinfer.engine_core.scheduler_output import RequestUpdate, SchedulerOutput
 from openinfer.engine_core.spec_decode.adaptive import StepCosts, profile_step_costs
 from openinfer.engine_core.spec_decode.spec_decoder import SpecDecoder
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
@@ -28,6 +29,16 @@ from openinfer.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 logger = logging.getLogger(__name__)
 
 _NO_ALLOWED_TOKEN = "the other sampling options leave no token the structured output allows"
+
+
+@dataclass(frozen=True)
+class _BusyStep:
+    """A step after which the engine still had work: what its timing is told with."""
+
+    began: float  # perf_counter() at its start
+    decided: SchedulerOutput
+    tokens: int  # output tokens it gave
+    spec: SpecDecoder | None  # the drafter it ran with
 
 
 class EngineCore:
@@ -77,6 +88,7 @@ class EngineCore:
         # What steps cost, for adaptive verification: measured now (before any request) when the start
         # drafter asks for it, then refreshed by every step.
         self.step_costs: StepCosts | None = None
+        self._last_step: _BusyStep | None = None  # timed when the next step starts (_time_last_step)
         spec = config.speculative
         if spec is not None and spec.adaptive_verification:
             self.step_costs = profile_step_costs(
@@ -216,20 +228,13 @@ class EngineCore:
         """Run one model step over the scheduled requests and return what changed for the frontend (the
         outputs of requests ended since the last step first; a step that raises keeps them for the next)."""
         began = time.perf_counter()
+        self._time_last_step(began)
         self._admit_compiled()
         decided = self.scheduler.schedule()
         spec = self.spec
         # The worker runs, samples and drafts (DFlash) on the device, then reads the step back once; from
         # here on the step is booked on the host, without touching the device.
-        started = time.perf_counter()
         output = self.worker.execute(decided, spec)
-        if self.step_costs is not None and decided.scheduled:
-            costs = self.step_costs
-            attention = sum(
-                costs.attention_seconds(s.num_new_tokens + len(s.spec_token_ids), s.start)
-                for s in decided.scheduled
-            )
-            costs.observe(decided.num_tokens, time.perf_counter() - started, attention)
         outputs = []
         if decided.scheduled:
             updates = self.scheduler.update_from_output(decided, output)
@@ -245,12 +250,32 @@ class EngineCore:
                 )
                 for request, drafts, num_proposed in proposals:
                     self.scheduler.set_drafts(request, drafts, num_proposed)
+            if self.scheduler.has_work:  # the next step follows at once: timed at its start
                 tokens = sum(len(out.new_token_ids) for out in outputs)
-                spec.observe_step(decided, tokens, time.perf_counter() - began)
+                self._last_step = _BusyStep(began, decided, tokens, spec)
         if self.spec_log is not None:
             self.spec_log.flush()
         ended, self._ended = self._ended, []
         return ended + outputs
+
+    def _time_last_step(self, now: float) -> None:
+        """Tell the step costs and the drafting policy what the last step took: from its start to this one's,
+        its outputs' encoding and sending and whatever else the serving loop (and the frontend sharing these
+        cores) costs a step included, since that is what a step costs the server. A step after which the
+        engine had no work is not timed (the time until this one holds waiting)."""
+        last, self._last_step = self._last_step, None
+        if last is None:
+            return
+        seconds = now - last.began
+        costs = self.step_costs
+        if costs is not None:
+            attention = sum(
+                costs.attention_seconds(s.num_new_tokens + len(s.spec_token_ids), s.start)
+                for s in last.decided.scheduled
+            )
+            costs.observe(last.decided.num_tokens, seconds, attention)
+        if last.spec is not None and last.spec is self.spec:
+            last.spec.observe_step(last.decided, last.tokens, seconds)
 
     def _outputs(self, updates: list[RequestUpdate]) -> list[EngineCoreOutput]:
         """Count the verified drafts and take each sampling request's output; end the requests whose grammar
