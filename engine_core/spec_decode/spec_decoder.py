@@ -35,6 +35,10 @@ from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.verification import Verified
 from openinfer.protocol import SpecDecodeCounters
 
+# Steps that propose nothing keep their drafter-context updates for the next step that proposes (one batched
+# write instead of one per step: most of what a paused drafter costs a step), up to this many positions.
+PENDING_CONTEXT_ROWS = 4096
+
 
 class SpecDecoder:
     """One loaded drafter, built complete: its cumulative counters of K (docs/design.md, counter semantics), and,
@@ -65,6 +69,8 @@ class SpecDecoder:
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
         self._whole_context: set[Request] = set()
         self._context_blocks = ContextBlocks(runner.block_size)
+        self._pending_context: list[ContextUpdate] = []  # paused steps' context, not yet written
+        self._pending_rows = 0  # positions in it
         # The step's plan, made before its read-back (can_draft, evaluated once per step): per scheduled
         # request whether it may draft, and the sampling ones that propose after it, in order.
         self._may_draft: list[bool] = []
@@ -138,11 +144,11 @@ class SpecDecoder:
             num_sampling += s.samples
             if drafts and reads_context and aux is not None:
                 hidden = aux[row : row + s.num_new_tokens + len(s.spec_token_ids)]
-                context.append(ContextUpdate(request.block_ids, s.start, hidden))
-        if context:
-            self.drafter.extend_context(context)  # written whether or not it proposes: later drafts read it
-        if self.drafting is not None and not self.drafting.choose():
+                context.append(ContextUpdate(list(request.block_ids), s.start, hidden))
+        proposing = self.drafting is None or self.drafting.choose()
+        if not proposing:
             self._proposers, picked = [], []  # proposing does not pay now: no drafts after this step
+        self._write_context(context, now=proposing)
         self._proposed = bool(picked)
         self._draft_probs = None
         if self._on_device is None or verified is None or not picked:
@@ -150,6 +156,17 @@ class SpecDecoder:
         proposed = self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
         self._draft_probs = proposed.probs  # stays on the device until the rounds are verified
         return proposed
+
+    def _write_context(self, updates: list[ContextUpdate], now: bool) -> None:
+        """Write the step's context updates before a proposal reads them (``now``), else keep them: a step that
+        proposes nothing leaves its updates to the next one that does (or to PENDING_CONTEXT_ROWS positions),
+        which writes them all in order in one batch, as if written step by step (a later owner of a freed
+        block writes its positions after an earlier owner's)."""
+        self._pending_context += updates
+        self._pending_rows += sum(u.hidden.shape[0] for u in updates)
+        if self._pending_context and (now or self._pending_rows >= PENDING_CONTEXT_ROWS):
+            self.drafter.extend_context(self._pending_context)
+            self._pending_context, self._pending_rows = [], 0
 
     def observe_step(self, decided: SchedulerOutput, num_tokens: int, seconds: float) -> None:
         """The whole step (``seconds``, ``num_tokens`` output tokens) for the drafting policy: a decode step

@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.spec_decode.drafting_policy import EXPLORE_EVERY, EXPLORE_STEPS, DraftingPolicy
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
+from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
 def test_modes_in_order_then_the_faster_with_exploring_windows() -> None:
@@ -70,3 +72,33 @@ def test_an_engine_stops_proposing_where_it_does_not_pay(
     # at most two proposers per exploring step, one round each; the windows' first steps propose
     assert 0 < len(lines) <= 2 * EXPLORE_STEPS * (steps // EXPLORE_EVERY + 1)
     assert counters.num_accepted_tokens > 0
+
+
+def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps that propose nothing keep their drafter-context updates (no write per step), and the next step
+    that proposes writes them all first: its context cache then equals, position for position, that of an
+    engine writing every step's context at once (the same steps, the same decisions)."""
+    prompts = [list(range(3, 40)), list(range(100, 117))]
+    spec = DrafterSpec("dflash", 7, builtin_drafter_folder("dflash"), adaptive_verification=True)
+    deferred, eager = (make_core(builtin_target_folder(), speculative=spec) for _ in range(2))
+    for core in (deferred, eager):
+        assert core.spec is not None and core.spec.drafting is not None
+        core.spec.drafting.rates = {True: 1.0, False: 1e6}  # plain decoding pays: proposing pauses
+        monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)
+        for i, prompt in enumerate(prompts):
+            params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+            core.add_request(EngineCoreRequest(str(i), prompt, params))
+    assert eager.spec is not None
+    eager_write = eager.spec._write_context
+    monkeypatch.setattr(eager.spec, "_write_context", lambda updates, now: eager_write(updates, True))
+    assert deferred.spec is not None and eager.spec is not None
+    while deferred.spec.drafting.steps < EXPLORE_EVERY - 1:  # up to the last paused step before a window
+        deferred.step()
+        eager.step()
+    assert deferred.spec._pending_rows > 0  # the paused steps' positions, none written yet
+    cache = deferred.spec.drafter.context_caches  # type: ignore[attr-defined]
+    assert not torch.equal(cache, eager.spec.drafter.context_caches)  # type: ignore[attr-defined]
+    deferred.step()  # the window's first step: it proposes, so everything kept is written first
+    eager.step()
+    assert deferred.spec._pending_rows == 0 and deferred.spec._proposed
+    torch.testing.assert_close(cache, eager.spec.drafter.context_caches, atol=1e-5, rtol=1e-5)  # type: ignore[attr-defined]
