@@ -58,7 +58,7 @@ from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
 from openinfer.engine_core.models.weights import load_checkpoint
 from openinfer.kernels.attention_metadata import BlockRun, find_block_runs
-from openinfer.kernels.cpu_attention import block_attention_in_place
+from openinfer.kernels.cpu_attention import PADDED_GATHER_LIMIT, block_attention_in_place
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,14 @@ def cpu_block_attention(
     q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float
 ) -> Tensor:
     """The CPU path: each block's context read in place (views of the cache's runs of pages, no copy of the
-    whole context), its own keys last, under one online softmax (kernels/cpu_attention.py)."""
+    whole context), its own keys last, under one online softmax (kernels/cpu_attention.py); a batch whose
+    padded copy of the context stays small takes the padded gather and one SDPA instead (as the target's
+    attention does: its one call beats B small ones while the copy stays in cache)."""
+    _, _, _, num_kv_heads, head_dim = cache.shape
+    batch = q.shape[0]
+    padded_bytes = 2 * batch * context.max_context_len * num_kv_heads * head_dim * cache.element_size()
+    if batch > 1 and padded_bytes <= PADDED_GATHER_LIMIT:
+        return torch_block_attention(q, k, v, cache, context, scale)
     context_lens, block_lens, runs = context.host
     return block_attention_in_place(
         q, k, v, cache, context.block_tables, runs, context_lens, block_lens, scale

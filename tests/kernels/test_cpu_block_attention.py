@@ -1,13 +1,23 @@
-"""The CPU's in-place draft-block attention (`cpu_block_attention`: context pages read as views or gathered
-in pieces, under one online softmax) against the torch reference (BlockContext.gather + SDPA)."""
+"""The CPU's in-place draft-block attention (`block_attention_in_place`: context pages read as views or
+gathered in pieces, under one online softmax) against the torch reference (BlockContext.gather + SDPA), and
+`cpu_block_attention`'s choice between them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from openinfer.engine_core.models.dflash import BlockContext, cpu_block_attention, torch_block_attention
+from openinfer.kernels.cpu_attention import block_attention_in_place
 from tests.kernels.test_triton_dflash_attention import HEADS, PAGE, REQUESTS, make_blocks
+
+
+def in_place(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float) -> Tensor:
+    context_lens, block_lens, runs = context.host
+    return block_attention_in_place(
+        q, k, v, cache, context.block_tables, runs, context_lens, block_lens, scale
+    )
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -18,8 +28,11 @@ def test_cpu_block_attention_matches_torch(heads: tuple[int, int], head_dim: int
     blocks = make_blocks(REQUESTS, heads, head_dim, torch.float32)
     scale = head_dim**-0.5
     expected = torch_block_attention(blocks.q, blocks.k, blocks.v, blocks.cache, blocks.context, scale)
-    out = cpu_block_attention(blocks.q, blocks.k, blocks.v, blocks.cache, blocks.context, scale)
+    out = in_place(blocks.q, blocks.k, blocks.v, blocks.cache, blocks.context, scale)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # five small contexts: their padded copy is small, so the CPU path takes it (the same numbers)
+    chosen = cpu_block_attention(blocks.q, blocks.k, blocks.v, blocks.cache, blocks.context, scale)
+    torch.testing.assert_close(chosen, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_cpu_block_attention_views_and_gathered_pieces() -> None:
@@ -47,6 +60,27 @@ def test_cpu_block_attention_views_and_gathered_pieces() -> None:
     # the reference gathers every table column up to 70 tokens: give it a cache without NaN in them
     clean = torch.nan_to_num(cache)
     expected = torch_block_attention(q, k, v, clean, context, head_dim**-0.5)
-    out = cpu_block_attention(q, k, v, cache, context, head_dim**-0.5)
+    out = in_place(q, k, v, cache, context, head_dim**-0.5)
     assert not out.isnan().any()
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_block_attention_reads_a_lone_block_in_place() -> None:
+    """One block reads its context in place whatever its length (pages outside its table hold NaN, which
+    the padded gather would read at the table's padding columns); a batch of small contexts may gather."""
+    g = torch.Generator().manual_seed(4)
+    cache = torch.randn(2, 8, PAGE, 2, 64, generator=g)
+    cache[:, 5:] = float("nan")
+    context = BlockContext(
+        block_tables=torch.tensor([[0, 1, 2, 5]]),  # column 3 (page 5) lies past the 10-token context
+        context_lens=torch.tensor([10]),
+        block_lens=torch.tensor([3]),
+        max_context_len=16,  # the padded gather would read page 5 whole
+        page_size=PAGE,
+        block_width=3,
+    )
+    q = torch.randn(1, 3, 4, 64, generator=g)
+    k, v = torch.randn(2, 1, 3, 2, 64, generator=g)
+    out = cpu_block_attention(q, k, v, cache, context, 0.125)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, in_place(q, k, v, cache, context, 0.125))
