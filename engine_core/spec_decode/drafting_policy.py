@@ -5,8 +5,11 @@ proposing.
 
 The choice is measured, not modelled: the engine's own tokens per second over the decode steps that both
 verified drafts and proposed new ones (speculating) and over those that did neither (plain), each an
-exponential moving average. It runs the faster mode, and every EXPLORE_EVERY steps the other one for
-EXPLORE_STEPS steps, so that both estimates follow the batch and the context as they change. A step that
+exponential moving average. It runs the faster mode, and in windows of EXPLORE_STEPS steps the other one, so
+that both estimates follow the batch and the context as they change: the first window EXPLORE_EVERY steps
+in, each next one twice as far after a window that left the faster mode as it was (up to MAX_EXPLORE_EVERY
+steps apart: a window costs what the slower mode loses, ~15 % of the steps between windows 32 apart at
+batch 16 on a 2-core CPU), EXPLORE_EVERY again after one that changed it. A step that
 switches mode (it verifies drafts but proposes none, or the reverse) and a step with prefill in it measure
 neither mode and are not counted. Until both modes are measured it speculates first, then decodes plainly.
 Drafts never proposed are no drafts: no counter moves (docs/design.md, counter semantics).
@@ -16,9 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Every this-many steps the mode not in use runs for EXPLORE_STEPS steps (the first switches, the rest count).
+# Windows of EXPLORE_STEPS steps run the mode not in use (the first switches, the rest count): the first
+# EXPLORE_EVERY steps in, then each twice as far after the last while they confirm the faster mode.
 EXPLORE_EVERY = 32
+MAX_EXPLORE_EVERY = 512
 EXPLORE_STEPS = 3
+# The mode in use gives way only to one measured this much faster: the rates move with the context and with
+# noise, and every switch costs a step that measures neither mode (near break-even, at batch 16 here, modes
+# within a few percent of each other flipped every few steps).
+SWITCH_MARGIN = 0.05
 # How much one measured step moves its mode's rate at least (an exponential moving average; the first
 # 1 / RATE_EMA steps of a mode are averaged evenly, so that one odd first step does not set it for long).
 RATE_EMA = 0.1
@@ -31,6 +40,10 @@ class DraftingPolicy:
     rates: dict[bool, float | None] = field(default_factory=lambda: {True: None, False: None})
     counts: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # steps measured per mode
     steps: int = 0  # steps chosen so far
+    window: int = EXPLORE_EVERY  # the step the next (or current) exploring window starts at
+    gap: int = EXPLORE_EVERY  # steps from the current window's start to the next one's
+    faster_before: bool | None = None  # the faster mode as the current window began
+    faster: bool | None = None  # the mode run outside windows: the faster one, by SWITCH_MARGIN to change
 
     def choose(self) -> bool:
         """Whether the next step proposes drafts."""
@@ -38,8 +51,18 @@ class DraftingPolicy:
         speculating, plain = self.rates[True], self.rates[False]
         if speculating is None or plain is None:
             return speculating is None  # measure speculating first, then plain decoding
-        exploring = self.steps % EXPLORE_EVERY < EXPLORE_STEPS
-        return (speculating >= plain) != exploring
+        kept, other = (speculating, plain) if self.faster else (plain, speculating)
+        if self.faster is None or other > kept * (1 + SWITCH_MARGIN):
+            self.faster = speculating >= plain
+        faster = self.faster
+        if self.steps == self.window:
+            self.faster_before = faster
+        if self.steps >= self.window + EXPLORE_STEPS:  # the window is over: the next one
+            confirmed = faster == self.faster_before
+            self.gap = min(2 * self.gap, MAX_EXPLORE_EVERY) if confirmed else EXPLORE_EVERY
+            self.window += self.gap
+        exploring = self.window <= self.steps < self.window + EXPLORE_STEPS
+        return faster != exploring
 
     def observe(self, proposed: bool, verified: bool, tokens: int, seconds: float) -> None:
         """A decode step (no prefill) that ``proposed`` drafts and ``verified`` earlier ones gave ``tokens``

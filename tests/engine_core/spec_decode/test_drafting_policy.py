@@ -25,11 +25,30 @@ def test_modes_in_order_then_the_faster_with_exploring_windows() -> None:
     policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
     assert policy.choose() is False  # plain decoding is unmeasured
     policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
-    chosen = [policy.choose() for _ in range(2 * EXPLORE_EVERY)]
-    # steps 5..68: speculating, but plain in the window at each multiple of EXPLORE_EVERY
+    chosen = [policy.choose() for _ in range(8 * EXPLORE_EVERY)]
+    # steps 5..260: speculating, but plain in windows of EXPLORE_STEPS steps, the first at EXPLORE_EVERY
+    # (32), each next one twice as far on, since each leaves speculating the faster: 32, 96, 224
     windows = [step for step, mode in enumerate(chosen, start=5) if not mode]
-    assert windows == [s for s in range(5, 5 + 2 * EXPLORE_EVERY) if s % EXPLORE_EVERY < EXPLORE_STEPS]
-    assert len(windows) == 2 * EXPLORE_STEPS
+    starts = [EXPLORE_EVERY, 3 * EXPLORE_EVERY, 7 * EXPLORE_EVERY]
+    assert windows == [start + i for start in starts for i in range(EXPLORE_STEPS)]
+
+
+def test_a_window_that_changes_the_faster_mode_brings_the_next_one_closer() -> None:
+    """After windows that confirmed speculating (gaps 32, then 64), plain decoding measures faster in the
+    window at step 96: the engine decodes plainly (speculating in the rest of that window, now the mode it
+    explores) and explores speculating again 32 steps after that window began, not 128."""
+    policy = DraftingPolicy()
+    policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
+    policy.choose()
+    policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
+    while policy.steps < 3 * EXPLORE_EVERY:  # windows at 32 and 96 begin with speculating the faster
+        policy.choose()
+    assert policy.gap == 2 * EXPLORE_EVERY
+    policy.rates[False] = 8000.0  # what the window's first plain step measured
+    chosen = [policy.choose() for _ in range(2 * EXPLORE_EVERY)]  # steps 97..160
+    proposing = [step for step, mode in enumerate(chosen, start=3 * EXPLORE_EVERY + 1) if mode]
+    assert proposing == [97, 98, 128, 129, 130]
+    assert policy.gap == 2 * EXPLORE_EVERY  # the window at 128 confirmed plain: the next at 192
 
 
 def test_only_steps_in_one_mode_count() -> None:
@@ -102,3 +121,19 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     eager.step()
     assert deferred.spec._pending_rows == 0 and deferred.spec._proposed
     torch.testing.assert_close(cache, eager.spec.drafter.context_caches, atol=1e-5, rtol=1e-5)  # type: ignore[attr-defined]
+
+
+def test_the_mode_in_use_gives_way_only_to_one_clearly_faster() -> None:
+    """Speculating runs; plain decoding measured 2 % faster does not take over (noise, and a switch costs a
+    step), 10 % faster does; then speculating 2 % faster than plain does not take it back."""
+    policy = DraftingPolicy()
+    policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
+    policy.choose()
+    policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
+    assert policy.choose() is True
+    policy.rates[False] = 4080.0
+    assert policy.choose() is True
+    policy.rates[False] = 4400.0
+    assert policy.choose() is False
+    policy.rates[True] = 4488.0
+    assert policy.choose() is False
