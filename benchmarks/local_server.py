@@ -17,7 +17,8 @@ class Drafter:
     """A drafter as the sweep names it: ``none``, ``ngram[:K=7]``, ``dflash[:PATH][:K=7]`` or
     ``dspark[:PATH][:K=7]`` (without PATH: the server's own, the built-in drafter of that method when it
     serves the built-in model), each but none optionally ending ``:adaptive``
-    (``--enable-adaptive-verification``)."""
+    (``--enable-adaptive-verification``; without it ``--no-enable-adaptive-verification``, every draft
+    verified, whatever the engine's default for the method)."""
 
     label: str  # as given on the command line
     method: str | None  # openinfer-serve --spec-method; None: no speculation
@@ -30,7 +31,7 @@ class Drafter:
             return ["--no-spec"]  # openinfer-serve drafts by default with the built-in model
         args = ["--spec-method", self.method, "--num-spec-tokens", str(self.num_spec_tokens)]
         args += ["--draft-model", str(self.draft_model)] if self.draft_model else []
-        return args + (["--enable-adaptive-verification"] if self.adaptive else [])
+        return args + [f"--{'' if self.adaptive else 'no-'}enable-adaptive-verification"]
 
 
 def parse_drafter(text: str) -> Drafter:

@@ -166,8 +166,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--drafters",
         nargs="+",
-        default=["none", "ngram:K=7"],
-        help="none, ngram[:K=N], dflash[:PATH][:K=N] (no PATH: the built-in model's drafter)",
+        help="none, ngram[:K=N], dflash[:PATH][:K=N], dspark[:PATH][:K=N] (no PATH: the built-in model's "
+        "drafter), each but none with an optional :adaptive; default: none and what openinfer-serve runs on "
+        "the built-in model (dspark:K=7:adaptive), or with --model none and ngram:K=7",
     )
     parser.add_argument("--dataset-name", nargs="+", choices=DATASET_NAMES, default=["random"])
     parser.add_argument("--max-concurrency", type=int, nargs="+", default=[1, 4, 8], help="levels, in turn")
@@ -200,6 +201,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_workload_args(parser, args)
     if min(args.max_concurrency) < 1 or args.engines < 1:
         parser.error("--max-concurrency and --engines must be >= 1")
+    if args.drafters is None:
+        args.drafters = ["none", "ngram:K=7"] if args.model else ["none", "dspark:K=7:adaptive"]
     try:
         args.drafters = [parse_drafter(text) for text in args.drafters]
     except ValueError as e:

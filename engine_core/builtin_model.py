@@ -2,8 +2,8 @@
 package data, each folder with its model card: `builtin/target/` (tools/train_target.py), `builtin/dflash/`
 (z-lab's layout, tools/train_dflash.py), `builtin/dspark_block7/` and `builtin/dflash_block7/` (DeepSpec's
 layout, tools/train_dspark.py), and the text all of them were trained on, `builtin/data/tinyshakespeare.txt`.
-`openinfer-serve` serves the target with `dflash/` when no model is given, and with `dspark_block7/` for
-`--spec-method dspark`."""
+`openinfer-serve` serves the target with `dspark_block7/` when no model is given (and with `dflash/` for
+`--spec-method dflash`)."""
 
 from __future__ import annotations
 

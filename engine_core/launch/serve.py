@@ -46,7 +46,8 @@ DEFAULT_K = BUILTIN_NUM_SPEC_TOKENS  # --num-spec-tokens when a drafter is on an
 
 def resolve_builtin(args: argparse.Namespace) -> None:
     """Fill in what the built-in model implies: its folder and name, and, unless --no-spec or another
-    drafter, its DFlash drafter with K = 7 (its DSpark one for --spec-method dspark). With a model (or
+    drafter, its DSpark drafter with K = 7 (the fastest built-in drafter at every output length and load
+    measured, docs/benchmarks.md; its z-lab DFlash one for --spec-method dflash). With a model (or
     --fake-model) nothing is assumed but what a --draft-model folder given without --spec-method says: its
     method (dspark or dflash) and its K."""
     builtin = args.model is None and not args.fake_model
@@ -54,7 +55,7 @@ def resolve_builtin(args: argparse.Namespace) -> None:
         args.model = str(builtin_target_folder())
         args.served_model_name = args.served_model_name or BUILTIN_MODEL_NAME
         if not args.no_spec and args.spec_method is None and args.draft_model is None:
-            args.spec_method = "dflash"
+            args.spec_method = "dspark"
     # as each engine fills them in (engine_args.py), so that every engine is told the same drafter
     method, k, folder = drafter_flags(args.spec_method, args.num_spec_tokens, args.draft_model, builtin)
     args.spec_method = method

@@ -118,7 +118,7 @@ class _VllmSpeculativeConfig(msgspec.Struct, forbid_unknown_fields=True):
     num_speculative_tokens: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
-    enable_adaptive_verification: bool = False
+    enable_adaptive_verification: bool | None = None  # None: the engine's default (on for dspark)
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,6 @@ def read_speculative_config(text: str) -> SpeculativeConfig:
         )
     flags = [f"--prompt-lookup-{end}={n}" for end, n in (("min", config.prompt_lookup_min),
              ("max", config.prompt_lookup_max)) if n is not None]  # fmt: skip
-    if config.enable_adaptive_verification:
-        flags.append("--enable-adaptive-verification")
+    if config.enable_adaptive_verification is not None:
+        flags.append(f"--{'' if config.enable_adaptive_verification else 'no-'}enable-adaptive-verification")
     return SpeculativeConfig(config.method, config.num_speculative_tokens, config.model, flags)

@@ -189,10 +189,11 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     )
     parser.add_argument(
         "--enable-adaptive-verification",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="each step, verify only the drafts expected to pay for their cost (DSpark's confidences, else the "
-        "drafter's measured acceptance; step costs measured at start); none when drafting does not pay (vLLM's "
-        "name)",
+        "drafter's measured acceptance; step costs measured at start), and stop proposing while drafting does "
+        "not pay (vLLM's name); default: on for dspark, whose confidence head exists to schedule verification, "
+        "off for the others",
     )
     parser.add_argument(
         "--dflash-anchor",
@@ -264,7 +265,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             args.prompt_lookup_max,
             args.dflash_anchor,
             args.confidence_threshold,
-            args.enable_adaptive_verification,
+            adaptive_verification(args.enable_adaptive_verification, method),
         )
     elif (refusal := num_spec_tokens_without_drafter(args)) is not None:
         raise ValueError(refusal)
@@ -328,6 +329,13 @@ def drafter_flags(
         method, folder_k = folder_drafter(Path(draft_model))
         k = folder_k if k is None else k
     return method, k, folder
+
+
+def adaptive_verification(flag: bool | None, method: DrafterMethod) -> bool:
+    """``--[no-]enable-adaptive-verification``, or where it is not given, on for DSpark (its confidence head
+    exists to set how many drafts are verified; on the built-in pair it measured faster with it at every
+    output length and load, docs/benchmarks.md) and off for the other drafters (not measured so)."""
+    return flag if flag is not None else method == "dspark"
 
 
 def num_spec_tokens_without_drafter(args: argparse.Namespace) -> str | None:

@@ -22,18 +22,31 @@ def test_drafter_specs() -> None:
     """none, ngram[:K=N], dflash[:PATH][:K=N], dspark[:PATH][:K=N] (K defaults to 7), each but none with an
     optional :adaptive, as openinfer-serve flags; none says --no-spec (openinfer-serve drafts by default with
     the built-in model), dflash or dspark without a path leaves the drafter to the server (its built-in one
-    on the built-in model)."""
+    on the built-in model); adaptive verification is said either way (its default depends on the method)."""
+    off = "--no-enable-adaptive-verification"
     assert parse_drafter("none").serve_args() == ["--no-spec"]
-    assert parse_drafter("ngram").serve_args() == ["--spec-method", "ngram", "--num-spec-tokens", "7"]
+    assert parse_drafter("ngram").serve_args() == ["--spec-method", "ngram", "--num-spec-tokens", "7", off]
     assert parse_drafter("ngram:K=3").num_spec_tokens == 3
     assert parse_drafter("dflash:/m/d:K=5") == Drafter("dflash:/m/d:K=5", "dflash", 5, Path("/m/d"))
-    assert parse_drafter("dflash:/m/d").serve_args()[-2:] == ["--draft-model", "/m/d"]
-    assert parse_drafter("dflash:K=4").serve_args() == ["--spec-method", "dflash", "--num-spec-tokens", "4"]
+    assert parse_drafter("dflash:/m/d").serve_args()[-3:] == ["--draft-model", "/m/d", off]
+    assert parse_drafter("dflash:K=4").serve_args() == [
+        "--spec-method",
+        "dflash",
+        "--num-spec-tokens",
+        "4",
+        off,
+    ]
     assert parse_drafter("dflash") == Drafter("dflash", "dflash", 7, None)
     assert parse_drafter("dspark:/m/s:K=7:adaptive") == Drafter(
         "dspark:/m/s:K=7:adaptive", "dspark", 7, Path("/m/s"), adaptive=True
     )
-    assert parse_drafter("dspark:K=7").serve_args() == ["--spec-method", "dspark", "--num-spec-tokens", "7"]
+    assert parse_drafter("dspark:K=7").serve_args() == [
+        "--spec-method",
+        "dspark",
+        "--num-spec-tokens",
+        "7",
+        off,
+    ]
     assert parse_drafter("ngram:adaptive").serve_args()[-1] == "--enable-adaptive-verification"
     for bad in (
         "eagle",
@@ -58,7 +71,13 @@ def test_dataset_paths_go_to_the_datasets_that_need_one() -> None:
         ("text", Path("a.txt")),
         ("jsonl", Path("b.jsonl")),
     ]
-    assert args.max_concurrency == [1, 4, 8] and [d.label for d in args.drafters] == ["none", "ngram:K=7"]
+    # the built-in model's default drafters: none and what openinfer-serve runs; n-gram with a model of one's own
+    assert args.max_concurrency == [1, 4, 8] and [d.label for d in args.drafters] == [
+        "none",
+        "dspark:K=7:adaptive",
+    ]
+    own = parse_args(["--model", "/m"])
+    assert [d.label for d in own.drafters] == ["none", "ngram:K=7"]
     with pytest.raises(SystemExit):
         parse_args(["--dataset-name", "text", "jsonl", "--dataset-path", "a.txt"])
     with pytest.raises(SystemExit):

@@ -54,7 +54,7 @@ def test_number_of_engines_is_a_profile() -> None:
 
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_cpu_profile(how: str) -> None:
-    """COMPOSE_PROFILES=cpu (or --profile cpu): two CPU engines, the built-in model (no --model), its DFlash
+    """COMPOSE_PROFILES=cpu (or --profile cpu): two CPU engines, the built-in model (no --model), its DSpark
     drafter, connecting to the frontend's engine port."""
     config = compose_config(COMPOSE_PROFILES="cpu") if how == "env" else compose_config("--profile", "cpu")
     services = active(config, {"cpu"})
@@ -63,7 +63,7 @@ def test_cpu_profile(how: str) -> None:
         engine = services[f"cpu-engine-{index}"]
         assert argv(engine)[:5] == ["openinfer-engine", "--device", "cpu", "--engine-index", str(index)]
         assert "--model" not in argv(engine) and "--gpu" not in argv(engine)
-        assert flag(engine, "--spec-method") == "dflash"
+        assert flag(engine, "--spec-method") == "dspark"
         assert flag(engine, "--frontend") == "tcp://frontend:5555"
         assert engine["build"]["dockerfile"] == "deploy/Dockerfile.cpu"
         assert "deploy" not in engine

@@ -29,12 +29,35 @@ def frontend_flags(*argv: str) -> argparse.Namespace:
 
 
 def test_no_arguments_serve_the_builtin_pair() -> None:
-    """No arguments: the built-in target as openinfer-tiny-qwen3 with the built-in DFlash drafter, K=7."""
+    """No arguments: the built-in target as openinfer-tiny-qwen3 with the built-in DSpark drafter, K=7, under
+    adaptive verification (DSpark's default; --no-enable-adaptive-verification turns it off)."""
     engine = engine_flags()
     assert engine.model == str(builtin_target_folder())
     assert engine.served_model_name == "openinfer-tiny-qwen3"
-    assert (engine.spec_method, engine.num_spec_tokens) == ("dflash", 7)
-    assert engine.draft_model == str(builtin_drafter_folder())
+    assert (engine.spec_method, engine.num_spec_tokens) == ("dspark", 7)
+    assert engine.draft_model == str(builtin_drafter_folder("dspark"))
+    spec = config_from_args(engine).speculative
+    assert spec is not None and spec.adaptive_verification
+    off = config_from_args(engine_flags("--no-enable-adaptive-verification")).speculative
+    assert off is not None and off.method == "dspark" and not off.adaptive_verification
+
+
+@pytest.mark.parametrize(
+    ("argv", "adaptive"),
+    [
+        (["--spec-method", "dflash"], False),  # on by default for dspark only
+        (["--spec-method", "dflash", "--enable-adaptive-verification"], True),
+        (["--spec-method", "ngram"], False),
+        (["--spec-method", "dspark"], True),
+        (["--speculative-config", '{"method": "dspark", "num_speculative_tokens": 7}'], True),
+        (["--speculative-config", '{"method": "dspark", "enable_adaptive_verification": false}'], False),
+    ],
+)
+def test_adaptive_verification_defaults(argv: list[str], adaptive: bool) -> None:
+    """Adaptive verification is on where it is not given for DSpark, off for the other drafters; the flag and
+    the speculative config's key say otherwise either way."""
+    spec = config_from_args(engine_flags(*argv)).speculative
+    assert spec is not None and spec.adaptive_verification is adaptive
 
 
 @pytest.mark.parametrize(
@@ -42,7 +65,8 @@ def test_no_arguments_serve_the_builtin_pair() -> None:
     [
         (["--spec-method", "ngram"], "ngram", 7, None),  # K defaults to 7 for any drafter
         (["--no-spec"], None, None, None),
-        (["--num-spec-tokens", "3"], "dflash", 3, str(builtin_drafter_folder())),
+        (["--num-spec-tokens", "3"], "dspark", 3, str(builtin_drafter_folder("dspark"))),
+        (["--spec-method", "dflash"], "dflash", 7, str(builtin_drafter_folder("dflash"))),
         (["--spec-method", "dspark"], "dspark", 7, str(builtin_drafter_folder("dspark"))),
         (["--spec-method", "dflash", "--draft-model", "/d"], "dflash", 7, "/d"),
         (["--model", "/m"], None, None, None),  # a model of one's own drafts only when asked

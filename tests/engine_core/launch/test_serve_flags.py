@@ -194,13 +194,14 @@ def test_engine_flags_that_cannot_work_stop_serve_before_it_starts(argv: list[st
 
 
 def test_the_builtin_drafter_runs_over_two_ranks() -> None:
-    """openinfer-serve -tp 2 serves the built-in pair with its DFlash drafter (every drafter runs at any N):
-    the engine's flags as it will read them pass its checks."""
+    """openinfer-serve -tp 2 serves the built-in pair with its DSpark drafter under adaptive verification
+    (every drafter runs at any N): the engine's flags as it will read them pass its checks."""
     serve = parse_args(["-tp", "2"])
     resolve_builtin(serve)
     config = config_from_args(engine_args(engine_command(serve, 0)[3:]))  # after `python -m module`
     assert config.tensor_parallel_size == 2
-    assert config.speculative is not None and config.speculative.method == "dflash"
+    spec = config.speculative
+    assert spec is not None and (spec.method, spec.adaptive_verification) == ("dspark", True)
 
 
 @pytest.mark.parametrize(

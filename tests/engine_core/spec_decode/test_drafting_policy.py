@@ -1,8 +1,9 @@
-"""The drafting policy of adaptive verification: it speculates, then measures plain decoding, then runs the
-faster mode and explores the other in short windows; a step that switches mode or holds prefill moves no
-rate. In an engine where plain decoding is (made) far faster, proposing stops but for the exploring windows,
-the drafter's context is still written (its exploring rounds accept drafts), and the tokens and counters
-are those of a run without speculation and of the spec log."""
+"""The drafting policy of adaptive verification: it speculates, measures plain decoding in a window, runs the
+faster mode and explores the other in windows ever further apart while they keep the mode, switching only to
+a mode measured clearly faster side by side; a step that switches mode or holds prefill moves no rate. In an
+engine where plain decoding is (made) far faster, proposing stops but for the windows, the drafter's context
+is kept and written before the next proposal (its exploring rounds accept drafts), and the tokens and
+counters are those of a run without speculation and of the spec log."""
 
 from __future__ import annotations
 
@@ -13,60 +14,85 @@ import torch
 
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
 from openinfer.engine_core.config import DrafterSpec
-from openinfer.engine_core.spec_decode.drafting_policy import EXPLORE_EVERY, EXPLORE_STEPS, DraftingPolicy
+from openinfer.engine_core.spec_decode.drafting_policy import (
+    EXPLORE_EVERY,
+    EXPLORE_STEPS,
+    FIRST_WINDOW,
+    DraftingPolicy,
+)
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
 from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
-def test_modes_in_order_then_the_faster_with_exploring_windows() -> None:
+def test_speculates_explores_plain_in_windows_and_keeps_the_faster() -> None:
+    """Speculating runs first; windows of plain decoding come at FIRST_WINDOW (16), then each twice as far
+    after one that measured plain slower: 16, 80 (16 + 64), 208 (80 + 128)."""
     policy = DraftingPolicy()
-    assert [policy.choose() for _ in range(3)] == [True] * 3  # speculating is unmeasured
-    policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
-    assert policy.choose() is False  # plain decoding is unmeasured
-    policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
-    chosen = [policy.choose() for _ in range(8 * EXPLORE_EVERY)]
-    # steps 5..260: speculating, but plain in windows of EXPLORE_STEPS steps, the first at EXPLORE_EVERY
-    # (32), each next one twice as far on, since each leaves speculating the faster: 32, 96, 224
-    windows = [step for step, mode in enumerate(chosen, start=5) if not mode]
-    starts = [EXPLORE_EVERY, 3 * EXPLORE_EVERY, 7 * EXPLORE_EVERY]
+    chosen = []
+    for _ in range(250):
+        chosen.append(policy.choose())
+        if chosen[-1]:
+            policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
+        else:
+            policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
+    windows = [step for step, proposing in enumerate(chosen, start=1) if not proposing]
+    starts = [FIRST_WINDOW, FIRST_WINDOW + 2 * EXPLORE_EVERY, FIRST_WINDOW + 6 * EXPLORE_EVERY]
     assert windows == [start + i for start in starts for i in range(EXPLORE_STEPS)]
+    assert policy.speculating and policy.rate == pytest.approx(4000)
 
 
-def test_a_window_that_changes_the_faster_mode_brings_the_next_one_closer() -> None:
-    """After windows that confirmed speculating (gaps 32, then 64), plain decoding measures faster in the
-    window at step 96: the engine decodes plainly (speculating in the rest of that window, now the mode it
-    explores) and explores speculating again 32 steps after that window began, not 128."""
+def test_a_window_that_measures_the_other_mode_faster_switches() -> None:
+    """Plain decoding measured 2x faster in the first window: the engine decodes plainly from the window's
+    end, its rate the window's, and explores speculating EXPLORE_EVERY steps after that window began."""
     policy = DraftingPolicy()
-    policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
-    policy.choose()
-    policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
-    while policy.steps < 3 * EXPLORE_EVERY:  # windows at 32 and 96 begin with speculating the faster
+    for _ in range(FIRST_WINDOW - 1):
         policy.choose()
-    assert policy.gap == 2 * EXPLORE_EVERY
-    policy.rates[False] = 8000.0  # what the window's first plain step measured
-    chosen = [policy.choose() for _ in range(2 * EXPLORE_EVERY)]  # steps 97..160
-    proposing = [step for step, mode in enumerate(chosen, start=3 * EXPLORE_EVERY + 1) if mode]
-    assert proposing == [97, 98, 128, 129, 130]
-    assert policy.gap == 2 * EXPLORE_EVERY  # the window at 128 confirmed plain: the next at 192
+        policy.observe(proposed=True, verified=True, tokens=20, seconds=0.010)  # 2,000 tok/s
+    policy.choose()  # step 16, the window's first: it verifies the last drafts, proposes none (no rate)
+    policy.observe(proposed=False, verified=True, tokens=30, seconds=0.010)
+    for tokens in (40, 36, 44):  # steps 17-19: 4,000 tok/s on average
+        assert policy.choose() is False
+        policy.observe(proposed=False, verified=False, tokens=tokens, seconds=0.010)
+    chosen = [policy.choose() for _ in range(40)]  # steps 20..59
+    assert not policy.speculating and policy.rate == pytest.approx(4000)
+    proposing = [step for step, mode in enumerate(chosen, start=20) if mode]
+    assert proposing == [FIRST_WINDOW + EXPLORE_EVERY + i for i in range(EXPLORE_STEPS)]  # 48..51
+
+
+@pytest.mark.parametrize(("faster_by", "switches"), [(0.02, False), (0.10, True)])
+def test_the_mode_in_use_gives_way_only_to_one_clearly_faster(faster_by: float, switches: bool) -> None:
+    """A window measuring plain decoding 2 % faster keeps speculating (noise, and a switch costs a step that
+    measures neither mode); 10 % faster switches."""
+    policy = DraftingPolicy()
+    for _ in range(FIRST_WINDOW - 1):
+        policy.choose()
+        policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
+    for _ in range(EXPLORE_STEPS):
+        policy.choose()
+        policy.observe(proposed=False, verified=False, tokens=40, seconds=0.010 / (1 + faster_by))
+    policy.choose()
+    assert policy.speculating is not switches
 
 
 def test_only_steps_in_one_mode_count() -> None:
-    """A switching step (verified drafts, proposed none, or the reverse) moves nothing; a mode's first ten
-    steps are averaged evenly, each later one moves its rate a tenth of the way (a moving average)."""
+    """A switching step (verified drafts, proposed none, or the reverse) moves nothing; the mode in use's
+    first ten steps are averaged evenly, each later one moves its rate a tenth of the way; the other mode's
+    steps go to the window."""
     policy = DraftingPolicy()
     policy.observe(proposed=False, verified=True, tokens=30, seconds=0.01)
     policy.observe(proposed=True, verified=False, tokens=1, seconds=0.01)
-    assert policy.rates == {True: None, False: None}
+    assert policy.rate is None and policy.explored == []
     policy.observe(proposed=True, verified=True, tokens=30, seconds=0.01)
     policy.observe(proposed=True, verified=True, tokens=10, seconds=0.01)
-    assert policy.rates[True] == pytest.approx(2000)  # (3,000 + 1,000) / 2
+    assert policy.rate == pytest.approx(2000)  # (3,000 + 1,000) / 2
     for _ in range(8):
         policy.observe(proposed=True, verified=True, tokens=20, seconds=0.01)
-    assert policy.rates[True] == pytest.approx(2000) and policy.counts[True] == 10
+    assert policy.rate == pytest.approx(2000) and policy.count == 10
     policy.observe(proposed=True, verified=True, tokens=30, seconds=0.01)
-    assert policy.rates[True] == pytest.approx(2000 + 0.1 * (3000 - 2000))
-    assert policy.rates[False] is None
+    assert policy.rate == pytest.approx(2000 + 0.1 * (3000 - 2000))
+    policy.observe(proposed=False, verified=False, tokens=5, seconds=0.01)
+    assert policy.explored == [500.0]
 
 
 def test_an_engine_stops_proposing_where_it_does_not_pay(
@@ -81,8 +107,8 @@ def test_an_engine_stops_proposing_where_it_does_not_pay(
     spec = DrafterSpec("dflash", 7, builtin_drafter_folder("dflash"), adaptive_verification=True)
     core = make_core(builtin_target_folder(), speculative=spec, spec_log=log)
     assert core.spec is not None and core.spec.drafting is not None
-    core.spec.drafting.rates = {True: 1.0, False: 1e6}
-    monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)  # the rates stay
+    core.spec.drafting.speculating, core.spec.drafting.rate = False, 1e6  # plain decoding, far faster
+    monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)  # nothing measured
     assert generate_greedy(core, prompts, 120) == baseline
     lines = read_spec_log(log)
     counters = core.spec.counters
@@ -102,7 +128,7 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     deferred, eager = (make_core(builtin_target_folder(), speculative=spec) for _ in range(2))
     for core in (deferred, eager):
         assert core.spec is not None and core.spec.drafting is not None
-        core.spec.drafting.rates = {True: 1.0, False: 1e6}  # plain decoding pays: proposing pauses
+        core.spec.drafting.speculating, core.spec.drafting.rate = False, 1e6  # proposing pauses
         monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)
         for i, prompt in enumerate(prompts):
             params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
@@ -111,7 +137,7 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     eager_write = eager.spec._write_context
     monkeypatch.setattr(eager.spec, "_write_context", lambda updates, now: eager_write(updates, True))
     assert deferred.spec is not None and eager.spec is not None
-    while deferred.spec.drafting.steps < EXPLORE_EVERY - 1:  # up to the last paused step before a window
+    while deferred.spec.drafting.steps < FIRST_WINDOW - 1:  # up to the last paused step before a window
         deferred.step()
         eager.step()
     assert deferred.spec._pending_rows > 0  # the paused steps' positions, none written yet
@@ -121,19 +147,3 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     eager.step()
     assert deferred.spec._pending_rows == 0 and deferred.spec._proposed
     torch.testing.assert_close(cache, eager.spec.drafter.context_caches, atol=1e-5, rtol=1e-5)  # type: ignore[attr-defined]
-
-
-def test_the_mode_in_use_gives_way_only_to_one_clearly_faster() -> None:
-    """Speculating runs; plain decoding measured 2 % faster does not take over (noise, and a switch costs a
-    step), 10 % faster does; then speculating 2 % faster than plain does not take it back."""
-    policy = DraftingPolicy()
-    policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
-    policy.choose()
-    policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
-    assert policy.choose() is True
-    policy.rates[False] = 4080.0
-    assert policy.choose() is True
-    policy.rates[False] = 4400.0
-    assert policy.choose() is False
-    policy.rates[True] = 4488.0
-    assert policy.choose() is False
