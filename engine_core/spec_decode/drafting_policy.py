@@ -5,8 +5,9 @@ proposing.
 
 The choice is measured, not modelled: the engine's own tokens per second over decode steps that both verified
 drafts and proposed new ones (speculating) or did neither (plain). It runs one mode, keeping an exponential
-moving average of that mode's rate, and in windows of EXPLORE_STEPS steps runs the other one; at a window's
-end it switches when the window measured the other mode SWITCH_MARGIN faster than the mode in use runs now.
+moving average of that mode's rate, and in windows of EXPLORE_STEPS steps runs the other one (measuring all
+but its first SETTLE_STEPS); at a window's end it switches when the window measured the other mode
+SWITCH_MARGIN faster than the mode in use runs now.
 Both rates fall as contexts grow, so only rates measured side by side are compared, never a rate from long
 ago (which would always look faster). The first window comes FIRST_WINDOW steps in; each next one twice as
 far after a window that kept the mode (up to MAX_EXPLORE_EVERY steps apart: at batch 16 on a 2-core CPU,
@@ -18,10 +19,17 @@ with prefill in it measure neither mode. Drafts never proposed are no drafts: no
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
-# Windows of EXPLORE_STEPS steps run the mode not in use (the first switches, the rest are measured).
-EXPLORE_STEPS = 4
+logger = logging.getLogger(__name__)
+
+# Windows of EXPLORE_STEPS steps run the mode not in use; their first SETTLE_STEPS are not measured (the
+# first switches; in a server the next ones still pay for the other mode's work, e.g. a frontend streaming
+# the tokens of the speculating steps before them: plain steps measured right after speculating ones ran
+# ~30 % slow at batch 16, and speculating looked faster than plain decoding where it was 22 % slower).
+EXPLORE_STEPS = 8
+SETTLE_STEPS = 3
 FIRST_WINDOW = 16  # speculating is measured first, plain decoding in the first window
 EXPLORE_EVERY = 32
 MAX_EXPLORE_EVERY = 512
@@ -44,6 +52,8 @@ class DraftingPolicy:
     steps: int = 0  # steps chosen so far
     window: int = FIRST_WINDOW  # the step the next (or current) window starts at
     gap: int = EXPLORE_EVERY  # steps from the current window's start to the next one's
+    batch: int | None = None  # requests in the steps measured when the last window ended
+    last_batch: int | None = None  # requests in the last step measured
 
     @property
     def exploring(self) -> bool:
@@ -57,14 +67,22 @@ class DraftingPolicy:
             self._end_window()
         return self.speculating != self.exploring
 
-    def observe(self, proposed: bool, verified: bool, tokens: int, seconds: float) -> None:
-        """A decode step (no prefill) that ``proposed`` drafts and ``verified`` earlier ones gave ``tokens``
-        output tokens in ``seconds``: the rate of its mode, when it ran in one."""
+    def observe(self, proposed: bool, verified: bool, tokens: int, seconds: float, batch: int = 1) -> None:
+        """A decode step (no prefill) of ``batch`` requests that ``proposed`` drafts and ``verified`` earlier
+        ones gave ``tokens`` output tokens in ``seconds``: the rate of its mode, when it ran in one. A batch
+        twice or half the one of the last window's end brings the next window to the next step (what pays
+        depends on the batch, and windows may have grown far apart)."""
+        self.last_batch = batch
+        if self.batch is not None and not self.batch / 2 < batch < 2 * self.batch:
+            self.batch, self.gap = batch, EXPLORE_EVERY
+            if self.steps < self.window:  # (a window under way runs on)
+                self.window = self.steps + 1
         if proposed != verified or tokens <= 0 or seconds <= 0:
             return
         rate = tokens / seconds
-        if proposed != self.speculating:
-            self.explored.append(rate)
+        if proposed != self.speculating:  # a window's step (this is the step before the next choice)
+            if self.steps >= self.window + SETTLE_STEPS:
+                self.explored.append(rate)
             return
         self.count += 1
         old = self.rate or 0.0
@@ -73,7 +91,9 @@ class DraftingPolicy:
     def _end_window(self) -> None:
         """Switch when the window measured the other mode clearly faster; place the next window."""
         explored = sum(self.explored) / len(self.explored) if self.explored else None
-        if explored is not None and (self.rate is None or explored > self.rate * (1 + SWITCH_MARGIN)):
+        before = self.describe()
+        switch = explored is not None and (self.rate is None or explored > self.rate * (1 + SWITCH_MARGIN))
+        if switch:
             self.speculating = not self.speculating
             self.rate, self.count = explored, len(self.explored)
             self.gap = EXPLORE_EVERY
@@ -81,6 +101,9 @@ class DraftingPolicy:
             self.gap = min(2 * self.gap, MAX_EXPLORE_EVERY)
         self.explored = []
         self.window += self.gap
+        self.batch = self.last_batch
+        measured = "nothing measured" if explored is None else f"the other mode at {explored:.0f} tok/s"
+        logger.info("drafting policy: %s; window: %s; now %s", before, measured, self.describe())
 
     def describe(self) -> str:
         mode = "speculating" if self.speculating else "plain"

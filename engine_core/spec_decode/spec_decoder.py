@@ -176,7 +176,7 @@ class SpecDecoder:
         if any(not s.samples or s.num_new_tokens != 1 for s in decided.scheduled):
             return  # prefill in it: its time is not a decode's
         verified = any(s.spec_token_ids for s in decided.scheduled)
-        self.drafting.observe(self._proposed, verified, num_tokens, seconds)
+        self.drafting.observe(self._proposed, verified, num_tokens, seconds, len(decided.scheduled))
 
     def _device_queries(
         self, decided: SchedulerOutput, verified: Verified, picked: list[int]
