@@ -10,11 +10,12 @@ but its first SETTLE_STEPS); at a window's end it switches when the window measu
 SWITCH_MARGIN faster than the mode in use runs now.
 Both rates fall as contexts grow, so only rates measured side by side are compared, never a rate from long
 ago (which would always look faster). The first window comes FIRST_WINDOW steps in; each next one twice as
-far after a window that kept the mode (up to MAX_EXPLORE_EVERY steps apart: at batch 16 on a 2-core CPU,
-where speculating loses, a window every 32 steps cost ~15 % of the steps between), EXPLORE_EVERY after one
-that switched. A step that switches mode (it verifies drafts but proposes none, or the reverse) and a step
-with prefill in it measure neither mode. Drafts never proposed are no drafts: no counter moves
-(docs/design.md, counter semantics).
+far after a window that kept the mode, four times where the other mode measured under half the rate (up to
+MAX_EXPLORE_EVERY steps apart: at batch 16 on a 2-core CPU, where speculating loses, a window every 32 steps
+cost ~15 % of the steps between; sampled at T = 0.8 speculating ran at a quarter of plain decoding's rate),
+EXPLORE_EVERY after one that switched. A step that switches mode (it verifies drafts but proposes none, or the
+reverse) and a step with prefill in it measure neither mode. Drafts never proposed are no drafts: no counter
+moves (docs/design.md, counter semantics).
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ class DraftingPolicy:
             self.speculating = not self.speculating
             self.rate, self.count = explored, len(self.explored)
             self.gap = EXPLORE_EVERY
-        else:
-            self.gap = min(2 * self.gap, MAX_EXPLORE_EVERY)
+        else:  # the next window further off, the more so the more the other mode lost
+            lost_badly = explored is not None and self.rate is not None and explored < self.rate / 2
+            self.gap = min((4 if lost_badly else 2) * self.gap, MAX_EXPLORE_EVERY)
         self.explored = []
         self.window += self.gap
         self.batch = self.last_batch

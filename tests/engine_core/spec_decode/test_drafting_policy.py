@@ -174,3 +174,17 @@ def test_a_batch_twice_or_half_as_big_brings_the_next_window_forward() -> None:
     policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=16)
     assert policy.window == 301 and policy.gap == EXPLORE_EVERY
     assert policy.choose() is False  # step 301 explores plain decoding
+
+
+def test_a_window_far_slower_puts_the_next_one_four_times_as_far() -> None:
+    """Plain decoding measured at under half speculating's rate: the next window comes 4 x 32 steps on
+    (twice as far where it measured, say, two thirds)."""
+    for plain_tokens, gap in ((1, 4 * EXPLORE_EVERY), (3, 2 * EXPLORE_EVERY)):
+        policy = DraftingPolicy()
+        while policy.steps < FIRST_WINDOW + EXPLORE_STEPS:
+            policy.choose()
+            if policy.exploring:  # 1 or 3 tokens in 1 ms against 4.5
+                policy.observe(proposed=False, verified=False, tokens=plain_tokens, seconds=0.001)
+            else:
+                policy.observe(proposed=True, verified=True, tokens=9, seconds=0.002)
+        assert policy.gap == gap and policy.window == FIRST_WINDOW + gap
