@@ -77,7 +77,7 @@ class DraftingPolicy:
         if self.batch is not None and not self.batch / 2 < batch < 2 * self.batch:
             self.batch, self.gap = batch, EXPLORE_EVERY
             if self.steps < self.window:  # (a window under way runs on)
-                self.window = self.steps + 1
+                self.window = min(self.window, self.steps + EXPLORE_EVERY)
         if proposed != verified or tokens <= 0 or seconds <= 0:
             return
         rate = tokens / seconds

@@ -157,9 +157,10 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     torch.testing.assert_close(cache, eager.spec.drafter.context_caches, atol=1e-5, rtol=1e-5)  # type: ignore[attr-defined]
 
 
-def test_a_batch_twice_or_half_as_big_brings_the_next_window_forward() -> None:
+def test_a_batch_twice_or_half_as_big_brings_the_next_window_closer() -> None:
     """Windows far apart at batch 1 (speculating confirmed at 16, 80, 208): 16 requests at step 300 bring the
-    window to the next step, and the gap back to EXPLORE_EVERY; more steps of the same batch do not."""
+    next window within EXPLORE_EVERY steps, the gap back to EXPLORE_EVERY; more steps of the same batch, or a
+    later change, bring it no closer."""
     policy = DraftingPolicy()
     while policy.steps < 300:
         policy.choose()
@@ -172,8 +173,9 @@ def test_a_batch_twice_or_half_as_big_brings_the_next_window_forward() -> None:
     policy.observe(proposed=True, verified=True, tokens=6, seconds=0.008, batch=1)
     assert policy.window == 464
     policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=16)
-    assert policy.window == 301 and policy.gap == EXPLORE_EVERY
-    assert policy.choose() is False  # step 301 explores plain decoding
+    assert policy.window == 300 + EXPLORE_EVERY and policy.gap == EXPLORE_EVERY
+    policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=4)  # 16 -> 4: no closer
+    assert policy.window == 300 + EXPLORE_EVERY
 
 
 def test_a_window_far_slower_puts_the_next_one_four_times_as_far() -> None:
