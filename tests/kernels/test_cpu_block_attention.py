@@ -10,7 +10,7 @@ from torch import Tensor
 
 from openinfer.engine_core.models.dflash import BlockContext, cpu_block_attention, torch_block_attention
 from openinfer.kernels.cpu_attention import block_attention_in_place
-from tests.kernels.test_triton_dflash_attention import HEADS, PAGE, REQUESTS, make_blocks
+from tests.kernels.draft_blocks import HEADS, PAGE, REQUESTS, make_blocks
 
 
 def in_place(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float) -> Tensor:
