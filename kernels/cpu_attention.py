@@ -21,6 +21,7 @@ small ones while its copy stays in cache. `benchmarks/cpu_attention.py` measures
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -111,7 +112,8 @@ def request_kv(kv_cache: Tensor, meta: AttentionMetadata, b: int) -> Tensor:
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
-# (first position, number of keys) of a piece -> the (Q, n) keys hidden from each query, or None: all seen
+# (first position, number of keys) of a piece -> the keys hidden from each query ((Q, n), or (n,) for all of
+# them), or None: all seen
 HiddenKeys = Callable[[int, int], Tensor | None]
 
 
@@ -183,21 +185,34 @@ def block_attention_in_place(
     cache: Tensor,
     block_tables: Tensor,
     block_runs: list[list[BlockRun]],
-    context_lens: list[int],
-    block_lens: list[int],
+    key_limits: list[int],
+    context_lens: Tensor,
+    block_lens: Tensor,
     scale: float,
 ) -> Tensor:
     """Non-causal draft-block attention (DFlash, DSpark) reading the context where the cache holds it: block
-    b's queries q[b] (B, T, num_heads, head_dim) see its context positions [0, context_lens[b]) in ``cache``
-    ((2, num_pages, page_size, num_kv_heads, head_dim); its pages ``block_tables[b]``, in runs of consecutive
-    ids ``block_runs[b]``) and its own first block_lens[b] keys and values of k[b], v[b] (B, T, num_kv_heads,
-    head_dim) -> (B, T, num_heads, head_dim). Padding queries are computed like the others."""
+    b's queries q[b] (B, T, num_heads, head_dim) see its own first block_lens[b] keys and values of k[b],
+    v[b] (B, T, num_kv_heads, head_dim), then its context positions [0, context_lens[b]) in ``cache`` ((2,
+    num_pages, page_size, num_kv_heads, head_dim); its pages ``block_tables[b]``, in runs of consecutive ids
+    ``block_runs[b]`` holding key_limits[b] positions) -> (B, T, num_heads, head_dim). Lengths stay on the
+    device (keys past them are masked, nothing is read back); padding queries are computed like the others.
+    The block's own slot 0 (block_lens >= 1) is seen by every query, so its piece comes first."""
     out = torch.empty_like(q)
-    for b, (context_len, block_len) in enumerate(zip(context_lens, block_lens, strict=True)):
-        pieces = list(key_pieces(cache, block_runs[b], block_tables[b], context_len)) if context_len else []
-        pieces.append((context_len, torch.stack((k[b, :block_len], v[b, :block_len]))))  # (2, len, Hkv, D)
-        out[b] = piece_attention(q[b], pieces, scale, lambda start, n: None)
+    slots = torch.arange(k.shape[1], device=k.device)  # (T,)
+    for b, (runs, limit) in enumerate(zip(block_runs, key_limits, strict=True)):
+        hidden = partial(_block_keys_hidden, slots >= block_lens[b], context_lens[b])
+        pieces = [(-1, torch.stack((k[b], v[b])))]  # (2, T, Hkv, D): the block's own keys first
+        pieces += key_pieces(cache, runs, block_tables[b], limit) if limit else []
+        out[b] = piece_attention(q[b], pieces, scale, hidden)
     return out
+
+
+def _block_keys_hidden(block_padding: Tensor, context_len: Tensor, start: int, n: int) -> Tensor:
+    """(n,) bool: a draft block's padding slots (its own piece, ``start`` -1), or context positions at or
+    past its length (0-d, on the device)."""
+    if start < 0:
+        return block_padding
+    return torch.arange(start, start + n, device=block_padding.device) >= context_len
 
 
 def in_place_attention(q: Tensor, kv_cache: Tensor, meta: AttentionMetadata, scale: float) -> Tensor:

@@ -77,6 +77,9 @@ class BlockContext:
     max_context_len: int  # context keys the torch path gathers per block: >= every context_lens[b]
     page_size: int
     block_width: int  # T, the block's padded width
+    # each block's pages as the host has them (unpadded): the CPU's in-place path walks their runs without
+    # reading the device; None: unknown to the host (that path is not taken)
+    host_tables: list[list[int]] | None = None
 
     def gather(self, cache: Tensor) -> tuple[Tensor, Tensor]:
         """The padded context keys and values, each (B, max_context_len, num_kv_heads, head_dim)."""
@@ -95,13 +98,14 @@ class BlockContext:
         return torch.cat((context, block), dim=1)
 
     @cached_property
-    def host(self) -> tuple[list[int], list[int], list[list[BlockRun]]]:
-        """Context lengths, block lengths and each table's runs of consecutive pages over its context, on
-        the host (read once per draft forward, by the CPU's in-place attention)."""
-        tables = self.block_tables.cpu().numpy().astype(np.int64)  # (B, width)
-        context_lens = self.context_lens.cpu().numpy().astype(np.int64)  # (B,)
-        runs = find_block_runs(tables, context_lens, self.page_size)
-        return context_lens.tolist(), self.block_lens.tolist(), runs
+    def host_runs(self) -> tuple[list[list[BlockRun]], list[int]]:
+        """Each block's runs of consecutive pages in ``host_tables`` and the positions they hold (an upper
+        bound of its context: the rest are masked on the device), computed on the host."""
+        assert self.host_tables is not None, "the host tables are needed to walk their runs"
+        width = max(len(t) for t in self.host_tables)
+        tables = np.array([t + [0] * (width - len(t)) for t in self.host_tables], dtype=np.int64)
+        limits = [len(t) * self.page_size for t in self.host_tables]
+        return find_block_runs(tables, np.array(limits, dtype=np.int64), self.page_size), limits
 
 
 # A DeepSpec checkpoint's copies of the target's embedding and LM head: the target's own serve the drafter.
@@ -145,11 +149,11 @@ def cpu_block_attention(
     _, _, _, num_kv_heads, head_dim = cache.shape
     batch = q.shape[0]
     padded_bytes = 2 * batch * context.max_context_len * num_kv_heads * head_dim * cache.element_size()
-    if batch > 1 and padded_bytes <= PADDED_GATHER_LIMIT:
+    if context.host_tables is None or (batch > 1 and padded_bytes <= PADDED_GATHER_LIMIT):
         return torch_block_attention(q, k, v, cache, context, scale)
-    context_lens, block_lens, runs = context.host
+    runs, limits = context.host_runs
     return block_attention_in_place(
-        q, k, v, cache, context.block_tables, runs, context_lens, block_lens, scale
+        q, k, v, cache, context.block_tables, runs, limits, context.context_lens, context.block_lens, scale
     )
 
 

@@ -229,6 +229,7 @@ class DFlashDrafter:
             page_size=self.page_size,
             block_width=block_width,
             sampling=sampling,
+            host_tables=[list(b) for b in queries.block_ids],
         )
 
     def _draft_ids(self, batch: list[DraftQuery]) -> list[list[int]]:
@@ -269,6 +270,7 @@ class DFlashDrafter:
             max_context_len=max(q.position for q in batch),
             page_size=self.page_size,
             block_width=block_width,
+            host_tables=[q.block_ids for q in batch],
         )
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)  # (B, block_width)
         positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)  # (B * block_width,)

@@ -47,11 +47,13 @@ def padded_drafts(
     page_size: int,
     block_width: int,
     sampling: DraftSampling | None = None,
+    host_tables: list[list[int]] | None = None,
 ) -> DeviceDrafts:
     """The drafts of B padded blocks given on the device: tokens, positions (== context lengths) and
-    block_lens (B,) int64, block_tables (B, columns). Every block is ``block_width`` slots (the current token,
-    then mask tokens; slots past block_lens[b] are masked as keys); the torch path gathers the context up to
-    the tables' columns. Greedy, or with ``sampling`` drawn."""
+    block_lens (B,) int64, block_tables (B, columns) (``host_tables``: the same unpadded on the host, where
+    the host has them). Every block is ``block_width`` slots (the current token, then mask tokens; slots past
+    block_lens[b] are masked as keys); the torch path gathers the context up to the tables' columns. Greedy,
+    or with ``sampling`` drawn."""
     slots = torch.arange(block_width, device=tokens.device)  # (T,) slot offsets within a block
     ids = torch.where(slots == 0, tokens[:, None], mask_token_id)  # (B, T)
     context = BlockContext(
@@ -61,6 +63,7 @@ def padded_drafts(
         max_context_len=block_tables.shape[1] * page_size,
         page_size=page_size,
         block_width=block_width,
+        host_tables=host_tables,
     )
     return forward(ids, (positions[:, None] + slots).flatten(), context, sampling)
 

@@ -75,12 +75,13 @@ def drafters(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, drafters: Path) -> Iterator[Cluster]:
     """A frontend (admin routes on, drafter commands waited for 60 s at most) and an engine drafting with
-    the good DSpark drafter, loading others only from ``drafters``."""
+    the good DSpark drafter, every draft verified (its random confidences would leave them out), loading
+    others only from ``drafters``."""
     c = Cluster(tmp_path_factory.mktemp("hostile-drafters"))
     try:
         c.start_frontend("--admin-api-key", ADMIN_KEY, "--drafter-timeout", "60")
         c.start_engine(tiny_model, 0, "--draft-model", str(drafters / "good"),
-                       "--allowed-drafter-dir", str(drafters))  # fmt: skip
+                       "--allowed-drafter-dir", str(drafters), "--no-enable-adaptive-verification")  # fmt: skip
         c.wait_healthy()
         yield c
     finally:

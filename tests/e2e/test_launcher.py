@@ -26,7 +26,7 @@ def child_pids(pid: int) -> list[int]:
 
 
 def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
-    """With no model it serves the built-in tiny model with its DFlash drafter (K=7); SIGTERM stops the
+    """With no model it serves the built-in tiny model with its DSpark drafter (K=7); SIGTERM stops the
     frontend and both engines."""
     (port,), engine_port = free_ports()
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -79,7 +79,7 @@ def test_serve_builtin_model_with_two_engines(tmp_path: Path) -> None:
         log.close()
     log_text = (tmp_path / "serve.log").read_text()
     assert "openinfer is serving openinfer-tiny-qwen3" in log_text
-    assert "speculative decoding: dflash K=7" in log_text
+    assert "speculative decoding: dspark K=7" in log_text
 
 
 def test_serve_model_positional_with_curve_keys_and_an_api_key(tmp_path: Path, tiny_model: Path) -> None:

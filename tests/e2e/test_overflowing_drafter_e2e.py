@@ -40,11 +40,12 @@ def overflowing(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> P
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, overflowing: Path
 ) -> Iterator[Cluster]:
-    """A frontend (admin routes on) and an engine started with the overflowing drafter and a spec log."""
+    """A frontend (admin routes on) and an engine started with the overflowing drafter and a spec log, every
+    draft verified (adaptive verification, DSpark's default, would verify none of confidence 0)."""
     c = Cluster(tmp_path_factory.mktemp("overflowing-drafter"))
     try:
         c.start_frontend("--admin-api-key", ADMIN_KEY)
-        c.start_engine(tiny_model, 0, "--draft-model", str(overflowing),
+        c.start_engine(tiny_model, 0, "--draft-model", str(overflowing), "--no-enable-adaptive-verification",
                        "--spec-log", str(c.log_dir / "spec.jsonl"))  # fmt: skip
         c.wait_healthy()
         yield c

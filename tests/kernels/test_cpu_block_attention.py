@@ -4,6 +4,8 @@ gathered in pieces, under one online softmax) against the torch reference (Block
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import Tensor
@@ -13,10 +15,21 @@ from openinfer.kernels.cpu_attention import block_attention_in_place
 from tests.kernels.draft_blocks import HEADS, PAGE, REQUESTS, make_blocks
 
 
-def in_place(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float) -> Tensor:
-    context_lens, block_lens, runs = context.host
+def with_host_tables(context: BlockContext, extra_pages: int = 1) -> BlockContext:
+    """``context`` with its tables on the host too, each cut to the pages its context uses and
+    ``extra_pages`` more where the table has them (as a request's table holds pages for the positions it is
+    about to verify: keys there are masked on the device)."""
+    tables = context.block_tables.tolist()
+    used = [-(-c // PAGE) + extra_pages for c in context.context_lens.tolist()]
+    return replace(context, host_tables=[t[:n] for t, n in zip(tables, used, strict=True)])
+
+
+def in_place(
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, context: BlockContext, scale: float, extra_pages: int = 1
+) -> Tensor:
+    runs, limits = with_host_tables(context, extra_pages).host_runs
     return block_attention_in_place(
-        q, k, v, cache, context.block_tables, runs, context_lens, block_lens, scale
+        q, k, v, cache, context.block_tables, runs, limits, context.context_lens, context.block_lens, scale
     )
 
 
@@ -60,27 +73,31 @@ def test_cpu_block_attention_views_and_gathered_pieces() -> None:
     # the reference gathers every table column up to 70 tokens: give it a cache without NaN in them
     clean = torch.nan_to_num(cache)
     expected = torch_block_attention(q, k, v, clean, context, head_dim**-0.5)
-    out = in_place(q, k, v, cache, context, head_dim**-0.5)
+    out = in_place(q, k, v, cache, context, head_dim**-0.5, extra_pages=0)  # no page past the contexts
     assert not out.isnan().any()
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_cpu_block_attention_reads_a_lone_block_in_place() -> None:
-    """One block reads its context in place whatever its length (pages outside its table hold NaN, which
-    the padded gather would read at the table's padding columns); a batch of small contexts may gather."""
+    """With its tables on the host, one block reads its context in place whatever its length: pages past its
+    host table hold NaN, which the padded gather would read at the table's padding columns; without host
+    tables (the device's graphs) it takes the padded gather."""
     g = torch.Generator().manual_seed(4)
     cache = torch.randn(2, 8, PAGE, 2, 64, generator=g)
     cache[:, 5:] = float("nan")
     context = BlockContext(
-        block_tables=torch.tensor([[0, 1, 2, 5]]),  # column 3 (page 5) lies past the 10-token context
+        block_tables=torch.tensor([[0, 1, 2, 5]]),  # page 5 lies past the 10-token context and its next page
         context_lens=torch.tensor([10]),
         block_lens=torch.tensor([3]),
-        max_context_len=16,  # the padded gather would read page 5 whole
+        max_context_len=16,  # the padded gather reads page 5 whole
         page_size=PAGE,
         block_width=3,
+        host_tables=[[0, 1, 2]],
     )
     q = torch.randn(1, 3, 4, 64, generator=g)
     k, v = torch.randn(2, 1, 3, 2, 64, generator=g)
     out = cpu_block_attention(q, k, v, cache, context, 0.125)
     assert not out.isnan().any()
-    torch.testing.assert_close(out, in_place(q, k, v, cache, context, 0.125))
+    expected = torch_block_attention(q, k, v, torch.nan_to_num(cache), context, 0.125)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert cpu_block_attention(q, k, v, cache, replace(context, host_tables=None), 0.125).isnan().any()
