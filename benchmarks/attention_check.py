@@ -16,7 +16,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.models.dflash import BlockContext, torch_block_attention
+from openinfer.engine_core.models.block_attention import BlockContext, torch_block_attention
 from openinfer.kernels.attention import TorchAttentionBackend
 from openinfer.kernels.attention_metadata import AttentionMetadata
 from openinfer.kernels.triton_attention import TritonAttentionBackend

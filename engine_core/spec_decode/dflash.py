@@ -8,13 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.models.dflash import (
-    BlockAttention,
-    BlockContext,
-    cpu_block_attention,
-    torch_block_attention,
-    triton_block_attention,
-)
+from openinfer.engine_core.models.block_attention import BlockContext, follow_backend
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.spec_decode.dflash_graphs import DraftGraphs, padded_drafts
@@ -34,19 +28,8 @@ from openinfer.engine_core.spec_decode.drafter import (
 from openinfer.engine_core.spec_decode.drafter_budget import context_caches, load_within_budget
 from openinfer.engine_core.worker.executor import reachable_positions
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
-from openinfer.kernels.attention_backend import AttentionBackend
-from openinfer.kernels.backend_name import BackendName
 from openinfer.kernels.host_copy import host_to_device
 from openinfer.protocol.counters import num_spec_tokens_problem
-
-
-def follow_backend(backend: AttentionBackend, device: torch.device) -> BlockAttention:
-    """The draft attention matching the target's backend: the Triton kernel when the target runs Triton's,
-    on the CPU the context read in place, else torch's SDPA over a gathered copy (flash-attn has no block
-    kernel here)."""
-    if backend.name is BackendName.TRITON:
-        return triton_block_attention
-    return cpu_block_attention if device.type == "cpu" else torch_block_attention
 
 
 class DFlashDrafter:

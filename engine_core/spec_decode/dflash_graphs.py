@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.models.dflash import BlockContext
+from openinfer.engine_core.models.block_attention import BlockContext
 from openinfer.engine_core.spec_decode.draft_sampling import DraftSampling
 from openinfer.engine_core.spec_decode.drafter import DraftQuery
 from openinfer.engine_core.worker.runner_output import DeviceDrafts

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from openinfer.engine_core.models.block_attention import BlockAttention
 from openinfer.engine_core.models.config import ModelConfig
-from openinfer.engine_core.models.dflash import BlockAttention, DFlashDraftModel
+from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.kv_geometry import page_bytes
 from openinfer.engine_core.models.packed_linear import pack_modules_for_cpu

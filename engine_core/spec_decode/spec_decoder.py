@@ -4,6 +4,7 @@ log."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -35,8 +36,7 @@ from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.verification import Verified
 from openinfer.protocol import SpecDecodeCounters
 
-# Steps that propose nothing keep their drafter-context updates for the next step that proposes (one batched
-# write instead of one per step: most of what a paused drafter costs a step), up to this many positions.
+# A step that proposes nothing leaves its drafter-context updates to the next that does, up to this many.
 PENDING_CONTEXT_ROWS = 4096
 
 
@@ -58,8 +58,7 @@ class SpecDecoder:
         self.num_spec_tokens = spec.num_spec_tokens
         self.confidence_threshold = spec.confidence_threshold  # > 0 only for a drafter that rates its drafts
         self.adaptive_verification = spec.adaptive_verification
-        # The engine's step costs (measured at start, refreshed every step): set when it installs the drafter,
-        # needed by adaptive verification.
+        # the engine's step costs (measured at start, refreshed every step), for adaptive verification
         self.step_costs: StepCosts | None = None
         # with adaptive verification, whether proposing pays, measured step by step (drafting_policy.py)
         self.drafting = DraftingPolicy() if spec.adaptive_verification else None
@@ -144,7 +143,7 @@ class SpecDecoder:
             num_sampling += s.samples
             if drafts and reads_context and aux is not None:
                 hidden = aux[row : row + s.num_new_tokens + len(s.spec_token_ids)]
-                context.append(ContextUpdate(list(request.block_ids), s.start, hidden))
+                context.append(ContextUpdate(request.block_ids, s.start, hidden))
         proposing = self.drafting is None or self.drafting.choose()
         if not proposing:
             self._proposers, picked = [], []  # proposing does not pay now: no drafts after this step
@@ -158,10 +157,10 @@ class SpecDecoder:
         return proposed
 
     def _write_context(self, updates: list[ContextUpdate], now: bool) -> None:
-        """Write the step's context updates before a proposal reads them (``now``), else keep them: a step that
-        proposes nothing leaves its updates to the next one that does (or to PENDING_CONTEXT_ROWS positions),
-        which writes them all in order in one batch, as if written step by step (a later owner of a freed
-        block writes its positions after an earlier owner's)."""
+        """Write the step's context updates (and those kept) before a proposal reads them (``now``), else keep
+        them, in order, as if written step by step: a later owner of a freed block writes after an earlier one."""
+        if not now:  # the tables as they are now: a request may free or replace its blocks meanwhile
+            updates = [replace(u, block_ids=list(u.block_ids)) for u in updates]
         self._pending_context += updates
         self._pending_rows += sum(u.hidden.shape[0] for u in updates)
         if self._pending_context and (now or self._pending_rows >= PENDING_CONTEXT_ROWS):

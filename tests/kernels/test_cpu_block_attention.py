@@ -10,7 +10,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.models.dflash import BlockContext, cpu_block_attention, torch_block_attention
+from openinfer.engine_core.models.block_attention import (
+    BlockContext,
+    cpu_block_attention,
+    torch_block_attention,
+)
 from openinfer.kernels.cpu_attention import block_attention_in_place
 from tests.kernels.draft_blocks import HEADS, PAGE, REQUESTS, make_blocks
 

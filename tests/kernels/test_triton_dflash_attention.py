@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from openinfer.engine_core.models.dflash import BlockContext, torch_block_attention
+from openinfer.engine_core.models.block_attention import BlockContext, torch_block_attention
 from openinfer.kernels.triton_dflash_attention import block_attention_triton
 from tests.kernels.draft_blocks import DTYPES, HEADS, PAGE, REQUESTS, TOLERANCE, Blocks, make_blocks
 

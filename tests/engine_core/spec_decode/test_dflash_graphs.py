@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from openinfer.engine_core.compilation_config import CompilationConfig
-from openinfer.engine_core.models.dflash import (
+from openinfer.engine_core.models.block_attention import (
     cpu_block_attention,
     torch_block_attention,
     triton_block_attention,
