@@ -50,14 +50,17 @@ def load_target(folder: Path) -> Qwen3ForCausalLM:
 
 
 @torch.no_grad()
-def greedy_sequences(
-    target: Qwen3ForCausalLM, part: Tensor, count: int, seq_len: int, gen_batch: int, seed: int, desc: str
+def target_sequences(
+    target: Qwen3ForCausalLM, part: Tensor, spec: DataSpec, desc: str
 ) -> tuple[Tensor, Tensor]:
-    """`count` sequences of `seq_len` tokens: a prompt cut from `part` at a seeded offset (a quarter of them
-    for each of PROMPT_LENS), then the target's greedy continuation, never stopped by EOS (the bench runs
-    with ignore_eos). transformers' `generate` over a static KV cache (no copy of the cache per token).
-    Returns tokens (count, seq_len) and prompt lengths (count,)."""
-    generator = torch.Generator().manual_seed(seed)
+    """`spec.count` sequences of `spec.seq_len` tokens: a prompt cut from `part` at a seeded offset (a quarter
+    of them for each of PROMPT_LENS), then the target's continuation, greedy or drawn from softmax(logits / T)
+    at `spec.temperature` (no top-k or top-p), never stopped by EOS (the bench runs with ignore_eos).
+    transformers' `generate` over a static KV cache (no copy of the cache per token). Returns tokens (count,
+    seq_len) and prompt lengths (count,)."""
+    count, seq_len, gen_batch = spec.count, spec.seq_len, spec.gen_batch
+    generator = torch.Generator().manual_seed(spec.seed)
+    torch.manual_seed(spec.seed)  # generate's draws come from the global generator
     jobs = []  # (prompt_len, n): generation batches
     for j, prompt_len in enumerate(PROMPT_LENS):
         group = count // len(PROMPT_LENS) + (j < count % len(PROMPT_LENS))
@@ -72,7 +75,8 @@ def greedy_sequences(
             attention_mask=torch.ones_like(prompts),
             max_new_tokens=new,
             min_new_tokens=new,
-            do_sample=False,
+            do_sample=spec.temperature > 0,
+            **({"temperature": spec.temperature, "top_k": 0, "top_p": 1.0} if spec.temperature > 0 else {}),
             cache_implementation="static",
             eos_token_id=None,
             pad_token_id=0,
@@ -101,13 +105,15 @@ def context_features(
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Which greedy sequences to generate: a name for the cache file, how many, how long, the seed."""
+    """Which sequences to generate: a name for the cache file, how many, how long, the seed, and the
+    temperature the target continues them at (0: greedily)."""
 
     name: str
     count: int
     seq_len: int
     seed: int
     gen_batch: int
+    temperature: float = 0.0
 
 
 def distillation_data(
@@ -119,17 +125,15 @@ def distillation_data(
     layer_ids: list[int],
     with_final: bool = False,
 ) -> Distillation:
-    """Generate (or reload from `cache_dir`) the greedy sequences `spec` names, then compute their
-    features (and the target's final hidden states with `with_final`)."""
-    path = (
-        cache_dir / f"{spec.name}-{target_digest(target_folder)}-{spec.count}-{spec.seed}-{spec.seq_len}.pt"
-    )
+    """Generate (or reload from `cache_dir`) the sequences `spec` names, then compute their features (and
+    the target's final hidden states with `with_final`)."""
+    sampled = f"-T{spec.temperature:g}" if spec.temperature > 0 else ""  # greedy files keep their names
+    name = f"{spec.name}-{target_digest(target_folder)}-{spec.count}-{spec.seed}-{spec.seq_len}{sampled}.pt"
+    path = cache_dir / name
     if path.is_file():
         tokens, prompt_lens = torch.load(path)
     else:
-        tokens, prompt_lens = greedy_sequences(
-            target, part, spec.count, spec.seq_len, spec.gen_batch, spec.seed, f"generate {spec.name}"
-        )
+        tokens, prompt_lens = target_sequences(target, part, spec, f"generate {spec.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save((tokens, prompt_lens), path)
     features, final = context_features(target, tokens, layer_ids, with_final)

@@ -52,6 +52,7 @@ class SlotOutputs:
     hidden: Tensor  # (B, A, K, hidden): the slots' final hidden states
     logits: Tensor  # (B, A, K, vocab) float32: LM head plus the Markov bias (teacher-forced or drafted)
     confidence_logits: Tensor | None  # (B, A, K) float32; None without a confidence head
+    head_features: Tensor | None = None  # (B, A, K, in_features): what the confidence head read
 
 
 def slot_hidden(
@@ -82,7 +83,7 @@ def slot_outputs(
     teacher = blocks.labels.flatten(0, 1)  # (B * A, K)
     markov, confidence = model.markov_head, model.confidence_head
     state = None if markov is None else markov.initial_state(b * a, flat)
-    biased, confidences = [], []
+    biased, confidences, head_features = [], [], []
     for slot in range(k):
         slot_logits, embed = logits[:, slot], None
         if markov is not None:
@@ -90,13 +91,15 @@ def slot_outputs(
             bias, state = markov.step(embed, flat[:, slot], state)
             slot_logits = slot_logits + bias.float()
         if confidence is not None:
-            confidences.append(confidence.logit(flat[:, slot], embed).float())
+            head_features.append(confidence.features(flat[:, slot], embed))
+            confidences.append(confidence.proj(head_features[-1]).squeeze(-1).float())
         biased.append(slot_logits)
         previous = teacher[:, slot] if teacher_forced else slot_logits.argmax(-1)
     return SlotOutputs(
         hidden,
         torch.stack(biased, dim=1).view(b, a, k, -1),
         torch.stack(confidences, dim=1).view(b, a, k) if confidences else None,
+        torch.stack(head_features, dim=1).view(b, a, k, -1) if head_features else None,
     )
 
 

@@ -10,7 +10,7 @@ folder, a truncated file or a header too large a ValueError naming it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from openinfer.engine_core.models.weights import read_headers
@@ -25,11 +25,13 @@ def check_headers(
     unexpected_hint: str,
     optional: Mapping[str, tuple[int, ...]] | None = None,
     shape_problem: Callable[[str, tuple[int, ...]], str | None] = lambda name, shape: None,
+    files: Sequence[str] | None = None,
 ) -> None:
     """Refuse the folder's checkpoint unless its tensors are exactly ``expected`` (name -> shape), and any of
     ``optional`` (tensors the loader skips, of that shape), each in a floating-point dtype. The messages are
-    ``load_checkpoint``'s (``unexpected_hint``, ``shape_problem``)."""
-    headers, allowed = read_headers(folder), {**(optional or {}), **expected}
+    ``load_checkpoint``'s (``unexpected_hint``, ``shape_problem``); ``files``: those of the folder, not its
+    checkpoint's."""
+    headers, allowed = read_headers(folder, files), {**(optional or {}), **expected}
     for name, header in headers.items():
         shape = allowed.get(name)
         if shape is None:

@@ -37,6 +37,7 @@ Learned from z-lab/dflash (`dflash/model.py`, `model/dflash.py`), cross-checked 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
@@ -49,7 +50,7 @@ from openinfer.engine_core.models.checkpoint_headers import check_headers
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.dflash_context import ContextProjection
-from openinfer.engine_core.models.dspark_heads import ConfidenceHead, MarkovHead
+from openinfer.engine_core.models.dspark_heads import SAMPLED_CONFIDENCE_FILE, ConfidenceHead, MarkovHead
 from openinfer.engine_core.models.packed_linear import Linear
 from openinfer.engine_core.models.qwen3 import Qwen3MLP, RMSNorm
 from openinfer.engine_core.models.rotary import RotaryEmbedding, apply_rope
@@ -107,11 +108,17 @@ class DFlashDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+_SAMPLED_HINT = (  # after an unexpected tensor's name in SAMPLED_CONFIDENCE_FILE
+    f"; {SAMPLED_CONFIDENCE_FILE} holds sampled_confidence_head.proj.weight and .bias, a confidence head's shape"
+)
+
+
 class DFlashDraftModel(nn.Module):
     """The draft layers, fc, hidden_norm and the final norm; parameter names equal z-lab's checkpoint names.
     A DeepSpec checkpoint adds DSpark's `markov_head` and `confidence_head` (dspark_heads.py) when its config
-    has them, and its copies of the target's `embed_tokens` and `lm_head`, which are not loaded: the target's
-    serve (DeepSpec copies them from the target and freezes them).
+    has them (and `sampled_confidence_head`, from SAMPLED_CONFIDENCE_FILE, when it names
+    `sampled_confidence_temperature`), and its copies of the target's `embed_tokens` and `lm_head`, which are
+    not loaded: the target's serve (DeepSpec copies them from the target and freezes them).
 
     The context cache is one tensor (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), filled by
     `write_context` (all layers at once) and read by `forward`, a layer's slice each, through `attention`.
@@ -140,12 +147,17 @@ class DFlashDraftModel(nn.Module):
         heads = config.heads
         self.markov_head: MarkovHead | None = None
         self.confidence_head: ConfidenceHead | None = None
+        self.sampled_confidence_head: ConfidenceHead | None = None  # read for requests at T > 0
         if heads is not None and heads.markov_rank > 0:
             self.markov_head = MarkovHead(
                 layers.vocab_size, heads.markov_rank, layers.hidden_size, heads.markov_head_type
             )
         if heads is not None and heads.confidence_head:
             self.confidence_head = ConfidenceHead(
+                layers.hidden_size, heads.markov_rank, heads.confidence_with_markov
+            )
+        if heads is not None and heads.sampled_confidence_temperature is not None:
+            self.sampled_confidence_head = ConfidenceHead(
                 layers.hidden_size, heads.markov_rank, heads.confidence_with_markov
             )
         self.context_projection: ContextProjection | None = None  # fuse_context, once loaded
@@ -192,32 +204,58 @@ class DFlashDraftModel(nn.Module):
         embedding and LM head may be there, (vocab, hidden) each), or not floating-point."""
         layers = self.config.layers
         copies = (layers.vocab_size, layers.hidden_size)
+        checkpoint, sampled = self._checkpoint_files_parameters()
         check_headers(
             Path(folder),
-            {name: tuple(param.shape) for name, param in self.named_parameters()},
+            {name: tuple(param.shape) for name, param in checkpoint.items()},
             unexpected_hint=self._unexpected_hint,
             optional=dict.fromkeys(_DEEPSPEC_TARGET_COPIES, copies) if self.config.is_deepspec else None,
             shape_problem=self._shape_problem,
         )
+        if sampled and not os.path.lexists(Path(folder) / SAMPLED_CONFIDENCE_FILE):
+            raise ValueError(
+                f"{folder}: config.json names sampled_confidence_temperature but {SAMPLED_CONFIDENCE_FILE} is "
+                "not there; copy it with the checkpoint, or remove the key to read the greedy head alone"
+            )
+        if sampled:
+            check_headers(
+                Path(folder),
+                {name: tuple(param.shape) for name, param in sampled.items()},
+                unexpected_hint=_SAMPLED_HINT,
+                files=[SAMPLED_CONFIDENCE_FILE],
+            )
 
     def load_weights(self, folder: Path | str) -> None:
         """Copy every tensor of the folder's safetensors into the parameter of the same name; a missing,
         unexpected or misshapen tensor is an error, and so is a NaN or infinite weight (as loaded, in the
         parameter's dtype: a float32 weight past float16's range is infinite in a float16 engine)."""
         deepspec = self.config.is_deepspec
+        checkpoint, sampled = self._checkpoint_files_parameters()
         load_checkpoint(
             Path(folder),
-            dict(self.named_parameters()),
+            checkpoint,
             unexpected_hint=self._unexpected_hint,
             skip=lambda name: deepspec and name in _DEEPSPEC_TARGET_COPIES,
             shape_problem=self._shape_problem,
         )
+        if sampled:
+            load_checkpoint(
+                Path(folder), sampled, unexpected_hint=_SAMPLED_HINT, files=[SAMPLED_CONFIDENCE_FILE]
+            )
         for name, param in self.named_parameters():
             if not bool(torch.isfinite(param).all()):
                 raise ValueError(
                     f"{folder}: tensor {name!r} holds NaN or infinite values (as {param.dtype}); a drafter's "
                     "weights must be finite"
                 )
+
+    def _checkpoint_files_parameters(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The parameters model.safetensors holds, and those of SAMPLED_CONFIDENCE_FILE (none without it)."""
+        checkpoint: dict[str, Tensor] = {}
+        sampled: dict[str, Tensor] = {}
+        for name, param in self.named_parameters():
+            (sampled if name.startswith("sampled_confidence_head.") else checkpoint)[name] = param
+        return checkpoint, sampled
 
     @property
     def _unexpected_hint(self) -> str:

@@ -239,7 +239,8 @@ def _anchor_layout(config: dict[str, Any], stated: Any, chosen: AnchorLayout | N
 
 def _deepspec_heads(config: dict[str, Any]) -> DSparkHeadsConfig:
     """The heads of a DeepSpec config: `markov_rank` (0 or absent: none), `markov_head_type` (written only
-    with a Markov head; vanilla when absent), `enable_confidence_head`, `confidence_head_with_markov`."""
+    with a Markov head; vanilla when absent), `enable_confidence_head`, `confidence_head_with_markov`, and
+    openinfer's `sampled_confidence_temperature` (a second confidence head for sampled requests)."""
     rank = config_int(_number(config.get("markov_rank"), 0), "markov_rank", low=0)
     head_type = config.get("markov_head_type") or MarkovHeadType.VANILLA.value
     if head_type not in set(MarkovHeadType):
@@ -251,4 +252,14 @@ def _deepspec_heads(config: dict[str, Any]) -> DSparkHeadsConfig:
         markov_head_type=MarkovHeadType(head_type),
         confidence_head=confidence,
         confidence_with_markov=confidence and bool(config.get("confidence_head_with_markov", False)),
+        sampled_confidence_temperature=_sampled_temperature(config.get("sampled_confidence_temperature")),
     )
+
+
+def _sampled_temperature(value: Any) -> float | None:
+    """`sampled_confidence_temperature`: absent or null, or a number (DSparkHeadsConfig checks its range)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"sampled_confidence_temperature must be a number, got {value!r}")
+    return float(value)

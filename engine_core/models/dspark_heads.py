@@ -12,6 +12,10 @@ under the `markov_head.` and `confidence_head.` prefixes.
   zero in every block (`rnn`; slot k's bias reads the state before slot k updates it).
 - The confidence head estimates P(draft k accepted | drafts before it accepted): sigmoid(proj([h_k; e_k]))
   (or of h_k alone when the checkpoint's `confidence_head_with_markov` is false).
+- openinfer's own addition, invisible to DeepSpec's loader: a second confidence head of the same shape, fitted
+  to the acceptance of drafts drawn at a temperature T > 0 (rejection sampling's 1 - TV at T), in the folder's
+  `sampled_confidence.safetensors` under `sampled_confidence_head.`, named by the config's
+  `sampled_confidence_temperature` (T); the engine reads it for requests sampled at T > 0.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+SAMPLED_CONFIDENCE_FILE = "sampled_confidence.safetensors"  # the second head's tensors, beside the checkpoint
 
 
 class MarkovHeadType(enum.StrEnum):
@@ -39,10 +45,18 @@ class DSparkHeadsConfig:
     markov_head_type: MarkovHeadType
     confidence_head: bool  # `enable_confidence_head`
     confidence_with_markov: bool  # `confidence_head_with_markov`: the head reads [h_k; e_k], else h_k
+    # `sampled_confidence_temperature`: the T a second head (SAMPLED_CONFIDENCE_FILE) was fitted at; None: none
+    sampled_confidence_temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.markov_rank < 0:
             raise ValueError(f"markov_rank must be >= 0, got {self.markov_rank}")
+        sampled = self.sampled_confidence_temperature
+        if sampled is not None and not (self.confidence_head and 0 < sampled < float("inf")):
+            raise ValueError(
+                f"sampled_confidence_temperature {sampled} needs a confidence head "
+                "(enable_confidence_head) and a temperature > 0"
+            )
         if self.confidence_head and self.confidence_with_markov and self.markov_rank == 0:
             raise ValueError("confidence_head_with_markov needs a Markov head (markov_rank > 0)")
 
@@ -101,8 +115,12 @@ class ConfidenceHead(nn.Module):
 
     def logit(self, hidden: Tensor, prev_embed: Tensor | None) -> Tensor:
         """The confidence before its sigmoid, (B,) in the head's dtype (what training's BCE reads)."""
-        features = hidden
-        if self.with_markov:
-            assert prev_embed is not None, "this confidence head reads the Markov embedding"
-            features = torch.cat((hidden, prev_embed), dim=-1)
-        return self.proj(features).squeeze(-1)
+        return self.proj(self.features(hidden, prev_embed)).squeeze(-1)
+
+    def features(self, hidden: Tensor, prev_embed: Tensor | None) -> Tensor:
+        """What the head reads: hidden (B, hidden), with the Markov embedding (B, r) after it when it reads
+        one -> (B, in_features)."""
+        if not self.with_markov:
+            return hidden
+        assert prev_embed is not None, "this confidence head reads the Markov embedding"
+        return torch.cat((hidden, prev_embed), dim=-1)

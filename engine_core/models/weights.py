@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,11 @@ def checkpoint_files(folder: Path) -> list[Path]:
     if os.path.lexists(folder / "model.safetensors"):
         return [model_file(folder, "model.safetensors")]
     raise FileNotFoundError(f"{folder} holds neither model.safetensors nor {INDEX}")
+
+
+def _files(folder: Path, files: Sequence[str] | None) -> list[Path]:
+    """``files`` of the folder (each a regular file inside it), or its checkpoint's when None."""
+    return checkpoint_files(folder) if files is None else [model_file(folder, name) for name in files]
 
 
 @contextmanager
@@ -84,15 +89,16 @@ def load_checkpoint(
     unexpected_hint: str,
     skip: Callable[[str], bool] = lambda name: False,
     shape_problem: Callable[[str, tuple[int, ...]], str | None] = lambda name, shape: None,
+    files: Sequence[str] | None = None,
 ) -> None:
-    """Copy every tensor of `folder`'s safetensors into the target of the same name (a parameter, or a view
-    of part of one), or only the slice a `CheckpointSlice` (or each of several) names (the rest is never
-    read). A tensor with no target (unless `skip` says so; a skipped tensor is not read), one whose shape
-    (read from its header, before its data) is not its target's whole shape, or a target that no tensor
-    fills is an error naming `folder`. `unexpected_hint` follows the unexpected tensor's name;
+    """Copy every tensor of `folder`'s safetensors (or of its `files`) into the target of the same name (a
+    parameter, or a view of part of one), or only the slice a `CheckpointSlice` (or each of several) names
+    (the rest is never read). A tensor with no target (unless `skip` says so; a skipped tensor is not read),
+    one whose shape (read from its header, before its data) is not its target's whole shape, or a target
+    that no tensor fills is an error naming `folder`. `unexpected_hint` follows the unexpected tensor's name;
     `shape_problem` may explain a misshapen tensor better than the shapes alone."""
     loaded: set[str] = set()
-    for file in checkpoint_files(folder):
+    for file in _files(folder, files):
         with open_safetensors(file) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
                 if skip(name):
@@ -143,11 +149,11 @@ class TensorHeader:
     dtype: str  # safetensors' name: F32, BF16, ...
 
 
-def read_headers(folder: Path) -> dict[str, TensorHeader]:
-    """Every tensor of the folder's safetensors files (those ``checkpoint_files`` names), from their headers;
-    ValueError naming a file that is not a valid safetensors file."""
+def read_headers(folder: Path, files: Sequence[str] | None = None) -> dict[str, TensorHeader]:
+    """Every tensor of the folder's safetensors files (those ``checkpoint_files`` names, or the ``files`` of
+    the folder named), from their headers; ValueError naming a file that is not a valid safetensors file."""
     headers = {}
-    for file in checkpoint_files(folder):
+    for file in _files(folder, files):
         with open_safetensors(file) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
                 part = f.get_slice(name)

@@ -272,12 +272,16 @@ class DFlashDrafter:
         slot from softmax(logits / T) for the rows with T > 0, with the distributions they were drawn from;
         and, with a confidence head, each slot's confidence from its hidden state and
         (``confidence_head_with_markov``) the Markov embedding of the token before it (DeepSpec's
-        ``compute_confidence_logits``), 0 where it or the slot's logits are not finite (draft_numbers.py)."""
+        ``compute_confidence_logits``; the rows drawn at T > 0 read the sampled head when the drafter has
+        one), 0 where it or the slot's logits are not finite (draft_numbers.py)."""
         logits, hidden, prev_embeds, drawn = self._block(ids, positions, context, num_drafts, sampling)
         draft_ids, probs = (logits.argmax(dim=-1), None) if drawn is None else drawn  # (B, num_drafts)
         finite = finite_slots(logits)  # (B, num_drafts) bool
-        head = self.model.confidence_head
+        head, sampled_head = self.model.confidence_head, self.model.sampled_confidence_head
         confidence = None if head is None else head(hidden, prev_embeds)  # (B, num_drafts) float32
+        if confidence is not None and sampled_head is not None and sampling is not None:
+            drawn_rows = (sampling.temperatures > 0)[:, None]  # (B, 1): rows drafting at T > 0
+            confidence = torch.where(drawn_rows, sampled_head(hidden, prev_embeds), confidence)
         if confidence is not None:
             finite &= confidence.isfinite()
             confidence = torch.where(finite, confidence, 0.0)

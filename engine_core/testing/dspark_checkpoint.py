@@ -3,15 +3,18 @@ DFlash with markov_rank 0), sized for a given target (tests, demos)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
+from torch import Tensor
 
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
 from openinfer.engine_core.models.drafter_values import DEEPSPEC_ARCHITECTURE
-from openinfer.engine_core.models.dspark_heads import MarkovHeadType
+from openinfer.engine_core.models.dspark_heads import SAMPLED_CONFIDENCE_FILE, MarkovHeadType
 from openinfer.engine_core.models.weights import iter_safetensors
 from openinfer.engine_core.testing.dflash_checkpoint import (
     drafter_parameters,
@@ -140,3 +143,18 @@ def dspark_from_dflash(
             std = 0.01 if name == "markov_head.markov_w2.weight" else 0.5
             tensors[name] = torch.randn(param.shape, generator=generator) * std
     return write_dspark_checkpoint(folder, config, tensors, target_folder)
+
+
+def write_sampled_confidence(folder: Path | str, temperature: float, weight: Tensor, bias: Tensor) -> Path:
+    """Give a DSpark folder its second confidence head (dspark_heads.py): `weight` (1, in_features) and `bias`
+    (1,) in SAMPLED_CONFIDENCE_FILE, fitted at `temperature`, which config.json's
+    `sampled_confidence_temperature` names. model.safetensors is left as DeepSpec's loader reads it."""
+    folder = Path(folder)
+    tensors = {"sampled_confidence_head.proj.weight": weight, "sampled_confidence_head.proj.bias": bias}
+    save_file(
+        {k: v.detach().float().contiguous() for k, v in tensors.items()}, folder / SAMPLED_CONFIDENCE_FILE
+    )
+    config = json.loads((folder / "config.json").read_text())
+    config["sampled_confidence_temperature"] = temperature
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return folder

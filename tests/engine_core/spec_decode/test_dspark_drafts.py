@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
+from openinfer.engine_core.testing.dspark_checkpoint import write_sampled_confidence
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
@@ -95,6 +96,26 @@ def dspark_blocks(
     return Blocks(drafter, theirs, embed, head, weights, contexts, tokens, queries)
 
 
+def ask_on_device(
+    drafter: DFlashDrafter,
+    queries: list[DraftQuery],
+    temperatures: list[float],
+    generators: list[torch.Generator | None] | None = None,
+) -> DeviceDrafts:
+    """`propose_on_device` for `queries` at these temperatures."""
+    column = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
+    return drafter.propose_on_device(
+        DeviceQueries(
+            column([q.current_token for q in queries]),
+            column([q.position for q in queries]),
+            column([q.max_drafts for q in queries]),
+            [q.block_ids for q in queries],
+            torch.tensor(temperatures),
+            generators,
+        )
+    )
+
+
 @pytest.mark.parametrize("head_type", HEAD_TYPES, ids=lambda t: t.value)
 def test_drafts_match_reference(
     head_type: MarkovHeadType, target: Path, runner: ModelRunner, tmp_path: Path
@@ -125,22 +146,11 @@ def test_sampled_drafts_and_their_distributions(
     drafts."""
     blocks = dspark_blocks(head_type, target, runner, tmp_path)
     greedy = blocks.drafter.propose(blocks.queries)
-    queries = blocks.queries
 
     def ask(
         temperatures: list[float], generators: list[torch.Generator | None] | None = None
     ) -> DeviceDrafts:
-        column = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-        return blocks.drafter.propose_on_device(
-            DeviceQueries(
-                column([q.current_token for q in queries]),
-                column([q.position for q in queries]),
-                column([q.max_drafts for q in queries]),
-                [q.block_ids for q in queries],
-                torch.tensor(temperatures),
-                generators,
-            )
-        )
+        return ask_on_device(blocks.drafter, blocks.queries, temperatures, generators)
 
     cold = ask([1e-4, 0.0])
     assert cold.probs is not None and cold.draft_ids.tolist() == greedy
@@ -166,3 +176,28 @@ def test_sampled_drafts_and_their_distributions(
     q0 = hot.probs[0, 0]
     mean_own = q0[torch.tensor(firsts)].mean().item()
     assert abs(mean_own / (q0 * q0).sum().item() - 1) < 0.3 and (q0 * q0).sum() > 3 / q0.shape[0]
+
+
+def test_sampled_rows_read_the_sampled_head(target: Path, runner: ModelRunner, tmp_path: Path) -> None:
+    """A folder with a sampled confidence head (`sampled_confidence_temperature`): in one batch, the row drawn
+    at T > 0 takes that head's confidences and the greedy row the greedy head's. The sampled head here is the
+    greedy one with its bias raised by 1.5, so each sampled-row confidence is sigmoid(logit(greedy's) + 1.5);
+    a seeded generator draws the same drafts from both drafters (a confidence never changes a draft)."""
+    blocks = dspark_blocks(MarkovHeadType.VANILLA, target, runner, tmp_path)
+    seeded = lambda: [None, torch.Generator().manual_seed(3)]  # noqa: E731
+    before = ask_on_device(blocks.drafter, blocks.queries, [0.0, 0.7], seeded())
+    head = blocks.drafter.model.confidence_head
+    assert head is not None and blocks.drafter.model.sampled_confidence_head is None
+    write_sampled_confidence(tmp_path, 0.7, head.proj.weight, head.proj.bias + 1.5)
+    drafter = DFlashDrafter(tmp_path, runner, num_spec_tokens=5)
+    assert drafter.model.sampled_confidence_head is not None
+    drafter.extend_context(
+        [ContextUpdate(q.block_ids, 0, c) for q, c in zip(blocks.queries, blocks.contexts, strict=True)]
+    )
+    after = ask_on_device(drafter, blocks.queries, [0.0, 0.7], seeded())
+    assert before.confidence is not None and after.confidence is not None
+    assert torch.equal(after.draft_ids, before.draft_ids)
+    torch.testing.assert_close(after.confidence[0], before.confidence[0])
+    expected = torch.sigmoid(torch.logit(before.confidence[1].double()) + 1.5).float()
+    torch.testing.assert_close(after.confidence[1], expected, atol=1e-5, rtol=1e-4)
+    assert bool((after.confidence[1] > before.confidence[1]).all())

@@ -22,6 +22,7 @@ from openinfer.engine_core.core.engine_core import EngineCore
 from openinfer.engine_core.core.kv_sizing import kv_block_bytes
 from openinfer.engine_core.models.config import ModelConfig
 from openinfer.engine_core.models.dflash_config import DFlashConfig
+from openinfer.engine_core.models.dspark_heads import SAMPLED_CONFIDENCE_FILE
 from openinfer.engine_core.spec_decode import drafter_budget
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.drafter_budget import SMALL_DRAFTER_BYTES, DrafterMemory
@@ -32,6 +33,7 @@ from openinfer.engine_core.testing.tiny_model import SMALL_TEXT_QWEN3, make_tiny
 from openinfer.engine_core.worker.model_runner import ModelRunner
 
 K = 7  # the DSpark checkpoint's block_size: it drafts all 7
+WIDTH = 64 + 16  # what its confidence head reads: the hidden size and the Markov rank
 GIB = 2**30
 
 
@@ -108,6 +110,9 @@ def with_weights(good: Path, folder: Path, **tensors: torch.Tensor) -> Path:
         ({"markov_head_type": ["gated"]}, r"markov_head_type must be a string"),
         ({"eos_token_id": {"id": 1}}, r"eos_token_id must be an integer or an array"),
         ({"enable_confidence_head": "false"}, r"enable_confidence_head must be true or false, got 'false'"),
+        ({"sampled_confidence_temperature": "0.8"}, r"sampled_confidence_temperature must be a number"),
+        ({"sampled_confidence_temperature": -1}, r"sampled_confidence_temperature -1\.0 needs .* > 0"),
+        ({"sampled_confidence_temperature": 0.8}, r"sampled_confidence\.safetensors is not there"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
 )
@@ -139,6 +144,43 @@ def test_bad_weights_are_refused(
     folder = with_weights(good, tmp_path / "d", **tensors)
     with pytest.raises(ValueError, match=message):
         DFlashDrafter(folder, runner, K)
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        (
+            {"proj.weight": torch.zeros(1, 5), "proj.bias": torch.zeros(1)},
+            r"'sampled_confidence_head\.proj\.weight' has shape \(1, 5\)",
+        ),
+        ({"proj.weight": torch.full((1, WIDTH), float("nan")), "proj.bias": torch.zeros(1)}, r"holds NaN"),
+        ({"proj.bias": torch.zeros(1)}, r"1 tensors missing .*sampled_confidence_head\.proj\.weight"),
+        (
+            {"proj.weight": torch.zeros(1, WIDTH), "proj.bias": torch.zeros(1), "other": torch.zeros(1)},
+            r"unexpected tensor 'sampled_confidence_head\.other'; sampled_confidence\.safetensors holds",
+        ),
+    ],
+    ids=["misshapen", "nan", "missing", "unexpected"],
+)
+def test_a_sampled_head_file_is_checked_as_the_checkpoint_is(
+    good: Path, runner: ModelRunner, tmp_path: Path, tensors: dict[str, torch.Tensor], message: str
+) -> None:
+    """The sampled confidence head's own file (sampled_confidence.safetensors) is refused, naming the
+    tensor, when it holds a tensor of another shape, a NaN, too few tensors or one of no head's; a good one
+    loads."""
+    head = {f"sampled_confidence_head.{name}": tensor for name, tensor in tensors.items()}
+    folder = hostile_copy(good, tmp_path / "d", sampled_confidence_temperature=0.8)
+    save_file(head, str(folder / SAMPLED_CONFIDENCE_FILE))
+    with pytest.raises(ValueError, match=message):
+        DFlashDrafter(folder, runner, K)
+    save_file(
+        {
+            f"sampled_confidence_head.proj.{n}": torch.zeros(s)
+            for n, s in [("weight", (1, WIDTH)), ("bias", (1,))]
+        },
+        str(folder / SAMPLED_CONFIDENCE_FILE),
+    )
+    assert DFlashDrafter(folder, runner, K).model.sampled_confidence_head is not None
 
 
 @pytest.mark.parametrize("damage", ["truncated", "huge-header"])
