@@ -7,15 +7,16 @@ The choice is measured, not modelled: the engine's own tokens per second over de
 drafts and proposed new ones (speculating) or did neither (plain). It runs one mode, keeping an exponential
 moving average of that mode's rate, and in windows of EXPLORE_STEPS steps runs the other one (measuring all
 but its first SETTLE_STEPS); at a window's end it switches when the window measured the other mode
-SWITCH_MARGIN faster than the mode in use runs now.
+SWITCH_MARGIN faster than the mode in use runs now. A window whose first EARLY_END_STEPS measured steps ran
+the other mode at under half the rate ends there: the answer is clear, and each more step costs double.
 Both rates fall as contexts grow, so only rates measured side by side are compared, never a rate from long
-ago (which would always look faster). The first window comes FIRST_WINDOW steps in; each next one twice as
-far after a window that kept the mode, four times where the other mode measured under half the rate (up to
-MAX_EXPLORE_EVERY steps apart: at batch 16 on a 2-core CPU, where speculating loses, a window every 32 steps
-cost ~15 % of the steps between; sampled at T = 0.8 speculating ran at a quarter of plain decoding's rate),
-EXPLORE_EVERY after one that switched. A step that switches mode (it verifies drafts but proposes none, or the
-reverse) and a step with prefill in it measure neither mode. Drafts never proposed are no drafts: no counter
-moves (docs/design.md, counter semantics).
+ago (which would always look faster). The first window comes FIRST_WINDOW steps in; after a window that kept
+the mode the next comes twice as far on, and far enough that windows cost at most EXPLORE_BUDGET of the time
+(a window of n steps at a rate r' against r costs n * (r / r' - 1) steps more: at batch 16 on a 2-core CPU,
+where speculating ran at a quarter of plain decoding's rate, windows every 32 steps cost ~15 % of the steps),
+up to MAX_EXPLORE_EVERY steps apart; EXPLORE_EVERY after one that switched. A step that switches mode (it
+verifies drafts but proposes none, or the reverse) and a step with prefill in it measure neither mode. Drafts
+never proposed are no drafts: no counter moves (docs/design.md, counter semantics).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ logger = logging.getLogger(__name__)
 # ~30 % slow at batch 16, and speculating looked faster than plain decoding where it was 22 % slower).
 EXPLORE_STEPS = 8
 SETTLE_STEPS = 3
-FIRST_WINDOW = 16  # speculating is measured first, plain decoding in the first window
+EARLY_END_STEPS = 2  # measured steps after which a window of a mode at under half the rate ends
+FIRST_WINDOW = 8  # speculating is measured first, plain decoding in the first window
 EXPLORE_EVERY = 32
 MAX_EXPLORE_EVERY = 512
+EXPLORE_BUDGET = 0.05  # the share of the time windows of a slower mode may cost, at most
 # The mode in use gives way only to one measured this much faster: rates are noisy, and every switch costs a
 # step that measures neither mode (near break-even, modes within a few percent flipped every few steps).
 SWITCH_MARGIN = 0.05
@@ -64,9 +67,19 @@ class DraftingPolicy:
     def choose(self) -> bool:
         """Whether the next step proposes drafts (the last step's timing has been observed already)."""
         self.steps += 1
-        if self.steps == self.window + EXPLORE_STEPS:
+        if self.steps == self.window + EXPLORE_STEPS or (self.exploring and self._clearly_slower()):
             self._end_window()
         return self.speculating != self.exploring
+
+    def _clearly_slower(self) -> bool:
+        """Whether the window has measured enough steps of the other mode to know it runs at under half the
+        rate of the mode in use."""
+        measured = self.explored
+        return (
+            len(measured) >= EARLY_END_STEPS
+            and self.rate is not None
+            and sum(measured) / len(measured) < self.rate / 2
+        )
 
     def observe(self, proposed: bool, verified: bool, tokens: int, seconds: float, batch: int = 1) -> None:
         """A decode step (no prefill) of ``batch`` requests that ``proposed`` drafts and ``verified`` earlier
@@ -99,8 +112,11 @@ class DraftingPolicy:
             self.rate, self.count = explored, len(self.explored)
             self.gap = EXPLORE_EVERY
         else:  # the next window further off, the more so the more the other mode lost
-            lost_badly = explored is not None and self.rate is not None and explored < self.rate / 2
-            self.gap = min((4 if lost_badly else 2) * self.gap, MAX_EXPLORE_EVERY)
+            gap = 2 * self.gap
+            if explored is not None and self.rate is not None:
+                extra = (self.steps - self.window) * (self.rate / explored - 1)  # steps the window cost
+                gap = max(gap, round(extra / EXPLORE_BUDGET))
+            self.gap = min(gap, MAX_EXPLORE_EVERY)
         self.explored = []
         self.window += self.gap
         self.batch = self.last_batch

@@ -15,6 +15,7 @@ import torch
 from openinfer.engine_core.builtin_model import builtin_drafter_folder, builtin_target_folder
 from openinfer.engine_core.config import DrafterSpec
 from openinfer.engine_core.spec_decode.drafting_policy import (
+    EARLY_END_STEPS,
     EXPLORE_EVERY,
     EXPLORE_STEPS,
     FIRST_WINDOW,
@@ -27,18 +28,19 @@ from openinfer.protocol import EngineCoreRequest, SamplingParams
 
 
 def test_speculates_explores_plain_in_windows_and_keeps_the_faster() -> None:
-    """Speculating runs first; windows of plain decoding come at FIRST_WINDOW (16), then each twice as far
-    after one that measured plain slower: 16, 80 (16 + 64), 208 (80 + 128)."""
+    """Speculating runs first; windows of plain decoding come at FIRST_WINDOW (8), then, plain decoding
+    measured at half the rate, far enough on that a window's 8 steps (costing 8 more) are EXPLORE_BUDGET
+    (5 %) of the time: 160 steps, then twice that: 8, 168, 488."""
     policy = DraftingPolicy()
     chosen = []
-    for _ in range(250):
+    for _ in range(500):
         chosen.append(policy.choose())
         if chosen[-1]:
             policy.observe(proposed=True, verified=True, tokens=40, seconds=0.010)  # 4,000 tok/s
         else:
             policy.observe(proposed=False, verified=False, tokens=8, seconds=0.004)  # 2,000 tok/s
     windows = [step for step, proposing in enumerate(chosen, start=1) if not proposing]
-    starts = [FIRST_WINDOW, FIRST_WINDOW + 2 * EXPLORE_EVERY, FIRST_WINDOW + 6 * EXPLORE_EVERY]
+    starts = [FIRST_WINDOW, FIRST_WINDOW + 160, FIRST_WINDOW + 160 + 320]
     assert windows == [start + i for start in starts for i in range(EXPLORE_STEPS)]
     assert policy.speculating and policy.rate == pytest.approx(4000)
 
@@ -61,7 +63,7 @@ def test_a_window_that_measures_the_other_mode_faster_switches() -> None:
     chosen = [policy.choose() for _ in range(40)]  # from the window's end on
     assert not policy.speculating and policy.rate == pytest.approx(4000, rel=0.03)
     proposing = [step for step, mode in enumerate(chosen, start=end) if mode]
-    next_start = FIRST_WINDOW + EXPLORE_EVERY  # 48
+    next_start = FIRST_WINDOW + EXPLORE_EVERY  # 40
     assert proposing == [next_start + i for i in range(EXPLORE_STEPS)]
 
 
@@ -158,7 +160,7 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
 
 
 def test_a_batch_twice_or_half_as_big_brings_the_next_window_closer() -> None:
-    """Windows far apart at batch 1 (speculating confirmed at 16, 80, 208): 16 requests at step 300 bring the
+    """Windows far apart at batch 1 (speculating confirmed at 8, 168, 488): 16 requests at step 300 bring the
     next window within EXPLORE_EVERY steps, the gap back to EXPLORE_EVERY; more steps of the same batch, or a
     later change, bring it no closer."""
     policy = DraftingPolicy()
@@ -168,25 +170,38 @@ def test_a_batch_twice_or_half_as_big_brings_the_next_window_closer() -> None:
             policy.observe(proposed=False, verified=False, tokens=1, seconds=0.004, batch=1)  # 250 tok/s
         else:
             policy.observe(proposed=True, verified=True, tokens=4, seconds=0.008, batch=1)  # 500 tok/s
-    assert policy.window == FIRST_WINDOW + 14 * EXPLORE_EVERY  # 464: gaps of 64, 128, 256
+    assert policy.window == FIRST_WINDOW + 160 + 320  # 488: gaps of 160 (the budget's), then 320
     policy.observe(proposed=True, verified=True, tokens=6, seconds=0.008, batch=1)
     policy.observe(proposed=True, verified=True, tokens=6, seconds=0.008, batch=1)
-    assert policy.window == 464
+    assert policy.window == 488
     policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=16)
     assert policy.window == 300 + EXPLORE_EVERY and policy.gap == EXPLORE_EVERY
     policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=4)  # 16 -> 4: no closer
     assert policy.window == 300 + EXPLORE_EVERY
 
 
-def test_a_window_far_slower_puts_the_next_one_four_times_as_far() -> None:
-    """Plain decoding measured at under half speculating's rate: the next window comes 4 x 32 steps on
-    (twice as far where it measured, say, two thirds)."""
-    for plain_tokens, gap in ((1, 4 * EXPLORE_EVERY), (3, 2 * EXPLORE_EVERY)):
-        policy = DraftingPolicy()
-        while policy.steps < FIRST_WINDOW + EXPLORE_STEPS:
-            policy.choose()
-            if policy.exploring:  # 1 or 3 tokens in 1 ms against 4.5
-                policy.observe(proposed=False, verified=False, tokens=plain_tokens, seconds=0.001)
-            else:
-                policy.observe(proposed=True, verified=True, tokens=9, seconds=0.002)
-        assert policy.gap == gap and policy.window == FIRST_WINDOW + gap
+@pytest.mark.parametrize(
+    ("plain_tokens", "plain_seconds", "window_steps", "gap"),
+    [
+        (1, 0.001, SETTLE_STEPS + EARLY_END_STEPS, 350),  # 1,000 against 4,500 tok/s: 5 steps cost 17.5 more
+        (3, 0.001, EXPLORE_STEPS, 80),  # two thirds: 8 steps cost 4 more
+        (44, 0.010, EXPLORE_STEPS, 2 * EXPLORE_EVERY),  # within noise: twice as far
+    ],
+)
+def test_a_window_of_a_far_slower_mode_ends_early_and_the_next_one_is_as_far_as_it_cost(
+    plain_tokens: int, plain_seconds: float, window_steps: int, gap: int
+) -> None:
+    """Plain decoding measured at under half speculating's rate ends its window after EARLY_END_STEPS
+    measured steps; the next window comes far enough on that windows cost EXPLORE_BUDGET of the time (a
+    window of n steps at r' against r costs n (r / r' - 1) steps more), and at least twice as far."""
+    policy = DraftingPolicy()
+    explored = 0
+    while policy.steps < FIRST_WINDOW + EXPLORE_STEPS:
+        policy.choose()
+        if policy.exploring:
+            explored += 1
+            policy.observe(proposed=False, verified=False, tokens=plain_tokens, seconds=plain_seconds)
+        else:
+            policy.observe(proposed=True, verified=True, tokens=9, seconds=0.002)  # 4,500 tok/s
+    assert explored == window_steps and policy.speculating
+    assert policy.gap == gap and policy.window == FIRST_WINDOW + gap
