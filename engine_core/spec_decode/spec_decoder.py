@@ -144,7 +144,7 @@ class SpecDecoder:
             if drafts and reads_context and aux is not None:
                 hidden = aux[row : row + s.num_new_tokens + len(s.spec_token_ids)]
                 context.append(ContextUpdate(request.block_ids, s.start, hidden))
-        proposing = self.drafting is None or self.drafting.choose()
+        proposing = self.drafting is None or self.drafting.choose(len(decided.scheduled))
         if not proposing:
             self._proposers, picked = [], []  # proposing does not pay now: no drafts after this step
         self._write_context(context, now=proposing)
@@ -175,7 +175,7 @@ class SpecDecoder:
         if any(not s.samples or s.num_new_tokens != 1 for s in decided.scheduled):
             return  # prefill in it: its time is not a decode's
         verified = any(s.spec_token_ids for s in decided.scheduled)
-        self.drafting.observe(self._proposed, verified, num_tokens, seconds, len(decided.scheduled))
+        self.drafting.observe(self._proposed, verified, num_tokens, seconds)
 
     def _device_queries(
         self, decided: SchedulerOutput, verified: Verified, picked: list[int]

@@ -20,7 +20,9 @@ from openinfer.engine_core.spec_decode.drafting_policy import (
     EXPLORE_STEPS,
     FIRST_WINDOW,
     SETTLE_STEPS,
+    BatchMode,
     DraftingPolicy,
+    bucket_of,
 )
 from openinfer.engine_core.testing.engine_cores import generate_greedy, make_core
 from openinfer.engine_core.testing.spec_logs import read_spec_log, spec_log_counters
@@ -108,24 +110,33 @@ def test_only_steps_in_one_mode_count() -> None:
 def test_an_engine_stops_proposing_where_it_does_not_pay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The built-in DFlash pair with adaptive verification, its policy's rates fixed with plain decoding a
-    million times faster: it proposes only in the exploring windows, those rounds still accept drafts (the
-    context was written meanwhile), and the output is that of no speculation, its counters the spec log's."""
+    """The built-in DFlash pair with adaptive verification, its policy holding plain decoding as what pays at
+    batches of 1 and of 2-3 (windows 16 steps apart) and measuring nothing: it proposes in the exploring
+    windows and only there, those rounds still accept drafts (the context was written meanwhile), and the
+    output is that of no speculation, its counters the spec log's."""
     prompts = [list(range(3, 40)), list(range(100, 117))]
     baseline = generate_greedy(make_core(builtin_target_folder()), prompts, 120)
     log = tmp_path / "spec.jsonl"
     spec = DrafterSpec("dflash", 7, builtin_drafter_folder("dflash"), adaptive_verification=True)
     core = make_core(builtin_target_folder(), speculative=spec, spec_log=log)
     assert core.spec is not None and core.spec.drafting is not None
-    core.spec.drafting.speculating, core.spec.drafting.rate = False, 1e6  # plain decoding, far faster
-    monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)  # nothing measured
+    policy = core.spec.drafting
+    policy.learned = {bucket_of(b): BatchMode(speculating=False, gap=16) for b in (1, 2)}
+    monkeypatch.setattr(policy, "observe", lambda *args, **kwargs: None)  # nothing measured
+    chosen: list[tuple[bool, bool]] = []  # (proposes, in a window) per step
+    choose = policy.choose
+
+    def recorded(batch: int = 1) -> bool:
+        chosen.append((choose(batch), policy.exploring))
+        return chosen[-1][0]
+
+    monkeypatch.setattr(policy, "choose", recorded)
     assert generate_greedy(core, prompts, 120) == baseline
     lines = read_spec_log(log)
     counters = core.spec.counters
     assert counters == spec_log_counters(lines, 7)
-    steps = core.spec.drafting.steps
-    # at most two proposers per exploring step, one round each; the windows' first steps propose
-    assert 0 < len(lines) <= 2 * EXPLORE_STEPS * (steps // EXPLORE_EVERY + 1)
+    assert all(proposes == exploring for proposes, exploring in chosen)
+    assert 0 < sum(proposes for proposes, _ in chosen) < len(chosen) / 2 and len(lines) > 0
     assert counters.num_accepted_tokens > 0
 
 
@@ -138,7 +149,8 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     deferred, eager = (make_core(builtin_target_folder(), speculative=spec) for _ in range(2))
     for core in (deferred, eager):
         assert core.spec is not None and core.spec.drafting is not None
-        core.spec.drafting.speculating, core.spec.drafting.rate = False, 1e6  # proposing pauses
+        # plain decoding at batches of 2-3, windows FIRST_WINDOW steps apart: proposing pauses
+        core.spec.drafting.learned = {bucket_of(2): BatchMode(speculating=False, gap=FIRST_WINDOW)}
         monkeypatch.setattr(core.spec.drafting, "observe", lambda *args, **kwargs: None)
         for i, prompt in enumerate(prompts):
             params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
@@ -159,25 +171,47 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
     torch.testing.assert_close(cache, eager.spec.drafter.context_caches, atol=1e-5, rtol=1e-5)  # type: ignore[attr-defined]
 
 
-def test_a_batch_twice_or_half_as_big_brings_the_next_window_closer() -> None:
-    """Windows far apart at batch 1 (speculating confirmed at 8, 168, 488): 16 requests at step 300 bring the
-    next window within EXPLORE_EVERY steps, the gap back to EXPLORE_EVERY; more steps of the same batch, or a
-    later change, bring it no closer."""
+def run_at(policy: DraftingPolicy, batch: int, steps: int, spec_rate: float, plain_rate: float) -> list[bool]:
+    """``steps`` steps of ``batch`` requests, each mode measured at its rate (tok/s): the modes chosen."""
+    chosen = []
+    for _ in range(steps):
+        chosen.append(policy.choose(batch))
+        rate = spec_rate if chosen[-1] else plain_rate
+        policy.observe(proposed=chosen[-1], verified=chosen[-1], tokens=batch, seconds=batch / rate)
+    return chosen
+
+
+def test_each_batch_bucket_keeps_its_mode() -> None:
+    """Speculating pays at batch 1 and loses at batch 16: the first batch of 16 speculates (a bucket never
+    tested, above one that speculates) until its window at step 8 finds plain decoding faster (a window of
+    speculating at step 40 ends after its 2 first measured steps, at a quarter of the rate); back at batch
+    1 the engine speculates from the first step, at 16 decodes plainly from the first step, each bucket's
+    next window as far in as its windows had grown apart (160 steps: the budget's for a mode at half the
+    rate); a bucket never tested above a plain one (32 requests) starts plainly, one below it speculating."""
     policy = DraftingPolicy()
-    while policy.steps < 300:
-        policy.choose()
-        if policy.exploring:
-            policy.observe(proposed=False, verified=False, tokens=1, seconds=0.004, batch=1)  # 250 tok/s
-        else:
-            policy.observe(proposed=True, verified=True, tokens=4, seconds=0.008, batch=1)  # 500 tok/s
-    assert policy.window == FIRST_WINDOW + 160 + 320  # 488: gaps of 160 (the budget's), then 320
-    policy.observe(proposed=True, verified=True, tokens=6, seconds=0.008, batch=1)
-    policy.observe(proposed=True, verified=True, tokens=6, seconds=0.008, batch=1)
-    assert policy.window == 488
-    policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=16)
-    assert policy.window == 300 + EXPLORE_EVERY and policy.gap == EXPLORE_EVERY
-    policy.observe(proposed=True, verified=True, tokens=60, seconds=0.030, batch=4)  # 16 -> 4: no closer
-    assert policy.window == 300 + EXPLORE_EVERY
+    assert all(run_at(policy, 1, 100, spec_rate=4000, plain_rate=2000)[: FIRST_WINDOW - 1])
+    first_16 = run_at(policy, 16, 100, spec_rate=1000, plain_rate=4000)
+    proposing = [step for step, proposes in enumerate(first_16, start=1) if proposes]
+    # speculating up to the window at 8, which switches; the next, 32 steps after it, ends after 5 steps
+    assert proposing == [
+        *range(1, FIRST_WINDOW),
+        *range(FIRST_WINDOW + EXPLORE_EVERY, FIRST_WINDOW + EXPLORE_EVERY + SETTLE_STEPS + EARLY_END_STEPS),
+    ]
+    assert all(run_at(policy, 1, 150, spec_rate=4000, plain_rate=2000))  # its next window: step 160
+    assert not any(run_at(policy, 16, 150, spec_rate=1000, plain_rate=4000))
+    assert policy.learned[bucket_of(1)].speculating and not policy.describe().startswith("speculating")
+    assert not any(run_at(policy, 32, FIRST_WINDOW - 1, spec_rate=500, plain_rate=4000))
+    assert all(run_at(policy, 4, FIRST_WINDOW - 1, spec_rate=4000, plain_rate=2000))
+
+
+def test_a_bucket_no_window_tested_is_not_learned() -> None:
+    """A short stint at a batch (a load ramping up, 2-3 requests for 5 steps) leaves no mode behind: only a
+    window's measurement makes one."""
+    policy = DraftingPolicy()
+    run_at(policy, 1, 20, spec_rate=4000, plain_rate=2000)
+    run_at(policy, 2, 5, spec_rate=100, plain_rate=4000)
+    run_at(policy, 1, 5, spec_rate=4000, plain_rate=2000)
+    assert set(policy.learned) == {bucket_of(1)} and bucket_of(2) == bucket_of(3) == 2
 
 
 @pytest.mark.parametrize(
