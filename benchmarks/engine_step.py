@@ -36,7 +36,7 @@ import torch
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.config import Device, DrafterSpec, EngineConfig
 from openinfer.engine_core.core.engine_core import EngineCore
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextRows, DraftQuery
 from openinfer.engine_core.worker import worker as worker_module
 from openinfer.engine_core.worker.model_runner import ModelRunner
 from openinfer.protocol import EngineCoreOutputs, EngineCoreRequest, EngineOutputCodec, SamplingParams
@@ -55,7 +55,7 @@ class CycleDrafter:
         self.num_spec_tokens = num_spec_tokens
         self._vocab_size = vocab_size
 
-    def extend_context(self, updates: list[ContextUpdate]) -> None:
+    def extend_context(self, rows: ContextRows) -> None:
         pass
 
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:

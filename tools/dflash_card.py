@@ -17,7 +17,7 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.models.dflash import DFlashDraftModel
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery, context_rows
 from openinfer.engine_core.spec_decode.ngram import ngram_propose
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -154,7 +154,7 @@ def check_against_engine(
             chunk_step([SeqChunk(tokens[:p], 0, block_ids)], runner), drafter.aux_layer_ids
         ).aux
         assert aux is not None  # asked for
-        drafter.extend_context([ContextUpdate(block_ids, 0, aux)])
+        drafter.extend_context(context_rows([ContextUpdate(block_ids, 0, aux)], drafter.page_size))
         queries.append(DraftQuery(tokens[p], p, block_ids, k, tokens[: p + 1]))
         blocks = make_blocks(
             data.tokens[i : i + 1], torch.tensor([[p]]), args.block_size, k, args.mask_token_id

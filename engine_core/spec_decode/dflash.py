@@ -20,7 +20,7 @@ from openinfer.engine_core.spec_decode.draft_sampling import (
     markov_stage,
 )
 from openinfer.engine_core.spec_decode.drafter import (
-    ContextUpdate,
+    ContextRows,
     DeviceQueries,
     DraftQuery,
     DraftTarget,
@@ -118,34 +118,33 @@ class DFlashDrafter:
         return self.config.describe(self.num_spec_tokens)
 
     @torch.inference_mode()
-    def extend_context(self, updates: list[ContextUpdate]) -> None:
-        """Write the draft context keys/values of every update's positions (fc + hidden_norm, then each draft
-        layer's k_proj/k_norm/RoPE and v_proj), all updates in one batch."""
-        if not updates:
+    def extend_context(self, rows: ContextRows) -> None:
+        """Write the draft context keys/values of every row's position into its slot (fc + hidden_norm, then
+        each draft layer's k_proj/k_norm/RoPE and v_proj), all rows in one batch."""
+        n = rows.hidden.shape[0]
+        if n == 0:
             return
         width = len(self.aux_layer_ids) * self.config.target_hidden_size
-        positions: list[int] = []
-        slots: list[int] = []
-        for update in updates:
-            n = update.hidden.shape[0]
-            if update.hidden.dim() != 2 or update.hidden.shape[1] != width:
-                raise ValueError(
-                    f"context hidden states must be (n, {width}) = (n, {len(self.aux_layer_ids)} aux "
-                    f"layers x {self.config.target_hidden_size}), got {tuple(update.hidden.shape)}"
-                )
-            if update.start_pos < 0:
-                raise ValueError(f"start_pos must be >= 0, got {update.start_pos}")
-            self._check_blocks(update.block_ids, update.start_pos + n)
-            for pos in range(update.start_pos, update.start_pos + n):
-                positions.append(pos)
-                slots.append(self._slot(update.block_ids, pos))
-        aux_hidden = torch.cat([u.hidden for u in updates]).to(self.device, self.dtype)  # (sum n, width)
+        if rows.hidden.dim() != 2 or rows.hidden.shape[1] != width:
+            raise ValueError(
+                f"context hidden states must be (n, {width}) = (n, {len(self.aux_layer_ids)} aux "
+                f"layers x {self.config.target_hidden_size}), got {tuple(rows.hidden.shape)}"
+            )
+        if rows.positions.shape != (n,) or rows.slots.shape != (n,):
+            raise ValueError(f"{n} context rows need {n} positions and slots")
+        if rows.positions.min() < 0 or rows.slots.min() < 0 or rows.slots.max() >= self.num_slots:
+            raise ValueError(f"context slots must be in [0, {self.num_slots}) at positions >= 0")
         self.model.write_context(
-            aux_hidden,
-            torch.tensor(positions, dtype=torch.int64, device=self.device),
-            torch.tensor(slots, dtype=torch.int64, device=self.device),
+            rows.hidden.to(self.device, self.dtype),
+            torch.tensor(rows.positions, device=self.device),
+            torch.tensor(rows.slots, device=self.device),
             self.context_caches,
         )
+
+    @property
+    def num_slots(self) -> int:
+        """Positions the context cache holds: its pages times their size."""
+        return self.num_pages * self.page_size
 
     @property
     def block_width(self) -> int:
@@ -340,6 +339,3 @@ class DFlashDrafter:
             )
         if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_pages):
             raise ValueError(f"block ids must be in [0, {self.num_pages}), got {block_ids}")
-
-    def _slot(self, block_ids: list[int], pos: int) -> int:
-        return block_ids[pos // self.page_size] * self.page_size + pos % self.page_size

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
+from openinfer.engine_core.worker.step_batch import Int64s
 
 if TYPE_CHECKING:
     from openinfer.engine_core.models.config import ModelConfig
@@ -24,6 +26,44 @@ class ContextUpdate:
     block_ids: list[int]  # the request's (target) block table; covers those positions
     start_pos: int  # first of the positions
     hidden: Tensor  # (n, len(aux_layer_ids) * target_hidden): forward_with_aux's aux outputs, concatenated
+
+
+@dataclass(frozen=True)
+class ContextRows:
+    """The target's aux hidden states at n positions of any requests, with the KV-cache slot each goes to:
+    what a drafter's context takes (the engine's step gives its positions and slots as the target's KV cache
+    takes them; :func:`context_rows` makes them from requests' block tables)."""
+
+    hidden: Tensor  # (n, len(aux_layer_ids) * target_hidden): forward_with_aux's aux outputs, concatenated
+    positions: Int64s  # (n,): each row's position in its request
+    slots: Int64s  # (n,): each row's KV-cache slot (block id * block size + offset)
+
+    @staticmethod
+    def join(parts: Sequence[ContextRows]) -> ContextRows:
+        """The rows of `parts`, in order (one part as it is)."""
+        if len(parts) == 1:
+            return parts[0]
+        return ContextRows(
+            torch.cat([p.hidden for p in parts]),
+            np.concatenate([p.positions for p in parts]),
+            np.concatenate([p.slots for p in parts]),
+        )
+
+
+def context_rows(updates: Sequence[ContextUpdate], page_size: int) -> ContextRows:
+    """The updates' rows, in order, with their slots in blocks of ``page_size`` positions (ValueError when a
+    request's table does not cover its positions)."""
+    parts = []
+    for update in updates:
+        n, table = update.hidden.shape[0], np.asarray(update.block_ids, dtype=np.int64)
+        positions = np.arange(update.start_pos, update.start_pos + n, dtype=np.int64)
+        if update.start_pos < 0 or len(table) * page_size < update.start_pos + n:
+            raise ValueError(
+                f"{len(table)} blocks of {page_size} cannot hold positions {update.start_pos}..{update.start_pos + n}"
+            )
+        slots = table[positions // page_size] * page_size + positions % page_size
+        parts.append(ContextRows(update.hidden, positions, slots))
+    return ContextRows.join(parts)
 
 
 @dataclass(frozen=True)
@@ -50,8 +90,8 @@ class Drafter(Protocol):
         """Whether it rates each draft's acceptance (DSpark's confidence head): ``DeviceDrafts.confidence``."""
         ...
 
-    def extend_context(self, updates: list[ContextUpdate]) -> None:
-        """Take the target's hidden states at newly verified positions (in order, per request)."""
+    def extend_context(self, rows: ContextRows) -> None:
+        """Take the target's hidden states at newly verified positions (in order)."""
 
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:
         """Up to ``query.max_drafts`` draft tokens per query, in query order ([] for none)."""
@@ -92,7 +132,7 @@ class DeviceDrafter(Drafter, Protocol):
 
 class DraftTarget(Protocol):
     """What a drafter that shares the target's embedding and LM head reads of the target's runner: its hidden
-    states come in through :class:`ContextUpdate`; the embedding and the head are these two calls; the rest
+    states come in through :class:`ContextRows`; the embedding and the head are these two calls; the rest
     is the geometry it follows (KV paging, device, attention backend, step graphs)."""
 
     device: torch.device

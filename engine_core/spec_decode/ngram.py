@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextRows, DraftQuery
 
 
 def ngram_propose(token_ids: Sequence[int], min_n: int, max_n: int, max_drafts: int) -> list[int]:
@@ -49,7 +49,7 @@ class NgramDrafter:
     def describe(self) -> str:
         return f"ngram K={self.num_spec_tokens} n=[{self.min_n}, {self.max_n}]"
 
-    def extend_context(self, updates: list[ContextUpdate]) -> None:
+    def extend_context(self, rows: ContextRows) -> None:
         pass  # it reads only token ids
 
     def propose(self, queries: list[DraftQuery]) -> list[list[int]]:

@@ -4,8 +4,9 @@ log."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from itertools import pairwise
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,7 +23,7 @@ from openinfer.engine_core.spec_decode.adaptive import (
 from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
 from openinfer.engine_core.spec_decode.draft_numbers import NonFiniteLog
 from openinfer.engine_core.spec_decode.drafter import (
-    ContextUpdate,
+    ContextRows,
     DeviceDrafter,
     DeviceQueries,
     DraftQuery,
@@ -32,6 +33,7 @@ from openinfer.engine_core.spec_decode.drafting_policy import DraftingPolicy
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
+from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.verification import Verified
 from openinfer.protocol import SpecDecodeCounters
@@ -68,7 +70,7 @@ class SpecDecoder:
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
         self._whole_context: set[Request] = set()
         self._context_blocks = ContextBlocks(runner.block_size)
-        self._pending_context: list[ContextUpdate] = []  # paused steps' context, not yet written
+        self._pending_context: list[ContextRows] = []  # paused steps' context, not yet written
         self._pending_rows = 0  # positions in it
         # The step's plan, made before its read-back (can_draft, evaluated once per step): per scheduled
         # request whether it may draft, and the sampling ones that propose after it, in order.
@@ -115,13 +117,14 @@ class SpecDecoder:
         return not self.aux_layer_ids or request in self._whole_context
 
     def draft_on_device(
-        self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None
+        self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None, step: StepBatch
     ) -> DeviceDrafts | None:
         """Before the step's read-back (the worker calls it): note who may draft after this step, write the
         drafter's context at every position the target ran for them (``aux``: the target's hidden states at
-        every token run, rows at ``decided.token_starts``; rejected positions too, see ``DFlashDrafter``), and
-        let a device drafter propose from the step's device tokens (``verified``): (P, K) drafts, one row per
-        request of ``self._proposers``; None when the drafter proposes on the host."""
+        every token run, rows at ``decided.token_starts``, at the positions and KV slots ``step`` ran them;
+        rejected positions too, see ``DFlashDrafter``), and let a device drafter propose from the step's
+        device tokens (``verified``): (P, K) drafts, one row per request of ``self._proposers``; None when the
+        drafter proposes on the host."""
         reads_context = bool(self.aux_layer_ids)
         for request in decided.finished:
             self._whole_context.discard(request)
@@ -129,7 +132,7 @@ class SpecDecoder:
         self._may_draft = []
         self._proposers = []
         picked: list[int] = []  # sampling index of each proposer
-        context: list[ContextUpdate] = []
+        rows: list[tuple[int, int]] = []  # the step's token rows (start, stop) of the requests that draft
         num_sampling = 0
         for s, row in zip(decided.scheduled, decided.token_starts, strict=True):
             request = s.request
@@ -142,12 +145,14 @@ class SpecDecoder:
                 picked.append(num_sampling)
             num_sampling += s.samples
             if drafts and reads_context and aux is not None:
-                hidden = aux[row : row + s.num_new_tokens + len(s.spec_token_ids)]
-                context.append(ContextUpdate(request.block_ids, s.start, hidden))
+                rows.append((row, row + s.num_new_tokens + len(s.spec_token_ids)))
         proposing = self.drafting is None or self.drafting.choose(len(decided.scheduled))
         if not proposing:
             self._proposers, picked = [], []  # proposing does not pay now: no drafts after this step
-        self._write_context(context, now=proposing)
+        if rows and aux is not None:
+            self._write_context(step_rows(aux, step, rows), now=proposing)
+        elif proposing:
+            self._write_context(None, now=True)
         self._proposed = bool(picked)
         self._draft_probs = None
         if self._on_device is None or verified is None or not picked:
@@ -156,15 +161,15 @@ class SpecDecoder:
         self._draft_probs = proposed.probs  # stays on the device until the rounds are verified
         return proposed
 
-    def _write_context(self, updates: list[ContextUpdate], now: bool) -> None:
-        """Write the step's context updates (and those kept) before a proposal reads them (``now``), else keep
-        them, in order, as if written step by step: a later owner of a freed block writes after an earlier one."""
-        if not now:  # the tables as they are now: a request may free or replace its blocks meanwhile
-            updates = [replace(u, block_ids=list(u.block_ids)) for u in updates]
-        self._pending_context += updates
-        self._pending_rows += sum(u.hidden.shape[0] for u in updates)
+    def _write_context(self, rows: ContextRows | None, now: bool) -> None:
+        """Write the step's context rows (and those kept) before a proposal reads them (``now``), else keep
+        them, in order, as if written step by step: their slots are the step's, so a later owner of a freed
+        block writes after an earlier one."""
+        if rows is not None:
+            self._pending_context.append(rows)
+            self._pending_rows += rows.hidden.shape[0]
         if self._pending_context and (now or self._pending_rows >= PENDING_CONTEXT_ROWS):
-            self.drafter.extend_context(self._pending_context)
+            self.drafter.extend_context(ContextRows.join(self._pending_context))
             self._pending_context, self._pending_rows = [], 0
 
     def observe_step(self, decided: SchedulerOutput, num_tokens: int, seconds: float) -> None:
@@ -348,3 +353,15 @@ class SpecDecoder:
         if request.spec_counters is None:
             request.spec_counters = SpecDecodeCounters.zero(self.num_spec_tokens)
         return request.spec_counters
+
+
+def step_rows(aux: Tensor, step: StepBatch, rows: list[tuple[int, int]]) -> ContextRows:
+    """The context rows of a step's token ``rows`` (start, stop), in order: aux (N, width) at the positions
+    and KV slots the step ran them."""
+    if len(rows) == 1 or all(a[1] == b[0] for a, b in pairwise(rows)):  # one run (every request drafts)
+        start, stop = rows[0][0], rows[-1][1]
+        return ContextRows(aux[start:stop], step.positions[start:stop], step.slot_mapping[start:stop])
+    index = np.concatenate([np.arange(start, stop) for start, stop in rows])  # (n,)
+    return ContextRows(
+        aux[torch.from_numpy(index).to(aux.device)], step.positions[index], step.slot_mapping[index]
+    )

@@ -14,6 +14,7 @@ from openinfer.engine_core.worker.executor import ModelExecutor, reachable_posit
 from openinfer.engine_core.worker.input_batch import InputBatch
 from openinfer.engine_core.worker.read_back import read_back
 from openinfer.engine_core.worker.runner_output import EMPTY_OUTPUT, DeviceDrafts, ModelRunnerOutput
+from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.kernels.verification import Verified
 
 
@@ -26,7 +27,7 @@ class StepDrafter(Protocol):
         ...
 
     def draft_on_device(
-        self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None
+        self, decided: SchedulerOutput, verified: Verified | None, aux: Tensor | None, step: StepBatch
     ) -> DeviceDrafts | None:
         """Take the step's context and propose from its device tokens: P requests' drafts, or None."""
         ...
@@ -58,12 +59,13 @@ class Worker:
         if not decided.scheduled:
             return EMPTY_OUTPUT
         aux_layer_ids = drafter.aux_layer_ids if drafter is not None else ()
-        forward = self.runner.execute(self.input_batch.step_of(decided.scheduled), aux_layer_ids)
+        step = self.input_batch.step_of(decided.scheduled)
+        forward = self.runner.execute(step, aux_layer_ids)
         sampled = self.sampler(forward.logits, decided)
         drafts = None
         if drafter is not None:
             verified = sampled.verified if sampled is not None else None
-            drafts = drafter.draft_on_device(decided, verified, forward.aux)
+            drafts = drafter.draft_on_device(decided, verified, forward.aux, step)
         if sampled is None:  # no request samples (prefill chunks only): nothing to read
             return EMPTY_OUTPUT
         verified = sampled.verified

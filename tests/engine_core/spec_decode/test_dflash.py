@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -16,7 +17,7 @@ from transformers import Qwen3ForCausalLM
 from openinfer.engine_core.models.dflash_config import AnchorLayout, DFlashConfig
 from openinfer.engine_core.models.drafter_fit import check_fits_target
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextRows, ContextUpdate, DraftQuery, context_rows
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.seq_chunks import SeqChunk, chunk_step
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
@@ -101,7 +102,7 @@ def test_matches_reference_over_steps(
                     )
                 )
                 req.position += n
-        drafter.extend_context(updates)
+        drafter.extend_context(context_rows(updates, drafter.page_size))
         tokens = [(7 * step + 31 * i) % 256 for i in range(3)]
         queries = [
             DraftQuery(tok, req.position, list(req.block_ids), m)
@@ -128,12 +129,35 @@ def test_aux_hidden_from_the_target(target: Path, runner: ModelRunner, tmp_path:
         states = hf(torch.tensor([prompt]), output_hidden_states=True).hidden_states
     expected = torch.cat([states[layer + 1][0] for layer in LAYER_IDS], dim=-1)  # (7, WIDTH)
     torch.testing.assert_close(aux, expected, atol=1e-4, rtol=1e-4)
-    drafter.extend_context([ContextUpdate(block_ids, 0, aux)])
+    drafter.extend_context(context_rows([ContextUpdate(block_ids, 0, aux)], drafter.page_size))
     got = drafter.propose([DraftQuery(42, len(prompt), block_ids, 5)])
     embed = runner.model.model.embed_tokens.weight
     head = embed if runner.model.lm_head is None else runner.model.lm_head.weight
     weights = load_file(tmp_path / "model.safetensors")
     assert got == [reference_drafts(weights, embed, head, expected, 42, AnchorLayout.MASK_SLOTS, 5)]
+
+
+def test_context_rows_outside_the_cache_are_refused(
+    target: Path, runner: ModelRunner, tmp_path: Path
+) -> None:
+    """Rows whose slot is past the context cache, whose position is negative, or of another width are
+    refused with what is wrong, and nothing is written."""
+    drafter = DFlashDrafter(draft_checkpoint(tmp_path, target), runner, num_spec_tokens=5)
+    before = drafter.context_caches.clone()
+    slots = drafter.num_pages * drafter.page_size
+    bad = [
+        (
+            ContextRows(torch.ones(1, WIDTH), np.array([0]), np.array([slots])),
+            rf"slots must be in \[0, {slots}\)",
+        ),
+        (ContextRows(torch.ones(1, WIDTH), np.array([-1]), np.array([0])), r"at positions >= 0"),
+        (ContextRows(torch.ones(1, WIDTH + 1), np.array([0]), np.array([0])), rf"must be \(n, {WIDTH}\)"),
+        (ContextRows(torch.ones(2, WIDTH), np.array([0]), np.array([0])), r"2 context rows need 2 positions"),
+    ]
+    for rows, message in bad:
+        with pytest.raises(ValueError, match=message):
+            drafter.extend_context(rows)
+    assert torch.equal(drafter.context_caches, before)
 
 
 def test_refuses_missing_or_unexpected_tensor(target: Path, runner: ModelRunner, tmp_path: Path) -> None:

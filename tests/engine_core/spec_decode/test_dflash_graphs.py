@@ -18,7 +18,7 @@ from openinfer.engine_core.models.dflash_config import AnchorLayout
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
 from openinfer.engine_core.spec_decode.dflash_graphs import pad_blocks
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery, context_rows
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.dspark_checkpoint import make_tiny_dspark_checkpoint
 from openinfer.engine_core.testing.tiny_model import SMALL_QWEN3, make_tiny_checkpoint
@@ -114,7 +114,7 @@ def check_padded_drafts(
     for seed, drafter in enumerate((eager, padded)):
         for cache in drafter.context_caches:
             cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(seed)))
-        drafter.extend_context(updates)
+        drafter.extend_context(context_rows(updates, drafter.page_size))
     assert padded.graphs is not None
     runs = padded.graphs.num_runs
     for batch in batches:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from openinfer.engine_core.builtin_model import builtin_target_folder
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DraftQuery, context_rows
 from openinfer.engine_core.testing.dflash_checkpoint import make_tiny_dflash_checkpoint
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.testing.zlab_reference import load_reference, openinfer_runs, reference_runs
@@ -139,7 +139,9 @@ def test_drafter_logits_equal_reference(target: Path, tmp_path: Path) -> None:
         _, aux = runner.model.forward_with_aux(
             torch.tensor(prompt), torch.arange(len(prompt)), runner.kv_caches, attn, drafter.aux_layer_ids
         )
-    drafter.extend_context([ContextUpdate(block_ids, 0, torch.cat(aux, dim=-1))])
+    drafter.extend_context(
+        context_rows([ContextUpdate(block_ids, 0, torch.cat(aux, dim=-1))], drafter.page_size)
+    )
     (got,) = drafter.draft_logits([DraftQuery(current, len(prompt), block_ids, k)])
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
     assert drafter.propose([DraftQuery(current, len(prompt), block_ids, k)]) == [expected.argmax(-1).tolist()]

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from openinfer.engine_core.models.dspark_heads import MarkovHeadType
 from openinfer.engine_core.spec_decode.dflash import DFlashDrafter
-from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery
+from openinfer.engine_core.spec_decode.drafter import ContextUpdate, DeviceQueries, DraftQuery, context_rows
 from openinfer.engine_core.testing.dspark_checkpoint import write_sampled_confidence
 from openinfer.engine_core.testing.tiny_model import make_tiny_checkpoint
 from openinfer.engine_core.worker.model_runner import ModelRunner
@@ -89,7 +89,8 @@ def dspark_blocks(
     gen = torch.Generator().manual_seed(0)
     contexts = [torch.randn(7, WIDTH, generator=gen) * 2, torch.randn(3, WIDTH, generator=gen) * 2]
     tables = [[11, 3], [40]]  # pages of 4: 7 positions over pages 11 and 3, 3 positions in page 40
-    drafter.extend_context([ContextUpdate(t, 0, c) for t, c in zip(tables, contexts, strict=True)])
+    updates = [ContextUpdate(t, 0, c) for t, c in zip(tables, contexts, strict=True)]
+    drafter.extend_context(context_rows(updates, drafter.page_size))
     tokens = [17, 230]
     queries = [DraftQuery(tok, c.shape[0], t, k) for tok, c, t in zip(tokens, contexts, tables, strict=True)]
     embed, head = weights["embed_tokens.weight"], weights["lm_head.weight"]
@@ -191,9 +192,8 @@ def test_sampled_rows_read_the_sampled_head(target: Path, runner: ModelRunner, t
     write_sampled_confidence(tmp_path, 0.7, head.proj.weight, head.proj.bias + 1.5)
     drafter = DFlashDrafter(tmp_path, runner, num_spec_tokens=5)
     assert drafter.model.sampled_confidence_head is not None
-    drafter.extend_context(
-        [ContextUpdate(q.block_ids, 0, c) for q, c in zip(blocks.queries, blocks.contexts, strict=True)]
-    )
+    updates = [ContextUpdate(q.block_ids, 0, c) for q, c in zip(blocks.queries, blocks.contexts, strict=True)]
+    drafter.extend_context(context_rows(updates, drafter.page_size))
     after = ask_on_device(drafter, blocks.queries, [0.0, 0.7], seeded())
     assert before.confidence is not None and after.confidence is not None
     assert torch.equal(after.draft_ids, before.draft_ids)
