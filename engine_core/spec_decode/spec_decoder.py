@@ -4,9 +4,7 @@ log."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import pairwise
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,13 +21,13 @@ from openinfer.engine_core.spec_decode.adaptive import (
 from openinfer.engine_core.spec_decode.context_blocks import ContextBlocks
 from openinfer.engine_core.spec_decode.draft_numbers import NonFiniteLog
 from openinfer.engine_core.spec_decode.drafter import (
-    ContextRows,
     DeviceDrafter,
     DeviceQueries,
     DraftQuery,
 )
 from openinfer.engine_core.spec_decode.drafter_loaders import DRAFTERS
 from openinfer.engine_core.spec_decode.drafting_policy import DraftingPolicy
+from openinfer.engine_core.spec_decode.pending_context import PendingContext, step_rows
 from openinfer.engine_core.spec_decode.spec_log import SpecLog
 from openinfer.engine_core.worker.executor import ModelExecutor
 from openinfer.engine_core.worker.runner_output import DeviceDrafts
@@ -37,9 +35,6 @@ from openinfer.engine_core.worker.step_batch import StepBatch
 from openinfer.kernels.host_copy import host_to_device
 from openinfer.kernels.verification import Verified
 from openinfer.protocol import SpecDecodeCounters
-
-# A step that proposes nothing leaves its drafter-context updates to the next that does, up to this many.
-PENDING_CONTEXT_ROWS = 4096
 
 
 class SpecDecoder:
@@ -70,8 +65,7 @@ class SpecDecoder:
         # admitted since it loaded), and a cached block serves it only if it wrote that block's context.
         self._whole_context: set[Request] = set()
         self._context_blocks = ContextBlocks(runner.block_size)
-        self._pending_context: list[ContextRows] = []  # paused steps' context, not yet written
-        self._pending_rows = 0  # positions in it
+        self.pending_context = PendingContext(self.drafter)  # paused steps' context, not yet written
         # The step's plan, made before its read-back (can_draft, evaluated once per step): per scheduled
         # request whether it may draft, and the sampling ones that propose after it, in order.
         self._may_draft: list[bool] = []
@@ -149,10 +143,8 @@ class SpecDecoder:
         proposing = self.drafting is None or self.drafting.choose(len(decided.scheduled))
         if not proposing:
             self._proposers, picked = [], []  # proposing does not pay now: no drafts after this step
-        if rows and aux is not None:
-            self._write_context(step_rows(aux, step, rows), now=proposing)
-        elif proposing:
-            self._write_context(None, now=True)
+        context = step_rows(aux, step, rows) if rows and aux is not None else None
+        self.pending_context.write(context, now=proposing)
         self._proposed = bool(picked)
         self._draft_probs = None
         if self._on_device is None or verified is None or not picked:
@@ -160,17 +152,6 @@ class SpecDecoder:
         proposed = self._on_device.propose_on_device(self._device_queries(decided, verified, picked))
         self._draft_probs = proposed.probs  # stays on the device until the rounds are verified
         return proposed
-
-    def _write_context(self, rows: ContextRows | None, now: bool) -> None:
-        """Write the step's context rows (and those kept) before a proposal reads them (``now``), else keep
-        them, in order, as if written step by step: their slots are the step's, so a later owner of a freed
-        block writes after an earlier one."""
-        if rows is not None:
-            self._pending_context.append(rows)
-            self._pending_rows += rows.hidden.shape[0]
-        if self._pending_context and (now or self._pending_rows >= PENDING_CONTEXT_ROWS):
-            self.drafter.extend_context(ContextRows.join(self._pending_context))
-            self._pending_context, self._pending_rows = [], 0
 
     def observe_step(self, decided: SchedulerOutput, num_tokens: int, seconds: float) -> None:
         """The whole step (``seconds``, ``num_tokens`` output tokens) for the drafting policy: a decode step
@@ -353,15 +334,3 @@ class SpecDecoder:
         if request.spec_counters is None:
             request.spec_counters = SpecDecodeCounters.zero(self.num_spec_tokens)
         return request.spec_counters
-
-
-def step_rows(aux: Tensor, step: StepBatch, rows: list[tuple[int, int]]) -> ContextRows:
-    """The context rows of a step's token ``rows`` (start, stop), in order: aux (N, width) at the positions
-    and KV slots the step ran them."""
-    if len(rows) == 1 or all(a[1] == b[0] for a, b in pairwise(rows)):  # one run (every request drafts)
-        start, stop = rows[0][0], rows[-1][1]
-        return ContextRows(aux[start:stop], step.positions[start:stop], step.slot_mapping[start:stop])
-    index = np.concatenate([np.arange(start, stop) for start, stop in rows])  # (n,)
-    return ContextRows(
-        aux[torch.from_numpy(index).to(aux.device)], step.positions[index], step.slot_mapping[index]
-    )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from openinfer.engine_core.spec_decode.drafter import ContextRows, ContextUpdate, context_rows
-from openinfer.engine_core.spec_decode.spec_decoder import step_rows
+from openinfer.engine_core.spec_decode.pending_context import step_rows
 from openinfer.engine_core.worker.step_batch import SeqChunk, step_of_chunks
 
 PAGE = 4

@@ -156,18 +156,18 @@ def test_paused_steps_write_their_context_before_the_next_proposal(monkeypatch: 
             params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
             core.add_request(EngineCoreRequest(str(i), prompt, params))
     assert eager.spec is not None
-    eager_write = eager.spec._write_context
-    monkeypatch.setattr(eager.spec, "_write_context", lambda updates, now: eager_write(updates, True))
+    eager_write = eager.spec.pending_context.write
+    monkeypatch.setattr(eager.spec.pending_context, "write", lambda rows, now: eager_write(rows, True))
     assert deferred.spec is not None and eager.spec is not None
     while deferred.spec.drafting.steps < FIRST_WINDOW - 1:  # up to the last paused step before a window
         deferred.step()
         eager.step()
-    assert deferred.spec._pending_rows > 0  # the paused steps' positions, none written yet
+    assert deferred.spec.pending_context.num_rows > 0  # the paused steps' positions, none written yet
     cache = deferred.spec.drafter.context_caches  # type: ignore[attr-defined]
     assert not torch.equal(cache, eager.spec.drafter.context_caches)  # type: ignore[attr-defined]
     deferred.step()  # the window's first step: it proposes, so everything kept is written first
     eager.step()
-    assert deferred.spec._pending_rows == 0 and deferred.spec._proposed
+    assert deferred.spec.pending_context.num_rows == 0 and deferred.spec._proposed
     torch.testing.assert_close(cache, eager.spec.drafter.context_caches, atol=1e-5, rtol=1e-5)  # type: ignore[attr-defined]
 
 
