@@ -252,14 +252,11 @@ def _deepspec_heads(config: dict[str, Any]) -> DSparkHeadsConfig:
         markov_head_type=MarkovHeadType(head_type),
         confidence_head=confidence,
         confidence_with_markov=confidence and bool(config.get("confidence_head_with_markov", False)),
-        sampled_confidence_temperature=_sampled_temperature(config.get("sampled_confidence_temperature")),
+        sampled_confidence_temperature=_sampled_temperature(config),
     )
 
 
-def _sampled_temperature(value: Any) -> float | None:
-    """`sampled_confidence_temperature`: absent or null, or a number (DSparkHeadsConfig checks its range)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"sampled_confidence_temperature must be a number, got {value!r}")
-    return float(value)
+def _sampled_temperature(config: dict[str, Any]) -> float | None:
+    """`sampled_confidence_temperature`: absent or null, else a number within its FLOAT_RANGES."""
+    value = config.get("sampled_confidence_temperature")
+    return None if value is None else bounded_float(value, "sampled_confidence_temperature")

@@ -38,6 +38,7 @@ FLOAT_RANGES = {
     "final_logit_softcapping": (1e-3, 1e3),  # when > 0 (Gemma: 30); 0 or less: none, as in z-lab's code
     "rms_norm_eps": (1e-12, 1.0),  # Qwen3: 1e-6; one past float32's range is 0: an all-zero row gives NaN
     "rope_theta": (1.0, 1e12),  # Qwen3: 1e6, Qwen3.5: 1e7; a tiny one overflows the RoPE frequencies
+    "sampled_confidence_temperature": (1e-3, 1e3),  # the T a sampled confidence head was fitted at
 }
 
 

@@ -110,8 +110,14 @@ def with_weights(good: Path, folder: Path, **tensors: torch.Tensor) -> Path:
         ({"markov_head_type": ["gated"]}, r"markov_head_type must be a string"),
         ({"eos_token_id": {"id": 1}}, r"eos_token_id must be an integer or an array"),
         ({"enable_confidence_head": "false"}, r"enable_confidence_head must be true or false, got 'false'"),
-        ({"sampled_confidence_temperature": "0.8"}, r"sampled_confidence_temperature must be a number"),
-        ({"sampled_confidence_temperature": -1}, r"sampled_confidence_temperature -1\.0 needs .* > 0"),
+        (
+            {"sampled_confidence_temperature": "0.8"},
+            r"sampled_confidence_temperature must be a finite number",
+        ),
+        (
+            {"sampled_confidence_temperature": -1},
+            r"sampled_confidence_temperature must be in \[0\.001, 1000\], got -1",
+        ),
         ({"sampled_confidence_temperature": 0.8}, r"sampled_confidence\.safetensors is not there"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
